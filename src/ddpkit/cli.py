@@ -1,0 +1,150 @@
+"""ddpkit's command line: argv -> options -> the command; errors -> exit codes; logging configured once.
+
+Exit codes: 0 success; 1 a check failed; 2 usage or environment error; 3 ranks missing or a deadline expired;
+75 stopped by a preemption signal after saving; 130 interrupted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import sys
+from collections.abc import Sequence
+from types import ModuleType
+from typing import TYPE_CHECKING
+
+from ddpkit import __version__
+from ddpkit.errors import EXIT_USAGE, ConfigError, DdpkitError
+from ddpkit.log import configure, get_logger
+
+if TYPE_CHECKING:
+    from ddpkit.launch import LaunchOptions
+
+__all__ = ["main"]
+
+log = get_logger(__name__)
+
+# name -> (module, one-line help). Modules load lazily so `ddpkit env` never imports torch.
+# A module provides add_arguments(parser), run(args) -> int, and WORKER = True when it runs on every rank.
+COMMANDS: dict[str, tuple[str, str]] = {
+    "env": ("ddpkit.env.cli", "show who this process is, in which world, and from which launcher"),
+}
+
+
+def _load(name: str) -> ModuleType:
+    return importlib.import_module(COMMANDS[name][0])
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.print_usage(sys.stderr)
+        raise ConfigError(message, f"valid options for '{self.prog}'", f"see '{self.prog} --help'")
+
+
+def add_worker_arguments(p: argparse.ArgumentParser) -> None:
+    """Options every rank-running command shares: how to start ranks where no launcher did."""
+    g = p.add_argument_group("launch (used only where no launcher started ddpkit)")
+    g.add_argument("-n", "--nproc-per-node", type=int, default=None, metavar="N",
+                   help="start N local ranks through torch's elastic launcher (default 1: run in this process)")
+    g.add_argument("-j", "--job", default=None, metavar="[MIN:]NNODESxNPROC",
+                   help="nodes x ranks per node, as in TorchX; several nodes need --rdzv-endpoint")
+    g.add_argument("--rdzv-endpoint", default=None, metavar="HOST:PORT", help="c10d rendezvous of a multi-node run")
+    g.add_argument("--rdzv-backend", default="c10d", choices=["c10d", "etcd-v2", "etcd", "static"])
+    g.add_argument("--rdzv-conf", action="append", default=[], metavar="KEY=VALUE",
+                   help="extra rendezvous setting, repeatable (is_host=true, last_call_timeout=3)")
+    g.add_argument("--run-id", default=None, help="rendezvous id shared by every node (default: random)")
+    g.add_argument("--local-addr", default=None, help="this node's address as the other nodes reach it")
+    g.add_argument("--max-restarts", type=int, default=0, metavar="N",
+                   help="restart the local worker group up to N times after a failure")
+    p.add_argument("--backend", default=None, help="process-group backend (default: nccl with CUDA, else gloo)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="ddpkit", description="Prove a cluster runs PyTorch DistributedDataParallel.")
+    parser.add_argument("--version", action="version", version=f"ddpkit {__version__}")
+    parser.add_argument("-v", "--verbose", action="count", default=0, help="more log output (-vv for debug)")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    for name, (_, help_text) in COMMANDS.items():
+        module = _load(name)
+        p = sub.add_parser(name, help=help_text, description=(module.__doc__ or help_text).strip().split("\n")[0])
+        module.add_arguments(p)
+        if getattr(module, "WORKER", False):
+            add_worker_arguments(p)
+    return parser
+
+
+def _launch_options(args: argparse.Namespace) -> LaunchOptions:
+    from ddpkit.launch import JobShape, LaunchOptions, parse_job_shape
+
+    if args.job and args.nproc_per_node:
+        raise ConfigError("both -n and -j were given", "one of them", "use -j NNODESxNPROC alone")
+    shape = parse_job_shape(args.job) if args.job else JobShape(min_nodes=1, max_nodes=1,
+                                                                nproc_per_node=args.nproc_per_node or 1)
+    if shape.max_nodes > 1 and not args.rdzv_endpoint:
+        raise ConfigError(f"-j {args.job} spans several nodes but no --rdzv-endpoint was given",
+                          "HOST:PORT of the rendezvous on the first node",
+                          "add --rdzv-endpoint FIRST_NODE:29400 on every node")
+    if args.max_restarts < 0:
+        raise ConfigError(f"--max-restarts {args.max_restarts}", "0 or more", "pass --max-restarts 0 or more")
+    conf = []
+    for item in args.rdzv_conf:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"--rdzv-conf {item!r}", "KEY=VALUE", "write --rdzv-conf is_host=true")
+        conf.append((key, value))
+    return LaunchOptions(shape=shape, rdzv_endpoint=args.rdzv_endpoint, rdzv_backend=args.rdzv_backend,
+                         rdzv_conf=tuple(conf), run_id=args.run_id, max_restarts=args.max_restarts,
+                         local_addr=args.local_addr)
+
+
+def _run_worker(module: ModuleType, args: argparse.Namespace, argv: list[str]) -> int:
+    from ddpkit.env import detect
+
+    world = detect()
+    if world.is_agent:  # a Kubeflow pod asked for several processes: be its agent
+        from ddpkit.launch import JobShape, LaunchOptions
+
+        shape = JobShape(min_nodes=world.num_nodes, max_nodes=world.num_nodes,
+                         nproc_per_node=world.local_world_size)
+        endpoint = f"{world.master_addr}:{world.master_port or 29400}"
+        return _launch(argv, LaunchOptions(shape=shape, rdzv_endpoint=endpoint, run_id=world.run_id or "ddpkit",
+                                           rdzv_conf=(("is_host", str(world.node_rank == 0).lower()),)))
+    if world.launcher == "none":
+        options = _launch_options(args)
+        if options.shape.max_nodes * options.shape.nproc_per_node > 1:
+            return _launch(argv, options)
+    elif (args.nproc_per_node or args.job) and "DDPKIT_LAUNCHED" not in os.environ:
+        log.warning("started by %s: -n/-j are ignored (the launcher decides the ranks)", world.launcher)
+    return int(module.run(args))
+
+
+def _launch(argv: list[str], options: LaunchOptions) -> int:
+    from ddpkit.launch import launch
+
+    return launch(argv, options)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        parser = build_parser()
+        args = parser.parse_args(argv)
+        configure(args.verbose)
+        if args.command is None:
+            parser.print_help()
+            return EXIT_USAGE
+        module = _load(args.command)
+        if getattr(module, "WORKER", False):
+            return _run_worker(module, args, argv)
+        return int(module.run(args))
+    except DdpkitError as exc:
+        print(f"ddpkit: error: {exc.message()}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print("ddpkit: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,152 @@
+"""Who am I, in which world: rank discovery from any launcher.
+
+Each launcher is a table of field -> variable plus an ``activated()`` test. ``detect()`` tries them in a fixed
+order, and the first active one wins; other active launchers are reported in the record's notes (or as an
+error when they contradict the winner). Nothing here imports torch.
+
+Order, and why: torchrun first (under ``srun torchrun`` or a Kubeflow pod running torchrun, the worker's
+rank is torchrun's, not the agent's); Kubeflow (its pods carry RANK without LOCAL_RANK); Open MPI and MPICH
+(under ``srun --mpi=...`` both MPI and Slurm variables exist and must agree); Slurm; a hand-exported
+RANK/WORLD_SIZE (``env``); and finally no launcher at all (a single process).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
+
+from ddpkit.env import kubeflow, mpi, slurm, torchrun
+from ddpkit.env.master import resolve_master
+from ddpkit.env.record import PORT_RANGE, VarReader, WorldInfo, derive_port, expand_nodelist
+from ddpkit.errors import EnvConflict
+
+__all__ = [
+    "LAUNCHERS",
+    "PORT_RANGE",
+    "Launcher",
+    "WorldInfo",
+    "derive_port",
+    "detect",
+    "expand_nodelist",
+    "explain",
+    "thread_count",
+]
+
+
+@dataclass(frozen=True)
+class Launcher:
+    name: str
+    table: Mapping[str, str]
+    activated: Callable[[Mapping[str, str]], tuple[bool, str]]
+    read: Callable[[Mapping[str, str]], WorldInfo]
+
+
+def _env_activated(environ: Mapping[str, str]) -> tuple[bool, str]:
+    if "RANK" in environ and "WORLD_SIZE" in environ:
+        return True, "RANK and WORLD_SIZE are exported by hand (torch's env:// convention)"
+    return False, "RANK and WORLD_SIZE are not both set"
+
+
+def _env_read(environ: Mapping[str, str]) -> WorldInfo:
+    r = VarReader(environ, "env")
+    world = r.required("world_size", "WORLD_SIZE", minimum=1)
+    rank = r.required("rank", "RANK")
+    local_rank = r.integer("local_rank", "LOCAL_RANK") or 0
+    addr, port = resolve_master(r, hosts=(), job_id=None, single_host=world == 1,
+                                hint="export MASTER_ADDR and MASTER_PORT beside RANK and WORLD_SIZE")
+    return WorldInfo(launcher="env", rank=rank, local_rank=local_rank, world_size=world, local_world_size=1,
+                     node_rank=rank, num_nodes=world, master_addr=addr, master_port=port, sources=r.sources)
+
+
+def _none_read(environ: Mapping[str, str]) -> WorldInfo:
+    return WorldInfo(launcher="none", rank=0, local_rank=0, world_size=1, local_world_size=1, node_rank=0,
+                     num_nodes=1, master_addr=environ.get("MASTER_ADDR"),
+                     sources={f: "no launcher: a single process" for f in ("rank", "world_size")})
+
+
+LAUNCHERS: tuple[Launcher, ...] = (
+    Launcher("torchrun", torchrun.TABLE, torchrun.activated, torchrun.read),
+    Launcher("kubeflow", kubeflow.TABLE, kubeflow.activated, kubeflow.read),
+    Launcher("openmpi", mpi.OPENMPI_TABLE, mpi.openmpi_activated, mpi.read_openmpi),
+    Launcher("mpich", mpi.MPICH_TABLE, mpi.mpich_activated, mpi.read_mpich),
+    Launcher("slurm", slurm.TABLE, slurm.activated, slurm.read),
+    Launcher("env", {"rank": "RANK", "world_size": "WORLD_SIZE", "master": "MASTER_ADDR, MASTER_PORT"},
+             _env_activated, _env_read),
+    Launcher("none", {}, lambda environ: (True, "no launcher variables: a single process"), _none_read),
+)
+
+
+def explain(environ: Mapping[str, str] | None = None) -> list[tuple[str, bool, str]]:
+    """Every launcher tried, in order, with whether it matched and why."""
+    environ = os.environ if environ is None else environ
+    return [(lnc.name, *lnc.activated(environ)) for lnc in LAUNCHERS]
+
+
+def detect(environ: Mapping[str, str] | None = None) -> WorldInfo:
+    """Detect the launcher and read this process's place in the world.
+
+    Raises EnvConflict (exit code 2) for malformed values and launchers that contradict each other.
+    """
+    environ = os.environ if environ is None else environ
+    active = [lnc for lnc in LAUNCHERS[:-1] if lnc.activated(environ)[0]]
+    winner = active[0] if active else LAUNCHERS[-1]
+    info = winner.read(environ)
+    _validate(info)
+    others = [lnc.name for lnc in active[1:] if lnc.name != "env"]
+    notes = list(info.notes)
+    if others:
+        notes.append(f"also present: {', '.join(others)}; {winner.name} wins because it started this process "
+                     f"directly (order: {', '.join(lnc.name for lnc in LAUNCHERS)})")
+    if winner.name == "torchrun" and "slurm" in others:
+        _check_srun_torchrun(environ, info)
+        notes.append("a Slurm task runs this torchrun agent (srun torchrun)")
+    if info.hosts == () and "slurm" in others and winner.name == "torchrun":
+        var = next((v for v in ("SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST") if v in environ), None)
+        if var:
+            info = replace(info, hosts=expand_nodelist(environ[var], var))
+    return replace(info, notes=tuple(notes))
+
+
+def _validate(info: WorldInfo) -> None:
+    checks = [
+        (info.rank < info.world_size, f"rank {info.rank} is not below the world size {info.world_size}"),
+        (info.local_rank < info.local_world_size,
+         f"local rank {info.local_rank} is not below the local world size {info.local_world_size}"),
+        (info.local_world_size <= info.world_size,
+         f"local world size {info.local_world_size} exceeds the world size {info.world_size}"),
+        (info.node_rank < info.num_nodes, f"node rank {info.node_rank} is not below the node count {info.num_nodes}"),
+    ]
+    for ok, what in checks:
+        if not ok:
+            src = ", ".join(f"{k}<-{v}" for k, v in info.sources.items())
+            raise EnvConflict(f"{info.launcher}: {what} ({src})", "0 <= rank < size for every field",
+                              f"check the {info.launcher} options that set these variables")
+
+
+def _check_srun_torchrun(environ: Mapping[str, str], info: WorldInfo) -> None:
+    tasks = environ.get("SLURM_STEP_NUM_TASKS")
+    nodes = environ.get("SLURM_STEP_NUM_NODES")
+    if tasks is not None and nodes is not None and tasks != nodes:
+        raise EnvConflict(
+            f"srun started {tasks} tasks on {nodes} node(s), each running a torchrun agent",
+            "exactly one task per node for srun torchrun",
+            f"use srun -N {nodes} -n {nodes} (or --ntasks-per-node=1) and let torchrun start the ranks",
+        )
+
+
+def thread_count(local_world_size: int, environ: Mapping[str, str] | None = None) -> tuple[int | None, str]:
+    """Threads per rank: the cores available to this process shared among the node's ranks.
+
+    Returns (value to set, message); value is None when OMP_NUM_THREADS is already set and respected.
+    """
+    environ = os.environ if environ is None else environ
+    if "OMP_NUM_THREADS" in environ:
+        return None, f"OMP_NUM_THREADS={environ['OMP_NUM_THREADS']} is set: respected"
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        cores = os.cpu_count() or 1
+    threads = max(1, cores // max(1, local_world_size))
+    return threads, (f"OMP_NUM_THREADS set to {threads} ({cores} cores available / "
+                     f"{local_world_size} ranks on this node)")

@@ -1,0 +1,87 @@
+"""Show who this process is, in which world, and from which launcher (``ddpkit env``)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from datetime import timedelta
+
+from ddpkit.env import LAUNCHERS, WorldInfo, detect, explain
+
+WORKER = True  # `ddpkit env -n 2 --connect` starts a local 2-rank world and explains each rank
+_FIELDS = ("launcher", "rank", "local_rank", "world_size", "local_world_size", "node_rank", "num_nodes",
+           "master_addr", "master_port", "hosts", "restart_count", "run_id")
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--json", action="store_true", help="print the record as one JSON line")
+    p.add_argument("--explain", action="store_true", help="list every launcher tried and why it matched or not")
+    p.add_argument("--connect", action="store_true",
+                   help="also start the process group (ddpkit.init) and verify one all_reduce across the world")
+    p.add_argument("--timeout", type=float, default=60.0, help="seconds --connect waits for the other ranks")
+
+
+def _connect(timeout: float, backend: str | None) -> dict[str, object]:
+    import torch
+    import torch.distributed as dist
+
+    from ddpkit.runtime import init, shutdown
+
+    rt = init(backend=backend, timeout=timedelta(seconds=timeout))
+    try:
+        t = torch.tensor([float(rt.rank + 1)], device=rt.device)
+        dist.all_reduce(t)
+        expected = rt.world_size * (rt.world_size + 1) / 2
+        return {"backend": rt.backend, "device": str(rt.device), "all_reduce": t.item(),
+                "all_reduce_expected": expected, "all_reduce_ok": t.item() == expected}
+    finally:
+        shutdown()
+
+
+def run(args: argparse.Namespace) -> int:
+    info = detect()
+    connected = _connect(args.timeout, args.backend) if args.connect else None
+    if args.json:
+        record = info.as_dict()
+        if args.explain:
+            record["explain"] = [{"launcher": n, "matched": m, "why": w} for n, m, w in explain()]
+        if connected is not None:
+            record["connect"] = connected
+        print(json.dumps(record, sort_keys=True), flush=True)
+    else:
+        _print_table(info, args.explain, connected)
+    return 0 if connected is None or connected["all_reduce_ok"] else 1
+
+
+def _print_table(info: WorldInfo, with_explain: bool, connected: dict[str, object] | None) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console(file=sys.stdout, soft_wrap=True)
+    table = Table(title=f"ddpkit env: rank {info.rank} of {info.world_size} ({info.launcher})")
+    table.add_column("field")
+    table.add_column("value")
+    table.add_column("from")
+    for field in _FIELDS:
+        value = getattr(info, field)
+        shown = ",".join(value) if isinstance(value, tuple) else ("-" if value is None else str(value))
+        table.add_row(field, shown, info.sources.get(field, "-"))
+    console.print(table)
+    for note in info.notes:
+        console.print(f"note: {note}")
+    if connected is not None:
+        verdict = "OK" if connected["all_reduce_ok"] else "WRONG"
+        console.print(f"all_reduce over {connected['backend']} on {connected['device']}: {connected['all_reduce']}"
+                      f" (expected {connected['all_reduce_expected']}) {verdict}")
+    if with_explain:
+        t = Table(title="launchers tried, in order (the first match wins)")
+        t.add_column("launcher")
+        t.add_column("matched")
+        t.add_column("why")
+        for name, matched, why in explain():
+            t.add_row(name, "yes" if matched else "no", why)
+        console.print(t)
+        table_of = {lnc.name: lnc.table for lnc in LAUNCHERS}[info.launcher]
+        for field, variables in table_of.items():
+            console.print(f"  {info.launcher} {field:<17} <- {variables}")

@@ -1,0 +1,122 @@
+"""MPI launchers: Open MPI (``OMPI_COMM_WORLD_*``) and MPICH / Intel MPI's Hydra (``PMI_*``, ``MPI_LOCAL*``).
+
+Neither sets a master address. ddpkit takes MASTER_ADDR when given, the first host of the Slurm node list
+when the ranks run inside an allocation, loopback when every rank is on this host, and otherwise says what
+to export.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+
+from ddpkit.env.master import resolve_master
+from ddpkit.env.record import VarReader, WorldInfo, expand_nodelist
+from ddpkit.errors import EnvConflict
+
+OPENMPI_TABLE = {
+    "rank": "OMPI_COMM_WORLD_RANK",
+    "local_rank": "OMPI_COMM_WORLD_LOCAL_RANK",
+    "world_size": "OMPI_COMM_WORLD_SIZE",
+    "local_world_size": "OMPI_COMM_WORLD_LOCAL_SIZE",
+    "node_rank": "OMPI_COMM_WORLD_NODE_RANK",
+    "master": "MASTER_ADDR | first host of SLURM_JOB_NODELIST | loopback on one host",
+}
+MPICH_TABLE = {
+    "rank": "PMI_RANK",
+    "local_rank": "MPI_LOCALRANKID",
+    "world_size": "PMI_SIZE",
+    "local_world_size": "MPI_LOCALNRANKS",
+    "master": "MASTER_ADDR | first host of SLURM_JOB_NODELIST | loopback on one host",
+}
+_JOB_ID_VARS = ("OMPI_MCA_ess_base_jobid", "OMPI_MCA_orte_ess_jobid", "PMIX_NAMESPACE", "PMI_KVSNAME",
+                "SLURM_JOB_ID")
+
+
+def openmpi_activated(environ: Mapping[str, str]) -> tuple[bool, str]:
+    if "OMPI_COMM_WORLD_RANK" in environ:
+        return True, "OMPI_COMM_WORLD_RANK is set (started by Open MPI's mpirun)"
+    return False, "OMPI_COMM_WORLD_RANK is not set"
+
+
+def mpich_activated(environ: Mapping[str, str]) -> tuple[bool, str]:
+    if "PMI_RANK" in environ and "PMI_SIZE" in environ:
+        return True, "PMI_RANK and PMI_SIZE are set (started by MPICH / Intel MPI Hydra)"
+    return False, "PMI_RANK and PMI_SIZE are not both set"
+
+
+def read_openmpi(environ: Mapping[str, str]) -> WorldInfo:
+    r = VarReader(environ, "openmpi")
+    return _read(r, environ, rank_vars=("OMPI_COMM_WORLD_RANK",), size_vars=("OMPI_COMM_WORLD_SIZE",),
+                 local_vars=("OMPI_COMM_WORLD_LOCAL_RANK",), local_size_vars=("OMPI_COMM_WORLD_LOCAL_SIZE",),
+                 node_vars=("OMPI_COMM_WORLD_NODE_RANK",), export_hint="mpirun -x MASTER_ADDR=<rank 0's host>")
+
+
+def read_mpich(environ: Mapping[str, str]) -> WorldInfo:
+    r = VarReader(environ, "mpich")
+    return _read(r, environ, rank_vars=("PMI_RANK",), size_vars=("PMI_SIZE",),
+                 local_vars=("MPI_LOCALRANKID",), local_size_vars=("MPI_LOCALNRANKS",), node_vars=(),
+                 export_hint="mpiexec -genv MASTER_ADDR <rank 0's host>")
+
+
+def _read(
+    r: VarReader,
+    environ: Mapping[str, str],
+    *,
+    rank_vars: tuple[str, ...],
+    size_vars: tuple[str, ...],
+    local_vars: tuple[str, ...],
+    local_size_vars: tuple[str, ...],
+    node_vars: tuple[str, ...],
+    export_hint: str,
+) -> WorldInfo:
+    rank = r.required("rank", *rank_vars)
+    world = r.required("world_size", *size_vars, minimum=1)
+    local_rank = r.integer("local_rank", *local_vars)
+    local_world = r.integer("local_world_size", *local_size_vars, minimum=1)
+    if local_rank is None or local_world is None:
+        local_rank, local_world = 0, 1
+        r.derived("local_rank", "no local-rank variable: one rank per node assumed")
+    node_rank = r.integer("node_rank", *node_vars) if node_vars else None
+    if node_rank is None:
+        node_rank = rank // local_world
+        r.derived("node_rank", "rank // local world size")
+    num_nodes = max(1, -(-world // local_world))
+    r.derived("num_nodes", "world size / local world size")
+    _check_slurm_agreement(environ, r.launcher, rank, world)
+    hosts: tuple[str, ...] = ()
+    nodelist = r.first("SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST")
+    if nodelist is not None and "SLURM_STEP_ID" in environ:
+        hosts = expand_nodelist(environ[nodelist], nodelist)
+        r.derived("hosts", nodelist)
+    job_var = r.first(*_JOB_ID_VARS)
+    # Every rank on one host shares its parent (mpirun, orted or hydra_pmi_proxy): a job id all can agree on.
+    job_id = environ[job_var] if job_var else f"ppid-{os.getppid()}"
+    addr, port = resolve_master(
+        r, hosts=hosts, job_id=job_id, single_host=local_world == world,
+        hint=f"export MASTER_ADDR on every rank, e.g. {export_hint} (MPI does not set one)",
+    )
+    return WorldInfo(
+        launcher=r.launcher, rank=rank, local_rank=local_rank, world_size=world, local_world_size=local_world,
+        node_rank=node_rank, num_nodes=num_nodes, master_addr=addr, master_port=port, hosts=hosts,
+        run_id=job_id, sources=r.sources,
+    )
+
+
+def _check_slurm_agreement(environ: Mapping[str, str], launcher: str, rank: int, world: int) -> None:
+    """Under srun, MPI and Slurm must agree; a mismatch is the wrong --mpi plugin (N worlds of size 1)."""
+    if "SLURM_STEP_ID" not in environ or "SLURM_PROCID" not in environ:
+        return
+    tasks = environ.get("SLURM_STEP_NUM_TASKS", environ.get("SLURM_NTASKS"))
+    if tasks is not None and tasks.strip() != str(world):
+        plugin = "pmix" if launcher == "openmpi" else "pmi2"
+        raise EnvConflict(
+            f"{launcher} says the world has {world} rank(s) but the Slurm step has {tasks} tasks",
+            "one MPI world spanning every srun task",
+            f"start with srun --mpi={plugin} (the wrong MPI plugin makes every task its own world)",
+        )
+    if environ["SLURM_PROCID"].strip() != str(rank):
+        raise EnvConflict(
+            f"{launcher} rank {rank} differs from SLURM_PROCID={environ['SLURM_PROCID']}",
+            "the same rank from MPI and Slurm", "start the ranks with one launcher: srun or mpirun, not both",
+        )

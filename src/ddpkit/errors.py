@@ -1,0 +1,68 @@
+"""User-facing errors.
+
+Every error says what was found, what was expected and what to do next, and carries the process exit code
+the CLI maps it to. None of them is shown with a traceback: they describe the user's input or environment,
+not a bug in ddpkit.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "EXIT_CHECK_FAILED",
+    "EXIT_MISSING",
+    "EXIT_OK",
+    "EXIT_PREEMPTED",
+    "EXIT_USAGE",
+    "CheckFailed",
+    "ConfigError",
+    "DdpkitError",
+    "DeadlineExpired",
+    "EnvConflict",
+]
+
+EXIT_OK = 0
+EXIT_CHECK_FAILED = 1
+EXIT_USAGE = 2
+EXIT_MISSING = 3
+#: A run stopped by a preemption signal after writing its snapshot (EX_TEMPFAIL: "try again later").
+EXIT_PREEMPTED = 75
+
+
+class DdpkitError(Exception):
+    """Base of ddpkit's user-facing errors."""
+
+    exit_code = EXIT_USAGE
+
+    def __init__(self, found: str, expected: str = "", fix: str = "") -> None:
+        self.found = found
+        self.expected = expected
+        self.fix = fix
+        super().__init__(self.message())
+
+    def message(self) -> str:
+        parts = [self.found.rstrip(".") + "."]
+        if self.expected:
+            parts.append(f"Expected: {self.expected.rstrip('.')}.")
+        if self.fix:
+            parts.append(f"Fix: {self.fix.rstrip('.')}.")
+        return "\n  ".join(parts)
+
+
+class ConfigError(DdpkitError):
+    """A command-line option or configuration value is invalid."""
+
+
+class EnvConflict(DdpkitError):
+    """The launcher's environment variables are malformed or contradict each other."""
+
+
+class CheckFailed(DdpkitError):
+    """A verification failed (a wrong collective result, replicas out of sync, versions differ)."""
+
+    exit_code = EXIT_CHECK_FAILED
+
+
+class DeadlineExpired(DdpkitError):
+    """Ranks never arrived, or a phase did not finish before its deadline."""
+
+    exit_code = EXIT_MISSING

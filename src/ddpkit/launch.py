@@ -1,0 +1,141 @@
+"""Start local ranks through torch's own elastic launcher, for worker commands run where no launcher is.
+
+``ddpkit check -n 4`` becomes four ``python -m ddpkit check -n 4`` workers under torch's elastic agent
+(standalone c10d rendezvous on a free port); each worker then sees torchrun's variables and does the work.
+``-j 2x4 --rdzv-endpoint HOST:PORT`` joins a multi-node c10d rendezvous, one agent per node, as torchrun does.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import sys
+import uuid
+from dataclasses import dataclass
+
+from ddpkit.env import thread_count
+from ddpkit.errors import ConfigError, DeadlineExpired
+from ddpkit.log import get_logger
+
+__all__ = ["JobShape", "LaunchOptions", "launch", "parse_job_shape"]
+
+log = get_logger(__name__)
+
+
+@dataclass(frozen=True, kw_only=True)
+class JobShape:
+    """``[MIN:]NNODESxNPROC`` as in TorchX: nodes (elastic between min and max) and processes per node."""
+
+    min_nodes: int
+    max_nodes: int
+    nproc_per_node: int
+
+    def __str__(self) -> str:
+        nodes = f"{self.min_nodes}:{self.max_nodes}" if self.min_nodes != self.max_nodes else str(self.max_nodes)
+        return f"{nodes}x{self.nproc_per_node}"
+
+
+_SHAPE = re.compile(r"^(?:(?P<min>\d+):)?(?P<nodes>\d+)x(?P<nproc>\d+)$")
+
+
+def parse_job_shape(text: str) -> JobShape:
+    """Parse ``NPROC``, ``NNODESxNPROC`` or ``MIN:MAXxNPROC``; bad shapes are a ConfigError (exit code 2)."""
+    text = text.strip()
+    if text.isdigit():
+        text = f"1x{text}"
+    m = _SHAPE.match(text)
+    if m is None:
+        raise ConfigError(f"job shape {text!r} is not understood", "NNODESxNPROC such as 2x4, or MIN:MAXxNPROC "
+                          "such as 1:2x4", "write -j 1x2 for one node with two ranks")
+    nodes, nproc = int(m["nodes"]), int(m["nproc"])
+    low = int(m["min"]) if m["min"] else nodes
+    if nodes < 1 or nproc < 1 or low < 1:
+        raise ConfigError(f"job shape {text!r} asks for zero nodes or processes", "at least 1x1",
+                          "give a positive number of nodes and processes per node")
+    if low > nodes:
+        raise ConfigError(f"job shape {text!r} has a minimum above its maximum", "MIN <= MAX",
+                          f"write {nodes}:{low}x{nproc}")
+    return JobShape(min_nodes=low, max_nodes=nodes, nproc_per_node=nproc)
+
+
+@dataclass(frozen=True, kw_only=True)
+class LaunchOptions:
+    shape: JobShape
+    """Nodes and processes per node."""
+    rdzv_endpoint: str | None = None
+    """HOST:PORT of the c10d rendezvous; None for a standalone single-node run on a free port."""
+    rdzv_backend: str = "c10d"
+    """Rendezvous backend: c10d, etcd-v2, etcd or static."""
+    rdzv_conf: tuple[tuple[str, str], ...] = ()
+    """Extra rendezvous settings (is_host, last_call_timeout, ...)."""
+    run_id: str | None = None
+    """Rendezvous id shared by every node's agent; random for standalone runs."""
+    max_restarts: int = 0
+    """Worker-group restarts the agent allows after a failure."""
+    local_addr: str | None = None
+    """This node's address as the other nodes reach it."""
+    rdzv_timeout: int = 120
+    """Seconds to wait for all nodes to join."""
+
+
+def launch(argv: list[str], options: LaunchOptions) -> int:
+    """Run ``python -m ddpkit ARGV`` on this node's ranks; return the exit code of the first failed rank, or 0."""
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.elastic.rendezvous.api import RendezvousError
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+    shape = options.shape
+    threads, message = thread_count(shape.nproc_per_node)
+    if threads is not None and shape.nproc_per_node > 1:
+        os.environ["OMP_NUM_THREADS"] = str(threads)
+        log.warning(message)
+    # The agent's shared rendezvous store keeps a failed attempt's addresses, so restarted workers cannot
+    # connect (pytorch/pytorch#135712); a store per attempt makes restarts reliable.
+    os.environ.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
+    os.environ["DDPKIT_LAUNCHED"] = "1"  # tells the workers their -n/-j were already honoured
+    standalone = options.rdzv_endpoint is None
+    conf: dict[str, object] = dict(options.rdzv_conf)
+    if standalone:
+        conf.setdefault("is_host", True)
+    config = LaunchConfig(
+        min_nodes=shape.min_nodes,
+        max_nodes=shape.max_nodes,
+        nproc_per_node=shape.nproc_per_node,
+        run_id=options.run_id or f"ddpkit-{uuid.uuid4().hex[:12]}",
+        rdzv_endpoint=options.rdzv_endpoint or "127.0.0.1:0",
+        rdzv_backend=options.rdzv_backend,
+        rdzv_configs=conf,
+        rdzv_timeout=options.rdzv_timeout,
+        max_restarts=options.max_restarts,
+        monitor_interval=0.1,
+        start_method="spawn",
+        local_addr=options.local_addr,
+    )
+    try:
+        elastic_launch(config, entrypoint=sys.executable)("-m", "ddpkit", *argv)
+    except ChildFailedError as exc:
+        return _root_cause(exc)
+    except RendezvousError as exc:
+        raise DeadlineExpired(f"the rendezvous at {config.rdzv_endpoint} did not complete: {exc}",
+                              f"{shape.min_nodes} to {shape.max_nodes} node agents to join within "
+                              f"{options.rdzv_timeout} s", "start ddpkit on every node with the same "
+                              "--rdzv-endpoint and -j, and check the endpoint is reachable") from None
+    return 0
+
+
+def _root_cause(exc: object) -> int:
+    """The first failure (by time) names the root cause: rank, pid and exit code; its code becomes ours."""
+    failures = getattr(exc, "failures", {})
+    if not failures:
+        return 1
+    rank, first = min(failures.items(), key=lambda kv: (kv[1].timestamp, kv[0]))
+    code = int(first.exitcode)
+    if code < 0:
+        name = signal.Signals(-code).name if -code in signal.Signals._value2member_map_ else str(-code)
+        log.error("rank %d (pid %d) was killed by %s first", rank, first.pid, name)
+        return 128 - code
+    others = sorted(r for r in failures if r != rank)
+    log.error("rank %d (pid %d) failed first with exit code %d%s", rank, first.pid, code,
+              f"; then ranks {others}" if others else "")
+    return code

@@ -1,0 +1,172 @@
+"""The one place that starts and stops torch.distributed: backend, device, store, process group.
+
+    import ddpkit
+    rt = ddpkit.init()            # from torchrun, srun, mpirun, Kubeflow, or a single process
+    ...                           # rt.rank, rt.world_size, rt.device
+    ddpkit.shutdown()
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import TYPE_CHECKING
+
+from ddpkit.env import WorldInfo, detect, thread_count
+from ddpkit.errors import ConfigError, EnvConflict
+from ddpkit.log import get_logger
+
+if TYPE_CHECKING:
+    import torch
+    import torch.distributed as dist
+
+__all__ = ["DEFAULT_TIMEOUT", "Runtime", "export_world", "init", "open_store", "shutdown"]
+
+log = get_logger(__name__)
+DEFAULT_TIMEOUT = timedelta(seconds=60)
+BACKENDS = ("gloo", "nccl", "mpi", "ucc")
+
+
+@dataclass(frozen=True)
+class Runtime:
+    """A started world: the launcher's record, plus the backend and device this rank uses."""
+
+    world: WorldInfo
+    backend: str
+    device: torch.device
+
+    @property
+    def rank(self) -> int:
+        return self.world.rank
+
+    @property
+    def world_size(self) -> int:
+        return self.world.world_size
+
+    @property
+    def local_rank(self) -> int:
+        return self.world.local_rank
+
+
+def _set_env(name: str, value: str) -> None:
+    """Export a variable torch reads; warn when that changes a value the user set."""
+    old = os.environ.get(name)
+    if old is not None and old != value:
+        log.warning("overriding %s=%s with %s (from the launcher's variables)", name, old, value)
+    os.environ[name] = value
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def export_world(info: WorldInfo) -> WorldInfo:
+    """Export MASTER_ADDR/PORT, RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE and OMP_NUM_THREADS for torch."""
+    if info.is_agent:
+        raise EnvConflict(
+            f"this process is a {info.launcher} node agent for {info.local_world_size} ranks, not a rank",
+            "ddpkit.init() inside a rank",
+            "start the ranks with the ddpkit CLI (it launches them) or with torchrun",
+        )
+    addr, port = info.master_addr, info.master_port
+    if info.world_size == 1:
+        addr = addr or "127.0.0.1"
+        port = port or _free_port()
+    if addr is None or port is None:
+        raise EnvConflict(f"{info.launcher} gives no master {'address' if addr is None else 'port'}",
+                          "MASTER_ADDR and MASTER_PORT", "export MASTER_ADDR and MASTER_PORT on every rank")
+    for name, value in (("MASTER_ADDR", addr), ("MASTER_PORT", str(port)), ("RANK", str(info.rank)),
+                        ("WORLD_SIZE", str(info.world_size)), ("LOCAL_RANK", str(info.local_rank)),
+                        ("LOCAL_WORLD_SIZE", str(info.local_world_size))):
+        _set_env(name, value)
+    threads, message = thread_count(info.local_world_size)
+    if threads is not None and info.local_world_size > 1:
+        os.environ["OMP_NUM_THREADS"] = str(threads)
+        import torch
+
+        torch.set_num_threads(threads)
+        if info.local_rank == 0:
+            log.warning(message)
+    return info
+
+
+def pick_backend(requested: str | None = None) -> str:
+    import torch
+
+    requested = requested or os.environ.get("DDPKIT_BACKEND")
+    if requested:
+        if requested not in BACKENDS:
+            raise ConfigError(f"backend {requested!r} is unknown", f"one of {', '.join(BACKENDS)}",
+                              "pass --backend gloo on CPU or nccl on NVIDIA GPUs")
+        return requested
+    return "nccl" if torch.cuda.is_available() and torch.cuda.device_count() > 0 else "gloo"
+
+
+def pick_device(backend: str, local_rank: int) -> torch.device:
+    import torch
+
+    if backend == "nccl" or (backend != "gloo" and torch.cuda.is_available()):
+        if not torch.cuda.is_available():
+            raise ConfigError("backend nccl was asked for but no CUDA device is visible",
+                              "a CUDA device per rank", "use --backend gloo, or check CUDA_VISIBLE_DEVICES")
+        device = torch.device("cuda", local_rank % torch.cuda.device_count())
+        torch.cuda.set_device(device)
+        return device
+    return torch.device("cpu")
+
+
+def open_store(info: WorldInfo, timeout: timedelta) -> dist.Store:
+    """Rank 0's TCPStore (or a client of it). Under torch elastic the agent already hosts it."""
+    import torch.distributed as dist
+
+    use_agent = os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true"
+    host, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
+    store = dist.TCPStore(host, port, world_size=None if use_agent else info.world_size,
+                          is_master=info.rank == 0 and not use_agent, timeout=timeout,
+                          wait_for_workers=False, multi_tenant=False)
+    prefix = f"ddpkit/{info.run_id or 'run'}/{info.restart_count or 0}/"
+    return dist.PrefixStore(prefix, store)
+
+
+def init(
+    *,
+    backend: str | None = None,
+    timeout: timedelta = DEFAULT_TIMEOUT,
+    store: dist.Store | None = None,
+    world: WorldInfo | None = None,
+) -> Runtime:
+    """Start the default process group from whatever launcher started this process.
+
+    Picks NCCL when CUDA devices are present, else gloo (``backend`` or DDPKIT_BACKEND override), binds the
+    device from the local rank, and initialises with ``timeout`` so a missing rank fails instead of hanging.
+    """
+    import torch.distributed as dist
+
+    info = export_world(world or detect())
+    chosen = pick_backend(backend)
+    device = pick_device(chosen, info.local_rank)
+    if dist.is_initialized():
+        return Runtime(world=info, backend=dist.get_backend(), device=device)
+    kwargs: dict[str, object] = {"backend": chosen, "timeout": timeout, "rank": info.rank,
+                                 "world_size": info.world_size}
+    if store is not None:
+        kwargs["store"] = dist.PrefixStore("pg/", store)
+    else:
+        kwargs["init_method"] = "env://"
+    if device.type == "cuda":
+        kwargs["device_id"] = device
+    dist.init_process_group(**kwargs)  # type: ignore[arg-type]
+    log.info("process group up: backend %s, rank %d/%d, device %s", chosen, info.rank, info.world_size, device)
+    return Runtime(world=info, backend=chosen, device=device)
+
+
+def shutdown() -> None:
+    """Tear the process group down; safe to call when none was started."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
