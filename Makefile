@@ -47,7 +47,7 @@ test: $(STAMP) infra-deps lint
 	$(PY) -m pytest -q tests
 
 bench: $(STAMP)
-	$(PY) -m benchmarks.run_all
+	set -e; for b in benchmarks/bench_*.py; do n=$$(basename $$b .py); echo "== $$n"; $(PY) -m benchmarks.$$n; done
 
 clean:
 	rm -rf $(VENV) .ddpkit-run .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,56 @@
+"""Test-only fault injection, so the failure paths of check, bench and train can be proven on real runs.
+
+Set ``DDPKIT_FAULTS`` to entries separated by ``;``, each ``KIND[:key=value]...``. An entry fires for a call
+``fault(KIND, **context)`` when every key it names that is also in the context has the same value; its other
+keys are parameters for the fault. Examples::
+
+    DDPKIT_FAULTS="corrupt:op=all_reduce:rank=1"      # rank 1 corrupts its all_reduce result
+    DDPKIT_FAULTS="hang:phase=ddp:rank=2"             # rank 2 never enters the DDP phase
+    DDPKIT_FAULTS="slow:rank=2:ms=50"                 # rank 2 sleeps 50 ms where 'slow' is consulted
+
+Never set in production; ddpkit logs a warning when any fault is armed.
+"""
+
+from __future__ import annotations
+
+import os
+
+from ddpkit.log import get_logger
+
+__all__ = ["ENV_VAR", "fault"]
+
+ENV_VAR = "DDPKIT_FAULTS"
+log = get_logger(__name__)
+_warned = False
+
+
+def _entries(raw: str) -> list[tuple[str, dict[str, str]]]:
+    out = []
+    for chunk in raw.split(";"):
+        chunk = chunk.strip()
+        if not chunk:
+            continue
+        kind, *pairs = chunk.split(":")
+        params = {}
+        for pair in pairs:
+            key, _, value = pair.partition("=")
+            params[key.strip()] = value.strip()
+        out.append((kind.strip(), params))
+    return out
+
+
+def fault(kind: str, **context: object) -> dict[str, str] | None:
+    """Return the parameters of the first armed fault of ``kind`` matching ``context``, else None."""
+    global _warned
+    raw = os.environ.get(ENV_VAR)
+    if not raw:
+        return None
+    if not _warned:
+        _warned = True
+        log.warning("test faults armed: %s=%s", ENV_VAR, raw)
+    for entry_kind, params in _entries(raw):
+        if entry_kind != kind:
+            continue
+        if all(str(context[k]) == v for k, v in params.items() if k in context):
+            return params
+    return None
