@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import re
 import signal
+import socket
 import sys
 import uuid
 from dataclasses import dataclass
@@ -94,10 +95,15 @@ def launch(argv: list[str], options: LaunchOptions) -> int:
     # connect (pytorch/pytorch#135712); a store per attempt makes restarts reliable.
     os.environ.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
     os.environ["DDPKIT_LAUNCHED"] = "1"  # tells the workers their -n/-j were already honoured
-    standalone = options.rdzv_endpoint is None
+    endpoint = options.rdzv_endpoint
     conf: dict[str, object] = dict(options.rdzv_conf)
-    if standalone:
+    local_addr = options.local_addr
+    if endpoint is None:  # standalone
         conf.setdefault("is_host", True)
+    else:
+        local_addr = local_addr or _local_addr_towards(endpoint)
+        if options.rdzv_backend == "c10d" and "is_host" not in conf and _hosts_endpoint(endpoint):
+            conf["is_host"] = True
     config = LaunchConfig(
         min_nodes=shape.min_nodes,
         max_nodes=shape.max_nodes,
@@ -110,7 +116,7 @@ def launch(argv: list[str], options: LaunchOptions) -> int:
         max_restarts=options.max_restarts,
         monitor_interval=0.1,
         start_method="spawn",
-        local_addr=options.local_addr,
+        local_addr=local_addr,
     )
     try:
         elastic_launch(config, entrypoint=sys.executable)("-m", "ddpkit", *argv)
@@ -122,6 +128,56 @@ def launch(argv: list[str], options: LaunchOptions) -> int:
                               f"{options.rdzv_timeout} s", "start ddpkit on every node with the same "
                               "--rdzv-endpoint and -j, and check the endpoint is reachable") from None
     return 0
+
+
+def _endpoint_host(endpoint: str) -> str:
+    host, _, port = endpoint.rpartition(":")
+    return (host if port.isdigit() else endpoint).strip("[]")
+
+
+def _local_addr_towards(endpoint: str) -> str | None:
+    """This node's address on the interface that routes to the rendezvous host: the address the other nodes
+    (and this node's workers, as MASTER_ADDR when it is node 0) use for it. None (torch's default, the
+    hostname) where no route is found or the endpoint is loopback."""
+    from ddpkit.netinfo import route_to
+
+    host = _endpoint_host(endpoint)
+    try:
+        ifname, local_ip = route_to(host)
+    except OSError as exc:
+        log.warning("no route to the rendezvous host %s (%s): the other nodes will be told this host's name, %s",
+                    host, exc, socket.gethostname())
+        return None
+    if ifname == "lo":
+        return None
+    log.info("local address %s (on %s): it routes to the rendezvous host %s", local_ip, ifname, host)
+    return local_ip
+
+
+def _hosts_endpoint(endpoint: str) -> bool:
+    """True when the c10d rendezvous endpoint is one of this host's own addresses, so this agent must host the
+    rendezvous store. torch decides that from the hostname's addresses only, which miss the interface addresses
+    where the hostname resolves to 127.0.1.1: then no agent hosts the store and every agent times out."""
+    from torch.distributed.elastic.rendezvous.utils import _matches_machine_hostname
+
+    from ddpkit.netinfo import is_local_address, resolve
+
+    host = _endpoint_host(endpoint)
+    try:
+        address = resolve(host)
+    except OSError:
+        return False
+    if _matches_machine_hostname(host) or not is_local_address(address):
+        return False  # torch finds it by itself (loopback, the hostname), or another host serves it
+    port = int(endpoint.rpartition(":")[2]) if endpoint.rpartition(":")[2].isdigit() else 29400
+    with socket.socket(socket.AF_INET6 if ":" in address else socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind((address, port))
+        except OSError:  # another agent on this host serves it already
+            return False
+    log.warning("hosting the rendezvous store: %s is this host's own address (is_host=true; pass "
+                "--rdzv-conf is_host=false to leave it to another process)", host)
+    return True
 
 
 def _root_cause(exc: object) -> int:
