@@ -36,7 +36,7 @@ def _connect(info: WorldInfo, timeout: float, backend: str | None) -> tuple[dict
         t = torch.tensor([float(rt.rank + 1)], device=rt.device)
         dist.all_reduce(t)
         expected = rt.world_size * (rt.world_size + 1) / 2
-        result = {"backend": rt.backend, "device": str(rt.device), "all_reduce": t.item(),
+        result: dict[str, object] = {"backend": rt.backend, "device": str(rt.device), "all_reduce": t.item(),
                   "all_reduce_expected": expected, "all_reduce_ok": t.item() == expected}
         mine = dict(info.as_dict(), host=socket.gethostname(), connect=result)
         gathered: list[dict | None] = [None] * rt.world_size
@@ -76,8 +76,8 @@ def _print_world(world: list[dict]) -> None:
         table.add_column(col)
     for r in sorted(world, key=lambda r: r["rank"]):
         c = r["connect"]
-        ok = "OK" if c["all_reduce_ok"] else "WRONG"
-        verdict = f"{c['all_reduce']:g} ({c['all_reduce_expected']:g}) {ok}"
+        mark = "OK" if c["all_reduce_ok"] else "WRONG"
+        verdict = f"{c['all_reduce']:g} ({c['all_reduce_expected']:g}) {mark}"
         table.add_row(str(r["rank"]), str(r["local_rank"]), str(r["node_rank"]), r["host"],
                       str(r["local_world_size"]), c["device"], verdict)
     console = Console(file=sys.stdout, soft_wrap=True)
