@@ -1,23 +1,92 @@
-"""Which of this host's interfaces and addresses reach another host; no torch import.
+"""Which network interface this host uses to reach an address (no torch import).
 
-gloo advertises the address its hostname resolves to unless ``GLOO_SOCKET_IFNAME`` names an interface; on many
-machines (Debian's ``127.0.1.1 hostname`` line, containers) that is a loopback address the other hosts cannot
-reach. The interface the kernel would use to reach the master is the right one, and the kernel can tell us.
+gloo and NCCL pick an interface from the host name unless ``GLOO_SOCKET_IFNAME`` / ``NCCL_SOCKET_IFNAME`` say
+otherwise; when the host name resolves to loopback, ranks advertise 127.0.0.1 and a multi-node run hangs.
+``route_to(master)`` answers what the kernel's routing table would do, without sending a packet::
+
+    >>> route_to("127.0.0.1")
+    ('lo', '127.0.0.1')
 """
 
 from __future__ import annotations
 
 import fcntl
 import ipaddress
+import shutil
 import socket
 import struct
+import subprocess
 from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import Path
 
 __all__ = ["InterfaceChoice", "gloo_interface", "interface_addresses", "is_local_address", "resolve", "route_to"]
 
-_SIOCGIFADDR = 0x8915  # Linux ioctl: an interface's primary IPv4 address
+_SIOCGIFADDR = 0x8915  # Linux ioctl: an interface's IPv4 address
+
+
+def route_to(addr: str, port: int = 9) -> tuple[str | None, str]:
+    """Return ``(interface name, local IP)`` the kernel would use to send to ``addr`` (a host name or IP).
+
+    A UDP ``connect`` only consults the routing table (no packet leaves), and ``getsockname`` then gives the
+    source address; the interface is the one holding that address. The name is None when no interface can be
+    matched (rare: e.g. an address owned by a VRF this process cannot see). Raises OSError when ``addr`` does
+    not resolve or no route exists.
+    """
+    family, _, _, _, sockaddr = socket.getaddrinfo(addr, port, type=socket.SOCK_DGRAM)[0]
+    with socket.socket(family, socket.SOCK_DGRAM) as s:
+        s.connect(sockaddr)
+        local_ip = str(s.getsockname()[0])
+    return _interface_of(local_ip) or _ip_route_get(str(sockaddr[0])), local_ip
+
+
+def interface_addresses() -> dict[str, list[str]]:
+    """Every interface's IPv4 and IPv6 addresses, by interface name (from ioctl and /proc/net/if_inet6)."""
+    out: dict[str, list[str]] = {}
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        for _, name in socket.if_nameindex():
+            try:
+                raw = fcntl.ioctl(s.fileno(), _SIOCGIFADDR, struct.pack("256s", name[:15].encode()))
+            except OSError:  # no IPv4 address on this interface
+                continue
+            out.setdefault(name, []).append(socket.inet_ntoa(raw[20:24]))
+    for name, ip in _ipv6_addresses():
+        out.setdefault(name, []).append(ip)
+    return out
+
+
+def _ipv6_addresses() -> list[tuple[str, str]]:
+    try:
+        with open("/proc/net/if_inet6") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return []
+    found = []
+    for line in lines:
+        fields = line.split()
+        if len(fields) >= 6:
+            found.append((fields[5], str(ipaddress.IPv6Address(bytes.fromhex(fields[0])))))
+    return found
+
+
+def _interface_of(local_ip: str) -> str | None:
+    wanted = ipaddress.ip_address(local_ip.split("%", 1)[0])
+    for name, ips in interface_addresses().items():
+        if any(ipaddress.ip_address(ip) == wanted for ip in ips):
+            return name
+    return None
+
+
+def _ip_route_get(dest: str) -> str | None:
+    """Fallback: ``ip route get DEST`` names the device (``... dev eth0 src 10.0.0.2 ...``)."""
+    ip = shutil.which("ip")
+    if ip is None:
+        return None
+    try:
+        text = subprocess.run([ip, "route", "get", dest], capture_output=True, text=True, timeout=5).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    words = text.split()
+    return words[words.index("dev") + 1] if "dev" in words[:-1] else None
 
 
 def resolve(host: str) -> str:
@@ -26,67 +95,14 @@ def resolve(host: str) -> str:
         return str(ipaddress.ip_address(host.strip("[]")))
     except ValueError:
         pass
-    infos = socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)
-    if not infos:
-        raise OSError(f"{host} does not resolve")
-    return str(infos[0][4][0])
-
-
-def _ipv4_addresses() -> dict[str, str]:
-    out: dict[str, str] = {}
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        for _, name in socket.if_nameindex():
-            try:
-                packed = fcntl.ioctl(s.fileno(), _SIOCGIFADDR, struct.pack("256s", name.encode()[:15]))
-            except OSError:  # no IPv4 address on this interface
-                continue
-            out[name] = socket.inet_ntoa(packed[20:24])
-    return out
-
-
-def _ipv6_addresses() -> list[tuple[str, str]]:
-    path = Path("/proc/net/if_inet6")
-    if not path.exists():
-        return []
-    out = []
-    for line in path.read_text().splitlines():
-        parts = line.split()
-        if len(parts) >= 6:
-            raw = parts[0]
-            out.append((parts[5], str(ipaddress.ip_address(":".join(raw[i:i + 4] for i in range(0, 32, 4))))))
-    return out
-
-
-def interface_addresses() -> list[tuple[str, str]]:
-    """(interface, address) for every interface with an address: IPv4 primary addresses, then IPv6."""
-    return [*_ipv4_addresses().items(), *_ipv6_addresses()]
+    return str(socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)[0][4][0])
 
 
 def is_local_address(addr: str) -> bool:
-    """True when ``addr`` (an address, not a name) is loopback or assigned to one of this host's interfaces."""
-    ip = ipaddress.ip_address(addr)
-    return ip.is_loopback or any(ipaddress.ip_address(a) == ip for _, a in interface_addresses())
-
-
-def route_to(addr: str) -> tuple[str, str]:
-    """The interface and local address this host uses to reach ``addr`` (a host name or an address).
-
-    Asks the kernel's routing table (a UDP connect sends nothing), then names the interface that holds the
-    chosen source address. For one of this host's own addresses that is the interface holding it, not ``lo``.
-    Raises OSError when ``addr`` does not resolve or no route reaches it.
-    """
-    target = resolve(addr)
-    family = socket.AF_INET6 if ":" in target else socket.AF_INET
-    with socket.socket(family, socket.SOCK_DGRAM) as s:
-        s.connect((target, 9))  # the discard port; no packet leaves
-        local = str(s.getsockname()[0]).split("%")[0]
-    local_ip = ipaddress.ip_address(local)
-    for name, address in interface_addresses():
-        if ipaddress.ip_address(address) == local_ip:
-            return name, local
-    if local_ip.is_loopback:
-        return "lo", local
-    raise OSError(f"the route to {addr} leaves from {local}, which no interface of this host holds")
+    """True when ``addr`` (an address, not a name) is loopback or held by one of this host's interfaces."""
+    ip = ipaddress.ip_address(addr.split("%", 1)[0])
+    return ip.is_loopback or any(ipaddress.ip_address(a.split("%", 1)[0]) == ip
+                                 for ips in interface_addresses().values() for a in ips)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -123,6 +139,8 @@ def gloo_interface(master_addr: str | None, environ: Mapping[str, str]) -> Inter
                                reason=f"the master {master_addr} is loopback ({master_ip}): all ranks on this host")
     try:
         ifname, local_ip = route_to(master_ip)
+        if ifname is None:
+            raise OSError(f"no interface holds {local_ip}")
     except OSError as exc:
         return InterfaceChoice(ifname=None, local_ip=None, chosen_by_ddpkit=False,
                                reason=f"no route to the master {master_addr} ({exc}): gloo left to its default")

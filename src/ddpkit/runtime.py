@@ -77,9 +77,14 @@ def _export_interface(info: WorldInfo, master_addr: str) -> None:
     _interface = choice = gloo_interface(master_addr, os.environ)
     if choice.chosen_by_ddpkit and choice.ifname:
         os.environ["GLOO_SOCKET_IFNAME"] = choice.ifname
+        name = socket.gethostname()
+        try:
+            default = f"{name} resolves to, {socket.gethostbyname(name)}"
+        except OSError:
+            default = f"{name} resolves to (it does not resolve)"
         (log.warning if info.local_rank == 0 else log.info)(
-            "setting GLOO_SOCKET_IFNAME=%s: %s (unset, gloo would advertise the address of %s)",
-            choice.ifname, choice.reason, socket.gethostname())
+            "setting GLOO_SOCKET_IFNAME=%s: %s (left unset, gloo would advertise the address %s)",
+            choice.ifname, choice.reason, default)
 
 
 def export_world(info: WorldInfo) -> WorldInfo:
