@@ -1,0 +1,109 @@
+"""Two hosts x two ranks across a real network boundary (namespace hosts): c10d and etcd rendezvous.
+
+Each host's name resolves to 127.0.1.1 there, so these runs pass only because ddpkit picks the interface that
+routes to the master (GLOO_SOCKET_IFNAME) and the first host's agent decides by itself to host the store.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+
+from tests.infra.conftest import Etcd, HostRun, Hosts, new_run_id
+
+pytestmark = [pytest.mark.infra, pytest.mark.multiproc]
+RUN_TIMEOUT = 240  # seconds for one 2x2 run on a loaded 2-core machine (about 15 s when idle)
+
+
+def _rows(*runs: HostRun) -> list[dict[str, object]]:
+    rows = [json.loads(line) for r in runs for line in r.stdout.splitlines() if line.startswith("{")]
+    return sorted(rows, key=lambda r: int(r["rank"]))  # type: ignore[call-overload]
+
+
+def _assert_world_across(hosts: Hosts, runs: list[HostRun], master: str | None = None) -> None:
+    """Four ranks, two per host, one verified all_reduce; ``master`` is the first host unless told (etcd lets
+    either host become node 0)."""
+    for r in runs:
+        assert r.returncode == 0, r.output()
+    rows = _rows(*runs)
+    assert [r["rank"] for r in rows] == [0, 1, 2, 3], "\n".join(r.output() for r in runs)
+    for row in rows:
+        assert row["launcher"] == "torchrun" and row["world_size"] == 4 and row["num_nodes"] == 2
+        assert row["connect"]["all_reduce_ok"] is True and row["connect"]["all_reduce"] == 10.0  # type: ignore[index]
+    # the master is node 0's own address, never a loopback or a hostname resolving to one
+    masters = {r["master_addr"] for r in rows}
+    assert masters == {master or hosts[0].ip} and masters <= {h.ip for h in hosts.hosts}
+    by_node = {n: sorted(int(row["rank"]) for row in rows if row["node_rank"] == n)  # type: ignore[call-overload]
+               for n in (0, 1)}
+    assert by_node == {0: [0, 1], 1: [2, 3]}
+    for r in runs:  # each host's ranks chose its own eth0, and said why
+        assert f"setting GLOO_SOCKET_IFNAME=eth0: eth0 ({r.host.ip}) is the interface that routes to the master " \
+               f"{rows[0]['master_addr']}" in r.stderr, r.output()
+
+
+def test_hosts_have_own_addresses_names_and_routes(two_hosts: Hosts) -> None:
+    """The fixture's hosts are hosts: own hostname, own address; netinfo.route_to names the right interface."""
+    h1, h2 = two_hosts[0], two_hosts[1]
+    probe = ("import json, socket; from ddpkit.netinfo import route_to, is_local_address; "
+             f"print(json.dumps([socket.gethostname(), route_to('{h1.hostname}'), route_to('{h2.ip}'), "
+             f"is_local_address('{h1.ip}'), is_local_address('{h2.ip}'), "
+             f"socket.create_connection(('{h1.ip}', 9), 5) and 1]))")
+    listener = two_hosts.start(h1, [sys.executable, "-c", "import socket, time; s = socket.socket(); "
+                                    "s.bind(('0.0.0.0', 9)); s.listen(); c, _ = s.accept(); print('accepted')"])
+    got = None
+    for _ in range(50):  # the listener needs a moment to bind
+        result = two_hosts.cluster.run(h2, [sys.executable, "-c", probe], timeout=60)
+        if result.returncode == 0:
+            got = json.loads(result.stdout)
+            break
+    assert got is not None, result.stderr
+    # the route to the other host, and to this host's own address, both leave from eth0 (not lo)
+    assert got == [h2.hostname, ["eth0", h2.ip], ["eth0", h2.ip], False, True, 1]
+    assert listener.wait(30).returncode == 0 and "accepted" in listener.stdout
+    cut = two_hosts.cluster.run(h1, ["hostname"])
+    assert cut.stdout.strip() == h1.hostname
+
+
+def test_env_connect_2x2_c10d(two_hosts: Hosts) -> None:
+    """ddpkit's own multi-node launch: the same command on both hosts, rendezvous on the first host."""
+    args = ["env", "-j", "2x2", "--rdzv-endpoint", two_hosts.endpoint(), "--run-id", new_run_id(), "--connect",
+            "--json", "--timeout", "120"]
+    runs = [two_hosts.ddpkit(h, *args) for h in two_hosts.hosts]
+    for r in runs:
+        r.wait(RUN_TIMEOUT)
+    _assert_world_across(two_hosts, runs)
+    first, second = runs
+    assert f"hosting the rendezvous store: {two_hosts[0].ip} is this host's own address" in first.stderr
+    assert "hosting the rendezvous store" not in second.stderr
+    assert two_hosts.leftover() == {}
+
+
+def test_plain_torchrun_2x2_c10d(two_hosts: Hosts) -> None:
+    """Plain torchrun across the hosts (is_host and --local-addr by hand, as its users must); inside the ranks,
+    ddpkit.init() still has to choose the interface, or gloo advertises 127.0.1.1."""
+    run_id = new_run_id()
+    runs = []
+    for i, host in enumerate(two_hosts.hosts):
+        argv = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "2",
+                "--rdzv-backend", "c10d", "--rdzv-endpoint", two_hosts.endpoint(), "--rdzv-id", run_id,
+                "--local-addr", host.ip, *(["--rdzv-conf", "is_host=true"] if i == 0 else []),
+                "-m", "ddpkit", "env", "--connect", "--json", "--timeout", "120"]
+        runs.append(two_hosts.start(host, argv))
+    for r in runs:
+        r.wait(RUN_TIMEOUT)
+    _assert_world_across(two_hosts, runs)
+    assert two_hosts.leftover() == {}
+
+
+def test_env_connect_2x2_etcd_v2(two_hosts: Hosts, etcd: Etcd) -> None:
+    """etcd rendezvous (as the Kubernetes seed uses): a real etcd server on the switch, etcd-v2 backend."""
+    args = ["env", "-j", "2x2", "--rdzv-backend", "etcd-v2", "--rdzv-endpoint", etcd.endpoint,
+            "--run-id", new_run_id(), "--connect", "--json", "--timeout", "120"]
+    runs = [two_hosts.ddpkit(h, *args) for h in two_hosts.hosts]
+    for r in runs:
+        r.wait(RUN_TIMEOUT)
+    _assert_world_across(two_hosts, runs, master=str(_rows(*runs)[0]["master_addr"]))
+    assert all("hosting the rendezvous store" not in r.stderr for r in runs)  # etcd holds the rendezvous
+    assert two_hosts.leftover() == {}
