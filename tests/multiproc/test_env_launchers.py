@@ -92,3 +92,19 @@ def test_conflicting_environment_exits_2_without_traceback() -> None:
 def test_bad_job_shape_exits_2() -> None:
     proc = run_ddpkit("env", "-j", "0x4", timeout=60)
     assert proc.returncode == 2 and "zero nodes or processes" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_kubeflow_pod_command_acts_as_agent_for_its_ranks() -> None:
+    """A PyTorchJob pod running `ddpkit env` with nprocPerNode=2 starts its two ranks itself."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = str(s.getsockname()[1])
+    env = ddpkit_env(PET_NNODES="1", PET_NPROC_PER_NODE="2", PET_NODE_RANK="0", PET_MASTER_ADDR="127.0.0.1",
+                     PET_MASTER_PORT=port, PET_RDZV_ID="pytorchjob-uid-1")
+    proc = run_ddpkit("env", "--connect", "--json", env=env, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    rows = _records(proc.stdout)
+    _assert_world(rows, "torchrun", 2)
+    assert {r["run_id"] for r in rows} == {"pytorchjob-uid-1"}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from datetime import timedelta
 
@@ -55,7 +56,9 @@ def run(args: argparse.Namespace) -> int:
             record["explain"] = [{"launcher": n, "matched": m, "why": w} for n, m, w in explain()]
         if connected is not None:
             record["connect"] = connected
-        print(json.dumps(record, sort_keys=True), flush=True)
+        # One write per line: ranks share stdout, and a write under PIPE_BUF bytes is never interleaved.
+        sys.stdout.flush()
+        os.write(sys.stdout.fileno(), (json.dumps(record, sort_keys=True) + "\n").encode())
     elif connected is None:
         _print_table(info, args.explain)
     elif info.rank == 0:  # one table for the whole world, printed once
