@@ -96,7 +96,9 @@ def _launch_options(args: argparse.Namespace) -> LaunchOptions:
         conf.append((key, value))
     return LaunchOptions(shape=shape, rdzv_endpoint=args.rdzv_endpoint, rdzv_backend=args.rdzv_backend,
                          rdzv_conf=tuple(conf), run_id=args.run_id, max_restarts=args.max_restarts,
-                         local_addr=args.local_addr)
+                         local_addr=args.local_addr,
+                         # a command's --timeout (seconds to wait for every rank) bounds the node rendezvous too
+                         **({"rdzv_timeout": int(args.timeout)} if getattr(args, "timeout", None) else {}))
 
 
 def _run_worker(module: ModuleType, args: argparse.Namespace, argv: list[str]) -> int:

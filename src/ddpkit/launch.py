@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -18,6 +19,7 @@ from dataclasses import dataclass
 from ddpkit.env import thread_count
 from ddpkit.errors import ConfigError, DeadlineExpired
 from ddpkit.log import get_logger
+from ddpkit.rendezvous import RendezvousWatch, describe_missing
 
 __all__ = ["JobShape", "LaunchOptions", "launch", "parse_job_shape"]
 
@@ -104,12 +106,14 @@ def launch(argv: list[str], options: LaunchOptions) -> int:
         local_addr = local_addr or _local_addr_towards(endpoint)
         if options.rdzv_backend == "c10d" and "is_host" not in conf and _hosts_endpoint(endpoint):
             conf["is_host"] = True
+    # torch's dynamic rendezvous reads join_timeout (default 600 s), not LaunchConfig.rdzv_timeout
+    conf.setdefault("join_timeout", options.rdzv_timeout)
     config = LaunchConfig(
         min_nodes=shape.min_nodes,
         max_nodes=shape.max_nodes,
         nproc_per_node=shape.nproc_per_node,
         run_id=options.run_id or f"ddpkit-{uuid.uuid4().hex[:12]}",
-        rdzv_endpoint=options.rdzv_endpoint or "127.0.0.1:0",
+        rdzv_endpoint=endpoint or "127.0.0.1:0",
         rdzv_backend=options.rdzv_backend,
         rdzv_configs=conf,
         rdzv_timeout=options.rdzv_timeout,
@@ -118,15 +122,20 @@ def launch(argv: list[str], options: LaunchOptions) -> int:
         start_method="spawn",
         local_addr=local_addr,
     )
+    watch = RendezvousWatch(endpoint, config.run_id) if endpoint and options.rdzv_backend == "c10d" else None
     try:
-        elastic_launch(config, entrypoint=sys.executable)("-m", "ddpkit", *argv)
+        with watch or contextlib.nullcontext():
+            elastic_launch(config, entrypoint=sys.executable)("-m", "ddpkit", *argv)
     except ChildFailedError as exc:
         return _root_cause(exc)
     except RendezvousError as exc:
-        raise DeadlineExpired(f"the rendezvous at {config.rdzv_endpoint} did not complete: {exc}",
-                              f"{shape.min_nodes} to {shape.max_nodes} node agents to join within "
-                              f"{options.rdzv_timeout} s", "start ddpkit on every node with the same "
-                              "--rdzv-endpoint and -j, and check the endpoint is reachable") from None
+        who = f"; {describe_missing(watch.nodes, shape.min_nodes, shape.max_nodes, shape.nproc_per_node)}" \
+            if watch is not None else ""
+        raise DeadlineExpired(f"the rendezvous at {config.rdzv_endpoint} did not complete within "
+                              f"{conf['join_timeout']} s{who} ({type(exc).__name__}{f': {exc}' if str(exc) else ''})",
+                              f"{shape} node agents (NODESxRANKS) to join",
+                              "start ddpkit on every node with the same --rdzv-endpoint, --run-id and -j, check "
+                              "each can reach the endpoint, or give them longer with --timeout") from None
     return 0
 
 
