@@ -113,6 +113,10 @@ def _run_worker(module: ModuleType, args: argparse.Namespace, argv: list[str]) -
             return _launch(argv, options)
     elif (args.nproc_per_node or args.job) and "DDPKIT_LAUNCHED" not in os.environ:
         log.warning("started by %s: -n/-j are ignored (the launcher decides the ranks)", world.launcher)
+    if world.launcher == "torchrun" and os.environ.get("DDPKIT_LAUNCHED") == "1":
+        from ddpkit.launch import die_with_agent
+
+        die_with_agent()  # a worker of ddpkit's own launcher: never outlive the agent
     return int(module.run(args))
 
 

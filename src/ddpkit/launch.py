@@ -21,7 +21,7 @@ from ddpkit.errors import ConfigError, DeadlineExpired
 from ddpkit.log import get_logger
 from ddpkit.rendezvous import RendezvousWatch, describe_missing
 
-__all__ = ["JobShape", "LaunchOptions", "launch", "parse_job_shape"]
+__all__ = ["JobShape", "LaunchOptions", "die_with_agent", "launch", "parse_job_shape"]
 
 log = get_logger(__name__)
 
@@ -137,6 +137,26 @@ def launch(argv: list[str], options: LaunchOptions) -> int:
                               "start ddpkit on every node with the same --rdzv-endpoint, --run-id and -j, check "
                               "each can reach the endpoint, or give them longer with --timeout") from None
     return 0
+
+
+def die_with_agent() -> None:
+    """In a worker of ddpkit's launcher: have the kernel SIGKILL this process when its agent dies.
+
+    torch starts workers in their own session, so a killed agent (SIGKILL, out of memory, a lost host) leaves
+    them running: they hold ports and GPU memory, and keep the other hosts' ranks in a collective that no
+    restart can join. Linux only (prctl PR_SET_PDEATHSIG); elsewhere nothing changes.
+    """
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    parent = os.getppid()
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(1, int(signal.SIGKILL), 0, 0, 0) != 0:  # 1 = PR_SET_PDEATHSIG
+        log.debug("prctl(PR_SET_PDEATHSIG) failed: errno %d", ctypes.get_errno())
+        return
+    if parent == 1 or os.getppid() != parent:  # the agent died before the request took effect
+        os.kill(os.getpid(), signal.SIGKILL)
 
 
 def _endpoint_host(endpoint: str) -> str:

@@ -43,7 +43,7 @@ class JoinedNode:
 
 class RendezvousWatch:
     """Polls the c10d rendezvous state at ``endpoint`` for ``run_id`` in a daemon thread until stopped or the
-    round completes; :attr:`nodes` holds the agents last seen (participants and waiting)."""
+    round completes; :attr:`nodes` holds every agent seen in it (participants and waiting)."""
 
     def __init__(self, endpoint: str, run_id: str, interval: float = 1.0) -> None:
         host, _, port = endpoint.rpartition(":")
@@ -77,8 +77,9 @@ class RendezvousWatch:
                 store = None
                 continue
             seen = [*getattr(state, "participants", {}), *getattr(state, "wait_list", ())]
-            self.nodes = tuple(sorted({JoinedNode(addr=str(n.addr), pid=int(n.pid)) for n in seen},
-                                      key=lambda n: (n.addr, n.pid)))
+            # every node seen so far: a timed-out node leaves the state just before its agent gives up
+            found = {JoinedNode(addr=str(n.addr), pid=int(n.pid)) for n in seen} | set(self.nodes)
+            self.nodes = tuple(sorted(found, key=lambda n: (n.addr, n.pid)))
             if getattr(state, "complete", False):
                 return
 
