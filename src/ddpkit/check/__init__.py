@@ -159,7 +159,7 @@ def run(args: argparse.Namespace) -> int:
             go = _roll_call(store, report, local_record(world, device=name, gpu_uuid=ident), args.timeout)
             report.timings["roll-call"] = time.monotonic() - t
         if go != "go":
-            return _finish(store, report, rank, size, int(go), watchdog)
+            return _finish(store, report, rank, int(go), watchdog)
         return _verify(store, report, world, backend, phase, watchdog)
     finally:
         watchdog.stop()
@@ -206,7 +206,7 @@ def _verify(store: dist.Store, report: Report, world: WorldInfo, backend: str, p
             store.set(f"results/{rank}", json.dumps({"ops": [o.as_dict() for o in ops], "ddp": ddp.as_dict()}))
             if rank == 0:
                 _judge_results(store, report, size, backend)
-        return _finish(store, report, rank, size, None, watchdog)
+        return _finish(store, report, rank, None, watchdog)
     finally:
         shutdown()
 
@@ -221,13 +221,14 @@ def _judge_results(store: dist.Store, report: Report, size: int, backend: str) -
     report.outcomes.append(ddpsync.combine([ddpsync.DdpResult(**res["ddp"]) for res in results]))
 
 
-def _finish(store: dist.Store, report: Report, rank: int, size: int, code: int | None, watchdog: Watchdog) -> int:
+def _finish(store: dist.Store, report: Report, rank: int, code: int | None, watchdog: Watchdog) -> int:
     """Rank 0 prints and publishes the exit code; everyone leaves with it. Rank 0 (it may host the store) goes last."""
     if rank == 0:
         code = report.emit(code)
         store.set("verdict", str(code))
         deadline = time.monotonic() + MARGIN_S
-        while int(store.add("finished", 0)) < size - 1 and time.monotonic() < deadline:
+        others = int(store.add("rollcall/count", 0)) - 1  # the ranks that checked in, duplicates included
+        while int(store.add("finished", 0)) < others and time.monotonic() < deadline:
             time.sleep(0.02)
     else:
         store.wait(["verdict"])

@@ -117,12 +117,18 @@ class Watchdog:
         self.store.compare_set("abort", "", reason)
 
     def _abort(self, reason: str) -> None:
+        """Rank 0 reports, then waits (briefly) until every rank that checked in has seen the abort: it may host
+        the store, and a rank that loses the store cannot tell an abort from a crash."""
+        self.store.add("abort/seen", 1)
+        deadline = time.monotonic() + ACK_WAIT_S
         if self.rank == 0:
             if self.on_abort is not None:
                 self.on_abort(reason)
             self.store.set("abort/reported", "1")
+            alive = sum(self.store.check([f"phase/{r}"]) for r in range(self.world_size))
+            while time.monotonic() < deadline and int(self.store.add("abort/seen", 0)) < alive:
+                time.sleep(POLL_S / 2)
         else:
-            deadline = time.monotonic() + ACK_WAIT_S
             while time.monotonic() < deadline and not self.store.check(["abort/reported"]):
                 time.sleep(POLL_S / 2)
         self._die(reason)
