@@ -34,7 +34,7 @@ def route_to(addr: str, port: int = 9) -> tuple[str | None, str]:
     with socket.socket(family, socket.SOCK_DGRAM) as s:
         s.connect(sockaddr)
         local_ip = str(s.getsockname()[0])
-    return _interface_of(local_ip) or _ip_route_get(sockaddr[0]), local_ip
+    return _interface_of(local_ip) or _ip_route_get(str(sockaddr[0])), local_ip
 
 
 def interface_addresses() -> dict[str, list[str]]:

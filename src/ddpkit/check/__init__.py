@@ -56,8 +56,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 class Report:
     """What rank 0 knows so far; printed once, at the end or when a deadline aborts the run."""
 
-    def __init__(self, args: argparse.Namespace, world: WorldInfo, backend: str) -> None:
+    def __init__(self, args: argparse.Namespace, world: WorldInfo, backend: str, device: str) -> None:
         self.args = args
+        self.device = device
         self.world = world
         self.backend = backend
         self.records: list[dict[str, Any]] = []
@@ -88,7 +89,8 @@ class Report:
                 render.print_rank_lines(self.records)
             if self.args.json:
                 render.write_json(self.args.json, {
-                    "verdict": verdict, "exit_code": code, "passed": code == 0, "backend": self.backend,
+                    "kind": "check", "verdict": verdict, "exit_code": code, "passed": code == 0,
+                    "backend": self.backend, "device": self.device,
                     "world": self.world.as_dict(), "seconds": round(seconds, 3), "timings": self.timings,
                     "checks": [o.as_dict() for o in outcomes], "ranks": self.records, "deadline": deadline,
                 })
@@ -140,9 +142,10 @@ def run(args: argparse.Namespace) -> int:
     backend = pick_backend(args.backend)
     device = pick_device(backend, world.local_rank)
     store = _open_store(world, args.timeout + args.phase_timeout + MARGIN_S)
-    report = Report(args, world, backend)
+    report = Report(args, world, backend, str(device))
     rank, size = world.rank, world.world_size
-    watchdog = Watchdog(store.clone(), rank=rank, world_size=size,
+    # Its own connection: the main thread may be blocked in a store call when the deadline passes.
+    watchdog = Watchdog(store.clone(), rank=rank, world_size=size,  # type: ignore[attr-defined]
                         on_abort=lambda reason: report.emit(EXIT_MISSING, deadline=reason)).start()
 
     def mark(state: str) -> None:

@@ -174,7 +174,8 @@ def _send_recv_ring(rank: int, world: int, device: torch.device) -> tuple[torch.
     out = torch.full((COUNT,), -1.0, device=device)
     reqs = [dist.isend(_value(rank).to(device), dst=right), dist.irecv(out, src=left)]
     for req in reqs:
-        req.wait()
+        if req is not None:
+            req.wait()
     _corrupt("send_recv_ring", rank, out)
     return out, _value(left)
 

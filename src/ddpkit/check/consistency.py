@@ -46,15 +46,16 @@ def judge_consistency(records: Sequence[dict[str, Any]]) -> list[Outcome]:
         by_host: dict[str, set[str]] = defaultdict(set)
         for r in records:
             by_host[r["host"]].add(r["env"].get(name, "<unset>"))
-        values = {v for vs in by_host.values() for v in vs}
-        if len(values) > 1:
-            mismatched.append(f"{name}: " + ", ".join(f"{h}={'|'.join(sorted(vs))}" for h, vs in sorted(by_host.items())))
+        if len({v for vs in by_host.values() for v in vs}) > 1:
+            per_host = ", ".join(f"{h}={'|'.join(sorted(vs))}" for h, vs in sorted(by_host.items()))
+            mismatched.append(f"{name}: {per_host}")
     if mismatched:
         out.append(Outcome(name="comm-settings", status=WARN,
                            detail="NCCL_*/GLOO_* differ between ranks: " + "; ".join(mismatched)))
     else:
         shown = ", ".join(f"{n}={records[0]['env'][n]}" for n in names) or "none set"
-        out.append(Outcome(name="comm-settings", status=PASS, detail=f"NCCL_*/GLOO_* identical on every rank ({shown})"))
+        out.append(Outcome(name="comm-settings", status=PASS,
+                           detail=f"NCCL_*/GLOO_* identical on every rank ({shown})"))
     return out
 
 

@@ -35,7 +35,8 @@ __all__ = ["Watchdog", "diagnose"]
 
 log = get_logger(__name__)
 POLL_S = 0.1
-ACK_WAIT_S = 3.0  # how long other ranks give rank 0 to print the diagnosis before they exit
+ACK_WAIT_S = 3.0  # how long rank 0 (which may host the store) waits for the others to see the abort
+REPORT_WAIT_S = 10.0  # how long the others give rank 0 to print the diagnosis before they exit
 BACKSTOP_S = 10.0  # the faulthandler backstop fires this long after a phase's deadline
 
 
@@ -64,7 +65,7 @@ class Watchdog:
     """Deadlines for the phases of one run; ``on_abort(reason)`` runs on rank 0 before the process exits."""
 
     def __init__(self, store: dist.Store, *, rank: int, world_size: int,
-                 on_abort: Callable[[str], None] | None = None) -> None:
+                 on_abort: Callable[[str], object] | None = None) -> None:
         self.store = store
         self.rank = rank
         self.world_size = world_size
@@ -120,17 +121,22 @@ class Watchdog:
         """Rank 0 reports, then waits (briefly) until every rank that checked in has seen the abort: it may host
         the store, and a rank that loses the store cannot tell an abort from a crash."""
         self.store.add("abort/seen", 1)
-        deadline = time.monotonic() + ACK_WAIT_S
+        log.debug("rank %d saw the abort", self.rank)
         if self.rank == 0:
             if self.on_abort is not None:
                 self.on_abort(reason)
             self.store.set("abort/reported", "1")
             alive = sum(self.store.check([f"phase/{r}"]) for r in range(self.world_size))
+            deadline = time.monotonic() + ACK_WAIT_S
             while time.monotonic() < deadline and int(self.store.add("abort/seen", 0)) < alive:
                 time.sleep(POLL_S / 2)
-        else:
-            while time.monotonic() < deadline and not self.store.check(["abort/reported"]):
-                time.sleep(POLL_S / 2)
+        else:  # under torch elastic, our exit makes the agent stop rank 0: let it finish its report first
+            deadline = time.monotonic() + REPORT_WAIT_S
+            try:
+                while time.monotonic() < deadline and not self.store.check(["abort/reported"]):
+                    time.sleep(POLL_S / 2)
+            except Exception:  # rank 0 reported and left, taking its store along
+                log.debug("rank 0's store closed after the abort")
         self._die(reason)
 
     def _die(self, reason: str) -> None:
