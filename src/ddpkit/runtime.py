@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     import torch
     import torch.distributed as dist
 
-__all__ = ["DEFAULT_TIMEOUT", "Runtime", "export_world", "init", "open_store", "shutdown"]
+__all__ = ["DEFAULT_TIMEOUT", "Runtime", "export_world", "init", "interface_choice", "open_store", "shutdown"]
 
 log = get_logger(__name__)
 DEFAULT_TIMEOUT = timedelta(seconds=60)
@@ -68,6 +68,11 @@ def _free_port() -> int:
 
 
 _interface: InterfaceChoice | None = None  # what the last export_world decided, for Runtime.interface
+
+
+def interface_choice() -> InterfaceChoice | None:
+    """What the last ``export_world`` decided about GLOO_SOCKET_IFNAME, and why (None before it ran)."""
+    return _interface
 
 
 def _export_interface(info: WorldInfo, master_addr: str) -> None:

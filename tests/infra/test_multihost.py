@@ -1,4 +1,7 @@
-"""Two hosts x two ranks across a real network boundary (namespace hosts): c10d and etcd rendezvous.
+"""Namespace hosts are hosts, and plain torchrun across two of them (2 ranks each) works with ddpkit inside.
+
+(`ddpkit check` and `bench` across hosts, c10d and etcd: test_multihost_commands.py; drills with `train`:
+test_multihost_drills.py.)
 
 Each host's name resolves to 127.0.1.1 there, so these runs pass only because ddpkit picks the interface that
 routes to the master (GLOO_SOCKET_IFNAME) and the first host's agent decides by itself to host the store.
@@ -11,7 +14,7 @@ import sys
 
 import pytest
 
-from tests.infra.conftest import Etcd, HostRun, Hosts, new_run_id
+from tests.infra.conftest import HostRun, Hosts, new_run_id
 
 pytestmark = [pytest.mark.infra, pytest.mark.multiproc]
 RUN_TIMEOUT = 240  # seconds for one 2x2 run on a loaded 2-core machine (about 15 s when idle)
@@ -23,8 +26,7 @@ def _rows(*runs: HostRun) -> list[dict[str, object]]:
 
 
 def _assert_world_across(hosts: Hosts, runs: list[HostRun], master: str | None = None) -> None:
-    """Four ranks, two per host, one verified all_reduce; ``master`` is the first host unless told (etcd lets
-    either host become node 0)."""
+    """Four ranks, two per host, one verified all_reduce; ``master`` is the first host unless told."""
     for r in runs:
         assert r.returncode == 0, r.output()
     rows = _rows(*runs)
@@ -66,20 +68,6 @@ def test_hosts_have_own_addresses_names_and_routes(two_hosts: Hosts) -> None:
     assert cut.stdout.strip() == h1.hostname
 
 
-def test_env_connect_2x2_c10d(two_hosts: Hosts) -> None:
-    """ddpkit's own multi-node launch: the same command on both hosts, rendezvous on the first host."""
-    args = ["env", "-j", "2x2", "--rdzv-endpoint", two_hosts.endpoint(), "--run-id", new_run_id(), "--connect",
-            "--json", "--timeout", "120"]
-    runs = [two_hosts.ddpkit(h, *args) for h in two_hosts.hosts]
-    for r in runs:
-        r.wait(RUN_TIMEOUT)
-    _assert_world_across(two_hosts, runs)
-    first, second = runs
-    assert f"hosting the rendezvous store: {two_hosts[0].ip} is this host's own address" in first.stderr
-    assert "hosting the rendezvous store" not in second.stderr
-    assert two_hosts.leftover() == {}
-
-
 def test_plain_torchrun_2x2_c10d(two_hosts: Hosts) -> None:
     """Plain torchrun across the hosts (is_host and --local-addr by hand, as its users must); inside the ranks,
     ddpkit.init() still has to choose the interface, or gloo advertises 127.0.1.1."""
@@ -94,16 +82,4 @@ def test_plain_torchrun_2x2_c10d(two_hosts: Hosts) -> None:
     for r in runs:
         r.wait(RUN_TIMEOUT)
     _assert_world_across(two_hosts, runs)
-    assert two_hosts.leftover() == {}
-
-
-def test_env_connect_2x2_etcd_v2(two_hosts: Hosts, etcd: Etcd) -> None:
-    """etcd rendezvous (as the Kubernetes seed uses): a real etcd server on the switch, etcd-v2 backend."""
-    args = ["env", "-j", "2x2", "--rdzv-backend", "etcd-v2", "--rdzv-endpoint", etcd.endpoint,
-            "--run-id", new_run_id(), "--connect", "--json", "--timeout", "120"]
-    runs = [two_hosts.ddpkit(h, *args) for h in two_hosts.hosts]
-    for r in runs:
-        r.wait(RUN_TIMEOUT)
-    _assert_world_across(two_hosts, runs, master=str(_rows(*runs)[0]["master_addr"]))
-    assert all("hosting the rendezvous store" not in r.stderr for r in runs)  # etcd holds the rendezvous
     assert two_hosts.leftover() == {}

@@ -17,7 +17,8 @@ RUN_TIMEOUT = 300  # one 2x2 run on a loaded 2-core machine (about 30 s idle)
 
 
 def _check_across(hosts: Hosts, *launch: str) -> tuple[dict, list[str]]:
-    """Run ``ddpkit check`` on both hosts with the same launch options; return rank 0's report and stderrs."""
+    """Run ``ddpkit check`` (ddpkit's own multi-node launch) on both hosts with the same launch options;
+    return rank 0's report and the hosts' stderr."""
     report = Path(hosts.cluster.workdir) / "check.json"
     runs = [hosts.ddpkit(h, "check", "--json", str(report), *launch) for h in hosts.hosts]
     for r in runs:
@@ -38,7 +39,11 @@ def _assert_check_passed(hosts: Hosts, report: dict, stderrs: list[str]) -> None
     assert all("setting GLOO_SOCKET_IFNAME=eth0" in e for e in stderrs)
     assert "ddp-sync" in text
     assert report["passed"] is True and report["exit_code"] == 0, text[:3000]
-    assert {c["name"]: c["status"] for c in report["checks"]}["route-to-master"] == "PASS"
+    route = next(c for c in report["checks"] if c["name"] == "route-to-master")
+    assert route["status"] == "PASS", route
+    names = ", ".join(sorted(h.hostname for h in hosts.hosts))
+    assert f"GLOO_SOCKET_IFNAME set by ddpkit on {names} to the interface that routes to the master" \
+        in route["detail"], route  # check's report says which interface, and why
 
 
 def test_check_2x2_c10d(two_hosts: Hosts) -> None:
@@ -47,6 +52,8 @@ def test_check_2x2_c10d(two_hosts: Hosts) -> None:
                                     "--run-id", new_run_id(), "--timeout", "120")
     _assert_check_passed(two_hosts, report, stderrs)
     assert report["ranks"][0]["master"].startswith(f"{two_hosts[0].ip}:")
+    assert f"hosting the rendezvous store: {two_hosts[0].ip} is this host's own address" in stderrs[0]
+    assert "hosting the rendezvous store" not in stderrs[1]
 
 
 def test_check_2x2_etcd_v2(two_hosts: Hosts, etcd: Etcd) -> None:

@@ -56,7 +56,7 @@ def test_drill_host_never_starts(two_hosts: Hosts) -> None:
     assert f"did not complete within {deadline} s; 1 of 2 node(s) joined: {h1.hostname} ({h1.ip}); 1 node(s) " \
            "never arrived: ranks 2-3 of 4 have no host" in run.stderr, run.output()
     assert "Traceback" not in run.stderr
-    assert run.seconds is not None and run.seconds < deadline + 60  # the deadline, plus start-up on a slow machine
+    assert run.seconds is not None and run.seconds < deadline + 90  # not torch's 600 s: the deadline, plus start-up
     assert two_hosts.leftover() == {}
 
 
