@@ -200,6 +200,7 @@ def _hosts_endpoint(endpoint: str) -> bool:
         return False  # torch finds it by itself (loopback, the hostname), or another host serves it
     port = int(endpoint.rpartition(":")[2]) if endpoint.rpartition(":")[2].isdigit() else 29400
     with socket.socket(socket.AF_INET6 if ":" in address else socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the store does: TIME_WAIT is no owner
         try:
             s.bind((address, port))
         except OSError:  # another agent on this host serves it already
