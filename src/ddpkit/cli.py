@@ -30,6 +30,7 @@ log = get_logger(__name__)
 COMMANDS: dict[str, tuple[str, str]] = {
     "env": ("ddpkit.env.cli", "show who this process is, in which world, and from which launcher"),
     "bench": ("ddpkit.bench.cli", "benchmark every collective (nccl-tests conventions), verified, gated; --pairs"),
+    "report": ("ddpkit.report", "render check and bench JSON files into one Markdown report with plots"),
 }
 
 
