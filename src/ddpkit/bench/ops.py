@@ -147,7 +147,10 @@ def prepare(case: Case, device: torch.device) -> Prepared:
                         reset=fill_full)
     if op == "broadcast":
         def fill_bcast() -> None:
-            full.copy_(_pattern(case.count, dt, device) + _rank_add(r)) if r == case.root else full.zero_()
+            if r == case.root:
+                fill_full()
+            else:
+                full.zero_()  # so a broadcast that never arrives shows as wrong
         return Prepared(launch=lambda: dist.broadcast(full, case.root), output=full, reset=fill_bcast)
     if op == "all_gather":
         out = torch.empty(case.count, dtype=dt, device=device)

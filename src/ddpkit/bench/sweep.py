@@ -121,6 +121,7 @@ def measure_op(op: str, cfg: SweepConfig, *, rank: int, world_size: int, backend
                device: torch.device) -> dict[str, Any]:
     """Rows of one op across the sizes, or the reason it cannot run on this backend."""
     import torch
+    import torch.distributed as dist
 
     reason = unsupported_reason(op, backend, world_size, device.type)
     result: dict[str, Any] = {"op": op, "supported": reason is None, "reason": reason, "rows": []}
@@ -146,6 +147,8 @@ def measure_op(op: str, cfg: SweepConfig, *, rank: int, world_size: int, backend
                 seconds = time_launch(prepared.launch, warmup=cfg.warmup, iters=cfg.iters, device=device)
                 wrong = count_wrong(case, prepared, device)
             except (RuntimeError, NotImplementedError, ValueError) as exc:
+                if isinstance(exc, dist.DistBackendError):  # a timeout or a lost peer: not a missing feature
+                    raise
                 error = f"unsupported by {backend}: {str(exc).splitlines()[0][:160]}"
             error = _agree_error(error, device)
             if error:
