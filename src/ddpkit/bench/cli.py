@@ -192,6 +192,8 @@ def run(args: argparse.Namespace) -> int:
                 print("# unsupported here: " + "; ".join(unsupported))
             print("# verdict: PASS" if passed else "# verdict: FAIL\n" + "\n".join(f"#   {r}" for r in reasons))
             _write_outputs(args, report)
+        # Leave together: a rank that exits with 1 while rank 0 still writes gets rank 0 killed by the agent.
+        dist.barrier()
         return EXIT_OK if passed else EXIT_CHECK_FAILED
     finally:
         runtime.shutdown()

@@ -111,7 +111,7 @@ def format_table(result: Mapping[str, Any], world_size: int) -> str:
                      f"{root:>5} {_cells(row.get('out_of_place'))} {_cells(row.get('in_place'))}").rstrip())
     avg = avg_busbw([result])
     lines.append(f"# {op} avg bus bandwidth: {avg:.3f} GB/s" if avg is not None else f"# {op}: no rows")
-    return "\n".join(lines) + "\n"
+    return "\n".join(line.rstrip() for line in lines) + "\n"
 
 
 def csv_text(results: Sequence[Mapping[str, Any]]) -> str:
