@@ -46,13 +46,19 @@ def _table(header: list[str], rows: list[list[Any]]) -> list[str]:
     return [*out, ""]
 
 
+_WORDS = {"PASS", "PASSED", "OK", "FAIL", "FAILED", "WARN", "SKIP", "ERROR"}
+
+
 def _status_of(entry: Mapping[str, Any]) -> str:
-    for key in ("status", "verdict", "result"):
-        if isinstance(entry.get(key), str):
-            return str(entry[key]).upper()
+    if isinstance(entry.get("status"), str):
+        return str(entry["status"]).upper()
     for key in ("passed", "ok", "success"):
         if isinstance(entry.get(key), bool):
             return "PASS" if entry[key] else "FAIL"
+    for key in ("verdict", "result"):  # a sentence such as "PASS: 2 ranks ..." starts with the word
+        words = str(entry.get(key) or "").replace(":", " ").split()
+        if words and words[0].upper() in _WORDS:
+            return words[0].upper()
     return "?"
 
 
@@ -76,10 +82,11 @@ def file_verdict(data: Mapping[str, Any]) -> str:
 
 def _check_section(data: Mapping[str, Any]) -> list[str]:
     checks = _checks_of(data)
+    lead = [f"> {_cell(data['verdict'])}", ""] if isinstance(data.get("verdict"), str) else []
     if not checks:
-        return ["No checks listed in this file.", ""]
+        return [*lead, "No checks listed in this file.", ""]
     rows = [[c.get("name", "?"), _status_of(c), c.get("detail", c.get("message", ""))] for c in checks]
-    return _table(["check", "status", "detail"], rows)
+    return lead + _table(["check", "status", "detail"], rows)
 
 
 def _bench_section(data: Mapping[str, Any], plot: str | None) -> list[str]:
