@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import importlib
+import logging
 import os
 import re
 import signal
@@ -107,6 +108,8 @@ def launch(argv: list[str], options: LaunchOptions) -> int:
     forked = bool(options.preload) and os.environ.get("DDPKIT_START_METHOD", "fork") == "fork"
     for name in options.preload if forked else ():
         importlib.import_module(name)
+    if forked:
+        logging.getLogger("torch.distributed.elastic.multiprocessing.api").addFilter(_drop_exit_tracebacks)
     config = LaunchConfig(
         min_nodes=shape.min_nodes,
         max_nodes=shape.max_nodes,
@@ -136,10 +139,15 @@ def launch(argv: list[str], options: LaunchOptions) -> int:
     return 0
 
 
+def _drop_exit_tracebacks(record: logging.LogRecord) -> bool:
+    """Forked ranks that exit non-zero make torch log a traceback of its own join(); ``_root_cause`` says it in
+    one line, so the traceback (not the user's problem, and not ddpkit's) is dropped."""
+    exc = record.exc_info[1] if record.exc_info else None
+    return type(exc).__name__ != "ProcessExitedException"
+
+
 def _forked_worker(argv: list[str]) -> None:
     """A forked worker runs the CLI as ``python -m ddpkit ARGV`` would, and exits with its code."""
-    import logging
-
     from ddpkit import cli
     from ddpkit import log as ddpkit_log
 

@@ -166,7 +166,8 @@ def run(args: argparse.Namespace) -> int:
             report.timings["roll-call"] = time.monotonic() - t
         if go != "go":
             return _finish(store, report, rank, int(go), watchdog)
-        return _verify(store, report, world, backend, phase, watchdog)
+        _verify(store, report, world, backend, phase)
+        return _finish(store, report, rank, None, watchdog)
     finally:
         watchdog.stop()
 
@@ -189,8 +190,8 @@ def _roll_call(store: dist.Store, report: Report, record: dict[str, Any], timeou
     return verdict
 
 
-def _verify(store: dist.Store, report: Report, world: WorldInfo, backend: str, phase: Any,
-            watchdog: Watchdog) -> int:
+def _verify(store: dist.Store, report: Report, world: WorldInfo, backend: str, phase: Any) -> None:
+    """Process group, collectives, DDP; each rank's results go to the store, rank 0 judges them all."""
     from ddpkit.runtime import init, shutdown
 
     rank, size = world.rank, world.world_size
@@ -212,7 +213,6 @@ def _verify(store: dist.Store, report: Report, world: WorldInfo, backend: str, p
             store.set(f"results/{rank}", json.dumps({"ops": [o.as_dict() for o in ops], "ddp": ddp.as_dict()}))
             if rank == 0:
                 _judge_results(store, report, size, backend)
-        return _finish(store, report, rank, None, watchdog)
     finally:
         shutdown()
 
