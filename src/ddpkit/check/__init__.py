@@ -1,4 +1,4 @@
-"""Prove a cluster is ready for PyTorch distributed, and name what is broken (``ddpkit check``).
+"""Prove a cluster is ready for PyTorch distributed, and name what is broken: `ddpkit check`.
 
     ddpkit check -n 4                                  # 4 local ranks (torch's elastic agent starts them)
     torchrun --nproc-per-node 8 -m ddpkit check        # any launcher: torchrun, srun, mpirun, a Kubeflow pod
