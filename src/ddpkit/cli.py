@@ -11,6 +11,7 @@ import importlib
 import os
 import sys
 from collections.abc import Sequence
+from dataclasses import replace
 from types import ModuleType
 from typing import TYPE_CHECKING
 
@@ -111,7 +112,7 @@ def _run_worker(module: ModuleType, args: argparse.Namespace, argv: list[str]) -
     if world.launcher == "none":
         options = _launch_options(args)
         if options.shape.max_nodes * options.shape.nproc_per_node > 1:
-            return _launch(argv, options)
+            return _launch(argv, replace(options, preload=tuple(getattr(module, "PRELOAD", ()))))
     elif (args.nproc_per_node or args.job) and "DDPKIT_LAUNCHED" not in os.environ:
         log.warning("started by %s: -n/-j are ignored (the launcher decides the ranks)", world.launcher)
     return int(module.run(args))
