@@ -11,6 +11,7 @@ import importlib
 import os
 import sys
 from collections.abc import Sequence
+from dataclasses import replace
 from types import ModuleType
 from typing import TYPE_CHECKING
 
@@ -31,6 +32,8 @@ log = get_logger(__name__)
 COMMANDS: dict[str, tuple[str, str]] = {
     "env": ("ddpkit.env.cli", "show who this process is, in which world, and from which launcher"),
     "check": ("ddpkit.check", "prove the cluster is ready for PyTorch distributed, and name what is broken"),
+    "bench": ("ddpkit.bench.cli", "benchmark every collective (nccl-tests conventions), verified, gated; --pairs"),
+    "report": ("ddpkit.report", "render check and bench JSON files into one Markdown report with plots"),
 }
 
 
@@ -95,11 +98,12 @@ def _launch_options(args: argparse.Namespace) -> LaunchOptions:
         if not sep or not key:
             raise ConfigError(f"--rdzv-conf {item!r}", "KEY=VALUE", "write --rdzv-conf is_host=true")
         conf.append((key, value))
-    return LaunchOptions(shape=shape, rdzv_endpoint=args.rdzv_endpoint, rdzv_backend=args.rdzv_backend,
-                         rdzv_conf=tuple(conf), run_id=args.run_id, max_restarts=args.max_restarts,
-                         local_addr=args.local_addr,
-                         # a command's --timeout (seconds to wait for every rank) bounds the node rendezvous too
-                         **({"rdzv_timeout": int(args.timeout)} if getattr(args, "timeout", None) else {}))
+    options = LaunchOptions(shape=shape, rdzv_endpoint=args.rdzv_endpoint, rdzv_backend=args.rdzv_backend,
+                            rdzv_conf=tuple(conf), run_id=args.run_id, max_restarts=args.max_restarts,
+                            local_addr=args.local_addr)
+    if getattr(args, "timeout", None):  # a command's --timeout (wait for every rank) bounds the node rendezvous too
+        options = replace(options, rdzv_timeout=int(args.timeout))
+    return options
 
 
 def _run_worker(module: ModuleType, args: argparse.Namespace, argv: list[str]) -> int:
@@ -111,7 +115,7 @@ def _run_worker(module: ModuleType, args: argparse.Namespace, argv: list[str]) -
     if world.launcher == "none":
         options = _launch_options(args)
         if options.shape.max_nodes * options.shape.nproc_per_node > 1:
-            return _launch(argv, options)
+            return _launch(argv, replace(options, preload=tuple(getattr(module, "PRELOAD", ()))))
     elif (args.nproc_per_node or args.job) and "DDPKIT_LAUNCHED" not in os.environ:
         log.warning("started by %s: -n/-j are ignored (the launcher decides the ranks)", world.launcher)
     if world.launcher == "torchrun" and os.environ.get("DDPKIT_LAUNCHED") == "1":

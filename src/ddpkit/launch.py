@@ -8,6 +8,8 @@
 from __future__ import annotations
 
 import contextlib
+import importlib
+import logging
 import os
 import re
 import signal
@@ -80,6 +82,10 @@ class LaunchOptions:
     """This node's address as the other nodes reach it."""
     rdzv_timeout: int = 120
     """Seconds to wait for all nodes to join."""
+    preload: tuple[str, ...] = ()
+    """Modules the agent imports once and its workers inherit by fork (``ddpkit check`` preloads torch._dynamo,
+    which DistributedDataParallel imports at 1.5-2.5 s per worker). Empty, or DDPKIT_START_METHOD=spawn: every
+    worker is a fresh ``python -m ddpkit`` process."""
 
 
 def launch(argv: list[str], options: LaunchOptions) -> int:
@@ -108,6 +114,12 @@ def launch(argv: list[str], options: LaunchOptions) -> int:
             conf["is_host"] = True
     # torch's dynamic rendezvous reads join_timeout (default 600 s), not LaunchConfig.rdzv_timeout
     conf.setdefault("join_timeout", options.rdzv_timeout)
+    # Fork is safe here: the agent has not touched CUDA, and the preloaded modules start no threads.
+    forked = bool(options.preload) and os.environ.get("DDPKIT_START_METHOD", "fork") == "fork"
+    for name in options.preload if forked else ():
+        importlib.import_module(name)
+    if forked:
+        logging.getLogger("torch.distributed.elastic.multiprocessing.api").addFilter(_drop_exit_tracebacks)
     config = LaunchConfig(
         min_nodes=shape.min_nodes,
         max_nodes=shape.max_nodes,
@@ -119,13 +131,16 @@ def launch(argv: list[str], options: LaunchOptions) -> int:
         rdzv_timeout=options.rdzv_timeout,
         max_restarts=options.max_restarts,
         monitor_interval=0.1,
-        start_method="spawn",
+        start_method="fork" if forked else "spawn",
         local_addr=local_addr,
     )
     watch = RendezvousWatch(endpoint, config.run_id) if endpoint and options.rdzv_backend == "c10d" else None
     try:
         with watch or contextlib.nullcontext():
-            elastic_launch(config, entrypoint=sys.executable)("-m", "ddpkit", *argv)
+            if forked:
+                elastic_launch(config, entrypoint=_forked_worker)(argv)
+            else:
+                elastic_launch(config, entrypoint=sys.executable)("-m", "ddpkit", *argv)
     except ChildFailedError as exc:
         return _root_cause(exc)
     except RendezvousError as exc:
@@ -210,12 +225,42 @@ def _hosts_endpoint(endpoint: str) -> bool:
     return True
 
 
+def _drop_exit_tracebacks(record: logging.LogRecord) -> bool:
+    """Forked ranks that exit non-zero make torch log a traceback of its own join(); ``_root_cause`` says it in
+    one line, so the traceback (not the user's problem, and not ddpkit's) is dropped."""
+    exc = record.exc_info[1] if record.exc_info else None
+    return type(exc).__name__ != "ProcessExitedException"
+
+
+def _forked_worker(argv: list[str]) -> None:
+    """A forked worker runs the CLI as ``python -m ddpkit ARGV`` would, and exits with its code."""
+    from ddpkit import cli
+    from ddpkit import log as ddpkit_log
+
+    # The agent configured logging before its rank existed; configure afresh so lines carry this rank.
+    for handler in list(logging.getLogger("ddpkit").handlers):
+        logging.getLogger("ddpkit").removeHandler(handler)
+    ddpkit_log._configured = False
+    threads = os.environ.get("OMP_NUM_THREADS", "")
+    if threads.isdigit():  # the agent's torch sized its thread pool before the variable was set
+        import torch
+
+        torch.set_num_threads(int(threads))
+    code = cli.main(argv)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    if code:
+        sys.exit(code)
+
+
 def _root_cause(exc: object) -> int:
     """The first failure (by time) names the root cause: rank, pid and exit code; its code becomes ours."""
     failures = getattr(exc, "failures", {})
     if not failures:
         return 1
-    rank, first = min(failures.items(), key=lambda kv: (kv[1].timestamp, kv[0]))
+    # The agent SIGTERMs the survivors of a failure, often within the same second: a death by signal ranks
+    # after any real exit code, or a rank that exited 1 is reported as killed by SIGTERM (exit 143).
+    rank, first = min(failures.items(), key=lambda kv: (int(kv[1].exitcode) < 0, kv[1].timestamp, kv[0]))
     code = int(first.exitcode)
     if code < 0:
         name = signal.Signals(-code).name if -code in signal.Signals._value2member_map_ else str(-code)

@@ -68,6 +68,7 @@ def test_local_ranks_pass(nproc: int, tmp_path: Path) -> None:
     assert set(OPS) | {"roll-call", "versions", "comm-settings", "route-to-master", "ddp-sync"} <= set(checks)
     assert sorted(r["rank"] for r in report["ranks"]) == list(range(nproc))
     assert all(r["launcher"] == "torchrun" and r["iface"] == "lo" for r in report["ranks"])
+    assert all(r["threads"] == max(1, len(os.sched_getaffinity(0)) // nproc) for r in report["ranks"])
     assert f"identical on {nproc} ranks" in checks["ddp-sync"]["detail"]
     per_rank = checks["ddp-sync"]["data"]["per_rank"]
     assert len(per_rank) == nproc and all(r["max_diff_ranks"] == 0.0 and r["within_tolerance"] for r in per_rank)

@@ -1,4 +1,4 @@
-"""Prove a cluster is ready for PyTorch distributed, and name what is broken (``ddpkit check``).
+"""Prove a cluster is ready for PyTorch distributed, and name what is broken: `ddpkit check`.
 
     ddpkit check -n 4                                  # 4 local ranks (torch's elastic agent starts them)
     torchrun --nproc-per-node 8 -m ddpkit check        # any launcher: torchrun, srun, mpirun, a Kubeflow pod
@@ -38,6 +38,9 @@ if TYPE_CHECKING:
 __all__ = ["WORKER", "add_arguments", "run"]
 
 WORKER = True
+# Under `ddpkit check -n N` the agent imports these once and forks the ranks (ddpkit.launch): DDP's first use
+# imports torch._dynamo, 1.5-2.5 s per rank, most of the check's cost over a bare hello world.
+PRELOAD = ("torch.nn.parallel", "torch._dynamo", "ddpkit.check.ddpsync", "ddpkit.runtime", "rich.table")
 log = get_logger(__name__)
 MARGIN_S = 5.0  # gloo's own timeout and the other ranks' store waits trail the watchdog's deadline by this much
 
@@ -163,7 +166,8 @@ def run(args: argparse.Namespace) -> int:
             report.timings["roll-call"] = time.monotonic() - t
         if go != "go":
             return _finish(store, report, rank, int(go), watchdog)
-        return _verify(store, report, world, backend, phase, watchdog)
+        _verify(store, report, world, backend, phase)
+        return _finish(store, report, rank, None, watchdog)
     finally:
         watchdog.stop()
 
@@ -186,8 +190,8 @@ def _roll_call(store: dist.Store, report: Report, record: dict[str, Any], timeou
     return verdict
 
 
-def _verify(store: dist.Store, report: Report, world: WorldInfo, backend: str, phase: Any,
-            watchdog: Watchdog) -> int:
+def _verify(store: dist.Store, report: Report, world: WorldInfo, backend: str, phase: Any) -> None:
+    """Process group, collectives, DDP; each rank's results go to the store, rank 0 judges them all."""
     from ddpkit.runtime import init, shutdown
 
     rank, size = world.rank, world.world_size
@@ -209,7 +213,6 @@ def _verify(store: dist.Store, report: Report, world: WorldInfo, backend: str, p
             store.set(f"results/{rank}", json.dumps({"ops": [o.as_dict() for o in ops], "ddp": ddp.as_dict()}))
             if rank == 0:
                 _judge_results(store, report, size, backend)
-        return _finish(store, report, rank, None, watchdog)
     finally:
         shutdown()
 
