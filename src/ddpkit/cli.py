@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import math
 import os
 import sys
 from collections.abc import Sequence
@@ -101,8 +102,9 @@ def _launch_options(args: argparse.Namespace) -> LaunchOptions:
     options = LaunchOptions(shape=shape, rdzv_endpoint=args.rdzv_endpoint, rdzv_backend=args.rdzv_backend,
                             rdzv_conf=tuple(conf), run_id=args.run_id, max_restarts=args.max_restarts,
                             local_addr=args.local_addr)
-    if getattr(args, "timeout", None):  # a command's --timeout (wait for every rank) bounds the node rendezvous too
-        options = replace(options, rdzv_timeout=int(args.timeout))
+    if shape.max_nodes > 1 and getattr(args, "timeout", None):
+        # a command's --timeout (seconds to wait for every rank) bounds the node rendezvous too
+        options = replace(options, rdzv_timeout=max(1, math.ceil(args.timeout)))
     return options
 
 
