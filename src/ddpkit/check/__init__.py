@@ -15,9 +15,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import socket
 import threading
 import time
+from dataclasses import replace
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -119,15 +121,16 @@ def _device_identity(device: torch.device) -> tuple[str, str | None]:
     return f"cuda:{device.index}", str(uuid) if uuid is not None else None
 
 
-def _open_store(world: WorldInfo, seconds: float) -> dist.Store:
+def _open_store(world: WorldInfo, seconds: float) -> tuple[WorldInfo, dist.Store]:
+    """Export the world for torch and connect to rank 0's store; the world returned names the master chosen."""
     from ddpkit.runtime import export_world, open_store
 
     export_world(world)
+    # a single process picks a free port: keep it, so init() exports the same one
+    world = replace(world, master_addr=os.environ["MASTER_ADDR"], master_port=int(os.environ["MASTER_PORT"]))
     try:
-        return open_store(world, timedelta(seconds=seconds))
+        return world, open_store(world, timedelta(seconds=seconds))
     except Exception as exc:  # DistStoreError / RuntimeError: rank 0's store never answered
-        import os
-
         where = f"{os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT')}"
         raise DeadlineExpired(f"rank {world.rank} could not reach rank 0's store at {where} within {seconds:g} s "
                               f"({str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__})",
@@ -150,7 +153,7 @@ def run(args: argparse.Namespace) -> int:
     world = detect()
     backend = pick_backend(args.backend)
     device = pick_device(backend, world.local_rank)
-    store = _open_store(world, args.timeout + MARGIN_S)
+    world, store = _open_store(world, args.timeout + MARGIN_S)
     report = Report(args, world, backend, str(device))
     rank, size = world.rank, world.world_size
     # Its own connection (Store.clone, torch >= 2.5): the main thread may be blocked in a store call when the
