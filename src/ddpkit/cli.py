@@ -32,6 +32,8 @@ log = get_logger(__name__)
 COMMANDS: dict[str, tuple[str, str]] = {
     "env": ("ddpkit.env.cli", "show who this process is, in which world, and from which launcher"),
     "check": ("ddpkit.check", "prove the cluster is ready for PyTorch distributed, and name what is broken"),
+    "bench": ("ddpkit.bench.cli", "benchmark every collective (nccl-tests conventions), verified, gated; --pairs"),
+    "report": ("ddpkit.report", "render check and bench JSON files into one Markdown report with plots"),
 }
 
 

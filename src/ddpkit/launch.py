@@ -172,7 +172,9 @@ def _root_cause(exc: object) -> int:
     failures = getattr(exc, "failures", {})
     if not failures:
         return 1
-    rank, first = min(failures.items(), key=lambda kv: (kv[1].timestamp, kv[0]))
+    # The agent SIGTERMs the survivors of a failure, often within the same second: a death by signal ranks
+    # after any real exit code, or a rank that exited 1 is reported as killed by SIGTERM (exit 143).
+    rank, first = min(failures.items(), key=lambda kv: (int(kv[1].exitcode) < 0, kv[1].timestamp, kv[0]))
     code = int(first.exitcode)
     if code < 0:
         name = signal.Signals(-code).name if -code in signal.Signals._value2member_map_ else str(-code)
