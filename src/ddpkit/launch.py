@@ -108,6 +108,10 @@ def launch(argv: list[str], options: LaunchOptions) -> int:
     forked = bool(options.preload) and os.environ.get("DDPKIT_START_METHOD", "fork") == "fork"
     for name in options.preload if forked else ():
         importlib.import_module(name)
+    if forked and _cuda_initialized():  # a forked child cannot use a CUDA context its parent created
+        log.warning("CUDA was initialised while preloading %s: starting fresh rank processes instead",
+                    ", ".join(options.preload))
+        forked = False
     if forked:
         logging.getLogger("torch.distributed.elastic.multiprocessing.api").addFilter(_drop_exit_tracebacks)
     config = LaunchConfig(
@@ -137,6 +141,12 @@ def launch(argv: list[str], options: LaunchOptions) -> int:
                               f"{options.rdzv_timeout} s", "start ddpkit on every node with the same "
                               "--rdzv-endpoint and -j, and check the endpoint is reachable") from None
     return 0
+
+
+def _cuda_initialized() -> bool:
+    import torch
+
+    return bool(torch.cuda.is_initialized())
 
 
 def _drop_exit_tracebacks(record: logging.LogRecord) -> bool:
