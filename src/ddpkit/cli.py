@@ -29,6 +29,7 @@ log = get_logger(__name__)
 # A module provides add_arguments(parser), run(args) -> int, and WORKER = True when it runs on every rank.
 COMMANDS: dict[str, tuple[str, str]] = {
     "env": ("ddpkit.env.cli", "show who this process is, in which world, and from which launcher"),
+    "train": ("ddpkit.train.cli", "the reference DDP job: trains, snapshots safely, resumes exactly, survives faults"),
 }
 
 

@@ -9,13 +9,15 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import signal
 import sys
+import tempfile
 import uuid
 from dataclasses import dataclass
 
 from ddpkit.env import thread_count
-from ddpkit.errors import ConfigError, DeadlineExpired
+from ddpkit.errors import EXIT_PREEMPTED, ConfigError, DeadlineExpired
 from ddpkit.log import get_logger
 
 __all__ = ["JobShape", "LaunchOptions", "launch", "parse_job_shape"]
@@ -81,6 +83,7 @@ class LaunchOptions:
 
 def launch(argv: list[str], options: LaunchOptions) -> int:
     """Run ``python -m ddpkit ARGV`` on this node's ranks; return the exit code of the first failed rank, or 0."""
+    from torch.distributed.elastic.multiprocessing import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.elastic.rendezvous.api import RendezvousError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
@@ -94,6 +97,12 @@ def launch(argv: list[str], options: LaunchOptions) -> int:
     # connect (pytorch/pytorch#135712); a store per attempt makes restarts reliable.
     os.environ.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
     os.environ["DDPKIT_LAUNCHED"] = "1"  # tells the workers their -n/-j were already honoured
+    # The agent forwards these to the workers (and stops them) instead of dying and orphaning them; USR1/USR2
+    # are what Slurm's --signal sends before a preemption, so the workers can snapshot first.
+    os.environ.setdefault("TORCHELASTIC_SIGNALS_TO_HANDLE", "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1,SIGUSR2")
+    mark_dir = tempfile.mkdtemp(prefix="ddpkit-launch-")
+    mark = os.path.join(mark_dir, "preempted")
+    os.environ["DDPKIT_PREEMPTED_MARK"] = mark  # a worker that stopped cleanly after a preemption creates it
     standalone = options.rdzv_endpoint is None
     conf: dict[str, object] = dict(options.rdzv_conf)
     if standalone:
@@ -116,11 +125,18 @@ def launch(argv: list[str], options: LaunchOptions) -> int:
         elastic_launch(config, entrypoint=sys.executable)("-m", "ddpkit", *argv)
     except ChildFailedError as exc:
         return _root_cause(exc)
+    except SignalException as exc:
+        preempted = os.path.exists(mark)
+        log.warning("received %s: the workers were stopped%s", exc.sigval.name,
+                    " after saving their state" if preempted else "")
+        return EXIT_PREEMPTED if preempted else 128 + int(exc.sigval)
     except RendezvousError as exc:
         raise DeadlineExpired(f"the rendezvous at {config.rdzv_endpoint} did not complete: {exc}",
                               f"{shape.min_nodes} to {shape.max_nodes} node agents to join within "
                               f"{options.rdzv_timeout} s", "start ddpkit on every node with the same "
                               "--rdzv-endpoint and -j, and check the endpoint is reachable") from None
+    finally:
+        shutil.rmtree(mark_dir, ignore_errors=True)
     return 0
 
 
