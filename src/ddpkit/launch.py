@@ -145,7 +145,9 @@ def _root_cause(exc: object) -> int:
     failures = getattr(exc, "failures", {})
     if not failures:
         return 1
-    rank, first = min(failures.items(), key=lambda kv: (kv[1].timestamp, kv[0]))
+    # Timestamps have one-second resolution; within a second, a rank that exited on its own comes before one
+    # the agent then stopped with a signal (SIGTERM is what the survivors of a failure receive).
+    rank, first = min(failures.items(), key=lambda kv: (kv[1].timestamp, kv[1].exitcode < 0, kv[0]))
     code = int(first.exitcode)
     if code < 0:
         name = signal.Signals(-code).name if -code in signal.Signals._value2member_map_ else str(-code)
