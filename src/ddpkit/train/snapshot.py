@@ -31,7 +31,8 @@ import torch
 
 from ddpkit.log import get_logger
 
-__all__ = ["MAGIC", "AsyncWriter", "SnapshotDir", "SnapshotInfo", "copy_to_cpu", "read_header", "read_snapshot",
+__all__ = ["MAGIC", "AsyncWriter", "CpuShadow", "SnapshotDir", "SnapshotInfo", "copy_to_cpu", "read_header",
+           "read_snapshot",
            "write_snapshot"]
 
 log = get_logger(__name__)
@@ -178,6 +179,27 @@ def copy_to_cpu(obj: Any) -> Any:
     if isinstance(obj, tuple):
         return tuple(copy_to_cpu(v) for v in obj)
     return obj
+
+
+class CpuShadow:
+    """Reusable CPU buffers for snapshot copies: after the first snapshot, a copy is a memcpy, not an allocation
+    (fresh pages cost more than the copy itself). A buffer is reused only after the writer has joined."""
+
+    def __init__(self) -> None:
+        self._buffers: dict[str, torch.Tensor] = {}
+
+    def copy(self, obj: Any, key: str = "") -> Any:
+        if isinstance(obj, torch.Tensor):
+            buf = self._buffers.get(key)
+            if buf is None or buf.shape != obj.shape or buf.dtype != obj.dtype:
+                buf = self._buffers[key] = torch.empty_like(obj, device="cpu")
+            return buf.copy_(obj.detach())
+        if isinstance(obj, dict):
+            return {k: self.copy(v, f"{key}/{k}") for k, v in obj.items()}
+        if isinstance(obj, list | tuple):
+            items = [self.copy(v, f"{key}/{i}") for i, v in enumerate(obj)]
+            return items if isinstance(obj, list) else tuple(items)
+        return obj
 
 
 class AsyncWriter:

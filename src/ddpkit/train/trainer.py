@@ -37,7 +37,7 @@ from ddpkit.train.config import TrainConfig, snapshot_location
 from ddpkit.train.data import Batches
 from ddpkit.train.faults import DrillBook, PreemptionWatch, requeue_slurm_job
 from ddpkit.train.rng import capture_rng, restore_rng, seed_everything
-from ddpkit.train.snapshot import AsyncWriter, SnapshotDir, copy_to_cpu, read_snapshot, write_snapshot
+from ddpkit.train.snapshot import AsyncWriter, CpuShadow, SnapshotDir, copy_to_cpu, read_snapshot, write_snapshot
 
 if TYPE_CHECKING:
     from ddpkit.runtime import Runtime
@@ -87,6 +87,7 @@ class Trainer:
             drill_file = directory / f"{name}.drills.json"
         self.drills = DrillBook(drill_file if self.rank == 0 else None, config.drills)
         self.writer = AsyncWriter()
+        self.shadow = CpuShadow()
         self.summary: dict[str, Any] = {
             "job": job.name, "model": config.model if config.job is None else config.job,
             "parameters": sum(p.numel() for p in job.model.parameters()), "world_size": self.world,
@@ -94,7 +95,7 @@ class Trainer:
             "batch_size": config.batch_size, "steps_per_epoch": self.steps_per_epoch,
             "restarts": runtime.world.restart_count or 0, "snapshots_written": 0, "snapshots_loaded": 0,
             "snapshot_paths": [], "snapshot_stall_s": [], "skipped_snapshots": [], "resumed_from": None,
-            "loss_history": {}, "preempted": False}
+            "loss_history": {}, "epoch_s": {}, "preempted": False}
 
     # ---- start-up: agree on the snapshot to resume from -------------------------------------------------
     def _decide(self) -> tuple[dict[str, Any], dict[str, Any] | None]:
@@ -193,7 +194,8 @@ class Trainer:
             print(f"Epoch {epoch} | Training snapshot saved at {path}", flush=True)
 
         if self.cfg.async_snapshot and not urgent:
-            self.writer.submit(path, copy_to_cpu(state), header, after=done)
+            self.writer.join()  # the shadow buffers are free again
+            self.writer.submit(path, self.shadow.copy(state), header, after=done)
         else:
             self.writer.join()
             write_snapshot(path, copy_to_cpu(state) if self.rt.device.type != "cpu" else state, header)
@@ -265,11 +267,14 @@ class Trainer:
                     samples += len(x)
                     epoch_times.append(time.perf_counter() - t0)
                     progress.advance(loss)
+                    if "first_step_at" not in self.summary:  # measures a restart: kill -> first resumed step
+                        self.summary["first_step_at"] = time.time()
                     if stop.item():
                         return self._preempted(ddp, watch, epoch, batch + 1, step, t_start, samples, step_times)
                     self._fire_drill(epoch, batch, step)
                 elapsed = time.perf_counter() - t_epoch
                 step_times += epoch_times
+                self.summary["epoch_s"][epoch] = elapsed
                 self.summary["loss_history"][epoch] = float(torch.stack(losses).mean()) if losses else math.nan
                 self._epoch_line(epoch, len(epoch_times), elapsed, epoch_times)
                 if self.snapdir is not None and ((epoch + 1) % cfg.save_every == 0 or epoch + 1 == cfg.epochs):
