@@ -1,8 +1,11 @@
 """Faults the trainer survives: preemption signals, Slurm requeue, and drills that inject a fault once on purpose.
 
-Preemption: the handler only sets a flag. Every step, all ranks all-reduce (MAX) their flags, so every rank
-learns of a signal at the same step, even one delivered to a single rank, and no rank is left waiting in a
-collective. They finish that step, rank 0 writes a snapshot, and all exit with 75 (EXIT_PREEMPTED).
+Preemption: the handler only sets a flag. After each step, a signalled rank publishes "stop after step S+2"
+in the run's TCPStore (compare-and-set: the first rank's value wins), and every rank checks the store after every
+step (one store round trip, no collective). DDP keeps ranks within one step of each other (no rank can finish step
+t+1 before all have started it), so every rank reads the decision before it passes step S+2: all stop after the
+same step, even when the signal reached a single rank, and none is left waiting in a collective. Rank 0 then
+writes a snapshot and all exit with 75 (EXIT_PREEMPTED).
 
 Drills are remembered in ``DIR/NAME.drills.json`` beside the snapshots: a drill fires once per snapshot
 location, so the attempt that restarts after it (or the rerun after a preemption) does not fire it again.
@@ -29,18 +32,26 @@ log = get_logger(__name__)
 
 
 class PreemptionWatch:
-    """Turns SIGTERM (and the configured preemption signal) into a flag the training loop checks every step."""
+    """Turns SIGTERM (and the configured preemption signal) into one step at which every rank stops."""
 
-    def __init__(self, signals: tuple[signal.Signals, ...]) -> None:
+    #: Steps between the signalled rank's decision and the stop: covers the one step ranks can drift apart.
+    MARGIN = 2
+
+    def __init__(self, signals: tuple[signal.Signals, ...], store: Any = None, world_size: int = 1,
+                 attempt: str = "0") -> None:
+        """``attempt`` names this start of the worker group (a store can outlive a restart)."""
         self.signals = tuple(dict.fromkeys(signals))
+        self.key = f"ddpkit/train/stop-after-step/{attempt}"
+        self.store = store if world_size > 1 else None
         self.received: str | None = None
+        self._stop_at: int | None = None
         self._previous: dict[signal.Signals, Any] = {}
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         if self.received is None:
             self.received = signal.Signals(signum).name
             # print, not log: must show even without -v, and is async-signal tolerable in CPython
-            print(f"received {self.received}: finishing this step, then writing a snapshot", flush=True)
+            print(f"received {self.received}: finishing the current steps, then writing a snapshot", flush=True)
 
     def install(self) -> PreemptionWatch:
         for sig in self.signals:
@@ -52,9 +63,16 @@ class PreemptionWatch:
             signal.signal(sig, previous)
         self._previous.clear()
 
-    @property
-    def requested(self) -> bool:
-        return self.received is not None
+    def stop_at(self, step: int) -> int | None:
+        """Called by every rank after completing ``step``: the step after which all ranks stop, or None."""
+        if self._stop_at is None:
+            if self.store is None:
+                self._stop_at = step if self.received else None
+            elif self.received:
+                self._stop_at = int(self.store.compare_set(self.key, "", str(step + self.MARGIN)))
+            elif self.store.check([self.key]):
+                self._stop_at = int(self.store.get(self.key))
+        return self._stop_at
 
 
 def requeue_slurm_job() -> str:

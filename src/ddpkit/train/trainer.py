@@ -71,8 +71,11 @@ def _percentile(values: list[float], q: float) -> float:
 
 
 class Trainer:
-    def __init__(self, job: TrainJob, config: TrainConfig, runtime: Runtime) -> None:
+    def __init__(self, job: TrainJob, config: TrainConfig, runtime: Runtime, store: dist.Store | None = None) -> None:
+        """``store``: the run's TCPStore, where ranks agree on the step to stop at after a preemption signal
+        (default: the process group's own store)."""
         self.job = job
+        self.store = store if store is not None else dist.distributed_c10d._get_default_store()
         self.cfg = config
         self.rt = runtime
         self.rank, self.world = runtime.rank, runtime.world_size
@@ -236,7 +239,8 @@ class Trainer:
         start_epoch, start_batch, step = self._resume()
         model = self.job.model.to(device)
         ddp = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
-        watch = PreemptionWatch((signal.SIGTERM, cfg.preempt_signum)).install()
+        attempt = f"{self.rt.world.run_id}/{self.rt.world.restart_count or 0}"
+        watch = PreemptionWatch((signal.SIGTERM, cfg.preempt_signum), self.store, self.world, attempt).install()
         progress = _Progress.maybe(self.rank == 0 and cfg.progress is not False
                                    and (cfg.progress or sys.stdout.isatty()))
         step_times: list[float] = []
@@ -253,15 +257,10 @@ class Trainer:
                 t_epoch = time.perf_counter()
                 for batch, (x, y) in enumerate(self.batches.epoch(epoch, first), start=first):
                     t0 = time.perf_counter()
-                    # every rank learns of a preemption signal at the same step: no rank waits in a collective
-                    stop = torch.tensor([int(watch.requested)], device=device)
-                    agreement = dist.all_reduce(stop, op=dist.ReduceOp.MAX, async_op=True)
                     self.job.optimizer.zero_grad(set_to_none=True)
                     loss = self.job.loss_fn(ddp(x), y)
-                    loss.backward()
+                    loss.backward()  # DDP all-reduces the gradients here, bucket by bucket
                     self.job.optimizer.step()
-                    assert agreement is not None
-                    agreement.wait()
                     step += 1
                     losses.append(loss.detach())
                     samples += len(x)
@@ -269,9 +268,10 @@ class Trainer:
                     progress.advance(loss)
                     if "first_step_at" not in self.summary:  # measures a restart: kill -> first resumed step
                         self.summary["first_step_at"] = time.time()
-                    if stop.item():
-                        return self._preempted(ddp, watch, epoch, batch + 1, step, t_start, samples, step_times)
                     self._fire_drill(epoch, batch, step)
+                    if watch.stop_at(step) == step:  # a preemption signal reached some rank: all stop here
+                        return self._preempted(ddp, watch, epoch, batch + 1, step, t_start, samples,
+                                               step_times + epoch_times)
                 elapsed = time.perf_counter() - t_epoch
                 step_times += epoch_times
                 self.summary["epoch_s"][epoch] = elapsed
