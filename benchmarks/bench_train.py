@@ -126,14 +126,16 @@ def bench_snapshot(tmp: Path) -> dict[str, Any]:
             d = tmp / f"snap-{mode}-{time.monotonic_ns()}"
             d.mkdir()
             extra = ["--async-snapshot"] if mode == "async" else []
-            s = _ddpkit(2, tmp, "--model", "mlp", "--width", str(HUGE_WIDTH), "--samples", "128", "--epochs", "3",
-                        "--snapshot-path", f"{d}/", "--keep", "1", *extra)
+            # 3 steps per epoch, a snapshot every 2 epochs: the background write has 6 steps to finish
+            s = _ddpkit(2, tmp, "--model", "mlp", "--width", str(HUGE_WIDTH), "--samples", "192", "--epochs", "6",
+                        "--save-every", "2", "--snapshot-path", f"{d}/", "--keep", "1", *extra)
             stalls[mode] += s["snapshot_stall_s"]
             for f in d.iterdir():
                 f.unlink()
     plain = statistics.median(saves)
     stall_async, stall_sync = statistics.median(stalls["async"]), statistics.median(stalls["sync"])
     return {"parameters": params, "torch_save_s": plain, "sync_snapshot_stall_s": stall_sync,
+            "async_first_snapshot_stall_s": statistics.median(stalls["async"][::3]),
             "async_snapshot_stall_s": stall_async, "async_stall_vs_torch_save": stall_async / plain,
             "async_stall_vs_sync_snapshot": stall_async / stall_sync, "stalls": stalls, "target": "<= 0.20"}
 
@@ -185,7 +187,10 @@ def _markdown(r: dict[str, Any]) -> str:
         (f"(c) --async-snapshot stall per snapshot, {s['parameters'] / 1e6:.0f}M params (s)",
          f"{s['async_snapshot_stall_s']:.3f}", f"torch.save {s['torch_save_s']:.3f}",
          f"{s['async_stall_vs_torch_save']:.1%}", "<= 20%"),
-        ("(c) synchronous snapshot stall, same model (s)", f"{s['sync_snapshot_stall_s']:.3f}",
+        ("(c) the same, first snapshot of a run (allocates its copy buffers) (s)",
+         f"{s['async_first_snapshot_stall_s']:.3f}", f"torch.save {s['torch_save_s']:.3f}",
+         f"{s['async_first_snapshot_stall_s'] / s['torch_save_s']:.1%}", ""),
+        ("(c) synchronous snapshot stall (checksum, fsync, rename included) (s)", f"{s['sync_snapshot_stall_s']:.3f}",
          f"torch.save {s['torch_save_s']:.3f}", f"{s['sync_snapshot_stall_s'] / s['torch_save_s']:.2f}x", ""),
         ("(d) killed worker -> first resumed step (s)", f"{k['kill_to_first_resumed_step_s']:.1f}", "", "", ""),
         ("2 ranks x 1 thread vs 1 process x 2 threads, mlp (samples/s)", f"{c['two_ranks_samples_per_s']:,.0f}",

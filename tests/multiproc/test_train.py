@@ -115,17 +115,17 @@ def test_preempt_drill_usr1_async_snapshot_then_rerun_resumes_exactly(baseline: 
     done, summary = _train(tmp_path, *args)
     assert done.returncode == 75, done.stdout + done.stderr[-3000:]
     assert "received SIGUSR1" in done.stdout and summary is not None and summary["preempted"]
-    # signalled after step 21: every rank stops after step 23 (the agreement's margin of two steps)
-    header, _ = read_snapshot(tmp_path / "snap.000000023.pt")
-    assert (header["next_epoch"], header["next_batch"]) == (2, 7)
-    # the async writer's epoch-1 snapshot holds exactly what the synchronous baseline wrote
-    _, async_epoch1 = read_snapshot(tmp_path / "snap.000000016.pt")
-    _, sync_epoch1 = read_snapshot(baseline / "snap.000000016.pt")
-    assert _same_state(async_epoch1, sync_epoch1, ("model", "optimizer", "rng", "loss_history"))
+    # signalled after step 21; the flags are exchanged at step 24 (every 4 steps) and read one step later
+    header, _ = read_snapshot(tmp_path / "snap.000000025.pt")
+    assert (header["next_epoch"], header["next_batch"]) == (3, 1)
+    # the async writer's epoch-2 snapshot holds exactly what the synchronous baseline wrote
+    _, async_epoch2 = read_snapshot(tmp_path / "snap.000000024.pt")
+    _, sync_epoch2 = read_snapshot(baseline / "snap.000000024.pt")
+    assert _same_state(async_epoch2, sync_epoch2, ("model", "optimizer", "rng", "loss_history"))
 
     again, summary = _train(tmp_path, *args)
     assert again.returncode == 0, again.stderr[-3000:]
-    assert "Resuming training from snapshot at Epoch 2, step 7" in again.stdout
+    assert "Resuming training from snapshot at Epoch 3, step 1" in again.stdout
     assert "sending SIGUSR1" not in again.stdout  # the drill fired once, not again on the rerun
     assert _same_state(_final(tmp_path)[1], _final(baseline)[1])
 

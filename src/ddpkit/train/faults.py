@@ -1,11 +1,11 @@
 """Faults the trainer survives: preemption signals, Slurm requeue, and drills that inject a fault once on purpose.
 
-Preemption: the handler only sets a flag. After each step, a signalled rank publishes "stop after step S+2"
-in the run's TCPStore (compare-and-set: the first rank's value wins), and every rank checks the store after every
-step (one store round trip, no collective). DDP keeps ranks within one step of each other (no rank can finish step
-t+1 before all have started it), so every rank reads the decision before it passes step S+2: all stop after the
-same step, even when the signal reached a single rank, and none is left waiting in a collective. Rank 0 then
-writes a snapshot and all exit with 75 (EXIT_PREEMPTED).
+Preemption: the handler only sets a flag. Every ``CHECK_EVERY`` steps all ranks start an asynchronous MAX
+all-reduce of their flags and read its result one step later (it has had a whole step to arrive, so reading costs
+nothing); a flag raised on any rank therefore stops every rank after the same step, even when the signal reached
+a single rank, and no rank is left waiting in a collective. Rank 0 then writes a snapshot and all exit with 75
+(EXIT_PREEMPTED). Checking every few steps, not every step, keeps the check's cost off small models, whose steps
+are a single all-reduce; the stop comes at most CHECK_EVERY + 1 steps after the signal.
 
 Drills are remembered in ``DIR/NAME.drills.json`` beside the snapshots: a drill fires once per snapshot
 location, so the attempt that restarts after it (or the rerun after a preemption) does not fire it again.
@@ -23,6 +23,9 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+import torch
+import torch.distributed as dist
+
 from ddpkit.log import get_logger
 from ddpkit.train.config import Drill
 
@@ -34,17 +37,15 @@ log = get_logger(__name__)
 class PreemptionWatch:
     """Turns SIGTERM (and the configured preemption signal) into one step at which every rank stops."""
 
-    #: Steps between the signalled rank's decision and the stop: covers the one step ranks can drift apart.
-    MARGIN = 2
+    CHECK_EVERY = 4
 
-    def __init__(self, signals: tuple[signal.Signals, ...], store: Any = None, world_size: int = 1,
-                 attempt: str = "0") -> None:
-        """``attempt`` names this start of the worker group (a store can outlive a restart)."""
+    def __init__(self, signals: tuple[signal.Signals, ...], device: torch.device, world_size: int = 1) -> None:
         self.signals = tuple(dict.fromkeys(signals))
-        self.key = f"ddpkit/train/stop-after-step/{attempt}"
-        self.store = store if world_size > 1 else None
+        self.world_size = world_size
         self.received: str | None = None
-        self._stop_at: int | None = None
+        self._flag = torch.zeros(1, dtype=torch.int32, device=device)
+        self._pending: Any = None
+        self._stop = False
         self._previous: dict[signal.Signals, Any] = {}
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
@@ -63,16 +64,22 @@ class PreemptionWatch:
             signal.signal(sig, previous)
         self._previous.clear()
 
-    def stop_at(self, step: int) -> int | None:
-        """Called by every rank after completing ``step``: the step after which all ranks stop, or None."""
-        if self._stop_at is None:
-            if self.store is None:
-                self._stop_at = step if self.received else None
-            elif self.received:
-                self._stop_at = int(self.store.compare_set(self.key, "", str(step + self.MARGIN)))
-            elif self.store.check([self.key]):
-                self._stop_at = int(self.store.get(self.key))
-        return self._stop_at
+    def should_stop(self, step: int) -> bool:
+        """Called by every rank after completing ``step`` (the same sequence on all): stop now?"""
+        if self.world_size == 1:
+            return self.received is not None
+        self.drain()
+        if not self._stop and step % self.CHECK_EVERY == 0:
+            self._flag.fill_(int(self.received is not None))
+            self._pending = dist.all_reduce(self._flag, op=dist.ReduceOp.MAX, async_op=True)
+        return self._stop
+
+    def drain(self) -> None:
+        """Complete the outstanding check, keeping its answer (all ranks, e.g. before a snapshot's collectives)."""
+        if self._pending is not None:
+            self._pending.wait()
+            self._pending = None
+            self._stop = self._stop or bool(self._flag.item())
 
 
 def requeue_slurm_job() -> str:

@@ -71,11 +71,8 @@ def _percentile(values: list[float], q: float) -> float:
 
 
 class Trainer:
-    def __init__(self, job: TrainJob, config: TrainConfig, runtime: Runtime, store: dist.Store | None = None) -> None:
-        """``store``: the run's TCPStore, where ranks agree on the step to stop at after a preemption signal
-        (default: the process group's own store)."""
+    def __init__(self, job: TrainJob, config: TrainConfig, runtime: Runtime) -> None:
         self.job = job
-        self.store = store if store is not None else dist.distributed_c10d._get_default_store()
         self.cfg = config
         self.rt = runtime
         self.rank, self.world = runtime.rank, runtime.world_size
@@ -239,8 +236,7 @@ class Trainer:
         start_epoch, start_batch, step = self._resume()
         model = self.job.model.to(device)
         ddp = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
-        attempt = f"{self.rt.world.run_id}/{self.rt.world.restart_count or 0}"
-        watch = PreemptionWatch((signal.SIGTERM, cfg.preempt_signum), self.store, self.world, attempt).install()
+        watch = PreemptionWatch((signal.SIGTERM, cfg.preempt_signum), device, self.world).install()
         progress = _Progress.maybe(self.rank == 0 and cfg.progress is not False
                                    and (cfg.progress or sys.stdout.isatty()))
         step_times: list[float] = []
@@ -269,7 +265,7 @@ class Trainer:
                     if "first_step_at" not in self.summary:  # measures a restart: kill -> first resumed step
                         self.summary["first_step_at"] = time.time()
                     self._fire_drill(epoch, batch, step)
-                    if watch.stop_at(step) == step:  # a preemption signal reached some rank: all stop here
+                    if watch.should_stop(step):  # a preemption signal reached some rank: all stop after this step
                         return self._preempted(ddp, watch, epoch, batch + 1, step, t_start, samples,
                                                step_times + epoch_times)
                 elapsed = time.perf_counter() - t_epoch
@@ -278,7 +274,9 @@ class Trainer:
                 self.summary["loss_history"][epoch] = float(torch.stack(losses).mean()) if losses else math.nan
                 self._epoch_line(epoch, len(epoch_times), elapsed, epoch_times)
                 if self.snapdir is not None and ((epoch + 1) % cfg.save_every == 0 or epoch + 1 == cfg.epochs):
+                    watch.drain()
                     self._snapshot(ddp, epoch=epoch, next_epoch=epoch + 1, next_batch=0, step=step, urgent=False)
+            watch.drain()
             self.writer.join()
         finally:
             progress.stop()
