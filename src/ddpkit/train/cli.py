@@ -24,6 +24,7 @@ from typing import Any
 from ddpkit.errors import EXIT_OK, EXIT_PREEMPTED, ConfigError
 from ddpkit.log import get_logger
 from ddpkit.train.config import MODELS, PREEMPT_SIGNALS, TrainConfig, check_job_spec, parse_drill
+from ddpkit.train.faults import say
 
 __all__ = ["WORKER", "add_arguments", "config_from_args", "run"]
 
@@ -120,18 +121,18 @@ def _deterministic() -> None:
 def _report(summary: dict[str, Any]) -> None:
     history = summary["loss_history"]
     if history:
-        print(f"Training finished at epoch {max(history)} of {summary['epochs']}: {summary['global_step']} steps, "
+        say(f"Training finished at epoch {max(history)} of {summary['epochs']}: {summary['global_step']} steps, "
               f"loss {summary['final_loss']:.4f} (epoch {min(history)}: {summary['first_loss']:.4f}), "
               f"{summary['samples_per_s']:,.0f} samples/s, step p50 {summary['step_ms_p50']:.2f} ms "
-              f"p95 {summary['step_ms_p95']:.2f} ms", flush=True)
+              f"p95 {summary['step_ms_p95']:.2f} ms")
     resumed = summary["resumed_from"]
-    print(f"Snapshots: {summary['snapshots_written']} written, {summary['snapshots_loaded']} loaded"
+    say(f"Snapshots: {summary['snapshots_written']} written, {summary['snapshots_loaded']} loaded"
           + (f" (resumed at epoch {resumed['epoch']}, step {resumed['global_step']})" if resumed else "")
-          + f"; restarts: {summary['restarts']}", flush=True)
+          + f"; restarts: {summary['restarts']}")
     for d in summary["drills"]:
-        print(f"Drill {d['drill']}: injected {d['injected']}; restarted {summary['restarts']} time(s); resumed "
+        say(f"Drill {d['drill']}: injected {d['injected']}; restarted {summary['restarts']} time(s); resumed "
               f"{'at step ' + str(resumed['global_step']) if resumed else 'no'}; lost {d['lost_steps']} steps "
-              f"({'within' if d['within_interval'] else 'BEYOND'} the snapshot interval)", flush=True)
+              f"({'within' if d['within_interval'] else 'BEYOND'} the snapshot interval)")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -18,6 +18,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 from types import FrameType
@@ -29,7 +30,7 @@ import torch.distributed as dist
 from ddpkit.log import get_logger
 from ddpkit.train.config import Drill
 
-__all__ = ["DrillBook", "PreemptionWatch", "requeue_slurm_job"]
+__all__ = ["DrillBook", "PreemptionWatch", "requeue_slurm_job", "say"]
 
 log = get_logger(__name__)
 
@@ -51,8 +52,8 @@ class PreemptionWatch:
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         if self.received is None:
             self.received = signal.Signals(signum).name
-            # print, not log: must show even without -v, and is async-signal tolerable in CPython
-            print(f"received {self.received}: finishing the current steps, then writing a snapshot", flush=True)
+            # a raw write: the handler may interrupt a write to sys.stdout (re-entering it would raise)
+            os.write(1, f"received {self.received}: finishing the current steps, then writing a snapshot\n".encode())
 
     def install(self) -> PreemptionWatch:
         for sig in self.signals:
@@ -80,6 +81,12 @@ class PreemptionWatch:
             self._pending.wait()
             self._pending = None
             self._stop = self._stop or bool(self._flag.item())
+
+
+def say(text: str) -> None:
+    """One line to stdout in a single write: ranks sharing a pipe (python -u) never split each other's lines."""
+    sys.stdout.write(text + "\n")
+    sys.stdout.flush()
 
 
 def requeue_slurm_job() -> str:

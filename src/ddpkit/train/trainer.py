@@ -35,7 +35,7 @@ from ddpkit.errors import ConfigError
 from ddpkit.log import get_logger
 from ddpkit.train.config import TrainConfig, snapshot_location
 from ddpkit.train.data import Batches
-from ddpkit.train.faults import DrillBook, PreemptionWatch, requeue_slurm_job
+from ddpkit.train.faults import DrillBook, PreemptionWatch, requeue_slurm_job, say
 from ddpkit.train.rng import capture_rng, restore_rng, seed_everything
 from ddpkit.train.snapshot import AsyncWriter, CpuShadow, SnapshotDir, copy_to_cpu, read_snapshot, write_snapshot
 
@@ -134,7 +134,7 @@ class Trainer:
         decision = box[0]
         for message in decision["skipped"]:
             if self.rank == 0:
-                print(message, flush=True)
+                say(message)
         self.summary["skipped_snapshots"] = decision["skipped"]
         self.drills.fired = dict(decision["fired"])
         if decision["error"]:
@@ -167,7 +167,7 @@ class Trainer:
                                         "batch": header["next_batch"], "global_step": header["global_step"]}
         if self.rank == 0:
             at = f"Epoch {header['next_epoch']}" + (f", step {header['next_batch']}" if header["next_batch"] else "")
-            print(f"Loading snapshot {header['path']}\nResuming training from snapshot at {at}", flush=True)
+            say(f"Loading snapshot {header['path']}\nResuming training from snapshot at {at}")
         return int(header["next_epoch"]), int(header["next_batch"]), int(header["global_step"])
 
     # ---- snapshots -----------------------------------------------------------------------------------
@@ -191,7 +191,7 @@ class Trainer:
 
         def done() -> None:
             snapdir.prune()
-            print(f"Epoch {epoch} | Training snapshot saved at {path}", flush=True)
+            say(f"Epoch {epoch} | Training snapshot saved at {path}")
 
         if self.cfg.async_snapshot and not urgent:
             self.writer.join()  # the shadow buffers are free again
@@ -222,11 +222,10 @@ class Trainer:
         if self.rank != target:
             return
         if drill.kind == "kill-worker":
-            print(f"drill {drill}: killing rank {self.rank} (pid {os.getpid()}) with SIGKILL at step {step}",
-                  flush=True)
+            say(f"drill {drill}: killing rank {self.rank} (pid {os.getpid()}) with SIGKILL at step {step}")
             os.kill(os.getpid(), signal.SIGKILL)
         else:
-            print(f"drill {drill}: sending SIG{self.cfg.preempt_signal} to rank 0 at step {step}", flush=True)
+            say(f"drill {drill}: sending SIG{self.cfg.preempt_signal} to rank 0 at step {step}")
             os.kill(os.getpid(), self.cfg.preempt_signum)
 
     # ---- the loop -------------------------------------------------------------------------------------
@@ -243,7 +242,7 @@ class Trainer:
         samples = 0
         t_start = time.perf_counter()
         if start_epoch >= cfg.epochs and self.rank == 0:
-            print(f"Training already complete: the snapshot is at epoch {start_epoch} of {cfg.epochs}", flush=True)
+            say(f"Training already complete: the snapshot is at epoch {start_epoch} of {cfg.epochs}")
         try:
             for epoch in range(start_epoch, cfg.epochs):
                 first = start_batch if epoch == start_epoch else 0
@@ -290,7 +289,7 @@ class Trainer:
             rate = steps * self.cfg.batch_size * self.world / elapsed if elapsed > 0 else math.nan
             line += (f" | loss {self.summary['loss_history'][epoch]:.4f} | {rate:,.0f} samples/s | step p50 "
                      f"{_percentile(times, 50) * 1e3:.2f} ms p95 {_percentile(times, 95) * 1e3:.2f} ms")
-        print(line, flush=True)
+        say(line)
 
     def _preempted(self, ddp: DDP, watch: PreemptionWatch, epoch: int, next_batch: int, step: int,
                    t_start: float, samples: int, times: list[float]) -> dict[str, Any]:
@@ -299,10 +298,10 @@ class Trainer:
             self._snapshot(ddp, epoch=epoch, next_epoch=next_epoch, next_batch=next_batch, step=step, urgent=True)
         self.summary.update(preempted=True, signal=watch.received or "another rank's signal")
         if self.rank == 0:
-            print(f"Preempted at epoch {epoch}, step {step}: snapshot written; exiting with 75", flush=True)
+            say(f"Preempted at epoch {epoch}, step {step}: snapshot written; exiting with 75")
             if self.cfg.requeue:
                 message = requeue_slurm_job()
-                print(message, flush=True)
+                say(message)
                 self.summary["requeue"] = message
         self._finish(step, t_start, samples, times)
         return self.summary
