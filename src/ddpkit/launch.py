@@ -11,13 +11,15 @@ import importlib
 import logging
 import os
 import re
+import shutil
 import signal
 import sys
+import tempfile
 import uuid
 from dataclasses import dataclass
 
 from ddpkit.env import thread_count
-from ddpkit.errors import ConfigError, DeadlineExpired
+from ddpkit.errors import EXIT_PREEMPTED, ConfigError, DeadlineExpired
 from ddpkit.log import get_logger
 
 __all__ = ["JobShape", "LaunchOptions", "launch", "parse_job_shape"]
@@ -87,6 +89,7 @@ class LaunchOptions:
 
 def launch(argv: list[str], options: LaunchOptions) -> int:
     """Run ``python -m ddpkit ARGV`` on this node's ranks; return the exit code of the first failed rank, or 0."""
+    from torch.distributed.elastic.multiprocessing import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.elastic.rendezvous.api import RendezvousError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
@@ -100,6 +103,12 @@ def launch(argv: list[str], options: LaunchOptions) -> int:
     # connect (pytorch/pytorch#135712); a store per attempt makes restarts reliable.
     os.environ.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
     os.environ["DDPKIT_LAUNCHED"] = "1"  # tells the workers their -n/-j were already honoured
+    # The agent forwards these to the workers (and stops them) instead of dying and orphaning them; USR1/USR2
+    # are what Slurm's --signal sends before a preemption, so the workers can snapshot first.
+    os.environ.setdefault("TORCHELASTIC_SIGNALS_TO_HANDLE", "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1,SIGUSR2")
+    mark_dir = tempfile.mkdtemp(prefix="ddpkit-launch-")
+    mark = os.path.join(mark_dir, "preempted")
+    os.environ["DDPKIT_PREEMPTED_MARK"] = mark  # a worker that stopped cleanly after a preemption creates it
     standalone = options.rdzv_endpoint is None
     conf: dict[str, object] = dict(options.rdzv_conf)
     if standalone:
@@ -135,11 +144,18 @@ def launch(argv: list[str], options: LaunchOptions) -> int:
             elastic_launch(config, entrypoint=sys.executable)("-m", "ddpkit", *argv)
     except ChildFailedError as exc:
         return _root_cause(exc)
+    except SignalException as exc:
+        preempted = os.path.exists(mark)
+        log.warning("received %s: the workers were stopped%s", exc.sigval.name,
+                    " after saving their state" if preempted else "")
+        return EXIT_PREEMPTED if preempted else 128 + int(exc.sigval)
     except RendezvousError as exc:
         raise DeadlineExpired(f"the rendezvous at {config.rdzv_endpoint} did not complete: {exc}",
                               f"{shape.min_nodes} to {shape.max_nodes} node agents to join within "
                               f"{options.rdzv_timeout} s", "start ddpkit on every node with the same "
                               "--rdzv-endpoint and -j, and check the endpoint is reachable") from None
+    finally:
+        shutil.rmtree(mark_dir, ignore_errors=True)
     return 0
 
 
@@ -182,9 +198,9 @@ def _root_cause(exc: object) -> int:
     failures = getattr(exc, "failures", {})
     if not failures:
         return 1
-    # The agent SIGTERMs the survivors of a failure, often within the same second: a death by signal ranks
-    # after any real exit code, or a rank that exited 1 is reported as killed by SIGTERM (exit 143).
-    rank, first = min(failures.items(), key=lambda kv: (int(kv[1].exitcode) < 0, kv[1].timestamp, kv[0]))
+    # Timestamps have one-second resolution; within a second, a rank that exited on its own comes before one
+    # the agent then stopped with a signal (SIGTERM is what the survivors of a failure receive).
+    rank, first = min(failures.items(), key=lambda kv: (kv[1].timestamp, kv[1].exitcode < 0, kv[0]))
     code = int(first.exitcode)
     if code < 0:
         name = signal.Signals(-code).name if -code in signal.Signals._value2member_map_ else str(-code)
