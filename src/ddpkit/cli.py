@@ -35,6 +35,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "check": ("ddpkit.check", "prove the cluster is ready for PyTorch distributed, and name what is broken"),
     "bench": ("ddpkit.bench.cli", "benchmark every collective (nccl-tests conventions), verified, gated; --pairs"),
     "report": ("ddpkit.report", "render check and bench JSON files into one Markdown report with plots"),
+    "train": ("ddpkit.train.cli", "the reference DDP job: trains, snapshots safely, resumes exactly, survives faults"),
 }
 
 

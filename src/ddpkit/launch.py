@@ -12,14 +12,16 @@ import importlib
 import logging
 import os
 import re
+import shutil
 import signal
 import socket
 import sys
+import tempfile
 import uuid
 from dataclasses import dataclass
 
 from ddpkit.env import thread_count
-from ddpkit.errors import ConfigError, DeadlineExpired
+from ddpkit.errors import EXIT_PREEMPTED, ConfigError, DeadlineExpired
 from ddpkit.log import get_logger
 from ddpkit.rendezvous import RendezvousWatch, describe_missing
 
@@ -90,6 +92,7 @@ class LaunchOptions:
 
 def launch(argv: list[str], options: LaunchOptions) -> int:
     """Run ``python -m ddpkit ARGV`` on this node's ranks; return the exit code of the first failed rank, or 0."""
+    from torch.distributed.elastic.multiprocessing import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.elastic.rendezvous.api import RendezvousError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
@@ -103,6 +106,12 @@ def launch(argv: list[str], options: LaunchOptions) -> int:
     # connect (pytorch/pytorch#135712); a store per attempt makes restarts reliable.
     os.environ.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
     os.environ["DDPKIT_LAUNCHED"] = "1"  # tells the workers their -n/-j were already honoured
+    # The agent forwards these to the workers (and stops them) instead of dying and orphaning them; USR1/USR2
+    # are what Slurm's --signal sends before a preemption, so the workers can snapshot first.
+    os.environ.setdefault("TORCHELASTIC_SIGNALS_TO_HANDLE", "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1,SIGUSR2")
+    mark_dir = tempfile.mkdtemp(prefix="ddpkit-launch-")
+    mark = os.path.join(mark_dir, "preempted")
+    os.environ["DDPKIT_PREEMPTED_MARK"] = mark  # a worker that stopped cleanly after a preemption creates it
     endpoint = options.rdzv_endpoint
     conf: dict[str, object] = dict(options.rdzv_conf)
     local_addr = options.local_addr
@@ -118,6 +127,10 @@ def launch(argv: list[str], options: LaunchOptions) -> int:
     forked = bool(options.preload) and os.environ.get("DDPKIT_START_METHOD", "fork") == "fork"
     for name in options.preload if forked else ():
         importlib.import_module(name)
+    if forked and _cuda_initialized():  # a forked child cannot use a CUDA context its parent created
+        log.warning("CUDA was initialised while preloading %s: starting fresh rank processes instead",
+                    ", ".join(options.preload))
+        forked = False
     if forked:
         logging.getLogger("torch.distributed.elastic.multiprocessing.api").addFilter(_drop_exit_tracebacks)
     config = LaunchConfig(
@@ -143,6 +156,11 @@ def launch(argv: list[str], options: LaunchOptions) -> int:
                 elastic_launch(config, entrypoint=sys.executable)("-m", "ddpkit", *argv)
     except ChildFailedError as exc:
         return _root_cause(exc)
+    except SignalException as exc:
+        preempted = os.path.exists(mark)
+        log.warning("received %s: the workers were stopped%s", exc.sigval.name,
+                    " after saving their state" if preempted else "")
+        return EXIT_PREEMPTED if preempted else 128 + int(exc.sigval)
     except RendezvousError as exc:
         who = f"; {describe_missing(watch.nodes, shape.min_nodes, shape.max_nodes, shape.nproc_per_node)}" \
             if watch is not None else ""
@@ -151,7 +169,15 @@ def launch(argv: list[str], options: LaunchOptions) -> int:
                               f"{shape} node agents (NODESxRANKS) to join",
                               "start ddpkit on every node with the same --rdzv-endpoint, --run-id and -j, check "
                               "each can reach the endpoint, or give them longer with --timeout") from None
+    finally:
+        shutil.rmtree(mark_dir, ignore_errors=True)
     return 0
+
+
+def _cuda_initialized() -> bool:
+    import torch
+
+    return bool(torch.cuda.is_initialized())
 
 
 def die_with_agent() -> None:
@@ -258,9 +284,9 @@ def _root_cause(exc: object) -> int:
     failures = getattr(exc, "failures", {})
     if not failures:
         return 1
-    # The agent SIGTERMs the survivors of a failure, often within the same second: a death by signal ranks
-    # after any real exit code, or a rank that exited 1 is reported as killed by SIGTERM (exit 143).
-    rank, first = min(failures.items(), key=lambda kv: (int(kv[1].exitcode) < 0, kv[1].timestamp, kv[0]))
+    # Timestamps have one-second resolution; within a second, a rank that exited on its own comes before one
+    # the agent then stopped with a signal (SIGTERM is what the survivors of a failure receive).
+    rank, first = min(failures.items(), key=lambda kv: (kv[1].timestamp, kv[1].exitcode < 0, kv[0]))
     code = int(first.exitcode)
     if code < 0:
         name = signal.Signals(-code).name if -code in signal.Signals._value2member_map_ else str(-code)

@@ -120,12 +120,16 @@ def test_report_tolerates_unknown_fields_and_kinds(tmp_path: Path) -> None:
                                          {"name": "ddp-sync", "status": "FAIL", "detail": "diverged"}],
              "something_new": {"x": [1, 2]}}
     other = {"kind": "train", "epochs": 3, "loss": 0.25, "nested": {"a": 1}}
+    sentence = {"kind": "check", "verdict": "FAIL: rank 1 on vm: all_reduce wrong", "checks": []}
+    (tmp_path / "sentence.json").write_text(json.dumps(sentence))
     (tmp_path / "check.json").write_text(json.dumps(check))
     (tmp_path / "train.json").write_text(json.dumps(other))
     text = render([tmp_path / "check.json", tmp_path / "train.json"], tmp_path / "r.md")
     assert "| roll-call | PASS | 2/2 \\| ok |" in text
     assert "| check.json | check | FAIL |" in text
     assert "| loss | 0.250 |" in text
+    text = render([tmp_path / "sentence.json"], tmp_path / "r3.md")
+    assert "| sentence.json | check | FAIL |" in text and "> FAIL: rank 1 on vm: all_reduce wrong" in text
     (tmp_path / "bad.json").write_text("{not json")
     with pytest.raises(ConfigError):
         render([tmp_path / "bad.json"], tmp_path / "r2.md")
