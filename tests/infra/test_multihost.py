@@ -10,7 +10,10 @@ routes to the master (GLOO_SOCKET_IFNAME) and the first host's agent decides by 
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
+import time
+from pathlib import Path
 
 import pytest
 
@@ -83,3 +86,41 @@ def test_plain_torchrun_2x2_c10d(two_hosts: Hosts) -> None:
         r.wait(RUN_TIMEOUT)
     _assert_world_across(two_hosts, runs)
     assert two_hosts.leftover() == {}
+
+
+def test_nshosts_command_line() -> None:
+    """scripts/nshosts.py standalone: up, exec (own hostname), link down/up, shape, down (kills what runs)."""
+    from tests.conftest import require_root, require_tools
+    from tests.infra.conftest import NS_TOOLS
+
+    require_root("network namespaces")
+    require_tools(*NS_TOOLS)
+    rid = new_run_id()
+    cli = [sys.executable, str(Path(__file__).parents[2] / "scripts" / "nshosts.py")]
+
+    def nshosts(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([*cli, *args], capture_output=True, text=True, timeout=timeout)
+
+    up = nshosts("up", "--hosts", "2", "--id", rid)
+    try:
+        assert up.returncode == 0, up.stderr
+        assert f"h2: h2-{rid}" in up.stdout
+        assert nshosts("exec", "h2", "--id", rid, "--", "hostname").stdout.strip() == f"h2-{rid}"
+        reach = ["python3", "-c", f"import socket; socket.create_connection(('h1-{rid}', 9), 3)"]
+        refused = nshosts("exec", "h2", "--id", rid, "--", *reach)
+        assert "ConnectionRefused" in refused.stderr  # h1 answered: reachable, nothing listening
+        assert nshosts("link", "h2", "down", "--id", rid).returncode == 0
+        cut = nshosts("exec", "h2", "--id", rid, "--", *reach)
+        assert "ConnectionRefused" not in cut.stderr and cut.returncode != 0  # no answer at all now
+        assert nshosts("link", "h2", "up", "--id", rid).returncode == 0
+        assert nshosts("shape", "h2", "--rate", "100mbit", "--id", rid).returncode == 0
+        qdisc = subprocess.run(["ip", "netns", "exec", f"ddpk-{rid}-h2", "tc", "qdisc", "show", "dev", "eth0"],
+                               capture_output=True, text=True).stdout
+        assert "tbf" in qdisc and "100Mbit" in qdisc
+        sleeper = subprocess.Popen([*cli, "exec", "h1", "--id", rid, "--", "sleep", "300"])
+        time.sleep(1)
+    finally:
+        down = nshosts("down", "--id", rid)
+    assert down.returncode == 0, down.stderr
+    assert sleeper.wait(timeout=30) != 0  # killed by `down`
+    assert f"ddpk-{rid}" not in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
