@@ -15,6 +15,15 @@ Kinds consulted by ``ddpkit bench``:
 - ``slow`` (context ``rank``; parameter ``ms``, default 20): in ``--pairs``, the rank stalls ``ms`` before each
   point-to-point send, so its links read slow.
 
+Kinds consulted by ``ddpkit check`` (context: ``rank``, and ``op`` or ``phase``):
+
+- ``corrupt:op=OP:rank=R``: rank R's result of OP is wrong in one element. OP is a check name: barrier,
+  all_reduce_sum, all_reduce_max, broadcast, reduce, all_gather, reduce_scatter, all_to_all, send_recv_ring,
+  or ``ddp`` (rank R's replica drifts after the DDP steps).
+- ``hang:phase=P:rank=R``: rank R never enters phase P (roll-call, init, an op name above, ddp, report).
+- ``slow:phase=P:rank=R:ms=N``: rank R enters phase P N ms late.
+- ``version:rank=R:torch=X`` (also ``python``, ``ddpkit``, ``cuda``): rank R reports version X at roll-call.
+
 Never set in production; ddpkit logs a warning when any fault is armed.
 """
 
