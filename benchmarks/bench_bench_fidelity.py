@@ -13,10 +13,10 @@ favouring either.
 Next to each figure: the machine's single-process memory-copy bandwidth (a torch copy of a large buffer, the
 physical ceiling for traffic between processes on one machine) and the achieved fraction of it.
 
-The minimal loop times two ways: per-iteration (barrier, one call, slowest rank; ddpkit's documented definition,
-written again independently; the comparison that is judged) and back-to-back (nccl-tests' loop, shown beside it).
-Under CPU contention the two differ: a barrier per iteration leaves the scheduling gaps between iterations out of
-the timed region, a back-to-back loop counts them.
+The minimal loop times two ways: back-to-back (barrier, ``iters`` calls in a row, slowest rank's total / iters:
+nccl-tests' loop and ddpkit's, written again independently; the comparison that is judged) and per-iteration
+(barrier, one call, slowest rank of each iteration, averaged; ddpkit's definition before 2026-11-22, shown beside
+it). At small sizes the two differ: per-iteration adds each barrier's exit skew to every call.
 """
 
 from __future__ import annotations
@@ -139,16 +139,16 @@ def main() -> int:
     for size in SIZES:
         row: dict[str, object] = {"size": size}
         row.update({k: _summary(runs[k][size], ceiling) for k in runs})
-        paired = [a / b for a, b in zip(runs["ddpkit"][size], runs["per_iteration"][size], strict=True)]
+        paired = [a / b for a, b in zip(runs["ddpkit"][size], runs["back_to_back"][size], strict=True)]
         quartiles = statistics.quantiles(paired, n=4)
         ratio = statistics.median(paired)
         row["paired_ratios"] = paired
         row["ratio"] = ratio
         row["ratio_iqr"] = [quartiles[0], quartiles[2]]
-        row["best_ratio"] = max(runs["ddpkit"][size]) / max(runs["per_iteration"][size])
-        row["median_ratio"] = statistics.median(runs["ddpkit"][size]) / statistics.median(runs["per_iteration"][size])
-        row["paired_ratio_to_back_to_back"] = statistics.median(
-            a / b for a, b in zip(runs["ddpkit"][size], runs["back_to_back"][size], strict=True))
+        row["best_ratio"] = max(runs["ddpkit"][size]) / max(runs["back_to_back"][size])
+        row["median_ratio"] = statistics.median(runs["ddpkit"][size]) / statistics.median(runs["back_to_back"][size])
+        row["paired_ratio_to_per_iteration"] = statistics.median(
+            a / b for a, b in zip(runs["ddpkit"][size], runs["per_iteration"][size], strict=True))
         row["within_tolerance"] = abs(ratio - 1) <= TOLERANCE
         rows.append(row)
     passed = all(r["within_tolerance"] for r in rows)
@@ -172,31 +172,31 @@ def _markdown(result: dict[str, Any]) -> str:
         f"2 ranks, gloo on CPU, {result['cpus']} cores, torch {result['torch']}; {result['rounds']} rounds, each "
         f"running `ddpkit bench` and `benchmarks/minimal_allreduce.py` (under torchrun) back to back, order swapped "
         f"every round; {result['iters']} timed iterations each. Judged: the median over rounds of the paired ratio "
-        f"ddpkit / minimal per-iteration loop. Measured {result['measured_at']} on a shared machine (1-minute load "
+        f"ddpkit / minimal back-to-back loop. Measured {result['measured_at']} on a shared machine (1-minute load "
         f"average per round: {', '.join(f'{x:.1f}' for x in result['load_avg_per_round'])}; idle CPU share just before "
         f"each round, after waiting up to {QUIET_WAIT_S:.0f} s for 50%: "
         f"{', '.join(f'{x:.0%}' for x in result.get('idle_before_round', []))}); everything at nice {result['nice']}.",
         "",
         f"Single-process memory-copy bandwidth (torch copy of 256 MiB, best of 10): **{ceiling:.2f} GB/s**.",
         "",
-        "| size | ddpkit busbw, median (best) GB/s | of memcpy | minimal per-iteration, median (best) GB/s | of memcpy "
-        f"| paired ratio, median [IQR] | within {result['tolerance']:.0%} | minimal back-to-back, median (best) GB/s "
-        "| of memcpy | paired ratio to back-to-back |",
+        "| size | ddpkit busbw, median (best) GB/s | of memcpy | minimal back-to-back, median (best) GB/s | of memcpy "
+        f"| paired ratio, median [IQR] | within {result['tolerance']:.0%} | minimal per-iteration, median (best) GB/s "
+        "| of memcpy | paired ratio to per-iteration |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in result["rows"]:
-        ours, theirs, b2b = r["ddpkit"], r["per_iteration"], r["back_to_back"]
+        ours, theirs, other = r["ddpkit"], r["back_to_back"], r["per_iteration"]
         md.append(f"| {r['size'] >> 20} MiB | {ours['median']:.3f} ({ours['best']:.3f}) | "
                   f"{ours['median'] / ceiling:.1%} | {theirs['median']:.3f} ({theirs['best']:.3f}) | "
                   f"{theirs['median'] / ceiling:.1%} | {r['ratio']:.3f} [{r['ratio_iqr'][0]:.2f}, "
                   f"{r['ratio_iqr'][1]:.2f}] | {'yes' if r['within_tolerance'] else 'NO'} | "
-                  f"{b2b['median']:.3f} ({b2b['best']:.3f}) | {b2b['median'] / ceiling:.1%} | "
-                  f"{r['paired_ratio_to_back_to_back']:.3f} |")
+                  f"{other['median']:.3f} ({other['best']:.3f}) | {other['median'] / ceiling:.1%} | "
+                  f"{r['paired_ratio_to_per_iteration']:.3f} |")
     md += ["", f"Verdict: {'PASS' if result['passed'] else 'FAIL'} (median paired ratio within "
            f"{result['tolerance']:.0%} of 1 at every size).", "",
-           "Per-round busbw (GB/s), ddpkit / minimal per-iteration / minimal back-to-back:", ""]
+           "Per-round busbw (GB/s), ddpkit / minimal back-to-back / minimal per-iteration:", ""]
     for r in result["rows"]:
-        triples = zip(r["ddpkit"]["runs"], r["per_iteration"]["runs"], r["back_to_back"]["runs"], strict=True)
+        triples = zip(r["ddpkit"]["runs"], r["back_to_back"]["runs"], r["per_iteration"]["runs"], strict=True)
         md.append(f"- {r['size'] >> 20} MiB: " + ", ".join(f"{a:.3f}/{b:.3f}/{c:.3f}" for a, b, c in triples))
     return "\n".join(md) + "\n"
 

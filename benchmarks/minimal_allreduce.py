@@ -3,9 +3,10 @@
     torchrun --standalone --nproc-per-node 2 benchmarks/minimal_allreduce.py --sizes 1048576,16777216 --iters 20
 
 Two textbook loops per size, each after its own warm-up:
+- back-to-back: barrier, time ``iters`` all_reduces in a row, slowest rank's total / iters (nccl-tests' loop,
+  the definition ddpkit bench documents, written again from scratch here);
 - per-iteration: barrier, time one all_reduce, keep the slowest rank's time of each iteration, average
-  (the definition ddpkit bench documents, written again from scratch here);
-- back-to-back: barrier, time ``iters`` all_reduces in a row, slowest rank's total / iters (nccl-tests' loop).
+  (shown for contrast: it adds each barrier's exit skew to every call).
 busbw = size / time x 2(n-1)/n. Rank 0 prints one JSON line. Deliberately shares no code with ddpkit.
 """
 

@@ -1,4 +1,4 @@
-"""Worker for test_bench_multiproc: rank r's 'collective' sleeps (1 + 4r) ms; prints what time_launch reports."""
+"""Worker for tests/multiproc/test_bench.py: rank r's "collective" sleeps (1 + 4r) ms; prints time_launch's figure."""
 
 from __future__ import annotations
 

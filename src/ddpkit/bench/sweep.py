@@ -1,10 +1,12 @@
-"""The measurement loop: every op at every size, timed with the slowest rank defining each iteration.
+"""The measurement loop: every op at every size, timed as nccl-tests times it, the slowest rank defining the time.
 
-Per iteration, every rank starts after a barrier and times only its own call: CUDA events on a GPU (the call is
-queued on the stream; the events measure its execution), a monotonic clock on CPU (gloo calls return when done).
-After the timed loop, and outside it, the per-iteration times are reduced with MAX across ranks, and the time of
-the op is the mean over iterations of those maxima. Then the op runs once more on fresh inputs and every rank
-counts its wrong elements; the counts are summed across ranks.
+Per measurement, after the warm-up, every rank waits at a barrier, then times ``iters`` calls back to back: CUDA
+events around the batch on a GPU (the calls are queued on the stream; the events measure their execution), a
+monotonic clock on CPU (gloo calls return when done). Each rank's time per call is its batch time / ``iters``;
+after the batch, outside the timed region, those are reduced with MAX across ranks, so the slowest rank defines
+the op's time. (A barrier before every single call would add each barrier's exit skew to every iteration, which
+at small sizes is a large part of the call; nccl-tests times a batch and divides.) Then the op runs once more on
+fresh inputs and every rank counts its wrong elements; the counts are summed across ranks.
 """
 
 from __future__ import annotations
@@ -50,7 +52,7 @@ class Measurement:
     """One placement (out-of-place or in-place) of one op at one size."""
 
     time_us: float
-    """Mean over iterations of the slowest rank's time, microseconds."""
+    """Time per call of the slowest rank over a batch of back-to-back calls, microseconds."""
     algbw: float
     """Algorithm bandwidth, GB/s."""
     busbw: float
@@ -72,34 +74,32 @@ def _barrier(device: torch.device) -> None:
 
 
 def time_launch(launch: object, *, warmup: int, iters: int, device: torch.device) -> float:
-    """Seconds per call: mean over ``iters`` of the slowest rank's time for one call of ``launch``."""
+    """Seconds per call: the slowest rank's time for ``iters`` back-to-back calls of ``launch``, over ``iters``."""
     import torch
     import torch.distributed as dist
 
     assert callable(launch)
     for _ in range(warmup):
         launch()
-    per_iter: list[float] = []
     if device.type == "cuda":
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        _barrier(device)
         torch.cuda.synchronize(device)
-        events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(iters)]
-        for start, end in events:
-            _barrier(device)
-            torch.cuda.synchronize(device)
-            start.record()
-            launch()
-            end.record()
-        torch.cuda.synchronize(device)
-        per_iter = [start.elapsed_time(end) / 1e3 for start, end in events]
-    else:
+        start.record()
         for _ in range(iters):
-            _barrier(device)
-            t0 = time.perf_counter()
             launch()
-            per_iter.append(time.perf_counter() - t0)
-    slowest = torch.tensor(per_iter, dtype=torch.float64, device=device)
+        end.record()
+        torch.cuda.synchronize(device)
+        per_call = start.elapsed_time(end) / 1e3 / iters
+    else:
+        _barrier(device)
+        t0 = time.perf_counter()
+        for _ in range(iters):
+            launch()
+        per_call = (time.perf_counter() - t0) / iters
+    slowest = torch.tensor([per_call], dtype=torch.float64, device=device)
     dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
-    return float(slowest.mean().item())
+    return float(slowest.item())
 
 
 def _sum_over_ranks(value: int, device: torch.device) -> int:

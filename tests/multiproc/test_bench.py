@@ -96,9 +96,9 @@ def test_pairs_names_the_slowed_rank(tmp_path: Path) -> None:
     assert pairs["bandwidth_gbps"][0][1] > pairs["bandwidth_gbps"][0][2]
 
 
-def test_slowest_rank_defines_each_iteration() -> None:
-    """Rank 0 takes 1 ms per call, rank 1 takes 5 ms: the reported time is rank 1's (a lower bound: sleep never
-    returns early), not rank 0's or the mean (3 ms)."""
+def test_slowest_rank_defines_the_time() -> None:
+    """Rank 0 takes 1 ms per call, rank 1 takes 5 ms: the reported time per call is rank 1's (a lower bound: sleep
+    never returns early), not rank 0's or the mean (3 ms)."""
     worker = ROOT / "tests" / "workers" / "bench_slowest_rank.py"
     proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
                            str(worker)], capture_output=True, text=True, timeout=180, env=ddpkit_env())
