@@ -29,6 +29,10 @@ log = get_logger(__name__)
 # A module provides add_arguments(parser), run(args) -> int, and WORKER = True when it runs on every rank.
 COMMANDS: dict[str, tuple[str, str]] = {
     "env": ("ddpkit.env.cli", "show who this process is, in which world, and from which launcher"),
+    "submit": ("ddpkit.jobs.cli", "render a job for torchrun, slurm, mpi or k8s, and submit it"),
+    "status": ("ddpkit.jobs.status", "show a Slurm job's state and exit code"),
+    "logs": ("ddpkit.jobs.logs", "print (or follow, -f) a Slurm job's output"),
+    "recipe": ("ddpkit.jobs.recipe", "an environment for the cluster: venv, conda, docker or enroot"),
 }
 
 
