@@ -116,6 +116,8 @@ class SlurmCluster:
             raise
 
     def _write_files(self) -> None:
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.root.chmod(0o755)  # munged runs as user munge and must reach its socket directory
         for sub in ("state", "spool", "tmp", "log", "munge"):
             (self.root / sub).mkdir(parents=True, exist_ok=True)
         for node in self.nodes:
@@ -186,7 +188,15 @@ class SlurmCluster:
                                f"--pid-file={munge_dir / 'munged.pid'}", f"--log-file={munge_dir / 'munged.log'}",
                                f"--seed-file={munge_dir / 'munged.seed'}", f"--key-file={MUNGE_KEY}"],
                     user="munge")
-        _until(lambda: self.munge_socket.exists(), 20, "munged socket", self.root)
+        proc = self.procs["munged"]
+
+        def up() -> bool:
+            if proc.poll() is not None:
+                out = (self.root / "log" / "munged.stdout").read_text(errors="replace")
+                raise RuntimeError(f"munged exited with {proc.returncode}: {out.strip()}")
+            return self.munge_socket.exists()
+
+        _until(up, 20, "munged socket", self.root)
 
     def _daemons(self) -> None:
         first = self.nodes[0]

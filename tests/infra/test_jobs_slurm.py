@@ -1,0 +1,189 @@
+"""ddpkit submit / status / logs on a real Slurm cluster: two nodes, each its own network namespace and IP.
+
+One cluster per session (tests/infra/slurm_fixture.py); the job command is ``check`` / ``train`` where those
+commands exist, else ``env --connect`` (starts the process group and verifies an all_reduce across the world).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from slurm_fixture import in_cluster, slurm_cluster  # noqa: F401 (fixture)
+
+from ddpkit.cli import COMMANDS
+
+pytestmark = [pytest.mark.infra, pytest.mark.multiproc]
+ROOT = Path(__file__).resolve().parents[2]
+VENV = str(ROOT / ".venv") if (ROOT / ".venv").exists() else str(Path(sys.executable).parents[1])
+HAS_CHECK = "check" in COMMANDS
+HAS_TRAIN = "train" in COMMANDS
+CONNECT = ["env", "--connect", "--json", "--timeout", "90"]
+
+
+def _json_lines(text: str) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in text.splitlines() if line.startswith("{") and '"launcher"' in line]
+
+
+def _job_id(res: subprocess.CompletedProcess[str]) -> str:
+    ids = re.findall(r"^(\d+)$", res.stdout, re.M)
+    assert ids, f"no job id printed: {res.stdout}\n{res.stderr}"
+    return ids[0]
+
+
+def test_wait_one_node_two_ranks_then_status_and_logs(slurm_cluster: Any, tmp_path: Path) -> None:
+    cmd = ["check"] if HAS_CHECK else CONNECT
+    res = in_cluster(slurm_cluster, "submit", "slurm", "--wait", "-j", "1x2", "--venv", VENV, "--no-exclusive",
+                     "--", *cmd, cwd=tmp_path)
+    assert res.returncode == 0, res.stdout + res.stderr
+    job = _job_id(res)
+    assert f"job {job} COMPLETED exit code 0" in res.stderr
+    log = next((tmp_path / "logs").glob(f"*_{job}.out")).read_text()
+    assert f"ddpkit: job {job} on node1, rendezvous node1:" in log
+    if not HAS_CHECK:
+        ranks = _json_lines(log)
+        assert sorted(r["rank"] for r in ranks) == [0, 1]
+        assert all(r["connect"]["all_reduce_ok"] and r["launcher"] == "torchrun" for r in ranks)
+
+    status = in_cluster(slurm_cluster, "status", job, "--json", cwd=tmp_path)
+    assert status.returncode == 0, status.stderr
+    record = json.loads(status.stdout)
+    assert (record["state"], record["exit_code"], record["nodes"]) == ("COMPLETED", 0, "node1")
+    assert record["log"] == str(tmp_path / "logs" / f"ddpkit-{cmd[0]}_{job}.out")
+    logs = in_cluster(slurm_cluster, "logs", job, cwd=tmp_path)
+    assert logs.returncode == 0 and logs.stdout == log
+    unknown = in_cluster(slurm_cluster, "status", "999999", cwd=tmp_path)
+    assert unknown.returncode == 2 and "knows no job 999999" in unknown.stderr
+
+
+def test_wait_returns_the_jobs_exit_code(slurm_cluster: Any, tmp_path: Path) -> None:
+    script = tmp_path / "fail seven.py"
+    script.write_text("import sys\nprint('failing on purpose', flush=True)\nsys.exit(7)\n")
+    res = in_cluster(slurm_cluster, "submit", "slurm", "--wait", "-j", "1x1", "--tasks-per-rank", "--venv", VENV,
+                     "--no-exclusive", "--", str(script), cwd=tmp_path)
+    assert res.returncode == 7, res.stdout + res.stderr
+    job = _job_id(res)
+    status = json.loads(in_cluster(slurm_cluster, "status", job, "--json", cwd=tmp_path).stdout)
+    assert (status["state"], status["exit_code"]) == ("FAILED", 7)
+    assert "failing on purpose" in in_cluster(slurm_cluster, "logs", job, cwd=tmp_path).stdout
+
+
+def test_two_nodes_rendezvous_on_the_first_node(slurm_cluster: Any, tmp_path: Path) -> None:
+    """2 nodes x 2 ranks, one torchrun agent per node; then one task per rank (ddpkit's own Slurm detection)."""
+    cmd = ["check"] if HAS_CHECK else CONNECT
+    res = in_cluster(slurm_cluster, "submit", "slurm", "--wait", "-j", "2x2", "--venv", VENV, "--", *cmd,
+                     cwd=tmp_path)
+    assert res.returncode == 0, res.stdout + res.stderr
+    log = in_cluster(slurm_cluster, "logs", _job_id(res), cwd=tmp_path).stdout
+    assert re.search(r"on node\[1-2\], rendezvous node1:\d+", log), log
+    if not HAS_CHECK:
+        ranks = _json_lines(log)
+        assert sorted(r["rank"] for r in ranks) == [0, 1, 2, 3]
+        assert {r["world_size"] for r in ranks} == {4} and {r["master_addr"] for r in ranks} == {"node1"}
+        assert sorted(r["node_rank"] for r in ranks) == [0, 0, 1, 1]
+        assert all(r["connect"]["all_reduce_ok"] for r in ranks)
+
+    res = in_cluster(slurm_cluster, "submit", "slurm", "--wait", "-j", "2x1", "--tasks-per-rank", "--venv", VENV,
+                     "--", *CONNECT, cwd=tmp_path)
+    assert res.returncode == 0, res.stdout + res.stderr
+    ranks = _json_lines(in_cluster(slurm_cluster, "logs", _job_id(res), cwd=tmp_path).stdout)
+    assert sorted((r["rank"], r["node_rank"]) for r in ranks) == [(0, 0), (1, 1)]
+    assert {r["launcher"] for r in ranks} == {"slurm"} and {r["master_addr"] for r in ranks} == {"node1"}
+    assert all(r["connect"]["all_reduce_ok"] for r in ranks)
+
+
+@pytest.mark.skipif(not HAS_TRAIN, reason="ddpkit train is not merged on this branch yet")
+def test_two_nodes_short_train(slurm_cluster: Any, tmp_path: Path) -> None:
+    snap = tmp_path / "snap shots" / "train.pt"
+    snap.parent.mkdir()
+    res = in_cluster(slurm_cluster, "submit", "slurm", "--wait", "-j", "2x1", "--venv", VENV, "--", "train",
+                     "--epochs", "2", "--snapshot-path", str(snap), cwd=tmp_path)
+    assert res.returncode == 0, res.stdout + res.stderr
+    log = in_cluster(slurm_cluster, "logs", _job_id(res), cwd=tmp_path).stdout
+    assert "[RANK 1] Epoch 1" in log and "[RANK 0] Epoch 1" in log
+
+
+def _wait_for(cluster: Any, job: str, text: str, log: Path, timeout: float = 180) -> str:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        content = log.read_text() if log.exists() else ""
+        if text in content:
+            return content
+        time.sleep(0.5)
+    state = cluster.client("scontrol", "show", "job", job).stdout
+    raise AssertionError(f"{text!r} not in the log of job {job} within {timeout} s:\n{content}\n{state}")
+
+
+def _requeue_now(cluster: Any, job: str) -> None:
+    """scontrol requeue, then lift Slurm's begin-time delay for requeued jobs (about 2 minutes) so it runs now."""
+    res = cluster.client("scontrol", "requeue", job)
+    assert res.returncode == 0, res.stderr
+    deadline = time.monotonic() + 60
+    while "PENDING" not in cluster.client("squeue", "-h", "-j", job, "-o", "%T").stdout:
+        assert time.monotonic() < deadline, "requeued job never went back to PENDING"
+        time.sleep(0.5)
+    assert cluster.client("scontrol", "update", f"JobId={job}", "StartTime=now").returncode == 0
+
+
+def test_requeue_resumes_from_snapshot(slurm_cluster: Any, tmp_path: Path) -> None:
+    """scontrol requeue of a running job: SIGTERM reaches the rank through srun and torchrun, it saves, and the
+    requeued run resumes from the snapshot; --requeue keeps both runs in one log (append mode)."""
+    script = ROOT / "tests" / "infra" / "data" / "preemptible.py"
+    snap = tmp_path / "it's a $nap.json"
+    res = in_cluster(slurm_cluster, "submit", "slurm", "-j", "1x1", "--requeue", "--venv", VENV, "--no-exclusive",
+                     "--name", "preemptible", "--", str(script), str(snap), "150", cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    job = _job_id(res)
+    log = tmp_path / "logs" / f"preemptible_{job}.out"
+    _wait_for(slurm_cluster, job, "step 5 reached", log)
+    _requeue_now(slurm_cluster, job)
+    follow = in_cluster(slurm_cluster, "logs", job, "-f", cwd=tmp_path, timeout=240)
+    assert follow.returncode == 0, follow.stderr
+    text = follow.stdout
+    saved = int(re.search(r"preempted at step (\d+): snapshot saved", text)[1])  # type: ignore[index]
+    assert saved >= 5
+    assert f"resumed from step {saved} (SLURM_RESTART_COUNT=1)" in text
+    assert "done at step 150" in text and text.index("preempted") < text.index("resumed")
+    status = json.loads(in_cluster(slurm_cluster, "status", job, "--json", cwd=tmp_path).stdout)
+    assert (status["state"], status["exit_code"], status["restarts"]) == ("COMPLETED", 0, 1)
+
+
+@pytest.mark.skipif(not HAS_TRAIN, reason="ddpkit train is not merged on this branch yet")
+def test_requeue_resumes_train_from_snapshot(slurm_cluster: Any, tmp_path: Path) -> None:
+    snap = tmp_path / "snapshots"
+    snap.mkdir()
+    res = in_cluster(slurm_cluster, "submit", "slurm", "-j", "1x2", "--requeue", "--signal", "USR1@60", "--venv",
+                     VENV, "--no-exclusive", "--", "train", "--epochs", "400", "--snapshot-path", str(snap),
+                     "--save-every", "1", cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    job = _job_id(res)
+    log = tmp_path / "logs" / f"ddpkit-train_{job}.out"
+    _wait_for(slurm_cluster, job, "Training snapshot saved", log)
+    _requeue_now(slurm_cluster, job)
+    text = _wait_for(slurm_cluster, job, "Resuming training from snapshot at Epoch", log)
+    assert "restart 1" in text
+    slurm_cluster.client("scancel", job)
+
+
+def test_bad_input_submits_nothing(slurm_cluster: Any, tmp_path: Path) -> None:
+    def job_count() -> int:
+        return len(slurm_cluster.client("squeue", "-h", "-t", "all", "-o", "%i").stdout.split())
+
+    before = job_count()
+    for bad in (["-j", "2x", "--", "check"], ["-j", "0x4", "--", "check"], ["-j", "1x2", "--", "rm", "-rf"],
+                ["-j", "1x2", "--slurm-output", "my logs/%j.out", "--", "check"],
+                ["-j", "1x2", "--venv", "/a", "--conda-env", "b", "--", "check"],
+                ["-j", "1:2x2", "--tasks-per-rank", "--", "check"]):
+        res = in_cluster(slurm_cluster, "submit", "slurm", *bad, cwd=tmp_path)
+        assert res.returncode == 2, (bad, res.stdout, res.stderr)
+        assert "Traceback" not in res.stderr and "Fix:" in res.stderr and res.stdout == ""
+    res = in_cluster(slurm_cluster, "submit", "lsf", "-j", "1x2", "--", "check", cwd=tmp_path)
+    assert res.returncode == 2 and "backend 'lsf' is unknown" in res.stderr
+    assert job_count() == before
+    assert not (tmp_path / "logs").exists()
