@@ -60,7 +60,11 @@ def _env(spec: JobSpec) -> list[Manifest]:
 
 
 def _command(spec: JobSpec) -> list[str]:
-    return ["torchrun", *torchrun_entry(spec)]
+    """torchrun reads its shape and rendezvous from the operator's PET_* variables; train snapshots on the PVC."""
+    entry = torchrun_entry(spec)
+    if spec.command_name == "train" and "--snapshot-path" not in entry:
+        entry += ["--snapshot-path", SNAPSHOT_DIR]
+    return ["torchrun", *entry]
 
 
 def pytorchjob(spec: JobSpec) -> Manifest:
@@ -140,5 +144,9 @@ def render(spec: JobSpec) -> str:
         import yaml
     except ImportError:
         raise ConfigError("PyYAML is not installed", "the k8s extra", "pip install 'ddpkit[k8s]'") from None
-    docs = [yaml.safe_dump(m, sort_keys=False, default_flow_style=False) for m in manifests(spec)]
+    class _Dumper(yaml.SafeDumper):
+        def ignore_aliases(self, data: Any) -> bool:  # no &id001 anchors: plain, readable manifests
+            return True
+
+    docs = [yaml.dump(m, Dumper=_Dumper, sort_keys=False, default_flow_style=False) for m in manifests(spec)]
     return header(spec) + "---\n" + "---\n".join(docs)

@@ -104,13 +104,13 @@ def render(kind: str, args: argparse.Namespace, argv: list[str]) -> str:
     if kind == "docker":
         return dockerfile
     image = shlex.quote(args.image)
-    sqsh = shlex.quote(re.sub(r"[^A-Za-z0-9_.-]", "_", args.image) + ".sqsh")
+    sqsh = re.sub(r"[^A-Za-z0-9_.-]", "_", args.image) + ".sqsh"  # safe characters only: no quoting needed
     return (f"#!/bin/bash\n{head}set -euo pipefail\n"
             "# 1. the image (ddpkit recipe docker -o Dockerfile writes the Dockerfile)\n"
             f"docker build -t {image} .\n"
             "# 2. a squashfs file Slurm's pyxis can start on every node\n"
             f"enroot import -o {sqsh} dockerd://{image}\n"
-            f"echo \"run with: ddpkit submit slurm --container-image \"$PWD\"/{sqsh} -j 2x4 -- check\"\n")
+            f"echo \"run with: ddpkit submit slurm --container-image $PWD/{sqsh} -j 2x4 -- check\"\n")
 
 
 def run(args: argparse.Namespace) -> int:

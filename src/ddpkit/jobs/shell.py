@@ -19,6 +19,7 @@ def preamble(spec: JobSpec, directives: Sequence[str] = ()) -> list[str]:
     lines = ["#!/bin/bash", *header(spec).splitlines(), *directives, "set -euo pipefail", ""]
     if spec.venv:
         lines += ["# The job's Python: a virtual environment (ddpkit recipe venv makes one)",
+                  "# shellcheck source=/dev/null",
                   f"source {shlex.quote(spec.venv.rstrip('/') + '/bin/activate')}"]
     elif spec.conda_env:
         lines += ["# The job's Python: a conda environment (ddpkit recipe conda makes one)",
@@ -35,8 +36,8 @@ def wrap(argv: Sequence[str], *, indent: str = "  ") -> str:
     """One command over several lines; each word quoted with shlex.quote unless it is Raw shell text."""
     words = [w if isinstance(w, Raw) else shlex.quote(w) for w in argv]
     out, line = [], words[0]
-    for word in words[1:]:
-        if word.startswith("-") and len(line) > 40:
+    for original, word in zip(argv[1:], words[1:], strict=True):
+        if original.startswith("-") and len(line) > 40:
             out.append(line)
             line = indent + word
         else:
