@@ -19,6 +19,7 @@ from ddpkit.errors import EXIT_USAGE, ConfigError, DdpkitError
 from ddpkit.log import configure, get_logger
 
 if TYPE_CHECKING:
+    from ddpkit.env import WorldInfo
     from ddpkit.launch import LaunchOptions
 
 __all__ = ["main"]
@@ -29,6 +30,7 @@ log = get_logger(__name__)
 # A module provides add_arguments(parser), run(args) -> int, and WORKER = True when it runs on every rank.
 COMMANDS: dict[str, tuple[str, str]] = {
     "env": ("ddpkit.env.cli", "show who this process is, in which world, and from which launcher"),
+    "check": ("ddpkit.check", "prove the cluster is ready for PyTorch distributed, and name what is broken"),
     "submit": ("ddpkit.jobs.cli", "render a job for torchrun, slurm, mpi or k8s, and submit it"),
     "status": ("ddpkit.jobs.status", "show a Slurm job's state and exit code"),
     "logs": ("ddpkit.jobs.logs", "print (or follow, -f) a Slurm job's output"),
@@ -106,14 +108,8 @@ def _run_worker(module: ModuleType, args: argparse.Namespace, argv: list[str]) -
     from ddpkit.env import detect
 
     world = detect()
-    if world.is_agent:  # a Kubeflow pod asked for several processes: be its agent
-        from ddpkit.launch import JobShape, LaunchOptions
-
-        shape = JobShape(min_nodes=world.num_nodes, max_nodes=world.num_nodes,
-                         nproc_per_node=world.local_world_size)
-        endpoint = f"{world.master_addr}:{world.master_port or 29400}"
-        return _launch(argv, LaunchOptions(shape=shape, rdzv_endpoint=endpoint, run_id=world.run_id or "ddpkit",
-                                           rdzv_conf=(("is_host", str(world.node_rank == 0).lower()),)))
+    if world.is_agent:  # a Kubeflow pod asked for several processes: be its agent, as torchrun would be
+        return _launch(argv, _kubeflow_agent_options(world))
     if world.launcher == "none":
         options = _launch_options(args)
         if options.shape.max_nodes * options.shape.nproc_per_node > 1:
@@ -121,6 +117,19 @@ def _run_worker(module: ModuleType, args: argparse.Namespace, argv: list[str]) -
     elif (args.nproc_per_node or args.job) and "DDPKIT_LAUNCHED" not in os.environ:
         log.warning("started by %s: -n/-j are ignored (the launcher decides the ranks)", world.launcher)
     return int(module.run(args))
+
+
+def _kubeflow_agent_options(world: WorldInfo) -> LaunchOptions:
+    """The PyTorchJob's PET_* settings (nnodes, rendezvous) as launch options for this pod's agent."""
+    from ddpkit.launch import LaunchOptions, parse_job_shape
+
+    nnodes = os.environ.get("PET_NNODES", str(world.num_nodes))
+    shape = parse_job_shape(f"{nnodes}x{world.local_world_size}")
+    endpoint = os.environ.get("PET_RDZV_ENDPOINT", f"{world.master_addr}:{world.master_port or 29400}")
+    backend = os.environ.get("PET_RDZV_BACKEND", "c10d")
+    conf = () if backend != "c10d" else (("is_host", str(world.node_rank == 0).lower()),)
+    return LaunchOptions(shape=shape, rdzv_endpoint=endpoint, rdzv_backend=backend, rdzv_conf=conf,
+                         run_id=world.run_id or "ddpkit", max_restarts=int(os.environ.get("PET_MAX_RESTARTS", "0")))
 
 
 def _launch(argv: list[str], options: LaunchOptions) -> int:

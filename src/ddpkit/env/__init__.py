@@ -143,10 +143,13 @@ def thread_count(local_world_size: int, environ: Mapping[str, str] | None = None
     environ = os.environ if environ is None else environ
     if "OMP_NUM_THREADS" in environ:
         return None, f"OMP_NUM_THREADS={environ['OMP_NUM_THREADS']} is set: respected"
+    total = os.cpu_count() or 1
     try:
         cores = len(os.sched_getaffinity(0))
     except AttributeError:  # not Linux
-        cores = os.cpu_count() or 1
+        cores = total
+    if cores < total:  # the launcher bound this rank to its own cores (mpirun --bind-to core): use them all
+        return cores, f"OMP_NUM_THREADS set to {cores} (the {cores} core(s) this rank is bound to)"
     threads = max(1, cores // max(1, local_world_size))
     return threads, (f"OMP_NUM_THREADS set to {threads} ({cores} cores available / "
                      f"{local_world_size} ranks on this node)")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from datetime import timedelta
 
@@ -22,39 +23,74 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--timeout", type=float, default=60.0, help="seconds --connect waits for the other ranks")
 
 
-def _connect(timeout: float, backend: str | None) -> dict[str, object]:
+def _connect(info: WorldInfo, timeout: float, backend: str | None) -> tuple[dict[str, object], list[dict]]:
+    """Start the world, verify one all_reduce, and gather every rank's record on rank 0."""
+    import socket
+
     import torch
     import torch.distributed as dist
 
     from ddpkit.runtime import init, shutdown
 
-    rt = init(backend=backend, timeout=timedelta(seconds=timeout))
+    rt = init(backend=backend, timeout=timedelta(seconds=timeout), world=info)
     try:
         t = torch.tensor([float(rt.rank + 1)], device=rt.device)
         dist.all_reduce(t)
         expected = rt.world_size * (rt.world_size + 1) / 2
-        return {"backend": rt.backend, "device": str(rt.device), "all_reduce": t.item(),
-                "all_reduce_expected": expected, "all_reduce_ok": t.item() == expected}
+        result: dict[str, object] = {"backend": rt.backend, "device": str(rt.device), "all_reduce": t.item(),
+                  "all_reduce_expected": expected, "all_reduce_ok": t.item() == expected}
+        mine = dict(info.as_dict(), host=socket.gethostname(), connect=result)
+        gathered: list[dict | None] = [None] * rt.world_size
+        dist.all_gather_object(gathered, mine)
+        return result, [g for g in gathered if g is not None]
     finally:
         shutdown()
 
 
 def run(args: argparse.Namespace) -> int:
     info = detect()
-    connected = _connect(args.timeout, args.backend) if args.connect else None
+    connected, world = _connect(info, args.timeout, args.backend) if args.connect else (None, [])
     if args.json:
         record = info.as_dict()
         if args.explain:
             record["explain"] = [{"launcher": n, "matched": m, "why": w} for n, m, w in explain()]
         if connected is not None:
             record["connect"] = connected
-        print(json.dumps(record, sort_keys=True), flush=True)
-    else:
-        _print_table(info, args.explain, connected)
+        # One write per line: ranks share stdout, and a write under PIPE_BUF bytes is never interleaved.
+        sys.stdout.flush()
+        os.write(sys.stdout.fileno(), (json.dumps(record, sort_keys=True) + "\n").encode())
+    elif connected is None:
+        _print_table(info, args.explain)
+    elif info.rank == 0:  # one table for the whole world, printed once
+        _print_world(world)
+        if args.explain:
+            _print_table(info, True)
     return 0 if connected is None or connected["all_reduce_ok"] else 1
 
 
-def _print_table(info: WorldInfo, with_explain: bool, connected: dict[str, object] | None) -> None:
+def _print_world(world: list[dict]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    first = world[0]
+    table = Table(title=f"ddpkit env: a world of {first['world_size']} rank(s) on {first['num_nodes']} node(s), "
+                        f"launcher {first['launcher']}, master {first['master_addr']}:{first['master_port']}")
+    for col in ("rank", "local", "node", "host", "per node", "device", "all_reduce (expected)"):
+        table.add_column(col)
+    for r in sorted(world, key=lambda r: r["rank"]):
+        c = r["connect"]
+        mark = "OK" if c["all_reduce_ok"] else "WRONG"
+        verdict = f"{c['all_reduce']:g} ({c['all_reduce_expected']:g}) {mark}"
+        table.add_row(str(r["rank"]), str(r["local_rank"]), str(r["node_rank"]), r["host"],
+                      str(r["local_world_size"]), c["device"], verdict)
+    console = Console(file=sys.stdout, soft_wrap=True)
+    console.print(table)
+    ok = all(r["connect"]["all_reduce_ok"] for r in world)
+    console.print(f"backend {first['connect']['backend']}: all_reduce of (rank+1) across the world "
+                  f"{'verified on every rank' if ok else 'WRONG on some rank'}")
+
+
+def _print_table(info: WorldInfo, with_explain: bool) -> None:
     from rich.console import Console
     from rich.table import Table
 
@@ -70,10 +106,6 @@ def _print_table(info: WorldInfo, with_explain: bool, connected: dict[str, objec
     console.print(table)
     for note in info.notes:
         console.print(f"note: {note}")
-    if connected is not None:
-        verdict = "OK" if connected["all_reduce_ok"] else "WRONG"
-        console.print(f"all_reduce over {connected['backend']} on {connected['device']}: {connected['all_reduce']}"
-                      f" (expected {connected['all_reduce_expected']}) {verdict}")
     if with_explain:
         t = Table(title="launchers tried, in order (the first match wins)")
         t.add_column("launcher")

@@ -19,7 +19,7 @@ OPENMPI_TABLE = {
     "local_rank": "OMPI_COMM_WORLD_LOCAL_RANK",
     "world_size": "OMPI_COMM_WORLD_SIZE",
     "local_world_size": "OMPI_COMM_WORLD_LOCAL_SIZE",
-    "node_rank": "OMPI_COMM_WORLD_NODE_RANK",
+    "node_rank": "rank // OMPI_COMM_WORLD_LOCAL_SIZE (OMPI_COMM_WORLD_NODE_RANK is a per-node rank, not a node index)",
     "master": "MASTER_ADDR | first host of SLURM_JOB_NODELIST | loopback on one host",
 }
 MPICH_TABLE = {
@@ -49,13 +49,13 @@ def read_openmpi(environ: Mapping[str, str]) -> WorldInfo:
     r = VarReader(environ, "openmpi")
     return _read(r, environ, rank_vars=("OMPI_COMM_WORLD_RANK",), size_vars=("OMPI_COMM_WORLD_SIZE",),
                  local_vars=("OMPI_COMM_WORLD_LOCAL_RANK",), local_size_vars=("OMPI_COMM_WORLD_LOCAL_SIZE",),
-                 node_vars=("OMPI_COMM_WORLD_NODE_RANK",), export_hint="mpirun -x MASTER_ADDR=<rank 0's host>")
+                 export_hint="mpirun -x MASTER_ADDR=<rank 0's host>")
 
 
 def read_mpich(environ: Mapping[str, str]) -> WorldInfo:
     r = VarReader(environ, "mpich")
     return _read(r, environ, rank_vars=("PMI_RANK",), size_vars=("PMI_SIZE",),
-                 local_vars=("MPI_LOCALRANKID",), local_size_vars=("MPI_LOCALNRANKS",), node_vars=(),
+                 local_vars=("MPI_LOCALRANKID",), local_size_vars=("MPI_LOCALNRANKS",),
                  export_hint="mpiexec -genv MASTER_ADDR <rank 0's host>")
 
 
@@ -67,7 +67,6 @@ def _read(
     size_vars: tuple[str, ...],
     local_vars: tuple[str, ...],
     local_size_vars: tuple[str, ...],
-    node_vars: tuple[str, ...],
     export_hint: str,
 ) -> WorldInfo:
     rank = r.required("rank", *rank_vars)
@@ -77,10 +76,10 @@ def _read(
     if local_rank is None or local_world is None:
         local_rank, local_world = 0, 1
         r.derived("local_rank", "no local-rank variable: one rank per node assumed")
-    node_rank = r.integer("node_rank", *node_vars) if node_vars else None
-    if node_rank is None:
-        node_rank = rank // local_world
-        r.derived("node_rank", "rank // local world size")
+    # Neither MPI names the node index (Open MPI's OMPI_COMM_WORLD_NODE_RANK is a rank within the node);
+    # with the default by-slot mapping, ranks fill nodes in blocks.
+    node_rank = rank // local_world
+    r.derived("node_rank", "rank // local world size (ranks fill nodes in blocks)")
     num_nodes = max(1, -(-world // local_world))
     r.derived("num_nodes", "world size / local world size")
     _check_slurm_agreement(environ, r.launcher, rank, world)

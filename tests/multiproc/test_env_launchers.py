@@ -1,0 +1,110 @@
+"""`ddpkit env --connect` and ddpkit.init() + a verified all_reduce under every real launcher available here."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import ddpkit_env, require_tools, run_ddpkit
+
+pytestmark = pytest.mark.multiproc
+
+
+def _records(stdout: str) -> list[dict[str, object]]:
+    rows = [json.loads(line) for line in stdout.splitlines() if line.startswith("{")]
+    return sorted(rows, key=lambda r: int(r["rank"]))  # type: ignore[call-overload]
+
+
+def _assert_world(rows: list[dict[str, object]], launcher: str, size: int) -> None:
+    assert [r["rank"] for r in rows] == list(range(size)), rows
+    for r in rows:
+        assert r["launcher"] == launcher and r["world_size"] == size
+        assert r["connect"]["all_reduce_ok"] is True, r  # type: ignore[index]
+        assert r["connect"]["all_reduce"] == size * (size + 1) / 2  # type: ignore[index]
+    assert len({(r["master_addr"], r["master_port"]) for r in rows}) == 1, "ranks disagree on the master"
+
+
+def test_local_launch_two_ranks() -> None:
+    proc = run_ddpkit("env", "-n", "2", "--connect", "--json", timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    rows = _records(proc.stdout)
+    _assert_world(rows, "torchrun", 2)
+    assert all(r["local_world_size"] == 2 and r["run_id"] for r in rows)
+    assert "OMP_NUM_THREADS set to" in proc.stderr
+
+
+def test_real_torchrun_two_ranks() -> None:
+    torchrun = shutil.which("torchrun", path=str(__import__("pathlib").Path(sys.executable).parent))
+    assert torchrun, "torchrun is installed with torch"
+    proc = subprocess.run([torchrun, "--standalone", "--nproc-per-node", "2", "-m", "ddpkit", "env", "--connect",
+                           "--json"], capture_output=True, text=True, timeout=120, env=ddpkit_env())
+    assert proc.returncode == 0, proc.stderr
+    _assert_world(_records(proc.stdout), "torchrun", 2)
+
+
+@pytest.mark.infra
+def test_open_mpi_mpirun_two_ranks() -> None:
+    require_tools("mpirun")
+    proc = subprocess.run(["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", "2", sys.executable, "-m",
+                           "ddpkit", "env", "--connect", "--json"], capture_output=True, text=True, timeout=120,
+                          env=ddpkit_env())
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    rows = _records(proc.stdout)
+    _assert_world(rows, "openmpi", 2)
+    assert rows[0]["master_addr"] == "127.0.0.1"  # every rank on this host: loopback, port from the job id
+
+
+@pytest.mark.infra
+def test_mpich_mpiexec_two_ranks() -> None:
+    require_tools("mpiexec.mpich")
+    proc = subprocess.run(["mpiexec.mpich", "-n", "2", sys.executable, "-m", "ddpkit", "env", "--connect",
+                           "--json"], capture_output=True, text=True, timeout=120, env=ddpkit_env())
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    _assert_world(_records(proc.stdout), "mpich", 2)
+
+
+def test_python_api_init_and_shutdown_single_process() -> None:
+    code = ("import ddpkit, torch, torch.distributed as dist\n"
+            "rt = ddpkit.init()\n"
+            "t = torch.ones(3); dist.all_reduce(t)\n"
+            "print(rt.world.launcher, rt.backend, rt.device, rt.world_size, t.tolist())\n"
+            "ddpkit.shutdown(); print('initialized after shutdown:', dist.is_initialized())\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          env=ddpkit_env())
+    assert proc.returncode == 0, proc.stderr
+    assert "none gloo cpu 1 [1.0, 1.0, 1.0]" in proc.stdout
+    assert "initialized after shutdown: False" in proc.stdout
+
+
+def test_conflicting_environment_exits_2_without_traceback() -> None:
+    env = ddpkit_env(SLURM_JOB_ID="12", SLURM_STEP_ID="0", SLURM_PROCID="0", SLURM_LOCALID="0", SLURM_NODEID="0",
+                     SLURM_NTASKS="2", SLURM_JOB_NODELIST="a[1-", WORLD_SIZE="2")
+    proc = run_ddpkit("env", env=env, timeout=60)
+    assert proc.returncode == 2
+    assert "SLURM_JOB_NODELIST='a[1-' is not a valid Slurm hostlist" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_bad_job_shape_exits_2() -> None:
+    proc = run_ddpkit("env", "-j", "0x4", timeout=60)
+    assert proc.returncode == 2 and "zero nodes or processes" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_kubeflow_pod_command_acts_as_agent_for_its_ranks() -> None:
+    """A PyTorchJob pod running `ddpkit env` with nprocPerNode=2 starts its two ranks itself."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = str(s.getsockname()[1])
+    env = ddpkit_env(PET_NNODES="1", PET_NPROC_PER_NODE="2", PET_NODE_RANK="0", PET_MASTER_ADDR="127.0.0.1",
+                     PET_MASTER_PORT=port, PET_RDZV_ID="pytorchjob-uid-1")
+    proc = run_ddpkit("env", "--connect", "--json", env=env, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    rows = _records(proc.stdout)
+    _assert_world(rows, "torchrun", 2)
+    assert {r["run_id"] for r in rows} == {"pytorchjob-uid-1"}

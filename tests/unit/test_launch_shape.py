@@ -1,0 +1,22 @@
+from __future__ import annotations
+
+import pytest
+
+from ddpkit.errors import ConfigError
+from ddpkit.launch import JobShape, parse_job_shape
+
+
+@pytest.mark.parametrize(("text", "shape"), [
+    ("4", JobShape(min_nodes=1, max_nodes=1, nproc_per_node=4)),
+    ("2x4", JobShape(min_nodes=2, max_nodes=2, nproc_per_node=4)),
+    ("1:2x2", JobShape(min_nodes=1, max_nodes=2, nproc_per_node=2)),
+])
+def test_shapes(text: str, shape: JobShape) -> None:
+    assert parse_job_shape(text) == shape
+
+
+@pytest.mark.parametrize("bad", ["2x", "0x4", "2x0", "x4", "3:2x1", "two", "2x4x1", ""])
+def test_bad_shapes_are_usage_errors(bad: str) -> None:
+    with pytest.raises(ConfigError) as exc:
+        parse_job_shape(bad)
+    assert exc.value.exit_code == 2
