@@ -1,6 +1,7 @@
 """pytest fixture: a real Slurm cluster of two network-namespace nodes (scripts/slurm_cluster.py), one per session.
 
-Import the fixture into a test module (``from slurm_fixture import slurm_cluster``). The cluster is started
+Import the fixture into a test module (``from tests.infra.slurm_fixture import slurm_cluster_fixture``; tests then ask
+for ``slurm_cluster``). The cluster is started
 once (about 3 s), torn down by PID at the end of the session (daemons, leftover job processes, namespaces),
 even when tests fail.
 """
@@ -17,9 +18,9 @@ from typing import Any
 
 import pytest
 
+from tests.conftest import ddpkit_env, require_root, require_tools
+
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "tests"))
-from conftest import ddpkit_env, require_root, require_tools  # noqa: E402
 
 
 def _load_cluster_module() -> Any:
@@ -31,8 +32,8 @@ def _load_cluster_module() -> Any:
     return module
 
 
-@pytest.fixture(scope="session")
-def slurm_cluster() -> Iterator[Any]:
+@pytest.fixture(scope="session", name="slurm_cluster")
+def slurm_cluster_fixture() -> Iterator[Any]:
     require_root("Slurm daemons, munged as user munge, network namespaces")
     module = _load_cluster_module()
     require_tools(*module.TOOLS, "shellcheck")

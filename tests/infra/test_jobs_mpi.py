@@ -10,10 +10,8 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from conftest import IS_ROOT, ddpkit_env, require_tools, run_ddpkit  # noqa: E402
-
-from ddpkit.cli import COMMANDS  # noqa: E402
+from ddpkit.cli import COMMANDS
+from tests.conftest import IS_ROOT, ddpkit_env, require_tools, run_ddpkit
 
 pytestmark = [pytest.mark.infra, pytest.mark.multiproc]
 

@@ -15,9 +15,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from slurm_fixture import in_cluster, slurm_cluster  # noqa: F401 (fixture)
 
 from ddpkit.cli import COMMANDS
+from tests.infra.slurm_fixture import in_cluster, slurm_cluster_fixture  # noqa: F401 (the fixture)
 
 pytestmark = [pytest.mark.infra, pytest.mark.multiproc]
 ROOT = Path(__file__).resolve().parents[2]
@@ -46,7 +46,9 @@ def test_wait_one_node_two_ranks_then_status_and_logs(slurm_cluster: Any, tmp_pa
     assert f"job {job} COMPLETED exit code 0" in res.stderr
     log = next((tmp_path / "logs").glob(f"*_{job}.out")).read_text()
     assert f"ddpkit: job {job} on node1, rendezvous node1:" in log
-    if not HAS_CHECK:
+    if HAS_CHECK:
+        assert "verdict: PASS: 2 rank(s) on 1 host(s)" in log
+    else:
         ranks = _json_lines(log)
         assert sorted(r["rank"] for r in ranks) == [0, 1]
         assert all(r["connect"]["all_reduce_ok"] and r["launcher"] == "torchrun" for r in ranks)
@@ -82,7 +84,10 @@ def test_two_nodes_rendezvous_on_the_first_node(slurm_cluster: Any, tmp_path: Pa
     assert res.returncode == 0, res.stdout + res.stderr
     log = in_cluster(slurm_cluster, "logs", _job_id(res), cwd=tmp_path).stdout
     assert re.search(r"on node\[1-2\], rendezvous node1:\d+", log), log
-    if not HAS_CHECK:
+    if HAS_CHECK:
+        assert "verdict: PASS: 4 rank(s) on 2 host(s)" in log, log
+        assert re.search(r"route-to-master +master node1:\d+", log), log
+    else:
         ranks = _json_lines(log)
         assert sorted(r["rank"] for r in ranks) == [0, 1, 2, 3]
         assert {r["world_size"] for r in ranks} == {4} and {r["master_addr"] for r in ranks} == {"node1"}

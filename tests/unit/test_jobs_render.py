@@ -18,7 +18,9 @@ import pytest
 import yaml
 
 from ddpkit import __version__
-from tests_path import GOLDEN, SHARED, require_tools, run_ddpkit
+from tests.conftest import SHARED, ddpkit_env, require_tools, run_ddpkit
+
+GOLDEN = Path(__file__).resolve().parents[1] / "golden" / "jobs"
 
 HOSTILE = "/opt/my envs/it's $HOME"
 CASES: dict[str, list[str]] = {
@@ -203,8 +205,6 @@ def test_bad_input_is_exit_2_with_a_message(argv: list[str], message: str, tmp_p
 
 
 def test_k8s_without_kubectl_says_so(tmp_path: Path) -> None:
-    from tests_path import ddpkit_env
-
     res = run_ddpkit("submit", "k8s", "-j", "1x2", "--image", "i", "--", "check", timeout=60,
                      env=ddpkit_env(PATH=str(tmp_path)))  # a PATH without kubectl
     assert res.returncode == 2 and "kubectl is not on PATH, so nothing was applied" in res.stderr
