@@ -114,21 +114,21 @@ def test_two_nodes_short_train(slurm_cluster: Any, tmp_path: Path) -> None:
     assert "[RANK 1] Epoch 1" in log and "[RANK 0] Epoch 1" in log
 
 
-def _wait_for(cluster: Any, job: str, text: str, log: Path, timeout: float = 180) -> str:
+def _wait_for(cluster: Any, job: str, text: str, log: Path, timeout: float = 180, after: str = "") -> str:
+    """Wait until ``text`` appears in the job's log (after the first ``after``, when given)."""
     deadline = time.monotonic() + timeout
+    content = ""
     while time.monotonic() < deadline:
         content = log.read_text() if log.exists() else ""
-        if text in content:
+        if after in content and text in content[content.index(after):]:
             return content
         time.sleep(0.5)
     state = cluster.client("scontrol", "show", "job", job).stdout
     raise AssertionError(f"{text!r} not in the log of job {job} within {timeout} s:\n{content}\n{state}")
 
 
-def _requeue_now(cluster: Any, job: str) -> None:
-    """scontrol requeue, then lift Slurm's begin-time delay for requeued jobs (about 2 minutes) so it runs now."""
-    res = cluster.client("scontrol", "requeue", job)
-    assert res.returncode == 0, res.stderr
+def _start_requeued_now(cluster: Any, job: str) -> None:
+    """Lift Slurm's begin-time delay for requeued jobs (about 2 minutes) so the requeued run starts now."""
     deadline = time.monotonic() + 60
     while "PENDING" not in cluster.client("squeue", "-h", "-j", job, "-o", "%T").stdout:
         assert time.monotonic() < deadline, "requeued job never went back to PENDING"
@@ -136,27 +136,39 @@ def _requeue_now(cluster: Any, job: str) -> None:
     assert cluster.client("scontrol", "update", f"JobId={job}", "StartTime=now").returncode == 0
 
 
-def test_requeue_resumes_from_snapshot(slurm_cluster: Any, tmp_path: Path) -> None:
-    """scontrol requeue of a running job: SIGTERM reaches the rank through srun and torchrun, it saves, and the
-    requeued run resumes from the snapshot; --requeue keeps both runs in one log (append mode)."""
+def test_preemption_resumes_from_snapshot(slurm_cluster: Any, tmp_path: Path) -> None:
+    """Two preemptions of one running job, then completion:
+    1. ``scontrol requeue``: SIGTERM reaches the rank through srun and the torchrun agent; it saves and exits;
+    2. ``--signal USR1@...`` delivery (``scancel --signal=USR1``, the same path): the agent ignores it (the
+       rendered trap), the rank saves and requeues the job itself;
+    each requeued run resumes from the snapshot; ``--requeue`` keeps all runs in one log (append mode)."""
     script = ROOT / "tests" / "infra" / "data" / "preemptible.py"
     snap = tmp_path / "it's a $nap.json"
-    res = in_cluster(slurm_cluster, "submit", "slurm", "-j", "1x1", "--requeue", "--venv", VENV, "--no-exclusive",
-                     "--name", "preemptible", "--", str(script), str(snap), "150", cwd=tmp_path)
+    res = in_cluster(slurm_cluster, "submit", "slurm", "-j", "1x1", "--requeue", "--signal", "USR1@60", "--venv",
+                     VENV, "--no-exclusive", "--name", "preemptible", "--", str(script), str(snap), "100",
+                     cwd=tmp_path)
     assert res.returncode == 0, res.stderr
     job = _job_id(res)
     log = tmp_path / "logs" / f"preemptible_{job}.out"
-    _wait_for(slurm_cluster, job, "step 5 reached", log)
-    _requeue_now(slurm_cluster, job)
+    _wait_for(slurm_cluster, job, "running: step", log)
+    assert slurm_cluster.client("scontrol", "requeue", job).returncode == 0
+    _start_requeued_now(slurm_cluster, job)
+    _wait_for(slurm_cluster, job, "running: step", log, after="(SLURM_RESTART_COUNT=1)")
+    assert slurm_cluster.client("scancel", "--signal=USR1", job).returncode == 0
+    _wait_for(slurm_cluster, job, "job requeued", log)
+    _start_requeued_now(slurm_cluster, job)
     follow = in_cluster(slurm_cluster, "logs", job, "-f", cwd=tmp_path, timeout=240)
     assert follow.returncode == 0, follow.stderr
     text = follow.stdout
-    saved = int(re.search(r"preempted at step (\d+): snapshot saved", text)[1])  # type: ignore[index]
-    assert saved >= 5
-    assert f"resumed from step {saved} (SLURM_RESTART_COUNT=1)" in text
-    assert "done at step 150" in text and text.index("preempted") < text.index("resumed")
+    first = int(re.search(r"preempted at step (\d+): snapshot saved", text)[1])  # type: ignore[index]
+    second = int(re.search(r"signalled at step (\d+): snapshot saved", text)[1])  # type: ignore[index]
+    assert 5 <= first < second < 100
+    assert f"resumed from step {first} (SLURM_RESTART_COUNT=1)" in text
+    assert f"resumed from step {second} (SLURM_RESTART_COUNT=2)" in text
+    assert "done at step 100" in text
+    assert text.index("preempted") < text.index("SLURM_RESTART_COUNT=1") < text.index("signalled")
     status = json.loads(in_cluster(slurm_cluster, "status", job, "--json", cwd=tmp_path).stdout)
-    assert (status["state"], status["exit_code"], status["restarts"]) == ("COMPLETED", 0, 1)
+    assert (status["state"], status["exit_code"], status["restarts"]) == ("COMPLETED", 0, 2)
 
 
 @pytest.mark.skipif(not HAS_TRAIN, reason="ddpkit train is not merged on this branch yet")
@@ -170,7 +182,8 @@ def test_requeue_resumes_train_from_snapshot(slurm_cluster: Any, tmp_path: Path)
     job = _job_id(res)
     log = tmp_path / "logs" / f"ddpkit-train_{job}.out"
     _wait_for(slurm_cluster, job, "Training snapshot saved", log)
-    _requeue_now(slurm_cluster, job)
+    assert slurm_cluster.client("scontrol", "requeue", job).returncode == 0
+    _start_requeued_now(slurm_cluster, job)
     text = _wait_for(slurm_cluster, job, "Resuming training from snapshot at Epoch", log)
     assert "restart 1" in text
     slurm_cluster.client("scancel", job)

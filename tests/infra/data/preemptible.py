@@ -1,12 +1,15 @@
-"""A tiny preemptible job for the requeue test: counts steps into a snapshot file, saves it on SIGTERM.
+"""A tiny preemptible job for the requeue tests: counts steps into a snapshot file and resumes from it.
 
-Prints ``resumed from step N`` when a snapshot exists, ``preempted at step N`` on SIGTERM (exit 75), and
-``done at step N`` at the end. Run under torchrun by the generated sbatch script, one rank.
+- SIGTERM (what ``scontrol requeue`` sends): save the snapshot, print ``preempted at step N``, exit 75.
+- SIGUSR1 (what ``sbatch --signal USR1@S`` sends before the time limit): save, requeue itself with
+  ``scontrol requeue $SLURM_JOB_ID`` (as ``train --requeue`` does), print ``signalled at step N``, exit 75.
+- On start with a snapshot: ``resumed from step N (SLURM_RESTART_COUNT=R)``; at the end ``done at step N``.
 """
 
 import json
 import os
 import signal
+import subprocess
 import sys
 import time
 
@@ -19,20 +22,33 @@ if os.path.exists(path):
     print(f"resumed from step {step} (SLURM_RESTART_COUNT={os.environ.get('SLURM_RESTART_COUNT', '0')})", flush=True)
 
 
-def save_and_exit(signum, frame):
+def save() -> None:
     tmp = path + ".tmp"
     with open(tmp, "w") as f:
         json.dump({"step": step}, f)
     os.replace(tmp, path)
+
+
+def on_term(signum, frame):
+    save()
     print(f"preempted at step {step}: snapshot saved", flush=True)
     sys.exit(75)
 
 
-signal.signal(signal.SIGTERM, save_and_exit)
+def on_usr1(signum, frame):
+    save()
+    subprocess.run(["scontrol", "requeue", os.environ["SLURM_JOB_ID"]], check=True, timeout=30)
+    print(f"signalled at step {step}: snapshot saved, job requeued", flush=True)
+    sys.exit(75)
+
+
+signal.signal(signal.SIGTERM, on_term)
+signal.signal(signal.SIGUSR1, on_usr1)
 print(f"started at step {step}", flush=True)
+start = step
 while step < steps:
     time.sleep(0.1)
     step += 1
-    if step == 5:
-        print("step 5 reached", flush=True)
+    if step == start + 5:
+        print(f"running: step {step}", flush=True)
 print(f"done at step {step}", flush=True)
