@@ -118,6 +118,10 @@ class SlurmCluster:
     def _write_files(self) -> None:
         self.root.mkdir(parents=True, exist_ok=True)
         self.root.chmod(0o755)  # munged runs as user munge and must reach its socket directory
+        closed = [p for p in self.root.parents if not p.stat().st_mode & 0o001]
+        if closed:
+            raise RuntimeError(f"{closed[0]} is not searchable by others, so munged (user munge) cannot reach "
+                               f"{self.root}: choose a run directory under /tmp, or chmod o+x {closed[0]}")
         for sub in ("state", "spool", "tmp", "log", "munge"):
             (self.root / sub).mkdir(parents=True, exist_ok=True)
         for node in self.nodes:
