@@ -90,11 +90,12 @@ def main() -> int:
     }
     OUT.mkdir(parents=True, exist_ok=True)
     (OUT / "bench_jobs.json").write_text(json.dumps(result, indent=1) + "\n")
+    ours_r = result["ddpkit_submit_wait_s"]
     md = ["# bench_jobs: waiting for a Slurm job", "",
           f"Machine: {result['machine']}. Cluster: scripts/slurm_cluster.py, 2 namespace nodes.", "",
           "| what | seconds |", "|---|---|",
           f"| cluster start to every node idle | {result['cluster_start_to_idle_s']} |",
-          f"| `ddpkit submit --wait`, {SLEEP:.0f} s job, runs | {', '.join(map(str, result['ddpkit_submit_wait_s']))} |",
+          f"| `ddpkit submit --wait`, {SLEEP:.0f} s job, runs | {', '.join(map(str, ours_r))} |",
           f"| `sbatch --wait`, same script, runs | {', '.join(map(str, result['sbatch_wait_s']))} |",
           f"| overhead beyond the job, median: ddpkit | {result['ddpkit_overhead_median_s']} |",
           f"| overhead beyond the job, median: sbatch --wait | {result['sbatch_wait_overhead_median_s']} |",
