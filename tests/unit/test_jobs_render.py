@@ -7,17 +7,22 @@ Regenerate the golden files after an intended change: ``DDPKIT_UPDATE_GOLDEN=1 p
 
 from __future__ import annotations
 
+import contextlib
+import io
 import os
 import re
 import subprocess
+import sys
 from importlib import metadata
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import pytest
 import yaml
 
 from ddpkit import __version__
+from ddpkit.cli import main
 from tests.conftest import SHARED, ddpkit_env, require_tools, run_ddpkit
 
 GOLDEN = Path(__file__).resolve().parents[1] / "golden" / "jobs"
@@ -36,6 +41,8 @@ CASES: dict[str, list[str]] = {
                               "--venv", "/opt/v $1", "--", "check"],
     "torchrun_standalone.sh": ["torchrun", "-j", "1x2", "--run-id", "r2", "--", "train", "--snapshot-path",
                                "a b'c"],
+    "torchrun_static.sh": ["torchrun", "-j", "2x2", "--static", "--rdzv-endpoint", "10.0.0.1:29500", "--python",
+                           "/opt/py 3/bin/python", "--", "check"],
     "mpi_openmpi.sh": ["mpi", "-j", "2x2", "--hosts", "n1,n2", "--allow-run-as-root", "--env", "X=a b'c", "--",
                        "check"],
     "mpi_mpich.sh": ["mpi", "-j", "1x2", "--mpi", "mpich", "--venv", "/v w", "--", "check"],
@@ -54,9 +61,19 @@ def _normalise(text: str) -> str:
 
 
 def _render(argv: list[str]) -> str:
+    """In-process (fast); the header reads sys.argv as the real CLI's would be. One case also runs as a process."""
+    full = ["submit", *argv[:1], "--dry-run", *argv[1:]]
+    out = io.StringIO()
+    with mock.patch.object(sys, "argv", ["ddpkit", *full]), contextlib.redirect_stdout(out):
+        code = main(full)
+    assert code == 0, argv
+    return out.getvalue()
+
+
+def test_the_real_cli_prints_the_same(rendered: dict[str, str]) -> None:
+    argv = CASES["slurm_check.sbatch"]
     res = run_ddpkit("submit", *argv[:1], "--dry-run", *argv[1:], timeout=60)
-    assert res.returncode == 0, res.stderr
-    return res.stdout
+    assert res.returncode == 0 and res.stdout == rendered["slurm_check.sbatch"], res.stderr
 
 
 @pytest.fixture(scope="module")
@@ -192,16 +209,28 @@ BAD = [
     (["slurm", "-j", "1x2", "--signal", "KILL@10", "--", "train"], "--signal 'KILL@10'"),
     (["slurm", "-j", "1x2", "--", "rm", "-rf", "/"], "neither a ddpkit command nor a Python script"),
     (["torchrun", "-j", "1x2", "--wait", "--", "check"], "--wait with the torchrun backend"),
+    (["torchrun", "-j", "1:2x2", "--static", "--rdzv-endpoint", "a:1", "--", "check"], "--static with an elastic"),
+    (["slurm", "-j", "1x2", "--static", "--", "check"], "--static with the slurm backend"),
 ]
 
 
 @pytest.mark.parametrize(("argv", "message"), BAD, ids=[" ".join(a) for a, _ in BAD])
-def test_bad_input_is_exit_2_with_a_message(argv: list[str], message: str, tmp_path: Path) -> None:
+def test_bad_input_is_exit_2_with_a_message(argv: list[str], message: str, tmp_path: Path,
+                                            capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "job.out"
-    res = run_ddpkit("submit", *argv[:1], "-o", str(out), *argv[1:], timeout=60, cwd=tmp_path)
-    assert res.returncode == 2, res.stdout + res.stderr
-    assert message in res.stderr and "Fix:" in res.stderr and "Traceback" not in res.stderr
-    assert not out.exists() and res.stdout == ""
+    full = ["submit", *argv[:1], "-o", str(out), *argv[1:]]
+    with mock.patch.object(sys, "argv", ["ddpkit", *full]):
+        code = main(full)
+    captured = capsys.readouterr()
+    assert code == 2, captured
+    assert message in captured.err and "Fix:" in captured.err
+    assert not out.exists() and captured.out == ""
+
+
+def test_bad_input_through_the_real_cli_has_no_traceback(tmp_path: Path) -> None:
+    res = run_ddpkit("submit", "slurm", "-j", "2x", "--", "check", timeout=60, cwd=tmp_path)
+    assert res.returncode == 2 and "job shape '2x'" in res.stderr and "Traceback" not in res.stderr
+    assert res.stdout == "" and not (tmp_path / "logs").exists()
 
 
 def test_k8s_without_kubectl_says_so(tmp_path: Path) -> None:

@@ -38,6 +38,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--run-id", default="", help="rendezvous id (default: random for torchrun and k8s, the job id "
                    "under Slurm)")
     p.add_argument("--rdzv-endpoint", metavar="HOST:PORT", help="torchrun: the first node's rendezvous endpoint")
+    p.add_argument("--static", action="store_true", help="torchrun: static rendezvous (NODE_RANK on each node)")
     p.add_argument("--port", type=int, help="rendezvous / master port (default: derived from the Slurm job id; "
                    "29400 torchrun; 29500 MPI)")
     p.add_argument("--max-restarts", type=int, default=0, help="torchrun worker-group restarts")
@@ -88,7 +89,7 @@ def build_spec(args: argparse.Namespace, argv: list[str]) -> JobSpec:
     run_id = args.run_id or (f"ddpkit-{uuid.uuid4().hex[:8]}" if args.backend != "slurm" else "")
     return JobSpec(
         backend=args.backend, shape=parse_job_shape(args.job), command=tuple(command), argv=tuple(argv),
-        name=args.name, run_id=run_id, rdzv_endpoint=args.rdzv_endpoint, port=args.port,
+        name=args.name, run_id=run_id, rdzv_endpoint=args.rdzv_endpoint, static=args.static, port=args.port,
         max_restarts=args.max_restarts, python=args.python, venv=args.venv, conda_env=args.conda_env,
         env=tuple(env), partition=args.partition, time=args.time, exclusive=not args.no_exclusive,
         output=args.slurm_output, tasks_per_rank=args.tasks_per_rank, container_image=args.container_image,

@@ -45,6 +45,8 @@ class JobSpec:
     """Rendezvous id shared by every node (torchrun, k8s); Slurm uses the job id."""
     rdzv_endpoint: str | None = None
     """HOST:PORT of the rendezvous for the torchrun backend (required for several nodes)."""
+    static: bool = False
+    """torchrun: static rendezvous (master address and port, NODE_RANK set on each node) instead of c10d."""
     port: int | None = None
     """Rendezvous / master port; default: derived from the Slurm job id, 29400 (torchrun), 29500 (MPI)."""
     max_restarts: int = 0
@@ -199,6 +201,10 @@ def _check_combinations(spec: JobSpec) -> None:
     if spec.tasks_per_rank and spec.shape.min_nodes != spec.shape.max_nodes:
         raise clash(f"--tasks-per-rank with an elastic shape {spec.shape}", "drop --tasks-per-rank: elastic "
                     "jobs need a torchrun agent per node")
+    if spec.static and spec.backend != "torchrun":
+        raise clash(f"--static with the {spec.backend} backend", "drop --static: it is a torchrun rendezvous")
+    if spec.static and spec.shape.min_nodes != spec.shape.max_nodes:
+        raise clash(f"--static with an elastic shape {spec.shape}", "use c10d (drop --static) for elastic jobs")
     if spec.tasks_per_rank and spec.max_restarts:
         raise clash("--tasks-per-rank with --max-restarts", "drop one: restarts are torchrun's (one agent per node)")
     if spec.backend == "mpi" and spec.shape.min_nodes != spec.shape.max_nodes:
