@@ -224,11 +224,11 @@ def _check_combinations(spec: JobSpec) -> None:
 
 def _check_directive_values(spec: JobSpec) -> None:
     """Values written into ``#SBATCH`` lines, which sbatch reads without a shell: no quoting is possible there."""
-    for option, value in (("--output", spec.output), ("--partition", spec.partition), ("--time", spec.time)):
+    for option, value in (("--slurm-output", spec.output), ("--partition", spec.partition), ("--time", spec.time)):
         if value is not None and (_DIRECTIVE_UNSAFE.search(value) or not value):
             raise ConfigError(f"{option} {value!r} contains a space, quote, '$', ';', '#' or backslash",
-                              f"a plain value: sbatch reads {option} from an #SBATCH line, where it cannot be quoted",
-                              f"choose a {option.lstrip('-')} without those characters")
+                              "a plain value: sbatch reads it from an #SBATCH line, where it cannot be quoted",
+                              "choose a value without those characters (paths in the job command may have them)")
 
 
 def _check_values(spec: JobSpec) -> None:
