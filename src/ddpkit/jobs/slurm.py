@@ -26,8 +26,6 @@ output is opened in append mode, so the requeued run's log follows the first run
 
 from __future__ import annotations
 
-import shlex
-
 from ddpkit.jobs.shell import Raw, preamble, wrap
 from ddpkit.jobs.spec import JobSpec, python_argv
 from ddpkit.jobs.torchrun import RESTART_FIX, torchrun_argv
@@ -93,8 +91,3 @@ def render(spec: JobSpec) -> str:
     lines.append("")
     return "\n".join(lines)
 
-
-def describe(spec: JobSpec) -> str:
-    """One line for logs: what the script will start."""
-    mode = "one task per rank" if spec.tasks_per_rank else "one torchrun agent per node"
-    return f"{spec.job_name}: {spec.shape} ({mode}), {shlex.join(spec.job_command())}"
