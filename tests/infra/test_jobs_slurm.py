@@ -77,7 +77,8 @@ def test_wait_returns_the_jobs_exit_code(slurm_cluster: Any, tmp_path: Path) -> 
 
 
 def test_two_nodes_rendezvous_on_the_first_node(slurm_cluster: Any, tmp_path: Path) -> None:
-    """2 nodes x 2 ranks, one torchrun agent per node; then one task per rank (ddpkit's own Slurm detection)."""
+    """2 nodes x 2 ranks, one torchrun agent per node, running check; then one task per rank (ddpkit's own Slurm
+    detection) running a short train (or, before train exists, env --connect)."""
     cmd = ["check"] if HAS_CHECK else CONNECT
     res = in_cluster(slurm_cluster, "submit", "slurm", "--wait", "-j", "2x2", "--venv", VENV, "--", *cmd,
                      cwd=tmp_path)
@@ -94,6 +95,18 @@ def test_two_nodes_rendezvous_on_the_first_node(slurm_cluster: Any, tmp_path: Pa
         assert sorted(r["node_rank"] for r in ranks) == [0, 0, 1, 1]
         assert all(r["connect"]["all_reduce_ok"] for r in ranks)
 
+    if HAS_TRAIN:  # a short train across both nodes, one srun task per rank (ddpkit reads Slurm's variables)
+        snap = tmp_path / "snap shots"
+        snap.mkdir()
+        res = in_cluster(slurm_cluster, "submit", "slurm", "--wait", "-j", "2x1", "--tasks-per-rank", "--venv",
+                         VENV, "--", "train", "--epochs", "3", "--snapshot-path", f"{snap}/", cwd=tmp_path)
+        assert res.returncode == 0, res.stdout + res.stderr
+        log = in_cluster(slurm_cluster, "logs", _job_id(res), cwd=tmp_path).stdout
+        assert "on node[1-2], one task per rank" in log
+        assert "[RANK 0] Epoch 2" in log and "[RANK 1] Epoch 2" in log, log
+        final, first = map(float, re.search(r"loss ([\d.]+) \(epoch 0: ([\d.]+)\)", log).groups())  # type: ignore[union-attr]
+        assert final < first
+        return
     res = in_cluster(slurm_cluster, "submit", "slurm", "--wait", "-j", "2x1", "--tasks-per-rank", "--venv", VENV,
                      "--", *CONNECT, cwd=tmp_path)
     assert res.returncode == 0, res.stdout + res.stderr
@@ -101,17 +114,6 @@ def test_two_nodes_rendezvous_on_the_first_node(slurm_cluster: Any, tmp_path: Pa
     assert sorted((r["rank"], r["node_rank"]) for r in ranks) == [(0, 0), (1, 1)]
     assert {r["launcher"] for r in ranks} == {"slurm"} and {r["master_addr"] for r in ranks} == {"node1"}
     assert all(r["connect"]["all_reduce_ok"] for r in ranks)
-
-
-@pytest.mark.skipif(not HAS_TRAIN, reason="ddpkit train is not merged on this branch yet")
-def test_two_nodes_short_train(slurm_cluster: Any, tmp_path: Path) -> None:
-    snap = tmp_path / "snap shots" / "train.pt"
-    snap.parent.mkdir()
-    res = in_cluster(slurm_cluster, "submit", "slurm", "--wait", "-j", "2x1", "--venv", VENV, "--", "train",
-                     "--epochs", "2", "--snapshot-path", str(snap), cwd=tmp_path)
-    assert res.returncode == 0, res.stdout + res.stderr
-    log = in_cluster(slurm_cluster, "logs", _job_id(res), cwd=tmp_path).stdout
-    assert "[RANK 1] Epoch 1" in log and "[RANK 0] Epoch 1" in log
 
 
 def _wait_for(cluster: Any, job: str, text: str, log: Path, timeout: float = 180, after: str = "") -> str:
@@ -136,6 +138,7 @@ def _start_requeued_now(cluster: Any, job: str) -> None:
     assert cluster.client("scontrol", "update", f"JobId={job}", "StartTime=now").returncode == 0
 
 
+@pytest.mark.skipif(HAS_TRAIN, reason="covered with the real trainer: test_preemption_resumes_train_from_its_snapshot")
 def test_preemption_resumes_from_snapshot(slurm_cluster: Any, tmp_path: Path) -> None:
     """Two preemptions of one running job, then completion:
     1. ``scontrol requeue``: SIGTERM reaches the rank through srun and the torchrun agent; it saves and exits;
@@ -171,22 +174,40 @@ def test_preemption_resumes_from_snapshot(slurm_cluster: Any, tmp_path: Path) ->
     assert (status["state"], status["exit_code"], status["restarts"]) == ("COMPLETED", 0, 2)
 
 
+def _assert_each_resume_loads_the_last_snapshot(text: str, resumes: int) -> None:
+    loads = list(re.finditer(r"^Loading snapshot (.+)$", text, re.M))
+    assert len(loads) == resumes, text
+    for load in loads:
+        saved = re.findall(r"Training snapshot saved at (.+)$", text[:load.start()], re.M)
+        assert saved and saved[-1] == load[1], (saved[-1:], load[1])
+    assert len(re.findall(r"^Resuming training from snapshot at Epoch \d+", text, re.M)) == resumes
+
+
 @pytest.mark.skipif(not HAS_TRAIN, reason="ddpkit train is not merged on this branch yet")
-def test_requeue_resumes_train_from_snapshot(slurm_cluster: Any, tmp_path: Path) -> None:
-    snap = tmp_path / "snapshots"
+def test_preemption_resumes_train_from_its_snapshot(slurm_cluster: Any, tmp_path: Path) -> None:
+    """A running train job (1 node x 2 ranks under torchrun): ``scontrol requeue`` (SIGTERM), then the ``--signal
+    USR1`` path (train --preempt-signal USR1 --requeue requeues the job itself); each requeued run loads the
+    snapshot the previous run wrote last, and the job completes."""
+    snap = tmp_path / "snap shots"
     snap.mkdir()
     res = in_cluster(slurm_cluster, "submit", "slurm", "-j", "1x2", "--requeue", "--signal", "USR1@60", "--venv",
-                     VENV, "--no-exclusive", "--", "train", "--epochs", "400", "--snapshot-path", str(snap),
-                     "--save-every", "1", cwd=tmp_path)
+                     VENV, "--no-exclusive", "--", "train", "--epochs", "12", "--snapshot-path", f"{snap}/",
+                     cwd=tmp_path)
     assert res.returncode == 0, res.stderr
     job = _job_id(res)
     log = tmp_path / "logs" / f"ddpkit-train_{job}.out"
     _wait_for(slurm_cluster, job, "Training snapshot saved", log)
     assert slurm_cluster.client("scontrol", "requeue", job).returncode == 0
     _start_requeued_now(slurm_cluster, job)
-    text = _wait_for(slurm_cluster, job, "Resuming training from snapshot at Epoch", log)
-    assert "restart 1" in text
-    slurm_cluster.client("scancel", job)
+    _wait_for(slurm_cluster, job, "Training snapshot saved", log, after="restart 1")
+    assert slurm_cluster.client("scancel", "--signal=USR1", job).returncode == 0
+    _start_requeued_now(slurm_cluster, job)
+    follow = in_cluster(slurm_cluster, "logs", job, "-f", cwd=tmp_path, timeout=300)
+    text = follow.stdout
+    assert "restart 2" in text and "SIGUSR1" in text, text
+    _assert_each_resume_loads_the_last_snapshot(text, resumes=2)
+    status = json.loads(in_cluster(slurm_cluster, "status", job, "--json", cwd=tmp_path).stdout)
+    assert (status["state"], status["exit_code"], status["restarts"]) == ("COMPLETED", 0, 2), text
 
 
 def test_bad_input_submits_nothing(slurm_cluster: Any, tmp_path: Path) -> None:

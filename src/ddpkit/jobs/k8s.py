@@ -63,7 +63,7 @@ def _command(spec: JobSpec) -> list[str]:
     """torchrun reads its shape and rendezvous from the operator's PET_* variables; train snapshots on the PVC."""
     entry = torchrun_entry(spec)
     if spec.command_name == "train" and "--snapshot-path" not in entry:
-        entry += ["--snapshot-path", SNAPSHOT_DIR]
+        entry += ["--snapshot-path", SNAPSHOT_DIR + "/"]  # a trailing slash: train keeps its snapshots in the dir
     return ["torchrun", *entry]
 
 
