@@ -158,7 +158,7 @@ def test_preemption_resumes_from_snapshot(slurm_cluster: Any, tmp_path: Path) ->
     _start_requeued_now(slurm_cluster, job)
     _wait_for(slurm_cluster, job, "running: step", log, after="(SLURM_RESTART_COUNT=1)")
     assert slurm_cluster.client("scancel", "--signal=USR1", job).returncode == 0
-    _wait_for(slurm_cluster, job, "job requeued", log)
+    _wait_for(slurm_cluster, job, "requeueing the job", log)
     _start_requeued_now(slurm_cluster, job)
     follow = in_cluster(slurm_cluster, "logs", job, "-f", cwd=tmp_path, timeout=240)
     assert follow.returncode == 0, follow.stderr

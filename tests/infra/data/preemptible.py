@@ -36,9 +36,10 @@ def on_term(signum, frame):
 
 
 def on_usr1(signum, frame):
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the requeue below sends SIGTERM: we are already stopping
     save()
+    print(f"signalled at step {step}: snapshot saved, requeueing the job", flush=True)
     subprocess.run(["scontrol", "requeue", os.environ["SLURM_JOB_ID"]], check=True, timeout=30)
-    print(f"signalled at step {step}: snapshot saved, job requeued", flush=True)
     sys.exit(75)
 
 
