@@ -34,6 +34,7 @@ infra-deps:
 run: $(STAMP)
 	$(VENV)/bin/ddpkit env
 	$(VENV)/bin/ddpkit check -n 2
+	mkdir -p .ddpkit-run
 	$(VENV)/bin/ddpkit train -n 2 --epochs 5 --snapshot-path .ddpkit-run/snapshot.pt
 
 lint: $(STAMP)

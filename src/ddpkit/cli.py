@@ -11,6 +11,7 @@ import importlib
 import os
 import sys
 from collections.abc import Sequence
+from dataclasses import replace
 from types import ModuleType
 from typing import TYPE_CHECKING
 
@@ -35,6 +36,9 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "status": ("ddpkit.jobs.status", "show a Slurm job's state and exit code"),
     "logs": ("ddpkit.jobs.logs", "print (or follow, -f) a Slurm job's output"),
     "recipe": ("ddpkit.jobs.recipe", "an environment for the cluster: venv, conda, docker or enroot"),
+    "bench": ("ddpkit.bench.cli", "benchmark every collective (nccl-tests conventions), verified, gated; --pairs"),
+    "report": ("ddpkit.report", "render check and bench JSON files into one Markdown report with plots"),
+    "train": ("ddpkit.train.cli", "the reference DDP job: trains, snapshots safely, resumes exactly, survives faults"),
 }
 
 
@@ -113,7 +117,7 @@ def _run_worker(module: ModuleType, args: argparse.Namespace, argv: list[str]) -
     if world.launcher == "none":
         options = _launch_options(args)
         if options.shape.max_nodes * options.shape.nproc_per_node > 1:
-            return _launch(argv, options)
+            return _launch(argv, replace(options, preload=tuple(getattr(module, "PRELOAD", ()))))
     elif (args.nproc_per_node or args.job) and "DDPKIT_LAUNCHED" not in os.environ:
         log.warning("started by %s: -n/-j are ignored (the launcher decides the ranks)", world.launcher)
     return int(module.run(args))

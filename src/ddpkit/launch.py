@@ -7,15 +7,19 @@
 
 from __future__ import annotations
 
+import importlib
+import logging
 import os
 import re
+import shutil
 import signal
 import sys
+import tempfile
 import uuid
 from dataclasses import dataclass
 
 from ddpkit.env import thread_count
-from ddpkit.errors import ConfigError, DeadlineExpired
+from ddpkit.errors import EXIT_PREEMPTED, ConfigError, DeadlineExpired
 from ddpkit.log import get_logger
 
 __all__ = ["JobShape", "LaunchOptions", "launch", "parse_job_shape"]
@@ -77,10 +81,15 @@ class LaunchOptions:
     """This node's address as the other nodes reach it."""
     rdzv_timeout: int = 120
     """Seconds to wait for all nodes to join."""
+    preload: tuple[str, ...] = ()
+    """Modules the agent imports once and its workers inherit by fork (``ddpkit check`` preloads torch._dynamo,
+    which DistributedDataParallel imports at 1.5-2.5 s per worker). Empty, or DDPKIT_START_METHOD=spawn: every
+    worker is a fresh ``python -m ddpkit`` process."""
 
 
 def launch(argv: list[str], options: LaunchOptions) -> int:
     """Run ``python -m ddpkit ARGV`` on this node's ranks; return the exit code of the first failed rank, or 0."""
+    from torch.distributed.elastic.multiprocessing import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.elastic.rendezvous.api import RendezvousError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
@@ -94,10 +103,26 @@ def launch(argv: list[str], options: LaunchOptions) -> int:
     # connect (pytorch/pytorch#135712); a store per attempt makes restarts reliable.
     os.environ.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
     os.environ["DDPKIT_LAUNCHED"] = "1"  # tells the workers their -n/-j were already honoured
+    # The agent forwards these to the workers (and stops them) instead of dying and orphaning them; USR1/USR2
+    # are what Slurm's --signal sends before a preemption, so the workers can snapshot first.
+    os.environ.setdefault("TORCHELASTIC_SIGNALS_TO_HANDLE", "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1,SIGUSR2")
+    mark_dir = tempfile.mkdtemp(prefix="ddpkit-launch-")
+    mark = os.path.join(mark_dir, "preempted")
+    os.environ["DDPKIT_PREEMPTED_MARK"] = mark  # a worker that stopped cleanly after a preemption creates it
     standalone = options.rdzv_endpoint is None
     conf: dict[str, object] = dict(options.rdzv_conf)
     if standalone:
         conf.setdefault("is_host", True)
+    # Fork is safe here: the agent has not touched CUDA, and the preloaded modules start no threads.
+    forked = bool(options.preload) and os.environ.get("DDPKIT_START_METHOD", "fork") == "fork"
+    for name in options.preload if forked else ():
+        importlib.import_module(name)
+    if forked and _cuda_initialized():  # a forked child cannot use a CUDA context its parent created
+        log.warning("CUDA was initialised while preloading %s: starting fresh rank processes instead",
+                    ", ".join(options.preload))
+        forked = False
+    if forked:
+        logging.getLogger("torch.distributed.elastic.multiprocessing.api").addFilter(_drop_exit_tracebacks)
     config = LaunchConfig(
         min_nodes=shape.min_nodes,
         max_nodes=shape.max_nodes,
@@ -109,19 +134,63 @@ def launch(argv: list[str], options: LaunchOptions) -> int:
         rdzv_timeout=options.rdzv_timeout,
         max_restarts=options.max_restarts,
         monitor_interval=0.1,
-        start_method="spawn",
+        start_method="fork" if forked else "spawn",
         local_addr=options.local_addr,
     )
     try:
-        elastic_launch(config, entrypoint=sys.executable)("-m", "ddpkit", *argv)
+        if forked:
+            elastic_launch(config, entrypoint=_forked_worker)(argv)
+        else:
+            elastic_launch(config, entrypoint=sys.executable)("-m", "ddpkit", *argv)
     except ChildFailedError as exc:
         return _root_cause(exc)
+    except SignalException as exc:
+        preempted = os.path.exists(mark)
+        log.warning("received %s: the workers were stopped%s", exc.sigval.name,
+                    " after saving their state" if preempted else "")
+        return EXIT_PREEMPTED if preempted else 128 + int(exc.sigval)
     except RendezvousError as exc:
         raise DeadlineExpired(f"the rendezvous at {config.rdzv_endpoint} did not complete: {exc}",
                               f"{shape.min_nodes} to {shape.max_nodes} node agents to join within "
                               f"{options.rdzv_timeout} s", "start ddpkit on every node with the same "
                               "--rdzv-endpoint and -j, and check the endpoint is reachable") from None
+    finally:
+        shutil.rmtree(mark_dir, ignore_errors=True)
     return 0
+
+
+def _cuda_initialized() -> bool:
+    import torch
+
+    return bool(torch.cuda.is_initialized())
+
+
+def _drop_exit_tracebacks(record: logging.LogRecord) -> bool:
+    """Forked ranks that exit non-zero make torch log a traceback of its own join(); ``_root_cause`` says it in
+    one line, so the traceback (not the user's problem, and not ddpkit's) is dropped."""
+    exc = record.exc_info[1] if record.exc_info else None
+    return type(exc).__name__ != "ProcessExitedException"
+
+
+def _forked_worker(argv: list[str]) -> None:
+    """A forked worker runs the CLI as ``python -m ddpkit ARGV`` would, and exits with its code."""
+    from ddpkit import cli
+    from ddpkit import log as ddpkit_log
+
+    # The agent configured logging before its rank existed; configure afresh so lines carry this rank.
+    for handler in list(logging.getLogger("ddpkit").handlers):
+        logging.getLogger("ddpkit").removeHandler(handler)
+    ddpkit_log._configured = False
+    threads = os.environ.get("OMP_NUM_THREADS", "")
+    if threads.isdigit():  # the agent's torch sized its thread pool before the variable was set
+        import torch
+
+        torch.set_num_threads(int(threads))
+    code = cli.main(argv)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    if code:
+        sys.exit(code)
 
 
 def _root_cause(exc: object) -> int:
@@ -129,7 +198,9 @@ def _root_cause(exc: object) -> int:
     failures = getattr(exc, "failures", {})
     if not failures:
         return 1
-    rank, first = min(failures.items(), key=lambda kv: (kv[1].timestamp, kv[0]))
+    # Timestamps have one-second resolution; within a second, a rank that exited on its own comes before one
+    # the agent then stopped with a signal (SIGTERM is what the survivors of a failure receive).
+    rank, first = min(failures.items(), key=lambda kv: (kv[1].timestamp, kv[1].exitcode < 0, kv[0]))
     code = int(first.exitcode)
     if code < 0:
         name = signal.Signals(-code).name if -code in signal.Signals._value2member_map_ else str(-code)

@@ -56,10 +56,17 @@ def _assert_no_orphans(pids: list[int], token: str) -> None:
     assert not _processes_mentioning(token), "processes of the run left behind"
 
 
-@pytest.mark.parametrize("nproc", [2, 3])
-def test_local_ranks_pass(nproc: int, tmp_path: Path) -> None:
+@pytest.mark.parametrize("nproc,via", [(3, "ddpkit -n"), (2, "torchrun")])
+def test_local_ranks_pass(nproc: int, via: str, tmp_path: Path) -> None:
+    """3 ranks started by ddpkit (forked from its agent), 2 by plain torchrun (its agent hosts the store)."""
     out = tmp_path / "check.json"
-    proc = run_ddpkit("check", "-n", str(nproc), "--json", str(out), "--rank-lines", timeout=180)
+    args = ["check", "--json", str(out), "--rank-lines"]
+    if via == "torchrun":
+        proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
+                               str(nproc), "-m", "ddpkit", *args], capture_output=True, text=True, timeout=180,
+                              env=ddpkit_env())
+    else:
+        proc = run_ddpkit(*args, "-n", str(nproc), timeout=180)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     report = json.loads(out.read_text())
     checks = _checks(report)
@@ -68,6 +75,7 @@ def test_local_ranks_pass(nproc: int, tmp_path: Path) -> None:
     assert set(OPS) | {"roll-call", "versions", "comm-settings", "route-to-master", "ddp-sync"} <= set(checks)
     assert sorted(r["rank"] for r in report["ranks"]) == list(range(nproc))
     assert all(r["launcher"] == "torchrun" and r["iface"] == "lo" for r in report["ranks"])
+    assert all(r["threads"] == max(1, len(os.sched_getaffinity(0)) // nproc) for r in report["ranks"])
     assert f"identical on {nproc} ranks" in checks["ddp-sync"]["detail"]
     per_rank = checks["ddp-sync"]["data"]["per_rank"]
     assert len(per_rank) == nproc and all(r["max_diff_ranks"] == 0.0 and r["within_tolerance"] for r in per_rank)
@@ -115,9 +123,9 @@ def _free_port() -> int:
 def test_world_of_three_with_two_started_names_rank_2(tmp_path: Path) -> None:
     out = tmp_path / "check.json"
     port = _free_port()
-    procs = [_start_rank(0, 3, port, "--timeout", "5", "--json", str(out)), _start_rank(1, 3, port, "--timeout", "5")]
+    procs = [_start_rank(0, 3, port, "--timeout", "4", "--json", str(out)), _start_rank(1, 3, port, "--timeout", "4")]
     try:
-        results = [p.communicate(timeout=90) for p in procs]  # the deadline is 5 s: a hang fails the test here
+        results = [p.communicate(timeout=90) for p in procs]  # the deadline is 4 s: a hang fails the test here
     finally:
         for p in procs:
             if p.poll() is None:
@@ -152,10 +160,10 @@ def test_rank_that_never_enters_a_collective_hits_the_deadline(tmp_path: Path) -
     token = uuid.uuid4().hex
     out = tmp_path / f"check-{token}.json"
     env = ddpkit_env(DDPKIT_FAULTS="hang:phase=all_gather:rank=1")
-    proc = run_ddpkit("check", "-n", "2", "--phase-timeout", "5", "--json", str(out), env=env, timeout=120)
+    proc = run_ddpkit("check", "-n", "2", "--phase-timeout", "4", "--json", str(out), env=env, timeout=120)
     assert proc.returncode == 3, proc.stdout + proc.stderr
     report = json.loads(out.read_text())
-    assert "phase 'all_gather' passed its 5 s deadline" in report["deadline"]
+    assert "phase 'all_gather' passed its 4 s deadline" in report["deadline"]
     assert "ranks that had not reached it: rank 1 (last: reduce done)" in report["deadline"]
     assert "verdict: FAIL (exit 3): deadline" in proc.stdout
     # both ranks dumped their stacks: the stuck one shows where it hung, rank 0 shows the collective it waits in

@@ -82,6 +82,9 @@ def test_unsupported_op_is_a_skip_and_a_wrong_rank_is_named() -> None:
     skip = collectives.combine("all_to_all", unsupported, "gloo")
     assert skip.status == SKIP and skip.detail.startswith("not supported by gloo")
     assert exit_code([skip]) == 0
+    lone = collectives.combine("send_recv_ring", [collectives.OpResult(op="send_recv_ring", status="skipped",
+                                                                       error="a ring needs at least 2 ranks")], "gloo")
+    assert lone.status == SKIP and "gloo" not in lone.detail
     ok = collectives.OpResult(op="reduce", status="ok", total=10)
     bad = collectives.OpResult(op="reduce", status="wrong", wrong=1, total=10, first="element 3: got 4, expected 3")
     out = collectives.combine("reduce", [ok, bad, ok], "gloo")

@@ -1,4 +1,4 @@
-"""Prove a cluster is ready for PyTorch distributed, and name what is broken (``ddpkit check``).
+"""Prove a cluster is ready for PyTorch distributed, and name what is broken: `ddpkit check`.
 
     ddpkit check -n 4                                  # 4 local ranks (torch's elastic agent starts them)
     torchrun --nproc-per-node 8 -m ddpkit check        # any launcher: torchrun, srun, mpirun, a Kubeflow pod
@@ -15,9 +15,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import socket
 import threading
 import time
+from dataclasses import replace
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -38,6 +40,9 @@ if TYPE_CHECKING:
 __all__ = ["WORKER", "add_arguments", "run"]
 
 WORKER = True
+# Under `ddpkit check -n N` the agent imports these once and forks the ranks (ddpkit.launch): DDP's first use
+# imports torch._dynamo, 1.5-2.5 s per rank, most of the check's cost over a bare hello world.
+PRELOAD = ("torch.nn.parallel", "torch._dynamo", "ddpkit.check.ddpsync", "ddpkit.runtime", "rich.table")
 log = get_logger(__name__)
 MARGIN_S = 5.0  # gloo's own timeout and the other ranks' store waits trail the watchdog's deadline by this much
 
@@ -116,20 +121,27 @@ def _device_identity(device: torch.device) -> tuple[str, str | None]:
     return f"cuda:{device.index}", str(uuid) if uuid is not None else None
 
 
-def _open_store(world: WorldInfo, seconds: float) -> dist.Store:
+def _open_store(world: WorldInfo, seconds: float) -> tuple[WorldInfo, dist.Store]:
+    """Export the world for torch and connect to rank 0's store; the world returned names the master chosen."""
     from ddpkit.runtime import export_world, open_store
 
     export_world(world)
+    # a single process picks a free port: keep it, so init() exports the same one
+    world = replace(world, master_addr=os.environ["MASTER_ADDR"], master_port=int(os.environ["MASTER_PORT"]))
     try:
-        return open_store(world, timedelta(seconds=seconds))
+        return world, open_store(world, timedelta(seconds=seconds))
     except Exception as exc:  # DistStoreError / RuntimeError: rank 0's store never answered
-        import os
-
         where = f"{os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT')}"
         raise DeadlineExpired(f"rank {world.rank} could not reach rank 0's store at {where} within {seconds:g} s "
                               f"({str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__})",
                               "rank 0 started, listening on MASTER_ADDR:MASTER_PORT, reachable from this host",
                               "check that rank 0 runs and that MASTER_ADDR/MASTER_PORT name it") from None
+
+
+def _store_errors() -> tuple[type[BaseException], ...]:
+    import torch.distributed as dist
+
+    return (dist.DistError,) if hasattr(dist, "DistError") else (RuntimeError,)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -141,11 +153,13 @@ def run(args: argparse.Namespace) -> int:
     world = detect()
     backend = pick_backend(args.backend)
     device = pick_device(backend, world.local_rank)
-    store = _open_store(world, args.timeout + args.phase_timeout + MARGIN_S)
+    world, store = _open_store(world, args.timeout + MARGIN_S)
     report = Report(args, world, backend, str(device))
     rank, size = world.rank, world.world_size
-    # Its own connection: the main thread may be blocked in a store call when the deadline passes.
-    watchdog = Watchdog(store.clone(), rank=rank, world_size=size,  # type: ignore[attr-defined]
+    # Its own connection (Store.clone, torch >= 2.5): the main thread may be blocked in a store call when the
+    # deadline passes. Older torch shares the connection; the gloo timeout and faulthandler backstops remain.
+    second = getattr(store, "clone", lambda: store)()
+    watchdog = Watchdog(second, rank=rank, world_size=size,
                         on_abort=lambda reason: report.emit(EXIT_MISSING, deadline=reason)).start()
 
     def mark(state: str) -> None:
@@ -163,7 +177,12 @@ def run(args: argparse.Namespace) -> int:
             report.timings["roll-call"] = time.monotonic() - t
         if go != "go":
             return _finish(store, report, rank, int(go), watchdog)
-        return _verify(store, report, world, backend, phase, watchdog)
+        _verify(store, report, world, backend, phase)
+        return _finish(store, report, rank, None, watchdog)
+    except _store_errors() as exc:  # rank 0 (and its store) went away, or a wait outlived every deadline
+        text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise DeadlineExpired(f"rank {rank} lost rank 0's store ({text})", "rank 0 alive until the report",
+                              "look at rank 0's output: it failed or was killed first") from None
     finally:
         watchdog.stop()
 
@@ -173,7 +192,7 @@ def _roll_call(store: dist.Store, report: Report, record: dict[str, Any], timeou
     check_in(store, record)
     world = report.world
     if world.rank != 0:
-        store.wait(["rollcall/verdict"])
+        store.wait(["rollcall/verdict"], timedelta(seconds=timeout + 2 * MARGIN_S))
         return store.get("rollcall/verdict").decode()
     records, waited = collect(store, world.world_size, timeout)
     report.records = records
@@ -186,8 +205,8 @@ def _roll_call(store: dist.Store, report: Report, record: dict[str, Any], timeou
     return verdict
 
 
-def _verify(store: dist.Store, report: Report, world: WorldInfo, backend: str, phase: Any,
-            watchdog: Watchdog) -> int:
+def _verify(store: dist.Store, report: Report, world: WorldInfo, backend: str, phase: Any) -> None:
+    """Process group, collectives, DDP; each rank's results go to the store, rank 0 judges them all."""
     from ddpkit.runtime import init, shutdown
 
     rank, size = world.rank, world.world_size
@@ -209,14 +228,13 @@ def _verify(store: dist.Store, report: Report, world: WorldInfo, backend: str, p
             store.set(f"results/{rank}", json.dumps({"ops": [o.as_dict() for o in ops], "ddp": ddp.as_dict()}))
             if rank == 0:
                 _judge_results(store, report, size, backend)
-        return _finish(store, report, rank, None, watchdog)
     finally:
         shutdown()
 
 
 def _judge_results(store: dist.Store, report: Report, size: int, backend: str) -> None:
     keys = [f"results/{r}" for r in range(size)]
-    store.wait(keys)
+    store.wait(keys, timedelta(seconds=report.args.phase_timeout + MARGIN_S))
     results = [json.loads(store.get(k)) for k in keys]
     for i, name in enumerate(collectives.OPS):
         per_rank = [collectives.OpResult(**res["ops"][i]) for res in results]
@@ -234,7 +252,7 @@ def _finish(store: dist.Store, report: Report, rank: int, code: int | None, watc
         while int(store.add("finished", 0)) < others and time.monotonic() < deadline:
             time.sleep(0.02)
     else:
-        store.wait(["verdict"])
+        store.wait(["verdict"], timedelta(seconds=report.args.phase_timeout + MARGIN_S))
         code = int(store.get("verdict").decode())
         watchdog.stop()
         store.add("finished", 1)

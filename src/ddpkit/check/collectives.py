@@ -32,7 +32,7 @@ class OpResult:
 
     op: str
     status: str
-    """ok, wrong, unsupported, or error."""
+    """ok, wrong, unsupported (by the backend), skipped (not applicable to this world), or error."""
     wrong: int = 0
     total: int = 0
     first: str = ""
@@ -210,7 +210,7 @@ def run_op(name: str, rank: int, world: int, device: torch.device) -> OpResult:
     import torch
 
     if name == "send_recv_ring" and world == 1:
-        return OpResult(op=name, status="unsupported", error="a ring needs at least 2 ranks")
+        return OpResult(op=name, status="skipped", error="a ring needs at least 2 ranks")
     start = time.perf_counter()
     try:
         out, expected = OPS[name](rank, world, device)
@@ -234,6 +234,8 @@ def combine(name: str, per_rank: Sequence[OpResult], backend: str) -> Outcome:
     seconds = max(r.seconds for r in per_rank)
     if set(by_status) == {"unsupported"}:
         return Outcome(name=name, status=SKIP, detail=f"not supported by {backend} ({per_rank[0].error})")
+    if set(by_status) == {"skipped"}:
+        return Outcome(name=name, status=SKIP, detail=per_rank[0].error)
     wrong = by_status.get("wrong", [])
     errors = by_status.get("error", []) + (by_status.get("unsupported", []) if len(by_status) > 1 else [])
     if wrong or errors:

@@ -29,7 +29,8 @@ def judge_consistency(records: Sequence[dict[str, Any]]) -> list[Outcome]:
         for r in records:
             values[str(r[fld])].append(int(r["rank"]))
         if len(values) > 1:
-            majority = max(values.items(), key=lambda kv: len(kv[1]))[0]
+            # the most common value is the reference; on a tie, rank 0's
+            majority = max(values.items(), key=lambda kv: (len(kv[1]), 0 in kv[1]))[0]
             differing.append(f"{fld}: " + ", ".join(f"{v} on {_ranks_text(rs)}" for v, rs in sorted(values.items())))
             bad.update(r for v, rs in values.items() if v != majority for r in rs)
     if differing:

@@ -54,7 +54,7 @@ def local_record(world: WorldInfo, *, device: str, gpu_uuid: str | None) -> Reco
         "rank": world.rank, "local_rank": world.local_rank, "group_rank": world.node_rank,
         "local_world_size": world.local_world_size, "world_size": world.world_size, "num_nodes": world.num_nodes,
         "hosts": list(world.hosts), "master": f"{master}:{os.environ.get('MASTER_PORT', world.master_port)}",
-        "device": device, "gpu_uuid": gpu_uuid,
+        "device": device, "gpu_uuid": gpu_uuid, "threads": torch.get_num_threads(),
         "python": platform.python_version(), "torch": torch.__version__, "ddpkit": __version__,
         "cuda": torch.version.cuda or getattr(torch.version, "hip", None) or "none",
         "env": distributed_env(),

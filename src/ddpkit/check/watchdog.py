@@ -118,32 +118,37 @@ class Watchdog:
         self.store.compare_set("abort", "", reason)
 
     def _abort(self, reason: str) -> None:
-        """Rank 0 reports, then waits (briefly) until every rank that checked in has seen the abort: it may host
-        the store, and a rank that loses the store cannot tell an abort from a crash."""
-        self.store.add("abort/seen", 1)
+        """Rank 0 reports first; the others dump their stacks and leave; rank 0 (it may host the store, and a rank
+        that loses the store cannot tell an abort from a crash) leaves last. Each wait is bounded."""
         log.debug("rank %d saw the abort", self.rank)
         if self.rank == 0:
             if self.on_abort is not None:
                 self.on_abort(reason)
+            self._dump_stacks(reason)
             self.store.set("abort/reported", "1")
-            alive = sum(self.store.check([f"phase/{r}"]) for r in range(self.world_size))
+            others = sum(self.store.check([f"phase/{r}"]) for r in range(1, self.world_size))
             deadline = time.monotonic() + ACK_WAIT_S
-            while time.monotonic() < deadline and int(self.store.add("abort/seen", 0)) < alive:
+            while time.monotonic() < deadline and int(self.store.add("abort/done", 0)) < others:
                 time.sleep(POLL_S / 2)
-        else:  # under torch elastic, our exit makes the agent stop rank 0: let it finish its report first
+        else:  # under torch elastic our exit makes the agent stop rank 0: let it finish its report first
             deadline = time.monotonic() + REPORT_WAIT_S
             try:
                 while time.monotonic() < deadline and not self.store.check(["abort/reported"]):
                     time.sleep(POLL_S / 2)
+                self._dump_stacks(reason)
+                self.store.add("abort/done", 1)
             except Exception:  # rank 0 reported and left, taking its store along
-                log.debug("rank 0's store closed after the abort")
-        self._die(reason)
+                self._dump_stacks(reason)
+        os._exit(EXIT_MISSING)
 
     def _die(self, reason: str) -> None:
+        self._dump_stacks(reason)
+        os._exit(EXIT_MISSING)
+
+    def _dump_stacks(self, reason: str) -> None:
         where = f"in phase '{self.current[1]}'" if self.current else "between phases"
         sys.stdout.flush()
         print(f"ddpkit check: rank {self.rank} (pid {os.getpid()}) aborting {where}: {reason}\n"
               f"ddpkit check: rank {self.rank} Python stacks:", file=sys.stderr, flush=True)
         faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
         sys.stderr.flush()
-        os._exit(EXIT_MISSING)

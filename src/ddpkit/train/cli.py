@@ -1,0 +1,169 @@
+"""ddpkit train: the seeds' DDP job done right: it trains, snapshots safely, resumes exactly, survives faults.
+
+Runbook (2 local ranks here; the same command runs under torchrun, srun, mpirun or a Kubeflow pod)::
+
+    ddpkit train -n 2 --epochs 5 --snapshot-path run/snapshot.pt            # train; a snapshot each epoch
+    ddpkit train -n 2 --epochs 5 --snapshot-path run/snapshot.pt            # again: "already complete"
+    ddpkit train -n 2 --epochs 8 --snapshot-path run/snapshot.pt --max-restarts 3 \\
+        --drill kill-worker@epoch=6,rank=1                                   # kill rank 1 once; resume
+    ddpkit train -n 2 --model mlp --async-snapshot --snapshot-path run/     # 4.7M parameters
+    ddpkit train -n 2 --make-job my_pkg.my_module:make_job --snapshot-path run/   # your model and data
+
+Exit codes: 0 trained; 2 bad options, a snapshot of another job, or an unimportable --make-job (before any
+training); 75 stopped by a preemption signal after writing a snapshot (rerun to resume).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from ddpkit.errors import EXIT_OK, EXIT_PREEMPTED, ConfigError
+from ddpkit.log import get_logger
+from ddpkit.train.config import MODELS, PREEMPT_SIGNALS, TrainConfig, check_job_spec, parse_drill
+from ddpkit.train.faults import say
+
+__all__ = ["WORKER", "add_arguments", "config_from_args", "run"]
+
+WORKER = True
+log = get_logger(__name__)
+#: Set by ddpkit's local launcher: a worker that stops after a preemption snapshot creates this file, so the
+#: launcher (which only sees that it was signalled) can exit with 75 too.
+PREEMPTED_MARK = "DDPKIT_PREEMPTED_MARK"
+EXIT_PEER_LOST = 1
+
+
+def _count(option: str, minimum: int = 1) -> Any:
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = None
+        if value is None or value < minimum:
+            raise ConfigError(f"{option} {text}", f"an integer >= {minimum}", f"pass {option} {max(minimum, 1)}")
+        return value
+
+    return parse
+
+
+def _snapshot_path(text: str) -> str:
+    TrainConfig(snapshot_path=text)  # checks, before any rank starts, that the directory exists and is writable
+    return text
+
+
+def _job_spec(text: str) -> str:
+    check_job_spec(text)
+    return text
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("job")
+    g.add_argument("--model", choices=MODELS, default="linear",
+                   help="linear: the seeds' Linear(20,1); toy: Linear(10,10)-ReLU-Linear(10,5); mlp: width x depth")
+    g.add_argument("--width", type=_count("--width"), default=2048, help="mlp hidden width (default 2048)")
+    g.add_argument("--depth", type=_count("--depth"), default=2, help="mlp hidden layers (default 2: 4.7M params)")
+    g.add_argument("--samples", type=_count("--samples"), default=2048, help="synthetic samples (default 2048)")
+    g.add_argument("--batch-size", type=_count("--batch-size"), default=32, help="per rank (default 32)")
+    g.add_argument("--epochs", type=_count("--epochs"), default=10, help="total epochs (default 10)")
+    g.add_argument("--lr", type=float, default=1e-3, help="SGD learning rate (default 1e-3)")
+    g.add_argument("--seed", type=int, default=0, help="seeds data, model, sampler and RNGs (default 0)")
+    g.add_argument("--make-job", dest="make_job", type=_job_spec, default=None, metavar="MODULE:FUNCTION",
+                   help="your own job: FUNCTION(config) returns a ddpkit.train.TrainJob")
+    g.add_argument("--deterministic", action="store_true", help="torch.use_deterministic_algorithms(True)")
+    s = p.add_argument_group("snapshots and faults")
+    s.add_argument("--snapshot-path", type=_snapshot_path, default=None, metavar="FILE|DIR/",
+                   help="DIR/NAME.pt (kept as DIR/NAME.<step>.pt) or an existing directory; default: no snapshots")
+    s.add_argument("--save-every", type=_count("--save-every"), default=1, metavar="N",
+                   help="snapshot every N epochs and after the last (default 1)")
+    s.add_argument("--keep", type=_count("--keep"), default=2, metavar="K", help="snapshots kept (default 2)")
+    s.add_argument("--async-snapshot", action="store_true",
+                   help="write snapshots on a background thread; training blocks only for an in-memory copy")
+    s.add_argument("--preempt-signal", choices=list(PREEMPT_SIGNALS), default="TERM",
+                   help="signal meaning 'snapshot and stop' besides SIGTERM (Slurm --signal=USR1@60: USR1)")
+    s.add_argument("--requeue", action="store_true", help="after a preemption snapshot, scontrol requeue the job")
+    s.add_argument("--drill", action="append", type=parse_drill, default=[], metavar="KIND@epoch=E[,rank=R]",
+                   help="inject a fault once: kill-worker@epoch=3[,rank=1] or preempt@epoch=3 (repeatable)")
+    o = p.add_argument_group("output")
+    o.add_argument("--json", dest="json_path", default=None, metavar="PATH", help="write the run summary as JSON")
+    o.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                   help="progress bar on rank 0 (default: only on a terminal)")
+
+
+def config_from_args(args: argparse.Namespace) -> TrainConfig:
+    return TrainConfig(model=args.model, width=args.width, depth=args.depth, samples=args.samples,
+                       batch_size=args.batch_size, epochs=args.epochs, lr=args.lr, seed=args.seed,
+                       snapshot_path=args.snapshot_path, save_every=args.save_every, keep=args.keep,
+                       async_snapshot=args.async_snapshot, preempt_signal=args.preempt_signal, requeue=args.requeue,
+                       drills=tuple(args.drill), job=args.make_job, json_path=args.json_path,
+                       deterministic=args.deterministic, progress=args.progress)
+
+
+def _check_restartable(config: TrainConfig) -> None:
+    if any(d.kind == "kill-worker" for d in config.drills):
+        restarts = int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0") or 0)
+        if restarts < 1:
+            raise ConfigError("--drill kill-worker needs an elastic agent that restarts workers, and none allows "
+                              "a restart here", "torch elastic with --max-restarts 1 or more",
+                              "add --max-restarts 3 (with -n N), or torchrun --max-restarts 3")
+
+
+def _deterministic() -> None:
+    import torch
+
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.use_deterministic_algorithms(True)
+    torch.backends.cudnn.benchmark = False
+
+
+def _report(summary: dict[str, Any]) -> None:
+    history = summary["loss_history"]
+    if history:
+        say(f"Training finished at epoch {max(history)} of {summary['epochs']}: {summary['global_step']} steps, "
+              f"loss {summary['final_loss']:.4f} (epoch {min(history)}: {summary['first_loss']:.4f}), "
+              f"{summary['samples_per_s']:,.0f} samples/s, step p50 {summary['step_ms_p50']:.2f} ms "
+              f"p95 {summary['step_ms_p95']:.2f} ms")
+    resumed = summary["resumed_from"]
+    say(f"Snapshots: {summary['snapshots_written']} written, {summary['snapshots_loaded']} loaded"
+          + (f" (resumed at epoch {resumed['epoch']}, step {resumed['global_step']})" if resumed else "")
+          + f"; restarts: {summary['restarts']}")
+    for d in summary["drills"]:
+        say(f"Drill {d['drill']}: injected {d['injected']}; restarted {summary['restarts']} time(s); resumed "
+              f"{'at step ' + str(resumed['global_step']) if resumed else 'no'}; lost {d['lost_steps']} steps "
+              f"({'within' if d['within_interval'] else 'BEYOND'} the snapshot interval)")
+
+
+def run(args: argparse.Namespace) -> int:
+    config = config_from_args(args)
+    _check_restartable(config)
+    if config.deterministic:
+        _deterministic()
+
+    import ddpkit
+    from ddpkit.train.jobs import load_job
+    from ddpkit.train.trainer import Trainer
+
+    job = load_job(config)  # user code fails here, before any process group or training
+    rt = ddpkit.init(backend=args.backend)
+    try:
+        summary = Trainer(job, config, rt).fit()
+    except RuntimeError as exc:
+        if not any(word in str(exc) for word in ("gloo", "NCCL", "Connection", "connection")):
+            raise
+        # a peer died mid-collective (a killed worker, a lost node): say so briefly; the agent restarts the group
+        log.error("rank %d: a collective failed, another rank is gone: %s", rt.rank, str(exc).splitlines()[0][:300])
+        return EXIT_PEER_LOST
+    finally:
+        ddpkit.shutdown()
+    if rt.rank == 0:
+        _report(summary)
+        if config.json_path:
+            Path(config.json_path).write_text(json.dumps(summary, indent=2, default=str) + "\n")
+    if summary["preempted"]:
+        mark = os.environ.get(PREEMPTED_MARK)
+        if mark:
+            Path(mark).touch()
+        return EXIT_PREEMPTED
+    return EXIT_OK

@@ -1,0 +1,144 @@
+"""Faults the trainer survives: preemption signals, Slurm requeue, and drills that inject a fault once on purpose.
+
+Preemption: the handler only sets a flag. Every ``CHECK_EVERY`` steps all ranks start an asynchronous MAX
+all-reduce of their flags and read its result one step later (it has had a whole step to arrive, so reading costs
+nothing); a flag raised on any rank therefore stops every rank after the same step, even when the signal reached
+a single rank, and no rank is left waiting in a collective. Rank 0 then writes a snapshot and all exit with 75
+(EXIT_PREEMPTED). Checking every few steps, not every step, keeps the check's cost off small models, whose steps
+are a single all-reduce; the stop comes at most CHECK_EVERY + 1 steps after the signal.
+
+Drills are remembered in ``DIR/NAME.drills.json`` beside the snapshots: a drill fires once per snapshot
+location, so the attempt that restarts after it (or the rerun after a preemption) does not fire it again.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from ddpkit.log import get_logger
+from ddpkit.train.config import Drill
+
+__all__ = ["DrillBook", "PreemptionWatch", "requeue_slurm_job", "say"]
+
+log = get_logger(__name__)
+
+
+class PreemptionWatch:
+    """Turns SIGTERM (and the configured preemption signal) into one step at which every rank stops."""
+
+    CHECK_EVERY = 4
+
+    def __init__(self, signals: tuple[signal.Signals, ...], device: torch.device, world_size: int = 1) -> None:
+        self.signals = tuple(dict.fromkeys(signals))
+        self.world_size = world_size
+        self.received: str | None = None
+        self._flag = torch.zeros(1, dtype=torch.int32, device=device)
+        self._pending: Any = None
+        self._stop = False
+        self._previous: dict[signal.Signals, Any] = {}
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        if self.received is None:
+            self.received = signal.Signals(signum).name
+            # a raw write: the handler may interrupt a write to sys.stdout (re-entering it would raise)
+            os.write(1, f"received {self.received}: finishing the current steps, then writing a snapshot\n".encode())
+
+    def install(self) -> PreemptionWatch:
+        for sig in self.signals:
+            self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def uninstall(self) -> None:
+        for sig, previous in self._previous.items():
+            signal.signal(sig, previous)
+        self._previous.clear()
+
+    def should_stop(self, step: int) -> bool:
+        """Called by every rank after completing ``step`` (the same sequence on all): stop now?"""
+        if self.world_size == 1:
+            return self.received is not None
+        self.drain()
+        if not self._stop and step % self.CHECK_EVERY == 0:
+            self._flag.fill_(int(self.received is not None))
+            self._pending = dist.all_reduce(self._flag, op=dist.ReduceOp.MAX, async_op=True)
+        return self._stop
+
+    def drain(self) -> None:
+        """Complete the outstanding check, keeping its answer (all ranks, e.g. before a snapshot's collectives)."""
+        if self._pending is not None:
+            self._pending.wait()
+            self._pending = None
+            self._stop = self._stop or bool(self._flag.item())
+
+
+def say(text: str) -> None:
+    """One line to stdout in a single write: ranks sharing a pipe (python -u) never split each other's lines."""
+    sys.stdout.write(text + "\n")
+    sys.stdout.flush()
+
+
+def requeue_slurm_job() -> str:
+    """``scontrol requeue $SLURM_JOB_ID``; returns what happened, in words (never raises)."""
+    job_id = os.environ.get("SLURM_JOB_ID")
+    if not job_id:
+        return "--requeue: not running under Slurm (SLURM_JOB_ID is unset): nothing requeued"
+    scontrol = shutil.which("scontrol")
+    if scontrol is None:
+        return f"--requeue: scontrol not found on PATH: Slurm job {job_id} not requeued"
+    done = subprocess.run([scontrol, "requeue", job_id], capture_output=True, text=True, timeout=60, check=False)
+    if done.returncode != 0:
+        return f"--requeue: scontrol requeue {job_id} failed ({done.returncode}): {done.stderr.strip()}"
+    return f"Slurm job {job_id} requeued: the next allocation resumes from the snapshot"
+
+
+class DrillBook:
+    """Which drills already fired for this snapshot location, persisted so a restart does not repeat them."""
+
+    def __init__(self, path: Path | None, drills: tuple[Drill, ...]) -> None:
+        self.path = path
+        self.drills = drills
+        self.fired: dict[str, dict[str, Any]] = {}
+        if path is not None and path.exists():
+            self.fired = json.loads(path.read_text() or "{}")
+
+    def due(self, epoch: int, batch: int, steps: int) -> Drill | None:
+        """The drill that fires at this step (half-way through its epoch), if any has not fired yet."""
+        for drill in self.drills:
+            if str(drill) not in self.fired and drill.epoch == epoch and batch == steps // 2:
+                return drill
+        return None
+
+    def record(self, drill: Drill, *, epoch: int, global_step: int, target_rank: int) -> None:
+        """Remember (durably, atomically) that ``drill`` fires now; called by rank 0 before it fires."""
+        self.fired[str(drill)] = {"kind": drill.kind, "epoch": epoch, "global_step": global_step,
+                                  "rank": target_rank, "time": time.time()}
+        if self.path is None:
+            return
+        tmp = self.path.with_name(f".{self.path.name}.tmp-{os.getpid()}")
+        with open(tmp, "w") as f:
+            json.dump(self.fired, f, indent=1)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, self.path)
+
+    def report(self, resumed_step: int | None, interval_steps: int) -> list[dict[str, Any]]:
+        """For each fired drill: what was injected, and what was lost (steps re-done after the resume)."""
+        out = []
+        for name, rec in self.fired.items():
+            lost = None if resumed_step is None else max(0, rec["global_step"] - resumed_step)
+            out.append({"drill": name, "injected": f"{rec['kind']} of rank {rec['rank']} at epoch {rec['epoch']} "
+                        f"(global step {rec['global_step']})", "fired_at_step": rec["global_step"],
+                        "lost_steps": lost, "within_interval": lost is not None and lost <= interval_steps})
+        return out

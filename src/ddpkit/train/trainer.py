@@ -1,0 +1,350 @@
+"""The training loop: one readable DDP loop with snapshots, exact resume, preemption and drills.
+
+    from ddpkit.train import Trainer, TrainConfig, TrainJob
+    rt = ddpkit.init()
+    job = TrainJob(model=net, dataset=data, optimizer=torch.optim.SGD(net.parameters(), lr=0.01),
+                   loss_fn=torch.nn.functional.mse_loss)
+    summary = Trainer(job, TrainConfig(epochs=5, snapshot_path="/shared/run/snap.pt"), rt).fit()
+
+Start-up, in order: rank 0 finds the newest snapshot that verifies (reporting and skipping broken ones) and
+checks it was made by the same job; it broadcasts that decision, so every rank resumes from the same step or
+every rank exits with the same error. Rank 0 loads the model weights before DDP wraps the model (DDP's
+constructor broadcasts them), then broadcasts the optimizer state and scatters each rank its own RNG state.
+Training continues at the step after the snapshot: nothing saved is run again.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import signal
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils.data import Dataset
+
+import ddpkit
+from ddpkit.errors import ConfigError
+from ddpkit.log import get_logger
+from ddpkit.train.config import TrainConfig, snapshot_location
+from ddpkit.train.data import Batches
+from ddpkit.train.faults import DrillBook, PreemptionWatch, requeue_slurm_job, say
+from ddpkit.train.rng import capture_rng, restore_rng, seed_everything
+from ddpkit.train.snapshot import AsyncWriter, CpuShadow, SnapshotDir, copy_to_cpu, read_snapshot, write_snapshot
+
+if TYPE_CHECKING:
+    from ddpkit.runtime import Runtime
+
+__all__ = ["TrainJob", "Trainer"]
+
+log = get_logger(__name__)
+
+
+@dataclass(kw_only=True)
+class TrainJob:
+    """What to train. Dataset items are ``(input, target)``; a TensorDataset takes the fast batched path."""
+
+    model: nn.Module
+    """The model, on CPU; the trainer moves it to the rank's device and wraps it in DDP."""
+    dataset: Dataset[Any]
+    """The same data on every rank; each rank trains on its DistributedSampler share."""
+    optimizer: torch.optim.Optimizer
+    """Built on ``model.parameters()``."""
+    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+    """loss_fn(output, target) -> scalar."""
+    name: str = "custom"
+    """Shown in the output and stored in snapshots."""
+
+
+def _percentile(values: list[float], q: float) -> float:
+    if not values:
+        return math.nan
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q / 100 * (len(ordered) - 1)))]
+
+
+class Trainer:
+    def __init__(self, job: TrainJob, config: TrainConfig, runtime: Runtime) -> None:
+        self.job = job
+        self.cfg = config
+        self.rt = runtime
+        self.rank, self.world = runtime.rank, runtime.world_size
+        self.batches = Batches(job.dataset, batch_size=config.batch_size, rank=self.rank, world_size=self.world,
+                               seed=config.seed, device=runtime.device)
+        self.steps_per_epoch = self.batches.steps()
+        self.snapdir: SnapshotDir | None = None
+        drill_file = None
+        if config.snapshot_path is not None:
+            directory, name, ext = snapshot_location(config.snapshot_path)
+            self.snapdir = SnapshotDir(directory, name, ext, config.keep)
+            drill_file = directory / f"{name}.drills.json"
+        self.drills = DrillBook(drill_file if self.rank == 0 else None, config.drills)
+        self.writer = AsyncWriter()
+        self.shadow = CpuShadow()
+        self.summary: dict[str, Any] = {
+            "job": job.name, "model": config.model if config.job is None else config.job,
+            "parameters": sum(p.numel() for p in job.model.parameters()), "world_size": self.world,
+            "backend": runtime.backend, "device": str(runtime.device), "epochs": config.epochs,
+            "batch_size": config.batch_size, "steps_per_epoch": self.steps_per_epoch,
+            "restarts": runtime.world.restart_count or 0, "snapshots_written": 0, "snapshots_loaded": 0,
+            "snapshot_paths": [], "snapshot_stall_s": [], "skipped_snapshots": [], "resumed_from": None,
+            "loss_history": {}, "epoch_s": {}, "preempted": False}
+
+    # ---- start-up: agree on the snapshot to resume from -------------------------------------------------
+    def _decide(self) -> tuple[dict[str, Any], dict[str, Any] | None]:
+        """Rank 0: the newest valid snapshot of this job (or an error), as a broadcastable decision."""
+        decision: dict[str, Any] = {"error": None, "header": None, "fired": {}, "skipped": []}
+        if self.snapdir is None:
+            return decision, None
+        self.snapdir.remove_stale_temps()
+        decision["fired"] = self.drills.fired
+        info, skipped = self.snapdir.newest_valid()
+        decision["skipped"] = skipped
+        if info is None:
+            return decision, None
+        header, state = read_snapshot(info.path)
+        found, wanted = header.get("fingerprint", {}), self.cfg.fingerprint()
+        diff = {k: (found.get(k), wanted.get(k)) for k in set(found) | set(wanted) if found.get(k) != wanted.get(k)}
+        own = self.job.model.state_dict()
+        shapes = {k: tuple(v.shape) for k, v in state["model"].items()}
+        if not diff and shapes != {k: tuple(v.shape) for k, v in own.items()}:
+            diff = {"model parameters": ("different names or shapes", "those of this model")}
+        if diff:
+            listed = "; ".join(f"{k}: snapshot {a!r}, this run {b!r}" for k, a, b in
+                               ((k, *v) for k, v in sorted(diff.items())))
+            decision["error"] = (f"snapshot {info.path} was written by a different job ({listed})",
+                                 "a snapshot of the same model and settings",
+                                 "pass the same options as the run that wrote it, or a new --snapshot-path")
+            return decision, None
+        decision["header"] = dict(header, path=str(info.path))
+        return decision, state
+
+    def _resume(self) -> tuple[int, int, int]:
+        """Agree on a snapshot, restore it everywhere; returns (epoch, batch, global step) to continue from."""
+        decision, state = self._decide() if self.rank == 0 else ({}, None)
+        box: list[Any] = [decision]
+        dist.broadcast_object_list(box, src=0)
+        decision = box[0]
+        for message in decision["skipped"]:
+            if self.rank == 0:
+                say(message)
+        self.summary["skipped_snapshots"] = decision["skipped"]
+        self.drills.fired = dict(decision["fired"])
+        if decision["error"]:
+            raise ConfigError(*decision["error"])
+        header = decision["header"]
+        if header is None:
+            seed_everything(self.cfg.seed + self.rank)
+            return 0, 0, 0
+        if self.rank == 0:
+            assert state is not None
+            self.job.model.load_state_dict(state["model"])
+        box = [state["optimizer"] if state is not None else None]
+        dist.broadcast_object_list(box, src=0)
+        self.job.optimizer.load_state_dict(box[0])
+        rngs = state["rng"] if state is not None else None
+        if header["world_size"] == self.world:
+            mine: list[Any] = [None]
+            dist.scatter_object_list(mine, rngs, src=0)
+            restore_rng(mine[0])
+        else:
+            if self.rank == 0:
+                log.warning("snapshot from %d ranks, now %d: RNG states re-seeded (resume is not bitwise exact)",
+                            header["world_size"], self.world)
+            seed_everything(self.cfg.seed + self.rank + 7919 * header["global_step"])
+        box = [state["loss_history"] if state is not None else {}]
+        dist.broadcast_object_list(box, src=0)
+        self.summary["loss_history"] = {int(k): v for k, v in box[0].items()}
+        self.summary["snapshots_loaded"] = 1
+        self.summary["resumed_from"] = {"path": header["path"], "epoch": header["next_epoch"],
+                                        "batch": header["next_batch"], "global_step": header["global_step"]}
+        if self.rank == 0:
+            at = f"Epoch {header['next_epoch']}" + (f", step {header['next_batch']}" if header["next_batch"] else "")
+            say(f"Loading snapshot {header['path']}\nResuming training from snapshot at {at}")
+        return int(header["next_epoch"]), int(header["next_batch"]), int(header["global_step"])
+
+    # ---- snapshots -----------------------------------------------------------------------------------
+    def _snapshot(self, ddp: DDP, *, epoch: int, next_epoch: int, next_batch: int, step: int, urgent: bool) -> None:
+        """All ranks: gather RNG states to rank 0; rank 0 writes (in the background when asked and not urgent)."""
+        assert self.snapdir is not None
+        t0 = time.perf_counter()
+        rngs: list[Any] | None = [None] * self.world if self.rank == 0 else None
+        dist.gather_object(capture_rng(), rngs, dst=0)
+        if self.rank != 0:
+            return
+        state = {"model": ddp.module.state_dict(), "optimizer": self.job.optimizer.state_dict(), "rng": rngs,
+                 "loss_history": dict(self.summary["loss_history"])}
+        header = {"epoch": epoch, "next_epoch": next_epoch, "next_batch": next_batch, "global_step": step,
+                  "sampler_epoch": next_epoch, "world_size": self.world, "fingerprint": self.cfg.fingerprint(),
+                  "config": self.cfg.as_dict(), "writer_rank": self.rank, "writer_pid": os.getpid(),
+                  "created": time.time(), "versions": {"torch": torch.__version__, "ddpkit": ddpkit.__version__,
+                                                       "python": sys.version.split()[0]}}
+        path = self.snapdir.path_for(step)
+        snapdir = self.snapdir
+
+        def done() -> None:
+            snapdir.prune()
+            say(f"Epoch {epoch} | Training snapshot saved at {path}")
+
+        if self.cfg.async_snapshot and not urgent:
+            self.writer.join()  # the shadow buffers are free again
+            self.writer.submit(path, self.shadow.copy(state), header, after=done)
+        else:
+            self.writer.join()
+            write_snapshot(path, copy_to_cpu(state) if self.rt.device.type != "cpu" else state, header)
+            done()
+        self.summary["snapshot_stall_s"].append(time.perf_counter() - t0)
+        self.summary["snapshots_written"] += 1
+        self.summary["snapshot_paths"].append(str(path))
+
+    # ---- drills ---------------------------------------------------------------------------------------
+    def _fire_drill(self, epoch: int, batch: int, step: int) -> None:
+        drill = self.drills.due(epoch, batch, self.steps_per_epoch)
+        if drill is None:
+            return
+        target = (self.world - 1 if drill.rank is None else drill.rank) if drill.kind == "kill-worker" else 0
+        if target >= self.world:
+            if self.rank == 0:
+                log.warning("drill %s: rank %d does not exist in a world of %d; skipped", drill, target, self.world)
+            return
+        if self.rank == 0:
+            self.drills.record(drill, epoch=epoch, global_step=step, target_rank=target)
+        else:
+            self.drills.fired[str(drill)] = {}
+        dist.barrier()  # the drill is on record before it fires: the restarted attempt will not repeat it
+        if self.rank != target:
+            return
+        if drill.kind == "kill-worker":
+            say(f"drill {drill}: killing rank {self.rank} (pid {os.getpid()}) with SIGKILL at step {step}")
+            os.kill(os.getpid(), signal.SIGKILL)
+        else:
+            say(f"drill {drill}: sending SIG{self.cfg.preempt_signal} to rank 0 at step {step}")
+            os.kill(os.getpid(), self.cfg.preempt_signum)
+
+    # ---- the loop -------------------------------------------------------------------------------------
+    def fit(self) -> dict[str, Any]:
+        """Train to ``config.epochs`` (or until preempted); returns the summary (rank 0's is complete)."""
+        cfg, device = self.cfg, self.rt.device
+        start_epoch, start_batch, step = self._resume()
+        model = self.job.model.to(device)
+        ddp = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
+        watch = PreemptionWatch((signal.SIGTERM, cfg.preempt_signum), device, self.world).install()
+        progress = _Progress.maybe(self.rank == 0 and cfg.progress is not False
+                                   and (cfg.progress or sys.stdout.isatty()))
+        step_times: list[float] = []
+        samples = 0
+        t_start = time.perf_counter()
+        if start_epoch >= cfg.epochs and self.rank == 0:
+            say(f"Training already complete: the snapshot is at epoch {start_epoch} of {cfg.epochs}")
+        try:
+            for epoch in range(start_epoch, cfg.epochs):
+                first = start_batch if epoch == start_epoch else 0
+                progress.start(epoch, self.steps_per_epoch - first)
+                losses: list[torch.Tensor] = []
+                epoch_times: list[float] = []
+                t_epoch = time.perf_counter()
+                for batch, (x, y) in enumerate(self.batches.epoch(epoch, first), start=first):
+                    t0 = time.perf_counter()
+                    self.job.optimizer.zero_grad(set_to_none=True)
+                    loss = self.job.loss_fn(ddp(x), y)
+                    loss.backward()  # DDP all-reduces the gradients here, bucket by bucket
+                    self.job.optimizer.step()
+                    step += 1
+                    losses.append(loss.detach())
+                    samples += len(x)
+                    epoch_times.append(time.perf_counter() - t0)
+                    progress.advance(loss)
+                    if "first_step_at" not in self.summary:  # measures a restart: kill -> first resumed step
+                        self.summary["first_step_at"] = time.time()
+                    self._fire_drill(epoch, batch, step)
+                    if watch.should_stop(step):  # a preemption signal reached some rank: all stop after this step
+                        return self._preempted(ddp, watch, epoch, batch + 1, step, t_start, samples,
+                                               step_times + epoch_times)
+                elapsed = time.perf_counter() - t_epoch
+                step_times += epoch_times
+                self.summary["epoch_s"][epoch] = elapsed
+                self.summary["loss_history"][epoch] = float(torch.stack(losses).mean()) if losses else math.nan
+                self._epoch_line(epoch, len(epoch_times), elapsed, epoch_times)
+                if self.snapdir is not None and ((epoch + 1) % cfg.save_every == 0 or epoch + 1 == cfg.epochs):
+                    watch.drain()
+                    self._snapshot(ddp, epoch=epoch, next_epoch=epoch + 1, next_batch=0, step=step, urgent=False)
+            watch.drain()
+            self.writer.join()
+        finally:
+            progress.stop()
+            watch.uninstall()
+        self._finish(step, t_start, samples, step_times)
+        return self.summary
+
+    def _epoch_line(self, epoch: int, steps: int, elapsed: float, times: list[float]) -> None:
+        line = f"[RANK {self.rank}] Epoch {epoch} | Batchsize: {self.cfg.batch_size} | Steps: {steps}"
+        if self.rank == 0:
+            rate = steps * self.cfg.batch_size * self.world / elapsed if elapsed > 0 else math.nan
+            line += (f" | loss {self.summary['loss_history'][epoch]:.4f} | {rate:,.0f} samples/s | step p50 "
+                     f"{_percentile(times, 50) * 1e3:.2f} ms p95 {_percentile(times, 95) * 1e3:.2f} ms")
+        say(line)
+
+    def _preempted(self, ddp: DDP, watch: PreemptionWatch, epoch: int, next_batch: int, step: int,
+                   t_start: float, samples: int, times: list[float]) -> dict[str, Any]:
+        next_epoch, next_batch = (epoch + 1, 0) if next_batch >= self.steps_per_epoch else (epoch, next_batch)
+        if self.snapdir is not None:
+            self._snapshot(ddp, epoch=epoch, next_epoch=next_epoch, next_batch=next_batch, step=step, urgent=True)
+        self.summary.update(preempted=True, signal=watch.received or "another rank's signal")
+        if self.rank == 0:
+            say(f"Preempted at epoch {epoch}, step {step}: snapshot written; exiting with 75")
+            if self.cfg.requeue:
+                message = requeue_slurm_job()
+                say(message)
+                self.summary["requeue"] = message
+        self._finish(step, t_start, samples, times)
+        return self.summary
+
+    def _finish(self, step: int, t_start: float, samples: int, times: list[float]) -> None:
+        wall = time.perf_counter() - t_start
+        history = self.summary["loss_history"]
+        resumed = self.summary["resumed_from"]
+        interval = self.cfg.save_every * self.steps_per_epoch
+        self.summary.update(
+            global_step=step, wall_s=wall, samples_per_s=samples * self.world / wall if wall > 0 and samples else 0.0,
+            step_ms_p50=_percentile(times, 50) * 1e3, step_ms_p95=_percentile(times, 95) * 1e3,
+            first_loss=history[min(history)] if history else None,
+            final_loss=history[max(history)] if history else None,
+            drills=self.drills.report(resumed["global_step"] if resumed else None, interval) if self.rank == 0 else [])
+
+
+class _Progress:
+    """A rich progress bar on rank 0 when attached to a terminal; otherwise nothing."""
+
+    def __init__(self, enabled: bool) -> None:
+        self.bar: Any = None
+        self.task: Any = None
+        if enabled:
+            from rich.progress import Progress
+
+            self.bar = Progress(transient=True)
+            self.bar.start()
+
+    @classmethod
+    def maybe(cls, enabled: bool) -> _Progress:
+        return cls(enabled)
+
+    def start(self, epoch: int, total: int) -> None:
+        if self.bar is not None:
+            if self.task is not None:
+                self.bar.remove_task(self.task)
+            self.task = self.bar.add_task(f"epoch {epoch}", total=total)
+
+    def advance(self, loss: torch.Tensor) -> None:
+        if self.bar is not None:
+            self.bar.update(self.task, advance=1, description=f"loss {float(loss):.4f}")
+
+    def stop(self) -> None:
+        if self.bar is not None:
+            self.bar.stop()

@@ -1,0 +1,184 @@
+"""ddpkit train on real 2-rank gloo worlds started by ddpkit's local launcher (torch's elastic agent).
+
+One uninterrupted baseline run; every fault scenario must end with parameters bitwise equal to it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from ddpkit.train.snapshot import SnapshotDir, read_header, read_snapshot
+from tests.conftest import ddpkit_env, run_ddpkit
+
+pytestmark = pytest.mark.multiproc
+
+# 512 samples / 2 ranks / batch 32 = 8 steps per epoch; 4 epochs.
+JOB = ("--samples", "512", "--epochs", "4", "--seed", "7")
+HERE = Path(__file__).resolve().parent
+
+
+def _train(tmp: Path, *extra: str, timeout: float = 180, env: dict[str, str] | None = None) -> tuple[
+        subprocess.CompletedProcess[str], dict[str, Any] | None]:
+    tmp.mkdir(parents=True, exist_ok=True)
+    done = run_ddpkit("train", "-n", "2", *JOB, "--snapshot-path", str(tmp / "snap.pt"), "--json",
+                      str(tmp / "summary.json"), *extra, timeout=timeout, env=env)
+    summary = json.loads((tmp / "summary.json").read_text()) if (tmp / "summary.json").exists() else None
+    return done, summary
+
+
+def _final(tmp: Path) -> tuple[dict[str, Any], dict[str, Any]]:
+    (_, newest), *_ = SnapshotDir(tmp, "snap", ".pt", keep=1).candidates()
+    return read_snapshot(newest)
+
+
+def _same_state(a: dict[str, Any], b: dict[str, Any], keys: tuple[str, ...] = ("model", "optimizer", "rng")) -> bool:
+    def equal(x: Any, y: Any) -> bool:
+        if isinstance(x, torch.Tensor):
+            return isinstance(y, torch.Tensor) and x.dtype == y.dtype and torch.equal(x, y)
+        if isinstance(x, dict):
+            return isinstance(y, dict) and x.keys() == y.keys() and all(equal(x[k], y[k]) for k in x)
+        if isinstance(x, list | tuple):
+            return len(x) == len(y) and all(equal(p, q) for p, q in zip(x, y, strict=True))
+        return bool(x == y)
+
+    return all(equal(a[k], b[k]) for k in keys)
+
+
+@pytest.fixture(scope="module")
+def baseline(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    tmp = tmp_path_factory.mktemp("baseline")
+    done, summary = _train(tmp, "--keep", "4")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert summary is not None
+    (tmp / "stdout.txt").write_text(done.stdout)
+    return tmp
+
+
+def test_trains_and_only_rank_0_writes(baseline: Path) -> None:
+    out = (baseline / "stdout.txt").read_text()
+    summary = json.loads((baseline / "summary.json").read_text())
+    for rank in (0, 1):
+        for epoch in range(4):
+            assert f"[RANK {rank}] Epoch {epoch} | Batchsize: 32 | Steps: 8" in out
+    losses = summary["loss_history"]
+    assert losses["3"] < losses["0"] and summary["final_loss"] == losses["3"]
+    assert summary["world_size"] == 2 and summary["global_step"] == 32 and summary["snapshots_written"] == 4
+    files = sorted(p.name for p in baseline.iterdir() if p.name.startswith("snap"))
+    assert files == [f"snap.{s:09d}.pt" for s in (8, 16, 24, 32)]  # no temporary files left behind
+    assert out.count("Training snapshot saved at") == 4
+    writers = {read_header(baseline / f)["writer_rank"] for f in files}
+    pids = {read_header(baseline / f)["writer_pid"] for f in files}
+    assert writers == {0} and len(pids) == 1
+    header, state = _final(baseline)
+    assert header["next_epoch"] == 4 and len(state["rng"]) == 2  # both ranks' RNG states, gathered to rank 0
+    assert header["versions"]["torch"] == torch.__version__ and header["config"]["seed"] == 7
+
+
+def test_killed_worker_restarts_and_resumes_bitwise_exact(baseline: Path, tmp_path: Path) -> None:
+    done, summary = _train(tmp_path, "--max-restarts", "2", "--drill", "kill-worker@epoch=2,rank=1")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "killing rank 1" in done.stdout and "Resuming training from snapshot at Epoch 2" in done.stdout
+    assert summary is not None and summary["restarts"] == 1 and summary["resumed_from"]["global_step"] == 16
+    (drill,) = summary["drills"]
+    assert drill["fired_at_step"] == 21 and drill["lost_steps"] == 5 and drill["within_interval"]
+    assert _same_state(_final(tmp_path)[1], _final(baseline)[1])
+
+
+def test_corrupt_newest_snapshot_falls_back_to_the_previous(baseline: Path, tmp_path: Path) -> None:
+    for step in (16, 24):
+        shutil.copy(baseline / f"snap.{step:09d}.pt", tmp_path / f"snap.{step:09d}.pt")
+    newest = tmp_path / "snap.000000024.pt"
+    data = bytearray(newest.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    newest.write_bytes(bytes(data))
+    done, summary = _train(tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "snap.000000024.pt is unusable" in done.stdout and "checksum" in done.stdout
+    assert "Resuming training from snapshot at Epoch 2" in done.stdout
+    assert summary is not None and summary["resumed_from"]["global_step"] == 16
+    assert _same_state(_final(tmp_path)[1], _final(baseline)[1])
+
+
+def test_preempt_drill_usr1_async_snapshot_then_rerun_resumes_exactly(baseline: Path, tmp_path: Path) -> None:
+    args = ("--async-snapshot", "--preempt-signal", "USR1", "--drill", "preempt@epoch=2")
+    done, summary = _train(tmp_path, *args)
+    assert done.returncode == 75, done.stdout + done.stderr[-3000:]
+    assert "received SIGUSR1" in done.stdout and summary is not None and summary["preempted"]
+    # signalled after step 21; the flags are exchanged at step 24 (every 4 steps) and read one step later
+    header, _ = read_snapshot(tmp_path / "snap.000000025.pt")
+    assert (header["next_epoch"], header["next_batch"]) == (3, 1)
+    # the async writer's epoch-2 snapshot holds exactly what the synchronous baseline wrote
+    _, async_epoch2 = read_snapshot(tmp_path / "snap.000000024.pt")
+    _, sync_epoch2 = read_snapshot(baseline / "snap.000000024.pt")
+    assert _same_state(async_epoch2, sync_epoch2, ("model", "optimizer", "rng", "loss_history"))
+
+    again, summary = _train(tmp_path, *args)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "Resuming training from snapshot at Epoch 3, step 1" in again.stdout
+    assert "sending SIGUSR1" not in again.stdout  # the drill fired once, not again on the rerun
+    assert _same_state(_final(tmp_path)[1], _final(baseline)[1])
+
+
+def test_sigterm_to_the_launcher_snapshots_exits_75_and_rerun_resumes(tmp_path: Path) -> None:
+    snap = str(tmp_path / "snap.pt")
+    cmd = [sys.executable, "-m", "ddpkit", "train", "-n", "2", "--samples", "512", "--epochs", "100000",
+           "--save-every", "1000", "--snapshot-path", snap]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=ddpkit_env(),
+                            start_new_session=True)
+    try:
+        assert proc.stdout is not None
+        deadline = time.monotonic() + 120
+        for line in proc.stdout:
+            if "[RANK 0] Epoch 2 " in line or time.monotonic() > deadline:
+                break
+        os.kill(proc.pid, signal.SIGTERM)
+        rest, _ = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == 75, rest[-3000:]
+    assert "received SIGTERM" in rest and "Preempted at epoch" in rest
+    (step, path), = SnapshotDir(tmp_path, "snap", ".pt", keep=1).candidates()
+    header = read_header(path)
+    assert header["global_step"] == step and header["global_step"] >= 24
+    done = run_ddpkit("train", "-n", "2", "--samples", "512", "--epochs", str(header["next_epoch"] + 1),
+                      "--save-every", "1000", "--snapshot-path", snap, timeout=180)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert f"Resuming training from snapshot at Epoch {header['next_epoch']}" in done.stdout
+
+
+def test_make_job_trains_a_user_model(tmp_path: Path) -> None:
+    env = ddpkit_env(PYTHONPATH=os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")]))
+    done, summary = _train(tmp_path, "--make-job", "train_user_job:make_job", "--lr", "0.01", env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert summary is not None and summary["job"] == "squares" and summary["parameters"] == 4 * 32 + 32 + 32 + 1
+    assert summary["final_loss"] < summary["first_loss"] / 2
+    _, state = _final(tmp_path)
+    assert "exp_avg" in str(state["optimizer"]["state"][0].keys())  # Adam's state is saved, not only weights
+
+
+def test_bad_input_exits_2_before_training(baseline: Path, tmp_path: Path) -> None:
+    cases = [("--save-every", "0"), ("--samples", "-5"), ("--snapshot-path", str(tmp_path / "missing" / "s.pt")),
+             ("--make-job", "no_such_pkg_xyz.jobs:make_job"), ("--drill", "kill-worker@epoch=1")]
+    for args in cases:
+        done = run_ddpkit("train", "-n", "2", *args, timeout=120)
+        assert done.returncode == 2, (args, done.stderr[-2000:])
+        assert "Traceback" not in done.stderr and "Epoch" not in done.stdout, args
+    # a snapshot written by another job (here: another learning rate) is refused, on every rank
+    done = run_ddpkit("train", "-n", "2", *JOB, "--lr", "0.5", "--snapshot-path", str(baseline / "snap.pt"),
+                      timeout=120)
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert "different job" in done.stderr and "lr: snapshot 0.001, this run 0.5" in done.stderr
+    assert "Traceback" not in done.stderr and "Epoch" not in done.stdout

@@ -1,0 +1,121 @@
+"""ddpkit train, pure parts: snapshot format and selection, drills, config validation, batches, RNG state."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from torch.utils.data import DistributedSampler
+
+from ddpkit.errors import ConfigError
+from ddpkit.train.config import TrainConfig, parse_drill, snapshot_location
+from ddpkit.train.data import Batches, make_dataset
+from ddpkit.train.faults import DrillBook
+from ddpkit.train.rng import capture_rng, restore_rng
+from ddpkit.train.snapshot import AsyncWriter, SnapshotDir, read_snapshot, write_snapshot
+
+
+def _state(value: float) -> dict[str, object]:
+    return {"model": {"w": torch.full((3, 4), value)}, "step": int(value)}
+
+
+def _write(snaps: SnapshotDir, step: int) -> Path:
+    path = snaps.path_for(step)
+    write_snapshot(path, _state(float(step)), {"global_step": step})
+    return path
+
+
+def test_snapshot_round_trip_and_fallback_past_truncated_and_corrupt(tmp_path: Path) -> None:
+    snaps = SnapshotDir(tmp_path, "snap", ".pt", keep=5)
+    for step in (10, 20, 30):
+        _write(snaps, step)
+    header, state = read_snapshot(snaps.path_for(30))
+    assert header["global_step"] == 30 and torch.equal(state["model"]["w"], torch.full((3, 4), 30.0))
+
+    newest = snaps.path_for(30)
+    newest.write_bytes(newest.read_bytes()[:-7])  # truncated: a writer died (or a copy stopped) mid-file
+    middle = snaps.path_for(20)
+    data = bytearray(middle.read_bytes())
+    data[-20] ^= 0xFF  # one flipped bit in the payload
+    middle.write_bytes(bytes(data))
+    info, skipped = snaps.newest_valid()
+    assert info is not None and info.global_step == 10
+    assert len(skipped) == 2 and "truncated" in skipped[0] and "corrupt" in skipped[1]
+
+
+def test_prune_keeps_the_newest_and_stale_temp_files_go(tmp_path: Path) -> None:
+    snaps = SnapshotDir(tmp_path, "snap", ".pt", keep=2)
+    for step in (1, 2, 3, 4):
+        _write(snaps, step)
+    stale = tmp_path / ".snap.000000005.pt.tmp-999"
+    stale.write_bytes(b"half")
+    snaps.prune()
+    snaps.remove_stale_temps()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["snap.000000003.pt", "snap.000000004.pt"]
+
+
+def test_async_writer_writes_the_same_bytes_and_reraises(tmp_path: Path) -> None:
+    writer = AsyncWriter()
+    writer.submit(tmp_path / "a.pt", _state(1.0), {"global_step": 1})
+    writer.join()
+    write_snapshot(tmp_path / "b.pt", _state(1.0), {"global_step": 1})
+    assert (tmp_path / "a.pt").read_bytes() == (tmp_path / "b.pt").read_bytes()
+    writer.submit(tmp_path / "missing-dir" / "c.pt", _state(1.0), {"global_step": 1})
+    with pytest.raises(FileNotFoundError):
+        writer.join()
+
+
+def test_snapshot_location_file_and_directory(tmp_path: Path) -> None:
+    assert snapshot_location(str(tmp_path / "run.pt")) == (tmp_path, "run", ".pt")
+    assert snapshot_location(str(tmp_path)) == (tmp_path, "snapshot", ".pt")
+    assert snapshot_location(str(tmp_path / "new") + "/") == (tmp_path / "new", "snapshot", ".pt")
+
+
+def test_drills_parse_and_fire_once(tmp_path: Path) -> None:
+    drill = parse_drill("kill-worker@epoch=3,rank=1")
+    assert (drill.kind, drill.epoch, drill.rank) == ("kill-worker", 3, 1)
+    assert str(parse_drill("preempt@epoch=2")) == "preempt@epoch=2"
+    for bad in ("kill@epoch=3", "preempt@epoch=2,rank=1", "kill-worker@rank=1", "preempt"):
+        with pytest.raises(ConfigError):
+            parse_drill(bad)
+    book = DrillBook(tmp_path / "d.json", (drill,))
+    assert book.due(3, 3, 8) is None and book.due(3, 4, 8) == drill
+    book.record(drill, epoch=3, global_step=28, target_rank=1)
+    again = DrillBook(tmp_path / "d.json", (drill,))  # the restarted attempt
+    assert again.due(3, 4, 8) is None
+    (report,) = again.report(resumed_step=24, interval_steps=8)
+    assert report["lost_steps"] == 4 and report["within_interval"]
+
+
+@pytest.mark.parametrize("kwargs", [{"save_every": 0}, {"samples": -1}, {"batch_size": 0}, {"epochs": 0},
+                                    {"model": "resnet"}, {"lr": 0.0}, {"preempt_signal": "KILL"},
+                                    {"batch_size": 64, "samples": 32}, {"snapshot_path": "/nonexistent/dir/s.pt"},
+                                    {"job": "no_such_module_xyz:make"}, {"job": "os.path:no_such_function"},
+                                    {"job": "missing_colon"}, {"drills": (parse_drill("preempt@epoch=1"),)}])
+def test_bad_config_is_a_config_error(kwargs: dict[str, object]) -> None:
+    with pytest.raises(ConfigError):
+        TrainConfig(**kwargs)  # type: ignore[arg-type]
+
+
+def test_batches_follow_distributed_sampler_and_resume_mid_epoch() -> None:
+    data = make_dataset("linear", 100, seed=3)
+    for rank in (0, 1):
+        batches = Batches(data, batch_size=8, rank=rank, world_size=2, seed=3, device=torch.device("cpu"))
+        sampler = DistributedSampler(data, num_replicas=2, rank=rank, shuffle=True, seed=3)
+        sampler.set_epoch(5)
+        expected = data.tensors[0][list(iter(sampler))]
+        got = torch.cat([x for x, _ in batches.epoch(5)])
+        assert torch.equal(got, expected) and batches.steps() == 7
+        tail = torch.cat([x for x, _ in batches.epoch(5, start=3)])
+        assert torch.equal(tail, expected[24:])
+
+
+def test_rng_state_round_trip() -> None:
+    saved = capture_rng()
+    first = (torch.rand(3), np.random.rand(3), random.random())
+    restore_rng(saved)
+    second = (torch.rand(3), np.random.rand(3), random.random())
+    assert torch.equal(first[0], second[0]) and np.array_equal(first[1], second[1]) and first[2] == second[2]
