@@ -158,7 +158,10 @@ class DrillBook:
     def report(self, resumed_step: int | None, interval_steps: int) -> list[dict[str, Any]]:
         """For each fired drill: what was injected, and what was lost (steps re-done after the resume)."""
         out = []
+        asked = {str(d) for d in self.drills}
         for name, rec in self.fired.items():
+            if name not in asked or not rec:  # fired by another run, or not known on this rank
+                continue
             lost = None if resumed_step is None else max(0, rec["global_step"] - resumed_step)
             out.append({"drill": name, "injected": f"{rec['kind']} of rank {rec['rank']} at epoch {rec['epoch']} "
                         f"(global step {rec['global_step']})", "fired_at_step": rec["global_step"],
