@@ -11,6 +11,7 @@ import importlib
 import os
 import sys
 from collections.abc import Sequence
+from dataclasses import replace
 from types import ModuleType
 from typing import TYPE_CHECKING
 
@@ -30,6 +31,9 @@ log = get_logger(__name__)
 # A module provides add_arguments(parser), run(args) -> int, and WORKER = True when it runs on every rank.
 COMMANDS: dict[str, tuple[str, str]] = {
     "env": ("ddpkit.env.cli", "show who this process is, in which world, and from which launcher"),
+    "check": ("ddpkit.check", "prove the cluster is ready for PyTorch distributed, and name what is broken"),
+    "bench": ("ddpkit.bench.cli", "benchmark every collective (nccl-tests conventions), verified, gated; --pairs"),
+    "report": ("ddpkit.report", "render check and bench JSON files into one Markdown report with plots"),
     "train": ("ddpkit.train.cli", "the reference DDP job: trains, snapshots safely, resumes exactly, survives faults"),
 }
 
@@ -109,7 +113,7 @@ def _run_worker(module: ModuleType, args: argparse.Namespace, argv: list[str]) -
     if world.launcher == "none":
         options = _launch_options(args)
         if options.shape.max_nodes * options.shape.nproc_per_node > 1:
-            return _launch(argv, options)
+            return _launch(argv, replace(options, preload=tuple(getattr(module, "PRELOAD", ()))))
     elif (args.nproc_per_node or args.job) and "DDPKIT_LAUNCHED" not in os.environ:
         log.warning("started by %s: -n/-j are ignored (the launcher decides the ranks)", world.launcher)
     return int(module.run(args))

@@ -8,6 +8,22 @@ keys are parameters for the fault. Examples::
     DDPKIT_FAULTS="hang:phase=ddp:rank=2"             # rank 2 never enters the DDP phase
     DDPKIT_FAULTS="slow:rank=2:ms=50"                 # rank 2 sleeps 50 ms where 'slow' is consulted
 
+Kinds consulted by ``ddpkit bench``:
+
+- ``corrupt`` (context ``op``, ``rank``; parameter ``n``, default 1): after the verification run of ``op``,
+  the rank adds 3 to the first ``n`` elements of its result, so ``#wrong`` counts ``n`` per size.
+- ``slow`` (context ``rank``; parameter ``ms``, default 20): in ``--pairs``, the rank stalls ``ms`` before each
+  point-to-point send, so its links read slow.
+
+Kinds consulted by ``ddpkit check`` (context: ``rank``, and ``op`` or ``phase``):
+
+- ``corrupt:op=OP:rank=R``: rank R's result of OP is wrong in one element. OP is a check name: barrier,
+  all_reduce_sum, all_reduce_max, broadcast, reduce, all_gather, reduce_scatter, all_to_all, send_recv_ring,
+  or ``ddp`` (rank R's replica drifts after the DDP steps).
+- ``hang:phase=P:rank=R``: rank R never enters phase P (roll-call, init, an op name above, ddp, report).
+- ``slow:phase=P:rank=R:ms=N``: rank R enters phase P N ms late.
+- ``version:rank=R:torch=X`` (also ``python``, ``ddpkit``, ``cuda``): rank R reports version X at roll-call.
+
 Never set in production; ddpkit logs a warning when any fault is armed.
 """
 

@@ -7,6 +7,8 @@
 
 from __future__ import annotations
 
+import importlib
+import logging
 import os
 import re
 import shutil
@@ -79,6 +81,10 @@ class LaunchOptions:
     """This node's address as the other nodes reach it."""
     rdzv_timeout: int = 120
     """Seconds to wait for all nodes to join."""
+    preload: tuple[str, ...] = ()
+    """Modules the agent imports once and its workers inherit by fork (``ddpkit check`` preloads torch._dynamo,
+    which DistributedDataParallel imports at 1.5-2.5 s per worker). Empty, or DDPKIT_START_METHOD=spawn: every
+    worker is a fresh ``python -m ddpkit`` process."""
 
 
 def launch(argv: list[str], options: LaunchOptions) -> int:
@@ -107,6 +113,16 @@ def launch(argv: list[str], options: LaunchOptions) -> int:
     conf: dict[str, object] = dict(options.rdzv_conf)
     if standalone:
         conf.setdefault("is_host", True)
+    # Fork is safe here: the agent has not touched CUDA, and the preloaded modules start no threads.
+    forked = bool(options.preload) and os.environ.get("DDPKIT_START_METHOD", "fork") == "fork"
+    for name in options.preload if forked else ():
+        importlib.import_module(name)
+    if forked and _cuda_initialized():  # a forked child cannot use a CUDA context its parent created
+        log.warning("CUDA was initialised while preloading %s: starting fresh rank processes instead",
+                    ", ".join(options.preload))
+        forked = False
+    if forked:
+        logging.getLogger("torch.distributed.elastic.multiprocessing.api").addFilter(_drop_exit_tracebacks)
     config = LaunchConfig(
         min_nodes=shape.min_nodes,
         max_nodes=shape.max_nodes,
@@ -118,11 +134,14 @@ def launch(argv: list[str], options: LaunchOptions) -> int:
         rdzv_timeout=options.rdzv_timeout,
         max_restarts=options.max_restarts,
         monitor_interval=0.1,
-        start_method="spawn",
+        start_method="fork" if forked else "spawn",
         local_addr=options.local_addr,
     )
     try:
-        elastic_launch(config, entrypoint=sys.executable)("-m", "ddpkit", *argv)
+        if forked:
+            elastic_launch(config, entrypoint=_forked_worker)(argv)
+        else:
+            elastic_launch(config, entrypoint=sys.executable)("-m", "ddpkit", *argv)
     except ChildFailedError as exc:
         return _root_cause(exc)
     except SignalException as exc:
@@ -138,6 +157,40 @@ def launch(argv: list[str], options: LaunchOptions) -> int:
     finally:
         shutil.rmtree(mark_dir, ignore_errors=True)
     return 0
+
+
+def _cuda_initialized() -> bool:
+    import torch
+
+    return bool(torch.cuda.is_initialized())
+
+
+def _drop_exit_tracebacks(record: logging.LogRecord) -> bool:
+    """Forked ranks that exit non-zero make torch log a traceback of its own join(); ``_root_cause`` says it in
+    one line, so the traceback (not the user's problem, and not ddpkit's) is dropped."""
+    exc = record.exc_info[1] if record.exc_info else None
+    return type(exc).__name__ != "ProcessExitedException"
+
+
+def _forked_worker(argv: list[str]) -> None:
+    """A forked worker runs the CLI as ``python -m ddpkit ARGV`` would, and exits with its code."""
+    from ddpkit import cli
+    from ddpkit import log as ddpkit_log
+
+    # The agent configured logging before its rank existed; configure afresh so lines carry this rank.
+    for handler in list(logging.getLogger("ddpkit").handlers):
+        logging.getLogger("ddpkit").removeHandler(handler)
+    ddpkit_log._configured = False
+    threads = os.environ.get("OMP_NUM_THREADS", "")
+    if threads.isdigit():  # the agent's torch sized its thread pool before the variable was set
+        import torch
+
+        torch.set_num_threads(int(threads))
+    code = cli.main(argv)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    if code:
+        sys.exit(code)
 
 
 def _root_cause(exc: object) -> int:

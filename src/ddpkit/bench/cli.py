@@ -1,0 +1,199 @@
+"""Benchmark every collective with nccl-tests' conventions, verify every result, gate on bus bandwidth.
+
+    ddpkit bench -n 2                                  # every op, 1K..16M, on 2 local ranks (gloo on CPU)
+    ddpkit bench -n 2 --ops all_reduce -b 1M -e 64M -f 2 --min-busbw 1.0 --json bench.json --plot bench.png
+    ddpkit bench -n 3 --pairs ranks                    # slow-link finder: every pair of ranks
+    srun -N 4 ddpkit bench --pairs                     # every pair of nodes
+
+Exit codes: 0 all results right and every gate met; 1 a wrong element or a missed gate; 2 bad options;
+3 ranks missing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import socket
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+from ddpkit import __version__
+from ddpkit.bench.busbw import OPS
+from ddpkit.bench.ops import DTYPES, REDOPS
+from ddpkit.bench.sizes import format_size, parse_size, size_sweep
+from ddpkit.errors import EXIT_CHECK_FAILED, EXIT_OK, ConfigError
+from ddpkit.log import get_logger
+
+__all__ = ["WORKER", "add_arguments", "run"]
+
+WORKER = True
+log = get_logger(__name__)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--ops", default=None, metavar="OP[,OP...]",
+                   help=f"collectives to run (default: all of {','.join(OPS)}; with --pairs: none)")
+    p.add_argument("-b", "--begin", default="1K", metavar="SIZE", help="smallest size, e.g. 8, 1K, 64M (default 1K)")
+    p.add_argument("-e", "--end", default="16M", metavar="SIZE", help="largest size (default 16M)")
+    step = p.add_mutually_exclusive_group()
+    step.add_argument("-f", "--factor", type=int, default=None, help="multiply the size by F each step (default 4)")
+    step.add_argument("-i", "--increment", default=None, metavar="SIZE", help="add SIZE each step instead")
+    p.add_argument("--dtype", default="float32", choices=DTYPES, help="element type (default float32)")
+    p.add_argument("--redop", default="sum", choices=REDOPS, help="reduction (default sum)")
+    p.add_argument("--root", type=int, default=0, help="root rank of broadcast and reduce (default 0)")
+    p.add_argument("-w", "--warmup", type=int, default=5, help="untimed iterations per measurement (default 5)")
+    p.add_argument("--iters", type=int, default=20,
+                   help="timed iterations per measurement (nccl-tests' -n; -n here is the number of ranks)")
+    p.add_argument("--min-busbw", default=None, metavar="GBPS|OP=GBPS,...",
+                   help="fail when the average bus bandwidth (or an op's) is below this, GB/s")
+    p.add_argument("--pairs", nargs="?", const="nodes", choices=["nodes", "ranks"], default=None,
+                   help="slow-link finder: bandwidth and latency of every pair of nodes (default) or ranks")
+    p.add_argument("--pairs-size", default="4M", metavar="SIZE", help="bytes per pair transfer (default 4M)")
+    p.add_argument("--pairs-iters", type=int, default=5, help="exchanges per pair, median taken (default 5)")
+    p.add_argument("--pairs-threshold", type=float, default=0.5,
+                   help="name links below this fraction of the reference bandwidth (default 0.5)")
+    p.add_argument("--json", default=None, metavar="PATH", help="write every row and the verdict as JSON")
+    p.add_argument("--csv", default=None, metavar="PATH", help="write every row as CSV")
+    p.add_argument("--plot", default=None, metavar="PATH.png", help="plot busbw against size (needs matplotlib)")
+    p.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for every rank (default 120)")
+
+
+def _options(args: argparse.Namespace) -> dict[str, Any]:
+    """Validate every option before any rank starts, so bad input is exit code 2 everywhere."""
+    from ddpkit.bench.results import parse_gate
+    from ddpkit.bench.sweep import SweepConfig
+
+    if args.ops is None:
+        ops: tuple[str, ...] = () if args.pairs else OPS
+    elif args.ops.strip() in ("all", "*"):
+        ops = OPS
+    else:
+        ops = tuple(o.strip() for o in args.ops.split(",") if o.strip())
+        unknown = [o for o in ops if o not in OPS]
+        if unknown:
+            raise ConfigError(f"--ops names {', '.join(unknown)}", f"ops among {', '.join(OPS)}",
+                              "write --ops all_reduce,all_gather")
+    sizes = size_sweep(parse_size(args.begin, option="-b"), parse_size(args.end, option="-e"), factor=args.factor
+                       if args.factor is not None or args.increment is not None else 4,
+                       increment=parse_size(args.increment, option="-i") if args.increment else None)
+    for name in ("warmup", "iters", "pairs_iters"):
+        if getattr(args, name) < (0 if name == "warmup" else 1):
+            raise ConfigError(f"--{name.replace('_', '-')} {getattr(args, name)}", "a positive count",
+                              f"pass --{name.replace('_', '-')} 5")
+    if not 0 < args.pairs_threshold < 1:
+        raise ConfigError(f"--pairs-threshold {args.pairs_threshold}", "a fraction between 0 and 1",
+                          "pass --pairs-threshold 0.5")
+    if args.plot and importlib.util.find_spec("matplotlib") is None:
+        raise ConfigError("--plot needs matplotlib, which is not installed", "the ddpkit 'plots' extra",
+                          "pip install 'ddpkit[plots]' (or matplotlib), or drop --plot")
+    cfg = SweepConfig(ops=ops, sizes=tuple(sizes), dtype=args.dtype, redop=args.redop, root=args.root,
+                      warmup=args.warmup, iters=args.iters)
+    return {"sweep": cfg, "gate": parse_gate(args.min_busbw),
+            "pairs_size": parse_size(args.pairs_size, option="--pairs-size")}
+
+
+def _format_pairs(p: dict[str, Any]) -> str:
+    names, bw, lat = p["names"], p["bandwidth_gbps"], p["latency_us"]
+    width = max(10, *(len(n) for n in names)) + 1
+    lines = [f"# point-to-point between {p['mode']} ({format_size(p['size'])} per transfer; latency one-way)"]
+    if p.get("note"):
+        lines.append(f"# note: {p['note']}")
+    for title, matrix, fmt in (("bandwidth (GB/s)", bw, "{:.3f}"), ("latency (us)", lat, "{:.1f}")):
+        lines.append(f"# {title}")
+        lines.append(" " * width + "".join(f"{n:>{width}}" for n in names))
+        for i, name in enumerate(names):
+            cells = "".join(f"{'-' if i == j else fmt.format(matrix[i][j]):>{width}}" for j in range(len(names)))
+            lines.append(f"{name:<{width}}{cells}")
+    lines.append(f"# reference (median of each endpoint's best link): {p['reference_bw']:.3f} GB/s, "
+                 f"{p['reference_latency_us']:.1f} us; slow = below {p['threshold']:.0%} of it "
+                 f"(or latency above {1 / p['threshold']:.1f}x)")
+    links = [f"{a} <-> {b}" for a, b in p["slow_links"]]
+    lines.append("# slow links: " + (", ".join(links) if links else "none"))
+    lines.append("# slow " + p["mode"] + ": " + (", ".join(p["slow_endpoints"]) or "none"))
+    return "\n".join(lines) + "\n"
+
+
+def _write_outputs(args: argparse.Namespace, report: dict[str, Any]) -> None:
+    from ddpkit.bench.results import csv_text
+
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(report, indent=2) + "\n")
+        print(f"# wrote {args.json}")
+    if args.csv:
+        Path(args.csv).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.csv).write_text(csv_text(report["ops"]))
+        print(f"# wrote {args.csv}")
+    if args.plot:
+        from ddpkit.bench.plot import plot_busbw
+
+        world = report["world"]
+        plot_busbw(report["ops"], args.plot, title=f"ddpkit bench: {world['world_size']} ranks, {report['backend']}"
+                   f" on {report['device']}, {report['dtype']}")
+        print(f"# wrote {args.plot}")
+
+
+def run(args: argparse.Namespace) -> int:
+    import torch.distributed as dist
+
+    from ddpkit import runtime
+    from ddpkit.bench.pairs import measure_pairs
+    from ddpkit.bench.results import avg_busbw, format_table, total_wrong, verdict
+    from ddpkit.bench.sweep import run_sweep
+
+    opts = _options(args)
+    cfg = opts["sweep"]
+    rt = runtime.init(backend=args.backend, timeout=timedelta(seconds=args.timeout))
+    try:
+        if not 0 <= cfg.root < rt.world_size:
+            raise ConfigError(f"--root {cfg.root}", f"a rank between 0 and {rt.world_size - 1}", "pass --root 0")
+        members: list[Any] = [None] * rt.world_size
+        dist.all_gather_object(members, {"rank": rt.rank, "host": socket.gethostname(), "pid": os.getpid(),
+                                         "device": str(rt.device)})
+        lead = rt.rank == 0
+        if lead:
+            nodes = len({m["host"] for m in members})
+            print(f"# ddpkit bench {__version__}: {rt.world_size} ranks on {nodes} node(s), backend {rt.backend}, "
+                  f"dtype {cfg.dtype}, warmup {cfg.warmup}, iters {cfg.iters}")
+            for m in members:
+                print(f"#  rank {m['rank']:>3} pid {m['pid']:>7} on {m['host']} device {m['device']}")
+        results = run_sweep(cfg, rank=rt.rank, world_size=rt.world_size, backend=rt.backend, device=rt.device)
+        if lead:
+            for result in results:
+                print(format_table(result, rt.world_size))
+        pairs: dict[str, Any] | None = None
+        if args.pairs:
+            pairs = measure_pairs(mode=args.pairs, size=opts["pairs_size"], iters=args.pairs_iters,
+                                  threshold=args.pairs_threshold, rank=rt.rank, world_size=rt.world_size,
+                                  device=rt.device).as_dict()
+            if lead:
+                print(_format_pairs(pairs))
+        passed, reasons = verdict(results, opts["gate"])
+        if pairs and pairs["slow_endpoints"] + pairs["slow_links"]:
+            reasons.append(f"slow {pairs['mode']}: {', '.join(pairs['slow_endpoints']) or 'none'}; slow links: "
+                           + ", ".join(f"{a} <-> {b}" for a, b in pairs["slow_links"]))
+            passed = False
+        report = {"kind": "bench", "version": __version__, "backend": rt.backend, "device": rt.device.type,
+                  "dtype": cfg.dtype, "redop": cfg.redop, "warmup": cfg.warmup, "iters": cfg.iters,
+                  "world": {"world_size": rt.world_size, "launcher": rt.world.launcher, "members": members},
+                  "gate": opts["gate"], "ops": results, "avg_busbw": avg_busbw(results), "pairs": pairs,
+                  "passed": passed, "reasons": reasons}
+        if lead:
+            avg = report["avg_busbw"]
+            unsupported = [f"{r['op']} ({r['reason']})" for r in results if not r["supported"]]
+            wrong = total_wrong(results)
+            if results:
+                print(f"# Out of bounds values : {wrong} {'OK' if not wrong else 'ERROR'}")
+                print(f"# Avg bus bandwidth    : {avg:.4f} GB/s" if avg is not None else "# Avg bus bandwidth    : -")
+            if unsupported:
+                print("# unsupported here: " + "; ".join(unsupported))
+            print("# verdict: PASS" if passed else "# verdict: FAIL\n" + "\n".join(f"#   {r}" for r in reasons))
+            _write_outputs(args, report)
+        # Leave together: a rank that exits with 1 while rank 0 still writes gets rank 0 killed by the agent.
+        dist.barrier()
+        return EXIT_OK if passed else EXIT_CHECK_FAILED
+    finally:
+        runtime.shutdown()

@@ -1,0 +1,247 @@
+"""Each collective: its buffers, how to launch it, and the closed-form result every rank must see.
+
+Inputs follow a fixed pattern so that each result is known without a reference run: ``p[j] = j mod 7``, and rank
+``r`` adds ``(r mod 4) + 1`` (all_to_all adds a value per destination chunk). Every value stays a small integer,
+exact in every float type for the rank counts ddpkit targets; half precisions are compared with a tolerance.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from ddpkit.bench.busbw import per_rank_count
+from ddpkit.faults import fault
+
+if TYPE_CHECKING:
+    import torch
+
+__all__ = ["DTYPES", "REDOPS", "Case", "Prepared", "count_wrong", "modes", "prepare", "unsupported_reason"]
+
+DTYPES = ("float32", "float64", "float16", "bfloat16", "int32", "int64", "int8", "uint8")
+REDOPS = ("sum", "max", "min")
+IN_PLACE_ONLY = frozenset({"all_reduce", "broadcast", "reduce"})  # torch's API has no out-of-place form
+OUT_OF_PLACE_ONLY = frozenset({"all_to_all", "sendrecv"})
+ROOTED = frozenset({"broadcast", "reduce"})
+REDUCING = frozenset({"all_reduce", "reduce", "reduce_scatter"})
+_A2A_MOD = 31  # all_to_all chunk values wrap here to stay exact in half precision
+
+
+def modes(op: str) -> tuple[bool, ...]:
+    """The placements torch offers for ``op``: False = out-of-place, True = in-place."""
+    if op in IN_PLACE_ONLY:
+        return (True,)
+    if op in OUT_OF_PLACE_ONLY:
+        return (False,)
+    return (False, True)
+
+
+def unsupported_reason(op: str, backend: str, world_size: int, device_type: str) -> str | None:
+    """Why ``op`` cannot run here, known before trying it; None when it should run."""
+    if op == "sendrecv" and world_size < 2:
+        return "sendrecv needs at least 2 ranks"
+    if backend == "gloo" and device_type == "cuda" and op in ("reduce_scatter", "all_to_all"):
+        return f"unsupported by gloo on CUDA tensors ({op})"
+    return None
+
+
+@dataclass(frozen=True, kw_only=True)
+class Case:
+    """One op at one size on this rank."""
+
+    op: str
+    """Collective name, one of ddpkit.bench.busbw.OPS."""
+    count: int
+    """Elements in the full buffer (nccl-tests' count column)."""
+    dtype: str
+    """Element type name, one of DTYPES."""
+    redop: str
+    """Reduction for reducing ops, one of REDOPS."""
+    root: int
+    """Root rank of broadcast and reduce."""
+    rank: int
+    """This rank."""
+    world_size: int
+    """Ranks taking part."""
+    in_place: bool
+    """Whether the output buffer aliases the input."""
+
+
+@dataclass
+class Prepared:
+    """Buffers of one case and the call that runs the collective on them."""
+
+    launch: Callable[[], object]
+    """Runs the collective once (synchronous on CPU; queued on the stream on GPU)."""
+    output: torch.Tensor
+    """Where this rank's result lands."""
+    reset: Callable[[], None]
+    """Refills the inputs with the pattern (in-place ops overwrite them)."""
+
+
+def _torch_dtype(name: str) -> torch.dtype:
+    import torch
+
+    return getattr(torch, name)
+
+
+def _pattern(n: int, dtype: torch.dtype, device: torch.device, offset: int = 0) -> torch.Tensor:
+    import torch
+
+    return (torch.arange(offset, offset + n, device=device, dtype=torch.int64) % 7).to(dtype)
+
+
+def _rank_add(r: int) -> int:
+    return (r % 4) + 1
+
+
+def _reduce_add(redop: str, n: int) -> int:
+    adds = [_rank_add(r) for r in range(n)]
+    return {"sum": sum(adds), "max": max(adds), "min": min(adds)}[redop]
+
+
+def _reduced(p: torch.Tensor, redop: str, n: int) -> torch.Tensor:
+    """Closed form of reducing ``p + add(r)`` over ranks 0..n-1."""
+    return (p * n if redop == "sum" else p) + _reduce_add(redop, n)
+
+
+def _gather_fn() -> Callable[..., object]:
+    """torch >= 2.13 names it all_gather_single and deprecates all_gather_into_tensor; older torch has only that."""
+    import torch.distributed as dist
+
+    return getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+
+
+def _scatter_fn() -> Callable[..., object]:
+    import torch.distributed as dist
+
+    return getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+
+
+def _redop(name: str) -> object:
+    import torch.distributed as dist
+
+    return {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}[name]
+
+
+def prepare(case: Case, device: torch.device) -> Prepared:
+    """Allocate the buffers of ``case`` and bind the torch.distributed call that runs it."""
+    import torch
+    import torch.distributed as dist
+
+    dt = _torch_dtype(case.dtype)
+    n, r, op = case.world_size, case.rank, case.op
+    c = per_rank_count(op, case.count, n)
+    full = torch.empty(case.count, dtype=dt, device=device)
+    redop = _redop(case.redop)
+    gather, scatter = _gather_fn(), _scatter_fn()
+
+    def fill_full() -> None:
+        full.copy_(_pattern(case.count, dt, device) + _rank_add(r))
+
+    if op == "all_reduce":
+        return Prepared(launch=lambda: dist.all_reduce(full, op=redop), output=full, reset=fill_full)
+    if op == "reduce":
+        return Prepared(launch=lambda: dist.reduce(full, case.root, op=redop), output=full,
+                        reset=fill_full)
+    if op == "broadcast":
+        def fill_bcast() -> None:
+            if r == case.root:
+                fill_full()
+            else:
+                full.zero_()  # so a broadcast that never arrives shows as wrong
+        return Prepared(launch=lambda: dist.broadcast(full, case.root), output=full, reset=fill_bcast)
+    if op == "all_gather":
+        out = torch.empty(case.count, dtype=dt, device=device)
+        inp = out.narrow(0, r * c, c) if case.in_place else torch.empty(c, dtype=dt, device=device)
+
+        def fill_gather() -> None:
+            out.zero_()
+            inp.copy_(_pattern(c, dt, device) + _rank_add(r))
+        return Prepared(launch=lambda: gather(out, inp), output=out, reset=fill_gather)
+    if op == "reduce_scatter":
+        rs_out = full.narrow(0, r * c, c) if case.in_place else torch.empty(c, dtype=dt, device=device)
+        return Prepared(launch=lambda: scatter(rs_out, full, op=redop),
+                        output=rs_out, reset=fill_full)
+    if op == "all_to_all":
+        a2a_out = torch.empty(case.count, dtype=dt, device=device)
+
+        def fill_a2a() -> None:
+            chunk = _pattern(c, dt, device)
+            for k in range(n):
+                full.narrow(0, k * c, c).copy_(chunk + (r * n + k) % _A2A_MOD)
+            a2a_out.zero_()
+        return Prepared(launch=lambda: dist.all_to_all_single(a2a_out, full), output=a2a_out, reset=fill_a2a)
+    if op == "sendrecv":
+        recv = torch.empty(case.count, dtype=dt, device=device)
+
+        def exchange() -> None:
+            reqs = dist.batch_isend_irecv([dist.P2POp(dist.isend, full, (r + 1) % n),
+                                           dist.P2POp(dist.irecv, recv, (r - 1) % n)])
+            for req in reqs:
+                req.wait()
+
+        def fill_sendrecv() -> None:
+            fill_full()
+            recv.zero_()
+        return Prepared(launch=exchange, output=recv, reset=fill_sendrecv)
+    raise ValueError(f"unknown op {op!r}")
+
+
+def expected(case: Case, device: torch.device) -> torch.Tensor | None:
+    """The result this rank must hold after ``case``; None where the op leaves this rank's buffer undefined."""
+    import torch
+
+    dt = _torch_dtype(case.dtype)
+    n, r, op = case.world_size, case.rank, case.op
+    c = per_rank_count(op, case.count, n)
+    wide = torch.float64 if dt.is_floating_point else torch.int64
+    p = _pattern(case.count, wide, device)
+    if op == "all_reduce":
+        return _reduced(p, case.redop, n)
+    if op == "reduce":
+        return _reduced(p, case.redop, n) if r == case.root else None
+    if op == "broadcast":
+        return p + _rank_add(case.root)
+    if op == "all_gather":
+        chunk = p[:c]
+        return torch.cat([chunk + _rank_add(k) for k in range(n)]) if n else chunk
+    if op == "reduce_scatter":
+        return _reduced(p[r * c:(r + 1) * c], case.redop, n)
+    if op == "all_to_all":
+        chunk = p[:c]
+        return torch.cat([chunk + (k * n + r) % _A2A_MOD for k in range(n)])
+    if op == "sendrecv":
+        return p + _rank_add((r - 1) % n)
+    raise ValueError(f"unknown op {op!r}")
+
+
+def count_wrong(case: Case, prepared: Prepared, device: torch.device) -> int:
+    """Run ``case`` once on fresh inputs and count this rank's elements that differ from the closed form.
+
+    The ``corrupt`` fault (``DDPKIT_FAULTS=corrupt:op=all_reduce:rank=1``, optional ``n=COUNT``) damages this
+    rank's result after the collective, as a faulty link or kernel would.
+    """
+    import torch
+
+    prepared.reset()
+    prepared.launch()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    armed = fault("corrupt", op=case.op, rank=case.rank)
+    if armed is not None and prepared.output.numel():
+        damaged = min(int(armed.get("n", "1")), prepared.output.numel())
+        prepared.output.view(-1)[:damaged] += 3
+    want = expected(case, device)
+    if want is None:
+        return 0
+    got = prepared.output
+    if not got.dtype.is_floating_point:  # integer sums wrap the same way on every rank: compare in the type
+        return int((got != want.to(got.dtype)).sum().item())
+    got = got.to(want.dtype)
+    if case.dtype in ("float16", "bfloat16"):
+        eps = torch.finfo(_torch_dtype(case.dtype)).eps
+        close = torch.isclose(got, want, rtol=eps * case.world_size, atol=0.0)
+        return int((~close).sum().item())
+    return int((got != want).sum().item())

@@ -1,0 +1,262 @@
+"""Prove a cluster is ready for PyTorch distributed, and name what is broken: `ddpkit check`.
+
+    ddpkit check -n 4                                  # 4 local ranks (torch's elastic agent starts them)
+    torchrun --nproc-per-node 8 -m ddpkit check        # any launcher: torchrun, srun, mpirun, a Kubeflow pod
+    srun -N 2 --ntasks-per-node 4 ddpkit check --json check.json --rank-lines
+
+Phases, each under a deadline (``--timeout`` for the roll-call, ``--phase-timeout`` for every later one):
+roll-call in rank 0's store (missing, duplicate, disagreeing ranks, shared GPUs; versions and settings) ->
+process group -> verified collectives -> DDP synchronisation -> report. Rank 0 prints a table per node, one
+line per check and a verdict. Exit codes: 0 all passed; 1 a check failed; 2 usage or environment error
+(duplicate ranks, world sizes that disagree, two ranks on one GPU); 3 ranks missing or a deadline expired.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import threading
+import time
+from dataclasses import replace
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
+
+from ddpkit.check import collectives, ddpsync, render
+from ddpkit.check.consistency import judge_consistency, judge_network
+from ddpkit.check.outcome import FAIL, Outcome, exit_code, failed
+from ddpkit.check.rollcall import check_in, collect, judge, local_record
+from ddpkit.check.watchdog import Watchdog
+from ddpkit.env import WorldInfo, detect
+from ddpkit.errors import EXIT_MISSING, ConfigError, DeadlineExpired
+from ddpkit.faults import fault
+from ddpkit.log import get_logger
+
+if TYPE_CHECKING:
+    import torch
+    import torch.distributed as dist
+
+__all__ = ["WORKER", "add_arguments", "run"]
+
+WORKER = True
+# Under `ddpkit check -n N` the agent imports these once and forks the ranks (ddpkit.launch): DDP's first use
+# imports torch._dynamo, 1.5-2.5 s per rank, most of the check's cost over a bare hello world.
+PRELOAD = ("torch.nn.parallel", "torch._dynamo", "ddpkit.check.ddpsync", "ddpkit.runtime", "rich.table")
+log = get_logger(__name__)
+MARGIN_S = 5.0  # gloo's own timeout and the other ranks' store waits trail the watchdog's deadline by this much
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--timeout", type=float, default=30.0, metavar="S",
+                   help="seconds rank 0 waits for every rank to check in (default 30)")
+    p.add_argument("--phase-timeout", type=float, default=60.0, metavar="S",
+                   help="deadline of every later phase: init, each collective, DDP, report (default 60)")
+    p.add_argument("--json", default=None, metavar="PATH",
+                   help="write the full report: every rank's record, every check, timings")
+    p.add_argument("--rank-lines", action="store_true",
+                   help="also print the seeds' per-rank lines (hello from rank N, host: rank of size, NCCL_*)")
+
+
+class Report:
+    """What rank 0 knows so far; printed once, at the end or when a deadline aborts the run."""
+
+    def __init__(self, args: argparse.Namespace, world: WorldInfo, backend: str, device: str) -> None:
+        self.args = args
+        self.device = device
+        self.world = world
+        self.backend = backend
+        self.records: list[dict[str, Any]] = []
+        self.outcomes: list[Outcome] = []
+        self.timings: dict[str, float] = {}
+        self.start = time.monotonic()
+        self._lock = threading.Lock()
+        self._emitted = False
+
+    def emit(self, code: int | None = None, deadline: str | None = None) -> int:
+        with self._lock:
+            if self._emitted:
+                return code or 0
+            self._emitted = True
+            outcomes = list(self.outcomes)
+            if deadline is not None:
+                outcomes.append(failed("deadline", deadline, code=EXIT_MISSING))
+            code = exit_code(outcomes) if code is None else code
+            seconds = time.monotonic() - self.start
+            if self.records:
+                render.print_nodes(self.records)
+            render.print_checks(outcomes)
+            hosts = len({r["host"] for r in self.records}) or 1
+            verdict = render.verdict_line(outcomes, code, world_size=self.world.world_size, hosts=hosts,
+                                          backend=self.backend, seconds=seconds)
+            render.print_verdict(verdict)
+            if self.args.rank_lines and self.records:
+                render.print_rank_lines(self.records)
+            if self.args.json:
+                render.write_json(self.args.json, {
+                    "kind": "check", "verdict": verdict, "exit_code": code, "passed": code == 0,
+                    "backend": self.backend, "device": self.device,
+                    "world": self.world.as_dict(), "seconds": round(seconds, 3), "timings": self.timings,
+                    "checks": [o.as_dict() for o in outcomes], "ranks": self.records, "deadline": deadline,
+                })
+            return code
+
+
+def _consult_faults(phase: str, rank: int) -> None:
+    """Test hooks: ``hang:phase=P:rank=R`` never enters P; ``slow:phase=P:rank=R:ms=N`` enters it late."""
+    if fault("hang", phase=phase, rank=rank) is not None:
+        log.warning("test fault: rank %d hangs before phase %s", rank, phase)
+        threading.Event().wait()
+    slow = fault("slow", phase=phase, rank=rank)
+    if slow is not None:
+        time.sleep(float(slow.get("ms", "1000")) / 1e3)
+
+
+def _device_identity(device: torch.device) -> tuple[str, str | None]:
+    import torch
+
+    if device.type != "cuda":
+        return str(device), None
+    uuid = getattr(torch.cuda.get_device_properties(device), "uuid", None)
+    return f"cuda:{device.index}", str(uuid) if uuid is not None else None
+
+
+def _open_store(world: WorldInfo, seconds: float) -> tuple[WorldInfo, dist.Store]:
+    """Export the world for torch and connect to rank 0's store; the world returned names the master chosen."""
+    from ddpkit.runtime import export_world, open_store
+
+    export_world(world)
+    # a single process picks a free port: keep it, so init() exports the same one
+    world = replace(world, master_addr=os.environ["MASTER_ADDR"], master_port=int(os.environ["MASTER_PORT"]))
+    try:
+        return world, open_store(world, timedelta(seconds=seconds))
+    except Exception as exc:  # DistStoreError / RuntimeError: rank 0's store never answered
+        where = f"{os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT')}"
+        raise DeadlineExpired(f"rank {world.rank} could not reach rank 0's store at {where} within {seconds:g} s "
+                              f"({str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__})",
+                              "rank 0 started, listening on MASTER_ADDR:MASTER_PORT, reachable from this host",
+                              "check that rank 0 runs and that MASTER_ADDR/MASTER_PORT name it") from None
+
+
+def _store_errors() -> tuple[type[BaseException], ...]:
+    import torch.distributed as dist
+
+    return (dist.DistError,) if hasattr(dist, "DistError") else (RuntimeError,)
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.timeout <= 0 or args.phase_timeout <= 0:
+        raise ConfigError(f"--timeout {args.timeout} / --phase-timeout {args.phase_timeout}", "positive seconds",
+                          "pass e.g. --timeout 30 --phase-timeout 60")
+    from ddpkit.runtime import pick_backend, pick_device
+
+    world = detect()
+    backend = pick_backend(args.backend)
+    device = pick_device(backend, world.local_rank)
+    world, store = _open_store(world, args.timeout + MARGIN_S)
+    report = Report(args, world, backend, str(device))
+    rank, size = world.rank, world.world_size
+    # Its own connection (Store.clone, torch >= 2.5): the main thread may be blocked in a store call when the
+    # deadline passes. Older torch shares the connection; the gloo timeout and faulthandler backstops remain.
+    second = getattr(store, "clone", lambda: store)()
+    watchdog = Watchdog(second, rank=rank, world_size=size,
+                        on_abort=lambda reason: report.emit(EXIT_MISSING, deadline=reason)).start()
+
+    def mark(state: str) -> None:
+        store.set(f"phase/{rank}", state)
+
+    def phase(name: str, seconds: float | None = None) -> Any:
+        _consult_faults(name, rank)
+        return watchdog.phase(name, seconds or args.phase_timeout, mark=mark)
+
+    try:
+        name, ident = _device_identity(device)
+        with phase("roll-call", args.timeout + MARGIN_S):
+            t = time.monotonic()
+            go = _roll_call(store, report, local_record(world, device=name, gpu_uuid=ident), args.timeout)
+            report.timings["roll-call"] = time.monotonic() - t
+        if go != "go":
+            return _finish(store, report, rank, int(go), watchdog)
+        _verify(store, report, world, backend, phase)
+        return _finish(store, report, rank, None, watchdog)
+    except _store_errors() as exc:  # rank 0 (and its store) went away, or a wait outlived every deadline
+        text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise DeadlineExpired(f"rank {rank} lost rank 0's store ({text})", "rank 0 alive until the report",
+                              "look at rank 0's output: it failed or was killed first") from None
+    finally:
+        watchdog.stop()
+
+
+def _roll_call(store: dist.Store, report: Report, record: dict[str, Any], timeout: float) -> str:
+    """Check in; rank 0 judges the world and publishes 'go' or the exit code everyone ends with."""
+    check_in(store, record)
+    world = report.world
+    if world.rank != 0:
+        store.wait(["rollcall/verdict"], timedelta(seconds=timeout + 2 * MARGIN_S))
+        return store.get("rollcall/verdict").decode()
+    records, waited = collect(store, world.world_size, timeout)
+    report.records = records
+    found = judge(records, world_size=world.world_size, hosts=world.hosts,
+                  local_world_size=world.local_world_size, timeout=timeout, waited=waited)
+    report.outcomes += found + judge_consistency(records) + [judge_network(records)]
+    fatal = exit_code(found)
+    verdict = "go" if fatal == 0 else str(fatal)
+    store.set("rollcall/verdict", verdict)
+    return verdict
+
+
+def _verify(store: dist.Store, report: Report, world: WorldInfo, backend: str, phase: Any) -> None:
+    """Process group, collectives, DDP; each rank's results go to the store, rank 0 judges them all."""
+    from ddpkit.runtime import init, shutdown
+
+    rank, size = world.rank, world.world_size
+    try:
+        with phase("init"):
+            t = time.monotonic()
+            rt = init(backend=backend, timeout=timedelta(seconds=report.args.phase_timeout + MARGIN_S),
+                      store=store, world=world)
+            report.timings["init"] = time.monotonic() - t
+        ops = []
+        for name in collectives.OPS:
+            with phase(name):
+                ops.append(collectives.run_op(name, rank, size, rt.device))
+                report.timings[name] = ops[-1].seconds
+        with phase("ddp"):
+            ddp = ddpsync.run_ddp(rank, size, rt.device)
+            report.timings["ddp"] = ddp.seconds
+        with phase("report"):
+            store.set(f"results/{rank}", json.dumps({"ops": [o.as_dict() for o in ops], "ddp": ddp.as_dict()}))
+            if rank == 0:
+                _judge_results(store, report, size, backend)
+    finally:
+        shutdown()
+
+
+def _judge_results(store: dist.Store, report: Report, size: int, backend: str) -> None:
+    keys = [f"results/{r}" for r in range(size)]
+    store.wait(keys, timedelta(seconds=report.args.phase_timeout + MARGIN_S))
+    results = [json.loads(store.get(k)) for k in keys]
+    for i, name in enumerate(collectives.OPS):
+        per_rank = [collectives.OpResult(**res["ops"][i]) for res in results]
+        report.outcomes.append(collectives.combine(name, per_rank, backend))
+    report.outcomes.append(ddpsync.combine([ddpsync.DdpResult(**res["ddp"]) for res in results]))
+
+
+def _finish(store: dist.Store, report: Report, rank: int, code: int | None, watchdog: Watchdog) -> int:
+    """Rank 0 prints and publishes the exit code; everyone leaves with it. Rank 0 (it may host the store) goes last."""
+    if rank == 0:
+        code = report.emit(code)
+        store.set("verdict", str(code))
+        deadline = time.monotonic() + MARGIN_S
+        others = int(store.add("rollcall/count", 0)) - 1  # the ranks that checked in, duplicates included
+        while int(store.add("finished", 0)) < others and time.monotonic() < deadline:
+            time.sleep(0.02)
+    else:
+        store.wait(["verdict"], timedelta(seconds=report.args.phase_timeout + MARGIN_S))
+        code = int(store.get("verdict").decode())
+        watchdog.stop()
+        store.add("finished", 1)
+    if code:
+        failures = [o.name for o in report.outcomes if o.status == FAIL]
+        log.debug("rank %d on %s ends with exit code %d (%s)", rank, socket.gethostname(), code, failures)
+    return int(code or 0)
