@@ -48,6 +48,7 @@ class PreemptionWatch:
         self._one = torch.ones(1, device=device)
         self._zero = torch.zeros(1, device=device)
         self._votes = torch.zeros(1, device=device)
+        self._votes_work: Any = None
         self._previous: dict[signal.Signals, Any] = {}
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
@@ -74,15 +75,10 @@ class PreemptionWatch:
             return _all_reduce(grads).then(lambda fut: fut.value()[0].div_(world))
         flag = self._one if self.received is not None else self._zero
         if grads.numel() > self.PIGGYBACK_MAX:
+            # waited for in should_stop, on the training thread: never block gloo's threads in a callback
             self._votes.copy_(flag)
-            votes = dist.all_reduce(self._votes, async_op=True)
-            assert votes is not None
-
-            def average(fut: torch.futures.Future[list[torch.Tensor]]) -> torch.Tensor:
-                votes.wait()
-                return fut.value()[0].div_(world)
-
-            return _all_reduce(grads).then(average)
+            self._votes_work = dist.all_reduce(self._votes, async_op=True)
+            return _all_reduce(grads).then(lambda fut: fut.value()[0].div_(world))
         packed = torch.cat([grads, flag.to(grads.dtype)])
 
         def unpack(fut: torch.futures.Future[list[torch.Tensor]]) -> torch.Tensor:
@@ -96,6 +92,9 @@ class PreemptionWatch:
         """After a step's backward, on every rank: did any rank raise its flag (the same answer everywhere)?"""
         if self.world_size == 1:
             return self.received is not None
+        if self._votes_work is not None:
+            self._votes_work.wait()
+            self._votes_work = None
         return bool(self._votes.item() > 0)
 
 
