@@ -161,7 +161,10 @@ class DrillBook:
         for name, rec in self.fired.items():
             if name not in asked or not rec:  # fired by another run, or not known on this rank
                 continue
-            lost = None if resumed_step is None else max(0, rec["global_step"] - resumed_step)
+            if rec["kind"] == "preempt":  # the preemption snapshot is taken where training stops
+                lost: int | None = 0
+            else:
+                lost = None if resumed_step is None else max(0, rec["global_step"] - resumed_step)
             out.append({"drill": name, "injected": f"{rec['kind']} of rank {rec['rank']} at epoch {rec['epoch']} "
                         f"(global step {rec['global_step']})", "fired_at_step": rec["global_step"],
                         "lost_steps": lost, "within_interval": lost is not None and lost <= interval_steps})
