@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import math
 import os
 import sys
 from collections.abc import Sequence
@@ -99,9 +100,13 @@ def _launch_options(args: argparse.Namespace) -> LaunchOptions:
         if not sep or not key:
             raise ConfigError(f"--rdzv-conf {item!r}", "KEY=VALUE", "write --rdzv-conf is_host=true")
         conf.append((key, value))
-    return LaunchOptions(shape=shape, rdzv_endpoint=args.rdzv_endpoint, rdzv_backend=args.rdzv_backend,
-                         rdzv_conf=tuple(conf), run_id=args.run_id, max_restarts=args.max_restarts,
-                         local_addr=args.local_addr)
+    options = LaunchOptions(shape=shape, rdzv_endpoint=args.rdzv_endpoint, rdzv_backend=args.rdzv_backend,
+                            rdzv_conf=tuple(conf), run_id=args.run_id, max_restarts=args.max_restarts,
+                            local_addr=args.local_addr)
+    if shape.max_nodes > 1 and getattr(args, "timeout", None):
+        # a command's --timeout (seconds to wait for every rank) bounds the node rendezvous too
+        options = replace(options, rdzv_timeout=max(1, math.ceil(args.timeout)))
+    return options
 
 
 def _run_worker(module: ModuleType, args: argparse.Namespace, argv: list[str]) -> int:
@@ -116,6 +121,10 @@ def _run_worker(module: ModuleType, args: argparse.Namespace, argv: list[str]) -
             return _launch(argv, replace(options, preload=tuple(getattr(module, "PRELOAD", ()))))
     elif (args.nproc_per_node or args.job) and "DDPKIT_LAUNCHED" not in os.environ:
         log.warning("started by %s: -n/-j are ignored (the launcher decides the ranks)", world.launcher)
+    if world.launcher == "torchrun" and os.environ.get("DDPKIT_LAUNCHED") == "1":
+        from ddpkit.launch import die_with_agent
+
+        die_with_agent()  # a worker of ddpkit's own launcher: never outlive the agent
     return int(module.run(args))
 
 

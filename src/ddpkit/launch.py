@@ -7,12 +7,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import logging
 import os
 import re
 import shutil
 import signal
+import socket
 import sys
 import tempfile
 import uuid
@@ -21,8 +23,9 @@ from dataclasses import dataclass
 from ddpkit.env import thread_count
 from ddpkit.errors import EXIT_PREEMPTED, ConfigError, DeadlineExpired
 from ddpkit.log import get_logger
+from ddpkit.rendezvous import RendezvousWatch, describe_missing
 
-__all__ = ["JobShape", "LaunchOptions", "launch", "parse_job_shape"]
+__all__ = ["JobShape", "LaunchOptions", "die_with_agent", "launch", "parse_job_shape"]
 
 log = get_logger(__name__)
 
@@ -109,10 +112,17 @@ def launch(argv: list[str], options: LaunchOptions) -> int:
     mark_dir = tempfile.mkdtemp(prefix="ddpkit-launch-")
     mark = os.path.join(mark_dir, "preempted")
     os.environ["DDPKIT_PREEMPTED_MARK"] = mark  # a worker that stopped cleanly after a preemption creates it
-    standalone = options.rdzv_endpoint is None
+    endpoint = options.rdzv_endpoint
     conf: dict[str, object] = dict(options.rdzv_conf)
-    if standalone:
+    local_addr = options.local_addr
+    if endpoint is None:  # standalone
         conf.setdefault("is_host", True)
+    else:
+        local_addr = local_addr or _local_addr_towards(endpoint)
+        if options.rdzv_backend == "c10d" and "is_host" not in conf and _hosts_endpoint(endpoint):
+            conf["is_host"] = True
+    # torch's dynamic rendezvous reads join_timeout (default 600 s), not LaunchConfig.rdzv_timeout
+    conf.setdefault("join_timeout", options.rdzv_timeout)
     # Fork is safe here: the agent has not touched CUDA, and the preloaded modules start no threads.
     forked = bool(options.preload) and os.environ.get("DDPKIT_START_METHOD", "fork") == "fork"
     for name in options.preload if forked else ():
@@ -128,20 +138,22 @@ def launch(argv: list[str], options: LaunchOptions) -> int:
         max_nodes=shape.max_nodes,
         nproc_per_node=shape.nproc_per_node,
         run_id=options.run_id or f"ddpkit-{uuid.uuid4().hex[:12]}",
-        rdzv_endpoint=options.rdzv_endpoint or "127.0.0.1:0",
+        rdzv_endpoint=endpoint or "127.0.0.1:0",
         rdzv_backend=options.rdzv_backend,
         rdzv_configs=conf,
         rdzv_timeout=options.rdzv_timeout,
         max_restarts=options.max_restarts,
         monitor_interval=0.1,
         start_method="fork" if forked else "spawn",
-        local_addr=options.local_addr,
+        local_addr=local_addr,
     )
+    watch = RendezvousWatch(endpoint, config.run_id) if endpoint and options.rdzv_backend == "c10d" else None
     try:
-        if forked:
-            elastic_launch(config, entrypoint=_forked_worker)(argv)
-        else:
-            elastic_launch(config, entrypoint=sys.executable)("-m", "ddpkit", *argv)
+        with watch or contextlib.nullcontext():
+            if forked:
+                elastic_launch(config, entrypoint=_forked_worker)(argv)
+            else:
+                elastic_launch(config, entrypoint=sys.executable)("-m", "ddpkit", *argv)
     except ChildFailedError as exc:
         return _root_cause(exc)
     except SignalException as exc:
@@ -150,10 +162,13 @@ def launch(argv: list[str], options: LaunchOptions) -> int:
                     " after saving their state" if preempted else "")
         return EXIT_PREEMPTED if preempted else 128 + int(exc.sigval)
     except RendezvousError as exc:
-        raise DeadlineExpired(f"the rendezvous at {config.rdzv_endpoint} did not complete: {exc}",
-                              f"{shape.min_nodes} to {shape.max_nodes} node agents to join within "
-                              f"{options.rdzv_timeout} s", "start ddpkit on every node with the same "
-                              "--rdzv-endpoint and -j, and check the endpoint is reachable") from None
+        who = f"; {describe_missing(watch.nodes, shape.min_nodes, shape.max_nodes, shape.nproc_per_node)}" \
+            if watch is not None else ""
+        raise DeadlineExpired(f"the rendezvous at {config.rdzv_endpoint} did not complete within "
+                              f"{conf['join_timeout']} s{who} ({type(exc).__name__}{f': {exc}' if str(exc) else ''})",
+                              f"{shape} node agents (NODESxRANKS) to join",
+                              "start ddpkit on every node with the same --rdzv-endpoint, --run-id and -j, check "
+                              "each can reach the endpoint, or give them longer with --timeout") from None
     finally:
         shutil.rmtree(mark_dir, ignore_errors=True)
     return 0
@@ -163,6 +178,77 @@ def _cuda_initialized() -> bool:
     import torch
 
     return bool(torch.cuda.is_initialized())
+
+
+def die_with_agent() -> None:
+    """In a worker of ddpkit's launcher: have the kernel SIGKILL this process when its agent dies.
+
+    torch starts workers in their own session, so a killed agent (SIGKILL, out of memory, a lost host) leaves
+    them running: they hold ports and GPU memory, and keep the other hosts' ranks in a collective that no
+    restart can join. Linux only (prctl PR_SET_PDEATHSIG); elsewhere nothing changes.
+    """
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    parent = os.getppid()
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(1, int(signal.SIGKILL), 0, 0, 0) != 0:  # 1 = PR_SET_PDEATHSIG
+        log.debug("prctl(PR_SET_PDEATHSIG) failed: errno %d", ctypes.get_errno())
+        return
+    if parent == 1 or os.getppid() != parent:  # the agent died before the request took effect
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _endpoint_host(endpoint: str) -> str:
+    host, _, port = endpoint.rpartition(":")
+    return (host if port.isdigit() else endpoint).strip("[]")
+
+
+def _local_addr_towards(endpoint: str) -> str | None:
+    """This node's address on the interface that routes to the rendezvous host: the address the other nodes
+    (and this node's workers, as MASTER_ADDR when it is node 0) use for it. None (torch's default, the
+    hostname) where no route is found or the endpoint is loopback."""
+    from ddpkit.netinfo import route_to
+
+    host = _endpoint_host(endpoint)
+    try:
+        ifname, local_ip = route_to(host)
+    except OSError as exc:
+        log.warning("no route to the rendezvous host %s (%s): the other nodes will be told this host's name, %s",
+                    host, exc, socket.gethostname())
+        return None
+    if ifname == "lo":
+        return None
+    log.info("local address %s (on %s): it routes to the rendezvous host %s", local_ip, ifname, host)
+    return local_ip
+
+
+def _hosts_endpoint(endpoint: str) -> bool:
+    """True when the c10d rendezvous endpoint is one of this host's own addresses, so this agent must host the
+    rendezvous store. torch decides that from the hostname's addresses only, which miss the interface addresses
+    where the hostname resolves to 127.0.1.1: then no agent hosts the store and every agent times out."""
+    from torch.distributed.elastic.rendezvous.utils import _matches_machine_hostname
+
+    from ddpkit.netinfo import is_local_address, resolve
+
+    host = _endpoint_host(endpoint)
+    try:
+        address = resolve(host)
+    except OSError:
+        return False
+    if _matches_machine_hostname(host) or not is_local_address(address):
+        return False  # torch finds it by itself (loopback, the hostname), or another host serves it
+    port = int(endpoint.rpartition(":")[2]) if endpoint.rpartition(":")[2].isdigit() else 29400
+    with socket.socket(socket.AF_INET6 if ":" in address else socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the store does: TIME_WAIT is no owner
+        try:
+            s.bind((address, port))
+        except OSError:  # another agent on this host serves it already
+            return False
+    log.warning("hosting the rendezvous store: %s is this host's own address (is_host=true; pass "
+                "--rdzv-conf is_host=false to leave it to another process)", host)
+    return True
 
 
 def _drop_exit_tracebacks(record: logging.LogRecord) -> bool:

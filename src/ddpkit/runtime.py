@@ -17,12 +17,13 @@ from typing import TYPE_CHECKING
 from ddpkit.env import WorldInfo, detect, thread_count
 from ddpkit.errors import ConfigError, EnvConflict
 from ddpkit.log import get_logger
+from ddpkit.netinfo import InterfaceChoice, gloo_interface
 
 if TYPE_CHECKING:
     import torch
     import torch.distributed as dist
 
-__all__ = ["DEFAULT_TIMEOUT", "Runtime", "export_world", "init", "open_store", "shutdown"]
+__all__ = ["DEFAULT_TIMEOUT", "Runtime", "export_world", "init", "interface_choice", "open_store", "shutdown"]
 
 log = get_logger(__name__)
 DEFAULT_TIMEOUT = timedelta(seconds=60)
@@ -36,6 +37,8 @@ class Runtime:
     world: WorldInfo
     backend: str
     device: torch.device
+    interface: InterfaceChoice | None = None
+    """The interface gloo uses across hosts, and why (None before export_world ran)."""
 
     @property
     def rank(self) -> int:
@@ -64,8 +67,34 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+_interface: InterfaceChoice | None = None  # what the last export_world decided, for Runtime.interface
+
+
+def interface_choice() -> InterfaceChoice | None:
+    """What the last ``export_world`` decided about GLOO_SOCKET_IFNAME, and why (None before it ran)."""
+    return _interface
+
+
+def _export_interface(info: WorldInfo, master_addr: str) -> None:
+    """Set GLOO_SOCKET_IFNAME to the interface that routes to the master, where the user set none and the
+    master is another host: otherwise gloo advertises what the hostname resolves to, often 127.0.1.1."""
+    global _interface
+    _interface = choice = gloo_interface(master_addr, os.environ)
+    if choice.chosen_by_ddpkit and choice.ifname:
+        os.environ["GLOO_SOCKET_IFNAME"] = choice.ifname
+        name = socket.gethostname()
+        try:
+            default = f"{name} resolves to, {socket.gethostbyname(name)}"
+        except OSError:
+            default = f"{name} resolves to (it does not resolve)"
+        (log.warning if info.local_rank == 0 else log.info)(
+            "setting GLOO_SOCKET_IFNAME=%s: %s (left unset, gloo would advertise the address %s)",
+            choice.ifname, choice.reason, default)
+
+
 def export_world(info: WorldInfo) -> WorldInfo:
-    """Export MASTER_ADDR/PORT, RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE and OMP_NUM_THREADS for torch."""
+    """Export MASTER_ADDR/PORT, RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE and OMP_NUM_THREADS for torch,
+    and GLOO_SOCKET_IFNAME where the master is on another host (see ``_export_interface``)."""
     if info.is_agent:
         raise EnvConflict(
             f"this process is a {info.launcher} node agent for {info.local_world_size} ranks, not a rank",
@@ -83,6 +112,8 @@ def export_world(info: WorldInfo) -> WorldInfo:
                         ("WORLD_SIZE", str(info.world_size)), ("LOCAL_RANK", str(info.local_rank)),
                         ("LOCAL_WORLD_SIZE", str(info.local_world_size))):
         _set_env(name, value)
+    if info.world_size > 1:
+        _export_interface(info, addr)
     threads, message = thread_count(info.local_world_size)
     if threads is not None and info.local_world_size > 1:
         os.environ["OMP_NUM_THREADS"] = str(threads)
@@ -150,7 +181,7 @@ def init(
     chosen = pick_backend(backend)
     device = pick_device(chosen, info.local_rank)
     if dist.is_initialized():
-        return Runtime(world=info, backend=dist.get_backend(), device=device)
+        return Runtime(world=info, backend=dist.get_backend(), device=device, interface=_interface)
     kwargs: dict[str, object] = {"backend": chosen, "timeout": timeout, "rank": info.rank,
                                  "world_size": info.world_size}
     if store is not None:
@@ -161,7 +192,7 @@ def init(
         kwargs["device_id"] = device
     dist.init_process_group(**kwargs)  # type: ignore[arg-type]
     log.info("process group up: backend %s, rank %d/%d, device %s", chosen, info.rank, info.world_size, device)
-    return Runtime(world=info, backend=chosen, device=device)
+    return Runtime(world=info, backend=chosen, device=device, interface=_interface)
 
 
 def shutdown() -> None:

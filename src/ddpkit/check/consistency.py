@@ -71,4 +71,7 @@ def judge_network(records: Sequence[dict[str, Any]]) -> Outcome:
         return Outcome(name="route-to-master", status=WARN,
                        detail=f"several hosts, but some reach the master {master} over loopback: {routes}; "
                               "set MASTER_ADDR to rank 0's routable address")
-    return Outcome(name="route-to-master", status=PASS, detail=f"master {master}: {routes}")
+    chosen = sorted({r["host"] for r in records if r.get("iface_why")})
+    why = (f"; GLOO_SOCKET_IFNAME set by ddpkit on {', '.join(chosen)} to the interface that routes to the master "
+           "(unset, gloo advertises the address the hostname resolves to)") if chosen else ""
+    return Outcome(name="route-to-master", status=PASS, detail=f"master {master}: {routes}{why}")

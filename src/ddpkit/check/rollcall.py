@@ -49,8 +49,13 @@ def local_record(world: WorldInfo, *, device: str, gpu_uuid: str | None) -> Reco
         iface, ip = route_to(master)
     except OSError as exc:
         iface, ip = None, f"no route to {master}: {exc}"
+    from ddpkit.runtime import interface_choice
+
+    choice = interface_choice()
     record: Record = {
-        "host": socket.gethostname(), "ip": ip, "iface": iface, "pid": os.getpid(), "launcher": world.launcher,
+        "host": socket.gethostname(), "ip": ip, "iface": iface,
+        "iface_why": choice.reason if choice and choice.chosen_by_ddpkit else None,
+        "pid": os.getpid(), "launcher": world.launcher,
         "rank": world.rank, "local_rank": world.local_rank, "group_rank": world.node_rank,
         "local_world_size": world.local_world_size, "world_size": world.world_size, "num_nodes": world.num_nodes,
         "hosts": list(world.hosts), "master": f"{master}:{os.environ.get('MASTER_PORT', world.master_port)}",
