@@ -33,6 +33,10 @@ log = get_logger(__name__)
 COMMANDS: dict[str, tuple[str, str]] = {
     "env": ("ddpkit.env.cli", "show who this process is, in which world, and from which launcher"),
     "check": ("ddpkit.check", "prove the cluster is ready for PyTorch distributed, and name what is broken"),
+    "submit": ("ddpkit.jobs.cli", "render a job for torchrun, slurm, mpi or k8s, and submit it"),
+    "status": ("ddpkit.jobs.status", "show a Slurm job's state and exit code"),
+    "logs": ("ddpkit.jobs.logs", "print (or follow, -f) a Slurm job's output"),
+    "recipe": ("ddpkit.jobs.recipe", "an environment for the cluster: venv, conda, docker or enroot"),
     "bench": ("ddpkit.bench.cli", "benchmark every collective (nccl-tests conventions), verified, gated; --pairs"),
     "report": ("ddpkit.report", "render check and bench JSON files into one Markdown report with plots"),
     "train": ("ddpkit.train.cli", "the reference DDP job: trains, snapshots safely, resumes exactly, survives faults"),

@@ -164,11 +164,3 @@ def etcd(two_hosts: Hosts) -> Etcd:
     """etcd on the two hosts' switch; stopped with the hosts."""
     require_tools("etcd")
     return start_etcd(two_hosts.cluster)
-
-
-def require_command(name: str) -> None:
-    """Skip, saying why, where the ddpkit command under test has not landed on this branch yet."""
-    from ddpkit.cli import COMMANDS
-
-    if name not in COMMANDS:
-        pytest.skip(f"`ddpkit {name}` is not on this branch yet (it lands from branch '{name}')")

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.infra.conftest import Etcd, Hosts, new_run_id, require_command
+from tests.infra.conftest import Etcd, Hosts, new_run_id
 
 pytestmark = [pytest.mark.infra, pytest.mark.multiproc]
 RUN_TIMEOUT = 300  # one 2x2 run on a loaded 2-core machine (about 30 s idle)
@@ -47,7 +47,6 @@ def _assert_check_passed(hosts: Hosts, report: dict, stderrs: list[str]) -> None
 
 
 def test_check_2x2_c10d(two_hosts: Hosts) -> None:
-    require_command("check")
     report, stderrs = _check_across(two_hosts, "-j", "2x2", "--rdzv-endpoint", two_hosts.endpoint(),
                                     "--run-id", new_run_id(), "--timeout", "120")
     _assert_check_passed(two_hosts, report, stderrs)
@@ -58,7 +57,6 @@ def test_check_2x2_c10d(two_hosts: Hosts) -> None:
 
 def test_check_2x2_etcd_v2(two_hosts: Hosts, etcd: Etcd) -> None:
     """The Kubernetes seed's rendezvous: a real etcd (v2 API) on the switch, torch's etcd-v2 backend."""
-    require_command("check")
     report, stderrs = _check_across(two_hosts, "-j", "2x2", "--rdzv-backend", "etcd-v2", "--rdzv-endpoint",
                                     etcd.endpoint, "--run-id", new_run_id(), "--timeout", "120")
     _assert_check_passed(two_hosts, report, stderrs)
@@ -66,7 +64,6 @@ def test_check_2x2_etcd_v2(two_hosts: Hosts, etcd: Etcd) -> None:
 
 
 def test_bench_2x2_c10d(two_hosts: Hosts) -> None:
-    require_command("bench")
     out = Path(two_hosts.cluster.workdir) / "bench.json"
     args = ["bench", "-j", "2x2", "--rdzv-endpoint", two_hosts.endpoint(), "--run-id", new_run_id(),
             "--ops", "all_reduce,all_gather", "-b", "1K", "-e", "1M", "-f", "32", "--iters", "5", "--json", str(out)]

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.infra.conftest import HostRun, Hosts, new_run_id, require_command
+from tests.infra.conftest import HostRun, Hosts, new_run_id
 
 pytestmark = [pytest.mark.infra, pytest.mark.multiproc]
 RUN_TIMEOUT = 300
@@ -44,10 +44,7 @@ def _train_args(hosts: Hosts, shape: str, snapshots: Path, *extra: str) -> list[
 def test_drill_host_never_starts(two_hosts: Hosts) -> None:
     """(a) Only the first host starts `check -j 2x2`: it names the host that came and the ranks that have no
     host, exits 3, within its deadline (--timeout bounds the node rendezvous too)."""
-    from ddpkit.cli import COMMANDS
-
-    # the node rendezvous is ddpkit's launcher, the same for every command: env --connect stands in until check lands
-    command = ["check"] if "check" in COMMANDS else ["env", "--connect"]
+    command = ["check"]
     deadline = 15
     run = two_hosts.ddpkit(two_hosts[0], *command, "-j", "2x2", "--rdzv-endpoint", two_hosts.endpoint(),
                            "--run-id", new_run_id(), "--timeout", str(deadline)).wait(RUN_TIMEOUT)
@@ -63,7 +60,6 @@ def test_drill_host_never_starts(two_hosts: Hosts) -> None:
 def test_drill_agent_killed_survivor_resumes(two_hosts: Hosts) -> None:
     """(b) `train -j 1:2x2`: SIGKILL the second host's agent mid-run. Its workers die with it (no orphans), the
     first host's agent restarts alone and training resumes from the last snapshot, nothing lost beyond it."""
-    require_command("train")
     snaps = Path(two_hosts.cluster.workdir) / "snaps"
     snaps.mkdir()
     args = _train_args(two_hosts, "1:2x2", snaps, "--epochs", "5", "--max-restarts", "3",
@@ -86,7 +82,6 @@ def test_drill_agent_killed_survivor_resumes(two_hosts: Hosts) -> None:
 def test_drill_link_down_mid_collective_recovers(two_hosts: Hosts) -> None:
     """(c) `train -j 2x2`: unplug the second host's cable for 4 s mid-epoch. TCP retransmits through the gap;
     training finishes on both hosts, well within its collective deadline, and no process is left."""
-    require_command("train")
     snaps = Path(two_hosts.cluster.workdir) / "snaps"
     snaps.mkdir()
     args = _train_args(two_hosts, "2x2", snaps, "--epochs", "3")
@@ -107,7 +102,6 @@ def test_drill_link_down_mid_collective_recovers(two_hosts: Hosts) -> None:
 def test_drill_slow_link_named_by_bench_pairs(make_hosts: Callable[[int], Hosts]) -> None:
     """(d) Three hosts, the third's link limited to 50 Mbit/s (tbf): `bench --pairs` names that host, and its
     two links as slow, and fails (exit 1)."""
-    require_command("bench")
     hosts = make_hosts(3)
     slow = hosts[2]
     hosts.cluster.shape(slow, "50mbit")

@@ -115,17 +115,17 @@ def test_preempt_drill_usr1_async_snapshot_then_rerun_resumes_exactly(baseline: 
     done, summary = _train(tmp_path, *args)
     assert done.returncode == 75, done.stdout + done.stderr[-3000:]
     assert "received SIGUSR1" in done.stdout and summary is not None and summary["preempted"]
-    # signalled after step 21; the flags are exchanged at step 24 (every 4 steps) and read one step later
-    header, _ = read_snapshot(tmp_path / "snap.000000025.pt")
-    assert (header["next_epoch"], header["next_batch"]) == (3, 1)
-    # the async writer's epoch-2 snapshot holds exactly what the synchronous baseline wrote
-    _, async_epoch2 = read_snapshot(tmp_path / "snap.000000024.pt")
-    _, sync_epoch2 = read_snapshot(baseline / "snap.000000024.pt")
-    assert _same_state(async_epoch2, sync_epoch2, ("model", "optimizer", "rng", "loss_history"))
+    # signalled after step 21: the flag rides with step 22's gradients, and every rank stops after step 22
+    header, _ = read_snapshot(tmp_path / "snap.000000022.pt")
+    assert (header["next_epoch"], header["next_batch"]) == (2, 6)
+    # the async writer's epoch-1 snapshot holds exactly what the synchronous baseline wrote
+    _, async_epoch1 = read_snapshot(tmp_path / "snap.000000016.pt")
+    _, sync_epoch1 = read_snapshot(baseline / "snap.000000016.pt")
+    assert _same_state(async_epoch1, sync_epoch1, ("model", "optimizer", "rng", "loss_history"))
 
     again, summary = _train(tmp_path, *args)
     assert again.returncode == 0, again.stderr[-3000:]
-    assert "Resuming training from snapshot at Epoch 3, step 1" in again.stdout
+    assert "Resuming training from snapshot at Epoch 2, step 6" in again.stdout
     assert "sending SIGUSR1" not in again.stdout  # the drill fired once, not again on the rerun
     assert _same_state(_final(tmp_path)[1], _final(baseline)[1])
 
@@ -133,7 +133,7 @@ def test_preempt_drill_usr1_async_snapshot_then_rerun_resumes_exactly(baseline: 
 def test_sigterm_to_the_launcher_snapshots_exits_75_and_rerun_resumes(tmp_path: Path) -> None:
     snap = str(tmp_path / "snap.pt")
     cmd = [sys.executable, "-m", "ddpkit", "train", "-n", "2", "--samples", "512", "--epochs", "100000",
-           "--save-every", "1000", "--snapshot-path", snap]
+           "--save-every", "1000", "--snapshot-path", snap, "--requeue"]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=ddpkit_env(),
                             start_new_session=True)
     try:
@@ -150,6 +150,7 @@ def test_sigterm_to_the_launcher_snapshots_exits_75_and_rerun_resumes(tmp_path: 
             proc.wait()
     assert proc.returncode == 75, rest[-3000:]
     assert "received SIGTERM" in rest and "Preempted at epoch" in rest
+    assert "--requeue: not running under Slurm (SLURM_JOB_ID is unset): nothing requeued" in rest
     (step, path), = SnapshotDir(tmp_path, "snap", ".pt", keep=1).candidates()
     header = read_header(path)
     assert header["global_step"] == step and header["global_step"] >= 24

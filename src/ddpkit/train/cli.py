@@ -120,8 +120,9 @@ def _deterministic() -> None:
 
 def _report(summary: dict[str, Any]) -> None:
     history = summary["loss_history"]
-    if history:
-        say(f"Training finished at epoch {max(history)} of {summary['epochs']}: {summary['global_step']} steps, "
+    if history and summary["step_ms_p50"] == summary["step_ms_p50"]:  # not NaN: steps ran in this attempt
+        verb = "stopped by a preemption signal after" if summary["preempted"] else "finished at"
+        say(f"Training {verb} epoch {max(history)} of {summary['epochs']}: {summary['global_step']} steps, "
               f"loss {summary['final_loss']:.4f} (epoch {min(history)}: {summary['first_loss']:.4f}), "
               f"{summary['samples_per_s']:,.0f} samples/s, step p50 {summary['step_ms_p50']:.2f} ms "
               f"p95 {summary['step_ms_p95']:.2f} ms")

@@ -1,11 +1,11 @@
 """Faults the trainer survives: preemption signals, Slurm requeue, and drills that inject a fault once on purpose.
 
-Preemption: the handler only sets a flag. Every ``CHECK_EVERY`` steps all ranks start an asynchronous MAX
-all-reduce of their flags and read its result one step later (it has had a whole step to arrive, so reading costs
-nothing); a flag raised on any rank therefore stops every rank after the same step, even when the signal reached
-a single rank, and no rank is left waiting in a collective. Rank 0 then writes a snapshot and all exit with 75
-(EXIT_PREEMPTED). Checking every few steps, not every step, keeps the check's cost off small models, whose steps
-are a single all-reduce; the stop comes at most CHECK_EVERY + 1 steps after the signal.
+Preemption: the handler only sets a flag, and the flag travels with the gradients: a DDP communication hook
+appends it to the last gradient bucket's all-reduce (one extra number; no extra collective, no extra round trip).
+When backward returns, every rank holds the same sum of flags, so all ranks stop after the same step, even when
+the signal reached a single rank, and none is left waiting in a collective. Rank 0 then writes a snapshot and all
+exit with 75 (EXIT_PREEMPTED). Where the last bucket is large, copying it to append one number would cost more
+than a separate tiny all-reduce, so that one is issued beside the bucket's instead.
 
 Drills are remembered in ``DIR/NAME.drills.json`` beside the snapshots: a drill fires once per snapshot
 location, so the attempt that restarts after it (or the rerun after a preemption) does not fire it again.
@@ -38,22 +38,24 @@ log = get_logger(__name__)
 class PreemptionWatch:
     """Turns SIGTERM (and the configured preemption signal) into one step at which every rank stops."""
 
-    CHECK_EVERY = 4
+    #: Last buckets up to this many elements carry the flag themselves (the copy costs less than a collective).
+    PIGGYBACK_MAX = 1 << 18
 
     def __init__(self, signals: tuple[signal.Signals, ...], device: torch.device, world_size: int = 1) -> None:
         self.signals = tuple(dict.fromkeys(signals))
         self.world_size = world_size
         self.received: str | None = None
-        self._flag = torch.zeros(1, dtype=torch.int32, device=device)
-        self._pending: Any = None
-        self._stop = False
+        self._one = torch.ones(1, device=device)
+        self._zero = torch.zeros(1, device=device)
+        self._votes = torch.zeros(1, device=device)
+        self._votes_work: Any = None
         self._previous: dict[signal.Signals, Any] = {}
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         if self.received is None:
             self.received = signal.Signals(signum).name
             # a raw write: the handler may interrupt a write to sys.stdout (re-entering it would raise)
-            os.write(1, f"received {self.received}: finishing the current steps, then writing a snapshot\n".encode())
+            os.write(1, f"received {self.received}: finishing this step, then writing a snapshot\n".encode())
 
     def install(self) -> PreemptionWatch:
         for sig in self.signals:
@@ -65,22 +67,41 @@ class PreemptionWatch:
             signal.signal(sig, previous)
         self._previous.clear()
 
-    def should_stop(self, step: int) -> bool:
-        """Called by every rank after completing ``step`` (the same sequence on all): stop now?"""
+    def hook(self, _: object, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+        """DDP communication hook: average the gradients, and sum the ranks' stop flags with the last bucket."""
+        grads = bucket.buffer()
+        world = self.world_size
+        if not bucket.is_last():
+            return _all_reduce(grads).then(lambda fut: fut.value()[0].div_(world))
+        flag = self._one if self.received is not None else self._zero
+        if grads.numel() > self.PIGGYBACK_MAX:
+            # waited for in should_stop, on the training thread: never block gloo's threads in a callback
+            self._votes.copy_(flag)
+            self._votes_work = dist.all_reduce(self._votes, async_op=True)
+            return _all_reduce(grads).then(lambda fut: fut.value()[0].div_(world))
+        packed = torch.cat([grads, flag.to(grads.dtype)])
+
+        def unpack(fut: torch.futures.Future[list[torch.Tensor]]) -> torch.Tensor:
+            out = fut.value()[0]
+            self._votes.copy_(out[-1:])
+            return out[:-1].div_(world)
+
+        return _all_reduce(packed).then(unpack)
+
+    def should_stop(self) -> bool:
+        """After a step's backward, on every rank: did any rank raise its flag (the same answer everywhere)?"""
         if self.world_size == 1:
             return self.received is not None
-        self.drain()
-        if not self._stop and step % self.CHECK_EVERY == 0:
-            self._flag.fill_(int(self.received is not None))
-            self._pending = dist.all_reduce(self._flag, op=dist.ReduceOp.MAX, async_op=True)
-        return self._stop
+        if self._votes_work is not None:
+            self._votes_work.wait()
+            self._votes_work = None
+        return bool(self._votes.item() > 0)
 
-    def drain(self) -> None:
-        """Complete the outstanding check, keeping its answer (all ranks, e.g. before a snapshot's collectives)."""
-        if self._pending is not None:
-            self._pending.wait()
-            self._pending = None
-            self._stop = self._stop or bool(self._flag.item())
+
+def _all_reduce(tensor: torch.Tensor) -> torch.futures.Future[list[torch.Tensor]]:
+    work = dist.all_reduce(tensor, async_op=True)
+    assert work is not None
+    return work.get_future()
 
 
 def say(text: str) -> None:
@@ -136,8 +157,14 @@ class DrillBook:
     def report(self, resumed_step: int | None, interval_steps: int) -> list[dict[str, Any]]:
         """For each fired drill: what was injected, and what was lost (steps re-done after the resume)."""
         out = []
+        asked = {str(d) for d in self.drills}
         for name, rec in self.fired.items():
-            lost = None if resumed_step is None else max(0, rec["global_step"] - resumed_step)
+            if name not in asked or not rec:  # fired by another run, or not known on this rank
+                continue
+            if rec["kind"] == "preempt":  # the preemption snapshot is taken where training stops
+                lost: int | None = 0
+            else:
+                lost = None if resumed_step is None else max(0, rec["global_step"] - resumed_step)
             out.append({"drill": name, "injected": f"{rec['kind']} of rank {rec['rank']} at epoch {rec['epoch']} "
                         f"(global step {rec['global_step']})", "fired_at_step": rec["global_step"],
                         "lost_steps": lost, "within_interval": lost is not None and lost <= interval_steps})

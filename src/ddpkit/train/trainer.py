@@ -236,6 +236,8 @@ class Trainer:
         model = self.job.model.to(device)
         ddp = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
         watch = PreemptionWatch((signal.SIGTERM, cfg.preempt_signum), device, self.world).install()
+        # gradients averaged as usual, and the stop flags ride along (a lambda: DDP rejects string annotations)
+        ddp.register_comm_hook(None, lambda state, bucket: watch.hook(state, bucket))
         progress = _Progress.maybe(self.rank == 0 and cfg.progress is not False
                                    and (cfg.progress or sys.stdout.isatty()))
         step_times: list[float] = []
@@ -254,7 +256,7 @@ class Trainer:
                     t0 = time.perf_counter()
                     self.job.optimizer.zero_grad(set_to_none=True)
                     loss = self.job.loss_fn(ddp(x), y)
-                    loss.backward()  # DDP all-reduces the gradients here, bucket by bucket
+                    loss.backward()  # DDP all-reduces the gradients (and the ranks' stop flags) here
                     self.job.optimizer.step()
                     step += 1
                     losses.append(loss.detach())
@@ -264,7 +266,7 @@ class Trainer:
                     if "first_step_at" not in self.summary:  # measures a restart: kill -> first resumed step
                         self.summary["first_step_at"] = time.time()
                     self._fire_drill(epoch, batch, step)
-                    if watch.should_stop(step):  # a preemption signal reached some rank: all stop after this step
+                    if watch.should_stop():  # a preemption signal reached some rank: all stop after this step
                         return self._preempted(ddp, watch, epoch, batch + 1, step, t_start, samples,
                                                step_times + epoch_times)
                 elapsed = time.perf_counter() - t_epoch
@@ -273,9 +275,7 @@ class Trainer:
                 self.summary["loss_history"][epoch] = float(torch.stack(losses).mean()) if losses else math.nan
                 self._epoch_line(epoch, len(epoch_times), elapsed, epoch_times)
                 if self.snapdir is not None and ((epoch + 1) % cfg.save_every == 0 or epoch + 1 == cfg.epochs):
-                    watch.drain()
                     self._snapshot(ddp, epoch=epoch, next_epoch=epoch + 1, next_batch=0, step=step, urgent=False)
-            watch.drain()
             self.writer.join()
         finally:
             progress.stop()

@@ -1,0 +1,57 @@
+"""The mpi backend: an ``mpirun`` (Open MPI) or ``mpiexec.mpich`` (MPICH) script that also gives the master.
+
+MPI starts every rank and tells it its rank and size, but no launcher sets a master address: ranks started by
+mpirun alone cannot meet (seed 004 worked around it in bash). The script exports MASTER_ADDR (the first host,
+which runs rank 0 with by-node placement; 127.0.0.1 on one node) and MASTER_PORT, and forwards them to every
+rank; ddpkit's Open MPI / MPICH detection does the rest. Ranks are not bound to one core (``--bind-to none``):
+each rank runs several torch threads.
+
+    ddpkit submit mpi -j 2x4 --hosts node1,node2 --dry-run -- check
+    ddpkit submit mpi -j 1x2 --allow-run-as-root -- check         # runs it here, now
+"""
+
+from __future__ import annotations
+
+from ddpkit.jobs.shell import Raw, preamble, wrap
+from ddpkit.jobs.spec import JobSpec, python_argv
+
+__all__ = ["master_address", "render"]
+
+
+def master_address(spec: JobSpec) -> str:
+    if spec.hosts:
+        return spec.hosts[0]
+    return "127.0.0.1" if spec.shape.max_nodes == 1 else "$(hostname)"
+
+
+def render(spec: JobSpec) -> str:
+    s = spec.shape
+    total = s.max_nodes * s.nproc_per_node
+    port = str(spec.port or 29500)
+    addr = master_address(spec)
+    lines = preamble(spec)
+    lines += ["# MPI gives each rank its rank and size but no master: rank 0's host and a port, for every rank."]
+    if addr == "$(hostname)":
+        lines.append("# No --hosts given: mpirun's own host (the allocation's first) runs rank 0.")
+        lines.append('MASTER_ADDR="$(hostname)"')
+    else:
+        lines.append(f"MASTER_ADDR={wrap([addr])}")
+    lines += [f"MASTER_PORT={port}", "export MASTER_ADDR MASTER_PORT"]
+    if spec.mpi_flavour == "openmpi":
+        argv: list[str] = ["mpirun", "-np", str(total), "--map-by", f"ppr:{s.nproc_per_node}:node",
+                           "--bind-to", "none"]
+        if spec.hosts:
+            argv += ["--host", ",".join(f"{h}:{s.nproc_per_node}" for h in spec.hosts)]
+        if spec.allow_run_as_root:
+            argv.append("--allow-run-as-root")
+        for var in ("MASTER_ADDR", "MASTER_PORT", "PATH", *(k for k, _ in spec.env)):
+            argv += ["-x", var]
+        argv.append("--tag-output")
+    else:
+        argv = ["mpiexec.mpich", "-n", str(total), "-ppn", str(s.nproc_per_node)]
+        if spec.hosts:
+            argv += ["-hosts", ",".join(spec.hosts)]
+        argv += ["-genv", "MASTER_ADDR", Raw('"$MASTER_ADDR"'), "-genv", "MASTER_PORT", Raw('"$MASTER_PORT"'),
+                 "-prepend-rank"]
+    lines += [wrap([*argv, *python_argv(spec)]), ""]
+    return "\n".join(lines)

@@ -1,0 +1,93 @@
+"""The slurm backend: an sbatch script.
+
+Two shapes of step, both launched by one ``srun``:
+
+- default, the seeds' pattern: one task per node running a torchrun agent (``srun torchrun`` needs exactly one
+  task per node). The rendezvous is on the allocation's first node, named by Slurm's own hostlist parser
+  (``scontrol show hostnames``, never a regex), on a port derived from the job id (``20000 + id % 10000``,
+  ddpkit.env.derive_port's rule), with the job id as the rendezvous id. torch's c10d rendezvous recognises its
+  own host by name, so the first node's agent hosts the store. Ranks are torchrun's: elastic shapes and
+  ``--max-restarts`` work.
+- ``--tasks-per-rank``: one srun task per rank, no agent; each rank is ``python -m ddpkit ...``, whose Slurm
+  detection (ddpkit.env.slurm) reads rank, world and the first node of the node list from Slurm's variables and
+  derives the same port from the job id. No bash parsing at all.
+
+Why not ``srun --ntasks-per-node=1 python -m ddpkit CMD -j NxP``: under srun ddpkit (rightly) takes the srun task
+for a rank and ignores ``-j``, so one task per node would make a world of N ranks, not N x P. torchrun is the
+agent that turns one task per node into P ranks, and ddpkit's detection already understands ``srun torchrun``
+(it checks there is one task per node).
+
+Preemption: ``--signal USR1@90`` makes Slurm signal every process of the step 90 s before the time limit;
+``train`` gets ``--preempt-signal USR1`` (and ``--requeue`` with ``--requeue``), snapshots and exits 75. The
+torchrun agent ignores that signal (a USR1 would kill it, and with it the step, before the workers saved).
+``scontrol requeue`` sends SIGTERM, which the agent forwards and ``train`` always handles. With ``--requeue`` the
+output is opened in append mode, so the requeued run's log follows the first run's.
+"""
+
+from __future__ import annotations
+
+from ddpkit.jobs.shell import Raw, preamble, wrap
+from ddpkit.jobs.spec import JobSpec, python_argv
+from ddpkit.jobs.torchrun import RESTART_FIX, torchrun_argv
+
+__all__ = ["render"]
+
+
+def directives(spec: JobSpec) -> list[str]:
+    s = spec.shape
+    nodes = str(s.max_nodes) if s.min_nodes == s.max_nodes else f"{s.min_nodes}-{s.max_nodes}"
+    per_node = s.nproc_per_node if spec.tasks_per_rank else 1
+    d = [f"--job-name={spec.job_name}", f"--nodes={nodes}", f"--ntasks-per-node={per_node}"]
+    if spec.exclusive:
+        d.append("--exclusive")
+    d += ["--wait-all-nodes=1", f"--output={spec.output}"]
+    if spec.partition:
+        d.append(f"--partition={spec.partition}")
+    if spec.time:
+        d.append(f"--time={spec.time}")
+    if spec.signal:
+        d.append(f"--signal={spec.signal}")
+    if spec.requeue:
+        d += ["--requeue", "--open-mode=append"]
+    return [f"#SBATCH {x}" for x in d]
+
+
+def _srun(spec: JobSpec) -> list[str]:
+    argv: list[str] = ["srun", f"--ntasks-per-node={spec.shape.nproc_per_node if spec.tasks_per_rank else 1}",
+                       "--kill-on-bad-exit=1"]
+    if spec.container_image:
+        argv.append(f"--container-image={spec.container_image}")
+        if spec.container_mounts:
+            argv.append(f"--container-mounts={spec.container_mounts}")
+        argv.append(Raw('--container-workdir="$PWD"'))
+    return argv
+
+
+def render(spec: JobSpec) -> str:
+    lines = preamble(spec, directives(spec))
+    srun = _srun(spec)
+    if spec.tasks_per_rank:
+        lines += ['echo "ddpkit: job $SLURM_JOB_ID on $SLURM_JOB_NODELIST, one task per rank, restart '
+                  '${SLURM_RESTART_COUNT:-0}"',
+                  "# Each task is a rank: ddpkit reads SLURM_PROCID, SLURM_NTASKS and the node list itself.",
+                  wrap([*srun, *python_argv(spec)]), ""]
+        return "\n".join(lines)
+    port = str(spec.port) if spec.port else "$((20000 + SLURM_JOB_ID % 10000))"
+    lines += ["# Rendezvous on the allocation's first node (Slurm's own hostlist parser), port from the job id.",
+              'head_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
+              f"rdzv_port={port}",
+              RESTART_FIX,
+              'echo "ddpkit: job $SLURM_JOB_ID on $SLURM_JOB_NODELIST, rendezvous $head_node:$rdzv_port, restart '
+              '${SLURM_RESTART_COUNT:-0}"',
+              "# One task per node, each a torchrun agent starting this node's ranks."]
+    agent = torchrun_argv(spec, endpoint='"$head_node:$rdzv_port"', run_id='"$SLURM_JOB_ID"')
+    agent = [Raw(w) if w.startswith(("--rdzv-endpoint=", "--rdzv-id=")) else w for w in agent]
+    if spec.signal_name:
+        lines.append(f"# The agent ignores SIG{spec.signal_name} (its default action: die); the workers handle it.")
+        guard = f'trap "" {spec.signal_name}; exec "$@"'
+        lines.append(wrap([*srun, "bash", "-c", guard, "torchrun-agent", *agent]))
+    else:
+        lines.append(wrap([*srun, *agent]))
+    lines.append("")
+    return "\n".join(lines)
+

@@ -1,0 +1,262 @@
+"""One job, described once: the shape, the command, and where it runs. Each backend renders it.
+
+A JobSpec is validated on construction; a bad value is a ConfigError (exit code 2) raised before anything is
+written or submitted. Values that end up inside ``#SBATCH`` lines (which sbatch parses itself, without a shell)
+must not contain quotes, spaces or newlines; values that end up in the script body are quoted with shlex.quote,
+so any path works there.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from dataclasses import dataclass
+
+from ddpkit import __version__
+from ddpkit.errors import ConfigError
+from ddpkit.launch import JobShape
+
+__all__ = ["BACKENDS", "DDPKIT_COMMANDS", "JobSpec", "header", "python_argv", "torchrun_entry"]
+
+BACKENDS = ("torchrun", "slurm", "mpi", "k8s")
+#: Job commands that are ddpkit's own (run as ``python -m ddpkit CMD``); anything else must be a ``.py`` script.
+DDPKIT_COMMANDS = ("check", "train", "bench", "env")
+_SIGNAL = re.compile(r"^(?:B:)?(?:SIG)?(?P<name>USR1|USR2|TERM|INT|HUP|URG)(?:@(?P<secs>\d+))?$")
+_TIME = re.compile(r"^(?:\d+-)?\d{1,2}(?::\d{2}){0,2}$|^\d+$")
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
+_DIRECTIVE_UNSAFE = re.compile(r"[\s'\"\\`$;#]")
+
+
+@dataclass(frozen=True, kw_only=True)
+class JobSpec:
+    """A distributed job, independent of where it runs."""
+
+    backend: str
+    """Where it runs: torchrun, slurm, mpi or k8s."""
+    shape: JobShape
+    """Nodes (elastic between min and max where the backend allows) and ranks per node."""
+    command: tuple[str, ...]
+    """The job: a ddpkit command with its options (``check``, ``train --epochs 3``) or ``script.py ARGS``."""
+    argv: tuple[str, ...] = ()
+    """The ddpkit command line that produced this spec, quoted into every generated file's header."""
+    name: str = ""
+    """Job name (Slurm job name, Kubernetes object name); default ``ddpkit-<command>``."""
+    run_id: str = ""
+    """Rendezvous id shared by every node (torchrun, k8s); Slurm uses the job id."""
+    rdzv_endpoint: str | None = None
+    """HOST:PORT of the rendezvous for the torchrun backend (required for several nodes)."""
+    static: bool = False
+    """torchrun: static rendezvous (master address and port, NODE_RANK set on each node) instead of c10d."""
+    port: int | None = None
+    """Rendezvous / master port; default: derived from the Slurm job id, 29400 (torchrun), 29500 (MPI)."""
+    max_restarts: int = 0
+    """Worker-group restarts torchrun allows after a failure."""
+    python: str = "python"
+    """Interpreter that runs ranks (after environment activation)."""
+    venv: str | None = None
+    """A virtual environment to activate before the job runs (``source VENV/bin/activate``)."""
+    conda_env: str | None = None
+    """A conda environment to activate before the job runs."""
+    env: tuple[tuple[str, str], ...] = ()
+    """Extra environment variables for the ranks."""
+    # Slurm
+    partition: str | None = None
+    """Slurm partition."""
+    time: str | None = None
+    """Slurm time limit (``MM``, ``HH:MM:SS``, ``D-HH``)."""
+    exclusive: bool = True
+    """Whole nodes (``--exclusive``), as the seeds do."""
+    output: str = "logs/%x_%j.out"
+    """Slurm output file pattern; its directory is created before sbatch runs."""
+    tasks_per_rank: bool = False
+    """Slurm: one srun task per rank (ddpkit reads Slurm's variables) instead of one torchrun agent per node."""
+    container_image: str | None = None
+    """pyxis/enroot container image for the srun step (``--container-image``)."""
+    container_mounts: str | None = None
+    """pyxis mounts, ``SRC:DST[,SRC:DST]``."""
+    signal: str | None = None
+    """Preemption warning signal, ``USR1@90``: Slurm sends it 90 s before the end; ``train`` snapshots on it."""
+    requeue: bool = False
+    """Slurm: the job may be requeued (preemption); a requeued ``train`` resumes from its snapshot."""
+    # MPI
+    mpi_flavour: str = "openmpi"
+    """openmpi (mpirun) or mpich (mpiexec.mpich)."""
+    hosts: tuple[str, ...] = ()
+    """MPI hosts, first one runs rank 0 (default: this host only)."""
+    allow_run_as_root: bool = False
+    """Open MPI refuses to run as root unless told."""
+    # Kubernetes
+    image: str | None = None
+    """Container image for Kubernetes."""
+    k8s_kind: str = "pytorchjob"
+    """pytorchjob (Kubeflow training-operator v1) or trainjob (Kubeflow Trainer v2)."""
+    k8s_rdzv: str = "c10d"
+    """PyTorchJob rendezvous: c10d (on worker 0) or etcd (an etcd Deployment and Service, etcd-v2 protocol)."""
+    namespace: str | None = None
+    """Kubernetes namespace."""
+    cpu: str = "2"
+    """CPU request (and limit) per pod."""
+    memory: str = "4Gi"
+    """Memory request (and limit) per pod."""
+    gpus: int = 0
+    """GPUs per pod (``nvidia.com/gpu``)."""
+    snapshot_size: str = "10Gi"
+    """Size of the shared snapshot volume (PVC, ReadWriteMany)."""
+
+    def __post_init__(self) -> None:
+        if self.backend not in BACKENDS:
+            raise ConfigError(f"backend {self.backend!r} is unknown", f"one of {', '.join(BACKENDS)}",
+                              "write ddpkit submit slurm|torchrun|mpi|k8s ...")
+        if not self.command:
+            raise ConfigError("no job command was given", "a command after --, such as -- check",
+                              f"write ddpkit submit {self.backend} -j 1x2 -- check")
+        first = self.command[0]
+        if first not in DDPKIT_COMMANDS and not first.endswith(".py"):
+            raise ConfigError(f"job command {first!r} is neither a ddpkit command nor a Python script",
+                              f"one of {', '.join(DDPKIT_COMMANDS)}, or a path ending in .py",
+                              "write -- check, -- train --epochs 3, or -- my_train.py ARGS")
+        if self.name and not _NAME.match(self.name):
+            raise ConfigError(f"job name {self.name!r}", "letters, digits, '-', '_', '.' (up to 63)",
+                              "pick a simple name such as ddpkit-check")
+        _check_combinations(self)
+        _check_directive_values(self)
+        _check_values(self)
+
+    @property
+    def job_name(self) -> str:
+        return self.name or f"ddpkit-{_stem(self.command[0])}"
+
+    @property
+    def command_name(self) -> str:
+        return self.command[0]
+
+    @property
+    def nodes_text(self) -> str:
+        """Node count as torchrun takes it: N, or MIN:MAX for elastic jobs."""
+        s = self.shape
+        return str(s.max_nodes) if s.min_nodes == s.max_nodes else f"{s.min_nodes}:{s.max_nodes}"
+
+    @property
+    def signal_name(self) -> str | None:
+        if self.signal is None:
+            return None
+        m = _SIGNAL.match(self.signal)
+        assert m is not None  # validated
+        return m["name"]
+
+    def job_command(self) -> tuple[str, ...]:
+        """The command with preemption wired in: ``train`` learns the signal (and to requeue) when Slurm sends one."""
+        cmd = list(self.command)
+        if cmd[0] == "train" and self.backend == "slurm":
+            if self.signal_name and "--preempt-signal" not in cmd:
+                cmd += ["--preempt-signal", self.signal_name]
+            if self.requeue and "--requeue" not in cmd:
+                cmd.append("--requeue")
+        return tuple(cmd)
+
+
+def python_argv(spec: JobSpec, python: str | None = None) -> list[str]:
+    """The rank's program: ``python -m ddpkit CMD ARGS`` or ``python SCRIPT.py ARGS``."""
+    cmd = spec.job_command()
+    py = python or spec.python
+    return [py, "-m", "ddpkit", *cmd] if cmd[0] in DDPKIT_COMMANDS else [py, *cmd]
+
+
+def torchrun_entry(spec: JobSpec) -> list[str]:
+    """What torchrun runs: ``-m ddpkit CMD ARGS`` or ``SCRIPT.py ARGS``."""
+    cmd = spec.job_command()
+    return ["-m", "ddpkit", *cmd] if cmd[0] in DDPKIT_COMMANDS else list(cmd)
+
+
+def header(spec: JobSpec, comment: str = "#") -> str:
+    """The first lines of every generated file: ddpkit's version and the command that produced it."""
+    line = shlex.join(spec.argv) if spec.argv else "(python API)"
+    return (f"{comment} Generated by ddpkit {__version__} from: ddpkit {line}\n"
+            f"{comment} Do not edit by hand: change the command above and render again.\n")
+
+
+def _stem(first: str) -> str:
+    base = first.rsplit("/", 1)[-1].removesuffix(".py")
+    return re.sub(r"[^A-Za-z0-9_.-]", "-", base) or "job"
+
+
+def _check_combinations(spec: JobSpec) -> None:
+    def clash(found: str, fix: str) -> ConfigError:
+        return ConfigError(found, "options that agree with each other", fix)
+
+    if spec.venv and spec.conda_env:
+        raise clash("both --venv and --conda-env were given", "activate one environment: --venv PATH or --conda-env")
+    if spec.container_image and (spec.venv or spec.conda_env):
+        raise clash("--container-image with --venv/--conda-env: the container's Python runs the job, so a host "
+                    "environment would not be used", "bake the environment into the image (ddpkit recipe docker)")
+    if spec.container_mounts and not spec.container_image:
+        raise clash("--container-mounts without --container-image", "add --container-image IMAGE")
+    slurm_only = {"--partition": spec.partition, "--time": spec.time, "--tasks-per-rank": spec.tasks_per_rank,
+                  "--container-image": spec.container_image, "--signal": spec.signal, "--requeue": spec.requeue}
+    if spec.backend != "slurm":
+        given = [k for k, v in slurm_only.items() if v]
+        if given:
+            raise clash(f"{', '.join(given)} only apply to the slurm backend, not {spec.backend}",
+                        f"drop {', '.join(given)} or use ddpkit submit slurm")
+    if spec.tasks_per_rank and spec.shape.min_nodes != spec.shape.max_nodes:
+        raise clash(f"--tasks-per-rank with an elastic shape {spec.shape}", "drop --tasks-per-rank: elastic "
+                    "jobs need a torchrun agent per node")
+    if spec.static and spec.backend != "torchrun":
+        raise clash(f"--static with the {spec.backend} backend", "drop --static: it is a torchrun rendezvous")
+    if spec.static and spec.shape.min_nodes != spec.shape.max_nodes:
+        raise clash(f"--static with an elastic shape {spec.shape}", "use c10d (drop --static) for elastic jobs")
+    if spec.tasks_per_rank and spec.max_restarts:
+        raise clash("--tasks-per-rank with --max-restarts", "drop one: restarts are torchrun's (one agent per node)")
+    if spec.backend == "mpi" and spec.shape.min_nodes != spec.shape.max_nodes:
+        raise clash(f"mpi with an elastic shape {spec.shape}", "use a fixed shape such as -j 2x4")
+    if spec.backend == "mpi" and spec.hosts and len(spec.hosts) != spec.shape.max_nodes:
+        raise clash(f"--hosts names {len(spec.hosts)} host(s) but -j asks for {spec.shape.max_nodes} node(s)",
+                    "one host per node")
+    if spec.backend == "torchrun" and spec.shape.max_nodes > 1 and not spec.rdzv_endpoint:
+        raise ConfigError(f"-j {spec.shape} spans several nodes but no --rdzv-endpoint was given",
+                          "HOST:PORT of the rendezvous on the first node", "add --rdzv-endpoint FIRST_NODE:29400")
+    if spec.backend == "k8s" and not spec.image:
+        raise ConfigError("the k8s backend needs a container image", "--image REGISTRY/IMAGE:TAG",
+                          "build one with ddpkit recipe docker, push it, and pass --image")
+    if spec.k8s_kind == "trainjob" and spec.k8s_rdzv != "c10d":
+        raise clash("--k8s-rdzv etcd with --k8s-kind trainjob", "Trainer v2 runs torchrun with c10d: drop --k8s-rdzv")
+
+
+def _check_directive_values(spec: JobSpec) -> None:
+    """Values written into ``#SBATCH`` lines, which sbatch reads without a shell: no quoting is possible there."""
+    for option, value in (("--slurm-output", spec.output), ("--partition", spec.partition), ("--time", spec.time)):
+        if value is not None and (_DIRECTIVE_UNSAFE.search(value) or not value):
+            raise ConfigError(f"{option} {value!r} contains a space, quote, '$', ';', '#' or backslash",
+                              "a plain value: sbatch reads it from an #SBATCH line, where it cannot be quoted",
+                              "choose a value without those characters (paths in the job command may have them)")
+
+
+def _check_values(spec: JobSpec) -> None:
+    if spec.signal is not None and not _SIGNAL.match(spec.signal):
+        raise ConfigError(f"--signal {spec.signal!r}", "SIGNAL@SECONDS such as USR1@90 (USR1, USR2, TERM, INT, HUP)",
+                          "write --signal USR1@90")
+    if spec.time is not None and not _TIME.match(spec.time):
+        raise ConfigError(f"--time {spec.time!r}", "MINUTES, HH:MM:SS or D-HH[:MM[:SS]]", "write --time 01:00:00")
+    if spec.port is not None and not 1 <= spec.port <= 65535:
+        raise ConfigError(f"--port {spec.port}", "1..65535", "pick a free TCP port such as 29400")
+    if spec.max_restarts < 0:
+        raise ConfigError(f"--max-restarts {spec.max_restarts}", "0 or more", "pass --max-restarts 0 or more")
+    if spec.rdzv_endpoint is not None:
+        host, sep, port = spec.rdzv_endpoint.rpartition(":")
+        if not sep or not host or not port.isdigit() or _DIRECTIVE_UNSAFE.search(host):
+            raise ConfigError(f"--rdzv-endpoint {spec.rdzv_endpoint!r}", "HOST:PORT",
+                              "write --rdzv-endpoint node1:29400")
+    if spec.mpi_flavour not in ("openmpi", "mpich"):
+        raise ConfigError(f"--mpi {spec.mpi_flavour!r}", "openmpi or mpich", "write --mpi openmpi")
+    if spec.k8s_kind not in ("pytorchjob", "trainjob"):
+        raise ConfigError(f"--k8s-kind {spec.k8s_kind!r}", "pytorchjob or trainjob", "write --k8s-kind pytorchjob")
+    if spec.k8s_rdzv not in ("c10d", "etcd"):
+        raise ConfigError(f"--k8s-rdzv {spec.k8s_rdzv!r}", "c10d or etcd", "write --k8s-rdzv c10d")
+    if spec.gpus < 0:
+        raise ConfigError(f"--gpus {spec.gpus}", "0 or more", "pass --gpus 0 on CPU nodes")
+    for key, _ in spec.env:
+        if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", key):
+            raise ConfigError(f"--env {key!r}", "NAME=VALUE with a shell variable name", "write --env NCCL_DEBUG=INFO")
+    for host in spec.hosts:
+        if not host or _DIRECTIVE_UNSAFE.search(host) or "," in host:
+            raise ConfigError(f"--hosts entry {host!r}", "host names separated by commas", "write --hosts a,b")
