@@ -18,7 +18,6 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 from types import FrameType
@@ -30,7 +29,7 @@ import torch.distributed as dist
 from ddpkit.log import get_logger
 from ddpkit.train.config import Drill
 
-__all__ = ["DrillBook", "PreemptionWatch", "requeue_slurm_job", "say"]
+__all__ = ["DrillBook", "PreemptionWatch", "requeue_slurm_job"]
 
 log = get_logger(__name__)
 
@@ -102,12 +101,6 @@ def _all_reduce(tensor: torch.Tensor) -> torch.futures.Future[list[torch.Tensor]
     work = dist.all_reduce(tensor, async_op=True)
     assert work is not None
     return work.get_future()
-
-
-def say(text: str) -> None:
-    """One line to stdout in a single write: ranks sharing a pipe (python -u) never split each other's lines."""
-    sys.stdout.write(text + "\n")
-    sys.stdout.flush()
 
 
 def requeue_slurm_job() -> str:

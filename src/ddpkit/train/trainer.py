@@ -35,7 +35,8 @@ from ddpkit.errors import ConfigError
 from ddpkit.log import get_logger
 from ddpkit.train.config import TrainConfig, snapshot_location
 from ddpkit.train.data import Batches
-from ddpkit.train.faults import DrillBook, PreemptionWatch, requeue_slurm_job, say
+from ddpkit.train.faults import DrillBook, PreemptionWatch, requeue_slurm_job
+from ddpkit.train.output import say
 from ddpkit.train.rng import capture_rng, restore_rng, seed_everything
 from ddpkit.train.snapshot import AsyncWriter, CpuShadow, SnapshotDir, copy_to_cpu, read_snapshot, write_snapshot
 
