@@ -180,7 +180,11 @@ class Trainer:
         dist.gather_object(capture_rng(), rngs, dst=0)
         if self.rank != 0:
             return
-        state = {"model": ddp.module.state_dict(), "optimizer": self.job.optimizer.state_dict(), "rng": rngs,
+        # references to the live tensors (parameters and optimizer state change only in optimizer.step());
+        # buffers (e.g. BatchNorm statistics) may change in the next forward, so they are cloned now (small)
+        params = {p.data_ptr() for p in ddp.module.parameters()}
+        model = {k: v if v.data_ptr() in params else v.detach().clone() for k, v in ddp.module.state_dict().items()}
+        state = {"model": model, "optimizer": self.job.optimizer.state_dict(), "rng": rngs,
                  "loss_history": dict(self.summary["loss_history"])}
         header = {"epoch": epoch, "next_epoch": next_epoch, "next_batch": next_batch, "global_step": step,
                   "sampler_epoch": next_epoch, "world_size": self.world, "fingerprint": self.cfg.fingerprint(),
@@ -196,7 +200,10 @@ class Trainer:
 
         if self.cfg.async_snapshot and not urgent:
             self.writer.join()  # the shadow buffers are free again
-            self.writer.submit(path, self.shadow.copy(state), header, after=done)
+            shadow = self.shadow
+            # the copy runs on the writer thread while this thread goes on with the next forward and backward;
+            # fit() waits for it (wait_copied) right before the next optimizer.step()
+            self.writer.submit(path, lambda: shadow.copy(state), header, after=done)
         else:
             self.writer.join()
             write_snapshot(path, copy_to_cpu(state) if self.rt.device.type != "cpu" else state, header)
@@ -258,6 +265,8 @@ class Trainer:
                     self.job.optimizer.zero_grad(set_to_none=True)
                     loss = self.job.loss_fn(ddp(x), y)
                     loss.backward()  # DDP all-reduces the gradients (and the ranks' stop flags) here
+                    if self.writer.copying:  # an async snapshot still copies the parameters: not yet
+                        self.summary["snapshot_stall_s"][-1] += self.writer.wait_copied()
                     self.job.optimizer.step()
                     step += 1
                     losses.append(loss.detach())
