@@ -244,8 +244,9 @@ class Trainer:
         model = self.job.model.to(device)
         ddp = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
         watch = PreemptionWatch((signal.SIGTERM, cfg.preempt_signum), device, self.world).install()
-        # gradients averaged as usual, and the stop flags ride along (a lambda: DDP rejects string annotations)
-        ddp.register_comm_hook(None, lambda state, bucket: watch.hook(state, bucket))
+        watch.attach(ddp)  # how the ranks' stop flags travel: in the gradient all-reduce, or a vote every few steps
+        self.summary["stop_flags"] = ("gradient all-reduce" if watch.piggyback
+                                      else f"vote every {watch.VOTE_EVERY} steps")
         progress = _Progress.maybe(self.rank == 0 and cfg.progress is not False
                                    and (cfg.progress or sys.stdout.isatty()))
         step_times: list[float] = []
@@ -276,7 +277,7 @@ class Trainer:
                     if "first_step_at" not in self.summary:  # measures a restart: kill -> first resumed step
                         self.summary["first_step_at"] = time.time()
                     self._fire_drill(epoch, batch, step)
-                    if watch.should_stop():  # a preemption signal reached some rank: all stop after this step
+                    if watch.should_stop(step):  # a preemption signal reached some rank: all stop after this step
                         return self._preempted(ddp, watch, epoch, batch + 1, step, t_start, samples,
                                                step_times + epoch_times)
                 elapsed = time.perf_counter() - t_epoch
@@ -286,6 +287,7 @@ class Trainer:
                 self._epoch_line(epoch, len(epoch_times), elapsed, epoch_times)
                 if self.snapdir is not None and ((epoch + 1) % cfg.save_every == 0 or epoch + 1 == cfg.epochs):
                     self._snapshot(ddp, epoch=epoch, next_epoch=epoch + 1, next_batch=0, step=step, urgent=False)
+            watch.drain()
             self.writer.join()
         finally:
             progress.stop()
