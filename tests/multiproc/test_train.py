@@ -132,8 +132,10 @@ def test_preempt_drill_usr1_async_snapshot_then_rerun_resumes_exactly(baseline: 
 
 def test_sigterm_to_the_launcher_snapshots_exits_75_and_rerun_resumes(tmp_path: Path) -> None:
     snap = str(tmp_path / "snap.pt")
-    cmd = [sys.executable, "-m", "ddpkit", "train", "-n", "2", "--samples", "512", "--epochs", "100000",
-           "--save-every", "1000", "--snapshot-path", snap, "--requeue"]
+    # 264,193 parameters: above PreemptionWatch.PIGGYBACK_MAX, so the flags travel in a vote every 4 steps
+    model = ("--model", "mlp", "--width", "1024", "--depth", "1")
+    cmd = [sys.executable, "-m", "ddpkit", "train", "-n", "2", "--samples", "512", "--epochs", "100000", *model,
+           "--save-every", "1000", "--snapshot-path", snap, "--requeue", "--json", str(tmp_path / "summary.json")]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=ddpkit_env(),
                             start_new_session=True)
     try:
@@ -151,10 +153,11 @@ def test_sigterm_to_the_launcher_snapshots_exits_75_and_rerun_resumes(tmp_path: 
     assert proc.returncode == 75, rest[-3000:]
     assert "received SIGTERM" in rest and "Preempted at epoch" in rest
     assert "--requeue: not running under Slurm (SLURM_JOB_ID is unset): nothing requeued" in rest
+    assert json.loads((tmp_path / "summary.json").read_text())["stop_flags"] == "vote every 4 steps"
     (step, path), = SnapshotDir(tmp_path, "snap", ".pt", keep=1).candidates()
     header = read_header(path)
     assert header["global_step"] == step and header["global_step"] >= 24
-    done = run_ddpkit("train", "-n", "2", "--samples", "512", "--epochs", str(header["next_epoch"] + 1),
+    done = run_ddpkit("train", "-n", "2", "--samples", "512", "--epochs", str(header["next_epoch"] + 1), *model,
                       "--save-every", "1000", "--snapshot-path", snap, timeout=180)
     assert done.returncode == 0, done.stderr[-3000:]
     assert f"Resuming training from snapshot at Epoch {header['next_epoch']}" in done.stdout

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import random
+import threading
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -59,12 +61,29 @@ def test_prune_keeps_the_newest_and_stale_temp_files_go(tmp_path: Path) -> None:
 
 def test_async_writer_writes_the_same_bytes_and_reraises(tmp_path: Path) -> None:
     writer = AsyncWriter()
-    writer.submit(tmp_path / "a.pt", _state(1.0), {"global_step": 1})
+    release = threading.Event()
+
+    def copy_when_released() -> dict[str, Any]:
+        release.wait(timeout=60)
+        return _state(1.0)
+
+    writer.submit(tmp_path / "a.pt", copy_when_released, {"global_step": 1})
+    assert writer.copying  # the copy has not run: the training thread must not step yet
+    release.set()
+    assert writer.wait_copied() >= 0 and not writer.copying
     writer.join()
     write_snapshot(tmp_path / "b.pt", _state(1.0), {"global_step": 1})
     assert (tmp_path / "a.pt").read_bytes() == (tmp_path / "b.pt").read_bytes()
-    writer.submit(tmp_path / "missing-dir" / "c.pt", _state(1.0), {"global_step": 1})
+    writer.submit(tmp_path / "missing-dir" / "c.pt", lambda: _state(1.0), {"global_step": 1})
     with pytest.raises(FileNotFoundError):
+        writer.join()
+
+    def failing_copy() -> dict[str, Any]:
+        raise RuntimeError("copy failed")
+
+    writer.submit(tmp_path / "d.pt", failing_copy, {"global_step": 1})
+    writer.wait_copied()  # returns although the copy failed; the failure surfaces at join
+    with pytest.raises(RuntimeError, match="copy failed"):
         writer.join()
 
 

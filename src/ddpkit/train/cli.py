@@ -24,7 +24,7 @@ from typing import Any
 from ddpkit.errors import EXIT_OK, EXIT_PREEMPTED, ConfigError
 from ddpkit.log import get_logger
 from ddpkit.train.config import MODELS, PREEMPT_SIGNALS, TrainConfig, check_job_spec, parse_drill
-from ddpkit.train.faults import say
+from ddpkit.train.output import say
 
 __all__ = ["WORKER", "add_arguments", "config_from_args", "run"]
 

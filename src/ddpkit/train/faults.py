@@ -18,7 +18,6 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 from types import FrameType
@@ -30,7 +29,7 @@ import torch.distributed as dist
 from ddpkit.log import get_logger
 from ddpkit.train.config import Drill
 
-__all__ = ["DrillBook", "PreemptionWatch", "requeue_slurm_job", "say"]
+__all__ = ["DrillBook", "PreemptionWatch", "requeue_slurm_job"]
 
 log = get_logger(__name__)
 
@@ -38,13 +37,16 @@ log = get_logger(__name__)
 class PreemptionWatch:
     """Turns SIGTERM (and the configured preemption signal) into one step at which every rank stops."""
 
-    #: Last buckets up to this many elements carry the flag themselves (the copy costs less than a collective).
+    #: Models up to this many parameters carry the flag in their (single, small) gradient bucket.
     PIGGYBACK_MAX = 1 << 18
+    #: Larger models keep DDP's built-in C++ all-reduce and vote on the flags every this many steps.
+    VOTE_EVERY = 4
 
     def __init__(self, signals: tuple[signal.Signals, ...], device: torch.device, world_size: int = 1) -> None:
         self.signals = tuple(dict.fromkeys(signals))
         self.world_size = world_size
         self.received: str | None = None
+        self.piggyback = False
         self._one = torch.ones(1, device=device)
         self._zero = torch.zeros(1, device=device)
         self._votes = torch.zeros(1, device=device)
@@ -67,6 +69,15 @@ class PreemptionWatch:
             signal.signal(sig, previous)
         self._previous.clear()
 
+    def attach(self, ddp: Any) -> None:
+        """Small models: the flag rides in the gradient all-reduce (a Python hook; no extra collective, and their
+        steps are short, so a separate vote would cost more). Larger models keep DDP's C++ all-reduce (a Python
+        hook and a copy per bucket cost more than a tiny vote every VOTE_EVERY steps)."""
+        self.piggyback = sum(p.numel() for p in ddp.module.parameters()) <= self.PIGGYBACK_MAX
+        if self.piggyback and self.world_size > 1:
+            # a lambda: DDP rejects string annotations
+            ddp.register_comm_hook(None, lambda state, bucket: self.hook(state, bucket))
+
     def hook(self, _: object, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
         """DDP communication hook: average the gradients, and sum the ranks' stop flags with the last bucket."""
         grads = bucket.buffer()
@@ -74,11 +85,6 @@ class PreemptionWatch:
         if not bucket.is_last():
             return _all_reduce(grads).then(lambda fut: fut.value()[0].div_(world))
         flag = self._one if self.received is not None else self._zero
-        if grads.numel() > self.PIGGYBACK_MAX:
-            # waited for in should_stop, on the training thread: never block gloo's threads in a callback
-            self._votes.copy_(flag)
-            self._votes_work = dist.all_reduce(self._votes, async_op=True)
-            return _all_reduce(grads).then(lambda fut: fut.value()[0].div_(world))
         packed = torch.cat([grads, flag.to(grads.dtype)])
 
         def unpack(fut: torch.futures.Future[list[torch.Tensor]]) -> torch.Tensor:
@@ -88,26 +94,36 @@ class PreemptionWatch:
 
         return _all_reduce(packed).then(unpack)
 
-    def should_stop(self) -> bool:
-        """After a step's backward, on every rank: did any rank raise its flag (the same answer everywhere)?"""
+    def should_stop(self, step: int) -> bool:
+        """After step ``step`` (counted alike on every rank): did any rank raise its flag? The same answer on every
+        rank. Without the hook, a vote starts (asynchronously) after every VOTE_EVERY-th step and is read one
+        step later, so no rank waits for it in the meantime."""
         if self.world_size == 1:
             return self.received is not None
+        if self.piggyback:
+            return bool(self._votes.item() > 0)
+        stop = False
         if self._votes_work is not None:
             self._votes_work.wait()
             self._votes_work = None
-        return bool(self._votes.item() > 0)
+            stop = bool(self._votes.item() > 0)
+        if not stop and step % self.VOTE_EVERY == 0:
+            self._votes.copy_(self._one if self.received is not None else self._zero)
+            self._votes_work = dist.all_reduce(self._votes, async_op=True)
+        return stop
+
+
+    def drain(self) -> None:
+        """Wait for a vote still in flight (at the end of training: no collective left unfinished)."""
+        if self._votes_work is not None:
+            self._votes_work.wait()
+            self._votes_work = None
 
 
 def _all_reduce(tensor: torch.Tensor) -> torch.futures.Future[list[torch.Tensor]]:
     work = dist.all_reduce(tensor, async_op=True)
     assert work is not None
     return work.get_future()
-
-
-def say(text: str) -> None:
-    """One line to stdout in a single write: ranks sharing a pipe (python -u) never split each other's lines."""
-    sys.stdout.write(text + "\n")
-    sys.stdout.flush()
 
 
 def requeue_slurm_job() -> str:

@@ -22,7 +22,7 @@ import os
 import re
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -203,19 +203,38 @@ class CpuShadow:
 
 
 class AsyncWriter:
-    """Writes snapshots on one background thread; ``join()`` waits and re-raises the writer's failure."""
+    """Copies and writes snapshots on one background thread.
+
+    ``submit(make_state, ...)`` returns at once; the thread first calls ``make_state()`` (the in-memory copy of
+    the live tensors), then serialises, checksums, writes, fsyncs and renames. The caller must not change
+    those tensors in place until ``wait_copied()`` returns; ``join()`` waits for the whole write and re-raises
+    the writer's failure.
+    """
 
     def __init__(self) -> None:
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
+        self._copied = threading.Event()
+        self._copied.set()
         self.last_write_s = 0.0
 
-    def submit(self, path: Path, state: Mapping[str, Any], header: Mapping[str, Any], after: Any = None) -> None:
+    @property
+    def copying(self) -> bool:
+        """True while the in-memory copy of the last submitted state is still running."""
+        return not self._copied.is_set()
+
+    def submit(self, path: Path, make_state: Callable[[], Mapping[str, Any]], header: Mapping[str, Any],
+               after: Callable[[], None] | None = None) -> None:
         self.join()
+        self._copied.clear()
 
         def work() -> None:
             try:
                 t0 = time.perf_counter()
+                try:
+                    state = make_state()
+                finally:
+                    self._copied.set()  # on failure too: the training thread must never wait forever
                 write_snapshot(path, state, header)
                 self.last_write_s = time.perf_counter() - t0
                 if after is not None:
@@ -225,6 +244,12 @@ class AsyncWriter:
 
         self._thread = threading.Thread(target=work, name="ddpkit-snapshot-writer", daemon=False)
         self._thread.start()
+
+    def wait_copied(self) -> float:
+        """Block until the submitted state is copied (the live tensors may change again); returns seconds waited."""
+        t0 = time.perf_counter()
+        self._copied.wait()
+        return time.perf_counter() - t0
 
     def join(self) -> None:
         if self._thread is not None:

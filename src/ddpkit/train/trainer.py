@@ -35,7 +35,8 @@ from ddpkit.errors import ConfigError
 from ddpkit.log import get_logger
 from ddpkit.train.config import TrainConfig, snapshot_location
 from ddpkit.train.data import Batches
-from ddpkit.train.faults import DrillBook, PreemptionWatch, requeue_slurm_job, say
+from ddpkit.train.faults import DrillBook, PreemptionWatch, requeue_slurm_job
+from ddpkit.train.output import say
 from ddpkit.train.rng import capture_rng, restore_rng, seed_everything
 from ddpkit.train.snapshot import AsyncWriter, CpuShadow, SnapshotDir, copy_to_cpu, read_snapshot, write_snapshot
 
@@ -179,7 +180,11 @@ class Trainer:
         dist.gather_object(capture_rng(), rngs, dst=0)
         if self.rank != 0:
             return
-        state = {"model": ddp.module.state_dict(), "optimizer": self.job.optimizer.state_dict(), "rng": rngs,
+        # references to the live tensors (parameters and optimizer state change only in optimizer.step());
+        # buffers (e.g. BatchNorm statistics) may change in the next forward, so they are cloned now (small)
+        params = {p.data_ptr() for p in ddp.module.parameters()}
+        model = {k: v if v.data_ptr() in params else v.detach().clone() for k, v in ddp.module.state_dict().items()}
+        state = {"model": model, "optimizer": self.job.optimizer.state_dict(), "rng": rngs,
                  "loss_history": dict(self.summary["loss_history"])}
         header = {"epoch": epoch, "next_epoch": next_epoch, "next_batch": next_batch, "global_step": step,
                   "sampler_epoch": next_epoch, "world_size": self.world, "fingerprint": self.cfg.fingerprint(),
@@ -195,7 +200,10 @@ class Trainer:
 
         if self.cfg.async_snapshot and not urgent:
             self.writer.join()  # the shadow buffers are free again
-            self.writer.submit(path, self.shadow.copy(state), header, after=done)
+            shadow = self.shadow
+            # the copy runs on the writer thread while this thread goes on with the next forward and backward;
+            # fit() waits for it (wait_copied) right before the next optimizer.step()
+            self.writer.submit(path, lambda: shadow.copy(state), header, after=done)
         else:
             self.writer.join()
             write_snapshot(path, copy_to_cpu(state) if self.rt.device.type != "cpu" else state, header)
@@ -236,8 +244,9 @@ class Trainer:
         model = self.job.model.to(device)
         ddp = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
         watch = PreemptionWatch((signal.SIGTERM, cfg.preempt_signum), device, self.world).install()
-        # gradients averaged as usual, and the stop flags ride along (a lambda: DDP rejects string annotations)
-        ddp.register_comm_hook(None, lambda state, bucket: watch.hook(state, bucket))
+        watch.attach(ddp)  # how the ranks' stop flags travel: in the gradient all-reduce, or a vote every few steps
+        self.summary["stop_flags"] = ("gradient all-reduce" if watch.piggyback
+                                      else f"vote every {watch.VOTE_EVERY} steps")
         progress = _Progress.maybe(self.rank == 0 and cfg.progress is not False
                                    and (cfg.progress or sys.stdout.isatty()))
         step_times: list[float] = []
@@ -257,6 +266,8 @@ class Trainer:
                     self.job.optimizer.zero_grad(set_to_none=True)
                     loss = self.job.loss_fn(ddp(x), y)
                     loss.backward()  # DDP all-reduces the gradients (and the ranks' stop flags) here
+                    if self.writer.copying:  # an async snapshot still copies the parameters: not yet
+                        self.summary["snapshot_stall_s"][-1] += self.writer.wait_copied()
                     self.job.optimizer.step()
                     step += 1
                     losses.append(loss.detach())
@@ -266,7 +277,7 @@ class Trainer:
                     if "first_step_at" not in self.summary:  # measures a restart: kill -> first resumed step
                         self.summary["first_step_at"] = time.time()
                     self._fire_drill(epoch, batch, step)
-                    if watch.should_stop():  # a preemption signal reached some rank: all stop after this step
+                    if watch.should_stop(step):  # a preemption signal reached some rank: all stop after this step
                         return self._preempted(ddp, watch, epoch, batch + 1, step, t_start, samples,
                                                step_times + epoch_times)
                 elapsed = time.perf_counter() - t_epoch
@@ -276,6 +287,7 @@ class Trainer:
                 self._epoch_line(epoch, len(epoch_times), elapsed, epoch_times)
                 if self.snapdir is not None and ((epoch + 1) % cfg.save_every == 0 or epoch + 1 == cfg.epochs):
                     self._snapshot(ddp, epoch=epoch, next_epoch=epoch + 1, next_batch=0, step=step, urgent=False)
+            watch.drain()
             self.writer.join()
         finally:
             progress.stop()
