@@ -32,7 +32,7 @@ infra-deps:
 	else echo "not root: infrastructure packages not installed; infra tests will skip"; fi
 
 run: $(STAMP)
-	$(VENV)/bin/ddpkit env
+	$(VENV)/bin/ddpkit env -n 2 --connect
 	$(VENV)/bin/ddpkit check -n 2
 	mkdir -p .ddpkit-run
 	$(VENV)/bin/ddpkit train -n 2 --epochs 5 --snapshot-path .ddpkit-run/snapshot.pt
