@@ -6,7 +6,6 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
-INFRA_STAMP := .infra-installed
 DEBS := munge slurmctld slurmd slurm-client libpmix-dev openmpi-bin libopenmpi-dev mpich libmpich-dev \
         iproute2 etcd-server shellcheck procps
 
