@@ -9,7 +9,6 @@ nothing to every node idle, and one 2-node x 2-rank ``check`` end to end. Needs 
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import shutil
@@ -20,19 +19,12 @@ import tempfile
 import time
 from pathlib import Path
 
+from scripts import slurm_cluster
+
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "benchmarks" / "results"
 REPEATS = 3
 SLEEP = 3.0
-
-
-def _cluster_module():  # type: ignore[no-untyped-def]
-    spec = importlib.util.spec_from_file_location("slurm_cluster", ROOT / "scripts" / "slurm_cluster.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["slurm_cluster"] = module
-    spec.loader.exec_module(module)
-    return module
 
 
 def _timed(argv: list[str], cwd: Path, env: dict[str, str]) -> tuple[float, subprocess.CompletedProcess[str]]:
@@ -45,7 +37,7 @@ def main() -> int:
     if os.geteuid() != 0:
         print("bench_jobs needs root (Slurm daemons, network namespaces): not run")
         return 0
-    module = _cluster_module()
+    module = slurm_cluster
     work = Path(tempfile.mkdtemp(prefix="ddpkit-bench-jobs-"))
     work.chmod(0o755)  # munged (user munge) reaches the cluster directory inside it
     cluster = module.SlurmCluster(work / "cluster", nodes_count=2)

@@ -8,7 +8,6 @@ even when tests fail.
 
 from __future__ import annotations
 
-import importlib.util
 import subprocess
 import sys
 import tempfile
@@ -17,25 +16,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from scripts import slurm_cluster
 
 from tests.conftest import ddpkit_env, require_root, require_tools
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _load_cluster_module() -> Any:
-    spec = importlib.util.spec_from_file_location("slurm_cluster", ROOT / "scripts" / "slurm_cluster.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["slurm_cluster"] = module
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.fixture(scope="session", name="slurm_cluster")
 def slurm_cluster_fixture() -> Iterator[Any]:
     require_root("Slurm daemons, munged as user munge, network namespaces")
-    module = _load_cluster_module()
+    module = slurm_cluster
     require_tools(*module.TOOLS, "shellcheck")
     root = Path(tempfile.mkdtemp(prefix="ddpkit-slurm-"))
     cluster = module.SlurmCluster(root, nodes_count=2)
