@@ -242,7 +242,9 @@ class Trainer:
         cfg, device = self.cfg, self.rt.device
         start_epoch, start_batch, step = self._resume()
         model = self.job.model.to(device)
-        ddp = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
+        # gradients live in DDP's all-reduce buckets (no copy into the bucket and back each step, one copy of the
+        # gradients in memory instead of two); the arithmetic is the same, results are bitwise equal
+        ddp = DDP(model, device_ids=[device.index] if device.type == "cuda" else None, gradient_as_bucket_view=True)
         watch = PreemptionWatch((signal.SIGTERM, cfg.preempt_signum), device, self.world).install()
         watch.attach(ddp)  # how the ranks' stop flags travel: in the gradient all-reduce, or a vote every few steps
         self.summary["stop_flags"] = ("gradient all-reduce" if watch.piggyback
