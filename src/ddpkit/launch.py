@@ -292,6 +292,10 @@ def _root_cause(exc: object) -> int:
         name = signal.Signals(-code).name if -code in signal.Signals._value2member_map_ else str(-code)
         log.error("rank %d (pid %d) was killed by %s first", rank, first.pid, name)
         return 128 - code
+    if code == EXIT_PREEMPTED and all(f.exitcode in (EXIT_PREEMPTED, -signal.SIGTERM) for f in failures.values()):
+        log.warning("the workers stopped after a preemption signal and wrote a snapshot (exit %d): run the same "
+                    "command again to resume", code)
+        return code
     others = sorted(r for r in failures if r != rank)
     log.error("rank %d (pid %d) failed first with exit code %d%s", rank, first.pid, code,
               f"; then ranks {others}" if others else "")
