@@ -16,6 +16,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from ddpkit.collectives import all_gather_single
+
 COUNTS = (23, 1024, 16384, 65536, 262144)
 
 
@@ -27,6 +29,7 @@ def main() -> None:
     args = parser.parse_args()
     dist.init_process_group("gloo")
     world = dist.get_world_size()
+    gather = all_gather_single()
     out: dict[int, dict[str, list[float]]] = {}
     for count in COUNTS:
         x = torch.rand(count)
@@ -40,7 +43,7 @@ def main() -> None:
                     if side == "all_reduce":
                         dist.all_reduce(x)
                     else:
-                        dist.all_gather_into_tensor(rows, x)
+                        gather(rows, x)
                         rows.view(world, -1).sum(0)
                 series[side].append((time.perf_counter() - t0) / args.iters)
         out[count] = series

@@ -138,9 +138,11 @@ def test_preemption_resumes_train_from_its_snapshot(slurm_cluster: Any, tmp_path
     snapshot the previous run wrote last, and the job completes."""
     snap = tmp_path / "snap shots"
     snap.mkdir()
+    # 16384 samples: 256 steps per epoch, so the 10 epochs left after a signal take seconds (the default 32 steps
+    # per epoch can finish before the signal arrives)
     res = in_cluster(slurm_cluster, "submit", "slurm", "-j", "1x2", "--requeue", "--signal", "USR1@60", "--venv",
-                     VENV, "--no-exclusive", "--", "train", "--epochs", "12", "--snapshot-path", f"{snap}/",
-                     cwd=tmp_path)
+                     VENV, "--no-exclusive", "--", "train", "--epochs", "12", "--samples", "16384",
+                     "--snapshot-path", f"{snap}/", cwd=tmp_path)
     assert res.returncode == 0, res.stderr
     job = _job_id(res)
     log = tmp_path / "logs" / f"ddpkit-train_{job}.out"
@@ -153,6 +155,7 @@ def test_preemption_resumes_train_from_its_snapshot(slurm_cluster: Any, tmp_path
     follow = in_cluster(slurm_cluster, "logs", job, "-f", cwd=tmp_path, timeout=300)
     text = follow.stdout
     assert "restart 2" in text and "SIGUSR1" in text, text
+    assert "is deprecated" not in text, text  # no warning spam from the gradient hook
     _assert_each_resume_loads_the_last_snapshot(text, resumes=2)
     status = json.loads(in_cluster(slurm_cluster, "status", job, "--json", cwd=tmp_path).stdout)
     assert (status["state"], status["exit_code"], status["restarts"]) == ("COMPLETED", 0, 2), text

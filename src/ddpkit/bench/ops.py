@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ddpkit.bench.busbw import per_rank_count
+from ddpkit.collectives import all_gather_single, reduce_scatter_single
 from ddpkit.faults import fault
 
 if TYPE_CHECKING:
@@ -106,19 +107,6 @@ def _reduced(p: torch.Tensor, redop: str, n: int) -> torch.Tensor:
     return (p * n if redop == "sum" else p) + _reduce_add(redop, n)
 
 
-def _gather_fn() -> Callable[..., object]:
-    """torch >= 2.13 names it all_gather_single and deprecates all_gather_into_tensor; older torch has only that."""
-    import torch.distributed as dist
-
-    return getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-
-
-def _scatter_fn() -> Callable[..., object]:
-    import torch.distributed as dist
-
-    return getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
-
-
 def _redop(name: str) -> object:
     import torch.distributed as dist
 
@@ -135,7 +123,7 @@ def prepare(case: Case, device: torch.device) -> Prepared:
     c = per_rank_count(op, case.count, n)
     full = torch.empty(case.count, dtype=dt, device=device)
     redop = _redop(case.redop)
-    gather, scatter = _gather_fn(), _scatter_fn()
+    gather, scatter = all_gather_single(), reduce_scatter_single()
 
     def fill_full() -> None:
         full.copy_(_pattern(case.count, dt, device) + _rank_add(r))

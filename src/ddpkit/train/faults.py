@@ -34,6 +34,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from ddpkit.collectives import all_gather_single
 from ddpkit.log import get_logger
 from ddpkit.train.config import Drill
 
@@ -110,7 +111,7 @@ class PreemptionWatch:
         world = self.world_size
         if self.gather and tensor.numel() * tensor.element_size() * world <= self.GATHER_MAX_BYTES:
             rows = tensor.new_empty(world * tensor.numel())
-            work = dist.all_gather_into_tensor(rows, tensor, async_op=True)
+            work = all_gather_single()(rows, tensor, async_op=True)
             assert work is not None
             return work.get_future().then(lambda _: then(rows.view(world, -1).sum(0)))
         work = dist.all_reduce(tensor, async_op=True)
