@@ -84,18 +84,21 @@ def test_drill_link_down_mid_collective_recovers(two_hosts: Hosts) -> None:
     training finishes on both hosts, well within its collective deadline, and no process is left."""
     snaps = Path(two_hosts.cluster.workdir) / "snaps"
     snaps.mkdir()
-    args = _train_args(two_hosts, "2x2", snaps, "--epochs", "3")
+    args = _train_args(two_hosts, "2x2", snaps, "--epochs", "5")
     runs = [two_hosts.ddpkit(h, *args) for h in two_hosts.hosts]
     _wait_for_snapshots(snaps, 1, runs)
     two_hosts.cluster.link(two_hosts[1], up=False)
     time.sleep(4)
+    # the outage struck a running job (not one that had already finished): both agents are still there
+    still_running = [r.returncode is None for r in runs]
     two_hosts.cluster.link(two_hosts[1], up=True)
+    assert still_running == [True, True], "\n".join(r.output() for r in runs)
     for r in runs:
         r.wait(RUN_TIMEOUT)
         assert r.returncode == 0, r.output()
     summary = json.loads((snaps / "summary.json").read_text())
     assert summary["restarts"] == 0 and summary["world_size"] == 4
-    assert sorted(int(e) for e in summary["loss_history"]) == list(range(3))
+    assert sorted(int(e) for e in summary["loss_history"]) == list(range(5))
     assert two_hosts.leftover() == {}
 
 
