@@ -240,6 +240,8 @@ class Trainer:
     def fit(self) -> dict[str, Any]:
         """Train to ``config.epochs`` (or until preempted); returns the summary (rank 0's is complete)."""
         cfg, device = self.cfg, self.rt.device
+        # before _resume seeds the generators: importing rich draws from Python's global RNG (rich.style)
+        progress = _Progress.maybe(self.rank == 0 and cfg.progress is not False and (cfg.progress or _on_terminal()))
         start_epoch, start_batch, step = self._resume()
         model = self.job.model.to(device)
         # gradients live in DDP's all-reduce buckets (no copy into the bucket and back each step, one copy of the
@@ -249,8 +251,6 @@ class Trainer:
         watch.attach(ddp)  # how the ranks' stop flags travel: in the gradient all-reduce, or a vote every few steps
         self.summary["stop_flags"] = ("gradient all-reduce" if watch.piggyback
                                       else f"vote every {watch.VOTE_EVERY} steps")
-        progress = _Progress.maybe(self.rank == 0 and cfg.progress is not False
-                                   and (cfg.progress or sys.stdout.isatty()))
         step_times: list[float] = []
         samples = 0
         t_start = time.perf_counter()
@@ -333,17 +333,23 @@ class Trainer:
             drills=self.drills.report(resumed["global_step"] if resumed else None, interval) if self.rank == 0 else [])
 
 
+def _on_terminal() -> bool:
+    """Is stdout a person's terminal? Open MPI hands its ranks a pseudo-terminal even when mpirun's own output goes
+    to a file or a pipe, so under Open MPI only an explicit --progress shows the bar."""
+    return sys.stdout.isatty() and "OMPI_COMM_WORLD_RANK" not in os.environ
+
+
 class _Progress:
-    """A rich progress bar on rank 0 when attached to a terminal; otherwise nothing."""
+    """A rich progress bar on rank 0 when attached to a terminal; otherwise nothing. Shown from the first epoch."""
 
     def __init__(self, enabled: bool) -> None:
         self.bar: Any = None
         self.task: Any = None
+        self.started = False
         if enabled:
             from rich.progress import Progress
 
             self.bar = Progress(transient=True)
-            self.bar.start()
 
     @classmethod
     def maybe(cls, enabled: bool) -> _Progress:
@@ -351,14 +357,17 @@ class _Progress:
 
     def start(self, epoch: int, total: int) -> None:
         if self.bar is not None:
+            if not self.started:
+                self.bar.start()
+                self.started = True
             if self.task is not None:
                 self.bar.remove_task(self.task)
             self.task = self.bar.add_task(f"epoch {epoch}", total=total)
 
     def advance(self, loss: torch.Tensor) -> None:
         if self.bar is not None:
-            self.bar.update(self.task, advance=1, description=f"loss {float(loss):.4f}")
+            self.bar.update(self.task, advance=1, description=f"loss {float(loss.detach()):.4f}")
 
     def stop(self) -> None:
-        if self.bar is not None:
+        if self.started:
             self.bar.stop()
