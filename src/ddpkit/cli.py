@@ -11,6 +11,7 @@ import importlib
 import math
 import os
 import sys
+import time
 from collections.abc import Sequence
 from dataclasses import replace
 from types import ModuleType
@@ -126,10 +127,24 @@ def _run_worker(module: ModuleType, args: argparse.Namespace, argv: list[str]) -
     elif (args.nproc_per_node or args.job) and "DDPKIT_LAUNCHED" not in os.environ:
         log.warning("started by %s: -n/-j are ignored (the launcher decides the ranks)", world.launcher)
     if world.launcher == "torchrun" and os.environ.get("DDPKIT_LAUNCHED") == "1":
-        from ddpkit.launch import die_with_agent
+        from ddpkit.launch import die_with_agent, verdict_exit_code
 
         die_with_agent()  # a worker of ddpkit's own launcher: never outlive the agent
+        if getattr(module, "VERDICT", False):
+            code = int(module.run(args))
+            _linger()
+            return verdict_exit_code(code)
     return int(module.run(args))
+
+
+def _linger() -> None:
+    """Test hook (DDPKIT_FAULTS="linger:rank=R:ms=N"): rank R finishes N ms after the others, as a rank on a slower
+    node does."""
+    from ddpkit.faults import fault
+
+    linger = fault("linger", rank=int(os.environ.get("RANK", "0")))
+    if linger is not None:
+        time.sleep(float(linger.get("ms", 2000)) / 1e3)
 
 
 def _kubeflow_agent_options(world: WorldInfo) -> LaunchOptions:

@@ -24,6 +24,10 @@ Kinds consulted by ``ddpkit check`` (context: ``rank``, and ``op`` or ``phase``)
 - ``slow:phase=P:rank=R:ms=N``: rank R enters phase P N ms late.
 - ``version:rank=R:torch=X`` (also ``python``, ``ddpkit``, ``cuda``): rank R reports version X at roll-call.
 
+Kind consulted by every verdict command (check, bench, env) under ddpkit's launcher:
+
+- ``linger:rank=R:ms=N``: rank R exits N ms after its command finished (a rank on a slower node).
+
 Never set in production; ddpkit logs a warning when any fault is armed.
 """
 

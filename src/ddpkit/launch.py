@@ -112,6 +112,9 @@ def launch(argv: list[str], options: LaunchOptions) -> int:
     mark_dir = tempfile.mkdtemp(prefix="ddpkit-launch-")
     mark = os.path.join(mark_dir, "preempted")
     os.environ["DDPKIT_PREEMPTED_MARK"] = mark  # a worker that stopped cleanly after a preemption creates it
+    results = os.path.join(mark_dir, "results")
+    os.mkdir(results)
+    os.environ[RESULT_DIR] = results  # where workers leave a deliberate non-zero result (see worker_exit_code)
     endpoint = options.rdzv_endpoint
     conf: dict[str, object] = dict(options.rdzv_conf)
     local_addr = options.local_addr
@@ -154,6 +157,7 @@ def launch(argv: list[str], options: LaunchOptions) -> int:
                 elastic_launch(config, entrypoint=_forked_worker)(argv)
             else:
                 elastic_launch(config, entrypoint=sys.executable)("-m", "ddpkit", *argv)
+        code = _worker_result(results)
     except ChildFailedError as exc:
         return _root_cause(exc)
     except SignalException as exc:
@@ -170,8 +174,51 @@ def launch(argv: list[str], options: LaunchOptions) -> int:
                               "start ddpkit on every node with the same --rdzv-endpoint, --run-id and -j, check "
                               "each can reach the endpoint, or give them longer with --timeout") from None
     finally:
+        os.environ.pop(RESULT_DIR, None)  # this agent's own exit code is not a worker's result
         shutil.rmtree(mark_dir, ignore_errors=True)
+    return code
+
+
+RESULT_DIR = "DDPKIT_RESULT_DIR"
+
+
+def verdict_exit_code(code: int) -> int:
+    """The exit code for a worker of ddpkit's launcher whose verdict command (check, bench, env) returned ``code``.
+
+    The verdict is left in a file for the agent and the worker exits 0. torch's agent waits for the other nodes'
+    agents (its exit barrier) only when its workers succeeded: on a failure the node hosting the rendezvous store
+    left at once, and the other nodes, still finishing, lost the store, had their workers stopped and reported a
+    rendezvous error instead of their verdict. A verdict is no reason to restart the group either. train keeps the
+    failure path: there a non-zero code (a peer is gone) must make the group restart.
+    """
+    directory = os.environ.get(RESULT_DIR)
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT")
+    if code == EXIT_PREEMPTED or not directory or attempt is None or not attempt.isdigit():
+        return code
+    name = f"{int(attempt):06d}.rank-{os.environ.get('RANK', '0')}"
+    try:
+        with open(os.path.join(directory, f".{name}.tmp"), "w") as f:
+            f.write(str(code))
+        os.replace(os.path.join(directory, f".{name}.tmp"), os.path.join(directory, name))
+    except OSError:
+        return code
     return 0
+
+
+def _worker_result(directory: str) -> int:
+    """The verdict the workers of the last attempt left: the lowest rank's non-zero code, or 0."""
+    try:
+        names = [n for n in os.listdir(directory) if not n.startswith(".")]
+    except OSError:
+        return 0
+    if not names:
+        return 0
+    last = max(n.split(".")[0] for n in names)
+    codes = []
+    for name in sorted(n for n in names if n.startswith(last + ".")):
+        with open(os.path.join(directory, name)) as f:
+            codes.append((int(name.split("rank-")[1]), int(f.read().strip() or 1)))
+    return next((code for _, code in sorted(codes) if code), 0)
 
 
 def _cuda_initialized() -> bool:

@@ -127,3 +127,20 @@ def test_drill_slow_link_named_by_bench_pairs(make_hosts: Callable[[int], Hosts]
     assert max(bw[a][c], bw[b][c]) < 0.2 * bw[a][b], pairs  # 50 Mbit/s is about 6 MB/s
     assert f"slow nodes: {slow.hostname}" in runs[0].stdout
     assert hosts.leftover() == {}
+
+
+def test_failed_verdict_from_a_slower_host_is_its_verdict_not_a_rendezvous_error(two_hosts: Hosts) -> None:
+    """`check -j 2x1` where rank 1's all_reduce is corrupted (the verdict is FAIL, exit 1, on every rank) and rank 1,
+    on the second host, finishes 3 s after rank 0. The first host's agent hosts the rendezvous store: it must wait
+    for the second host (torch's exit barrier) instead of leaving at once, so the second host reports its verdict
+    (exit 1), not a lost store (a rendezvous error, exit 3, its rank stopped mid-report)."""
+    args = ["check", "-j", "2x1", "--rdzv-endpoint", two_hosts.endpoint(), "--run-id", new_run_id()]
+    faults = "corrupt:op=all_reduce_sum:rank=1;linger:rank=1:ms=3000"
+    runs = [two_hosts.ddpkit(h, *args, DDPKIT_FAULTS=faults) for h in two_hosts.hosts]
+    for r in runs:
+        r.wait(RUN_TIMEOUT)
+    assert [r.returncode for r in runs] == [1, 1], "\n".join(r.output() for r in runs)
+    for r in runs:
+        assert "did not complete" not in r.stderr and "RendezvousConnectionError" not in r.stderr, r.output()
+    assert "FAIL  all_reduce_sum" in runs[0].stdout, runs[0].output()
+    assert two_hosts.leftover() == {}

@@ -136,6 +136,10 @@ def _write_outputs(args: argparse.Namespace, report: dict[str, Any]) -> None:
         print(f"# wrote {args.plot}")
 
 
+#: Its exit code is a verdict: under ddpkit's launcher the workers hand it to the agent (launch.verdict_exit_code).
+VERDICT = True
+
+
 def run(args: argparse.Namespace) -> int:
     import torch.distributed as dist
 

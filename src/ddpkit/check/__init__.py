@@ -144,6 +144,10 @@ def _store_errors() -> tuple[type[BaseException], ...]:
     return (dist.DistError,) if hasattr(dist, "DistError") else (RuntimeError,)
 
 
+#: Its exit code is a verdict: under ddpkit's launcher the workers hand it to the agent (launch.verdict_exit_code).
+VERDICT = True
+
+
 def run(args: argparse.Namespace) -> int:
     if args.timeout <= 0 or args.phase_timeout <= 0:
         raise ConfigError(f"--timeout {args.timeout} / --phase-timeout {args.phase_timeout}", "positive seconds",
