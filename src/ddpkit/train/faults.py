@@ -10,9 +10,10 @@ a large last bucket to append one number would cost more) and vote on the flags 
 The same hook makes small gradients cheaper to average on gloo: where the gathered bucket is at most
 GATHER_MAX_BYTES, it is all-gathered and summed locally in rank order instead of all-reduced. Small CPU messages
 are latency-bound, and gloo's all-gather takes half the message steps of its all-reduce (ring: n-1 instead of
-2(n-1)); measured on 2 ranks here (benchmarks/results/bench_train.md): 23 floats 0.5-0.7 ms instead of 1.4-2.1 ms,
-64 Ki floats still 1.4-2x faster, even at 256 Ki. Every rank sums the same gathered rows in the same order, so the
-ranks stay bitwise identical (the same as the all-reduce on 2 ranks, where a + b == b + a).
+2(n-1)); measured on 2 ranks here (benchmarks/results/bench_train.md): 23 floats 0.5-0.8 ms instead of 1.4-2.1 ms,
+64 Ki floats 1.4-2.4x faster, 256 Ki about even (1.0-1.3x), hence the 512 KiB bound on the gathered size.
+Every rank sums the same gathered rows in the same order, so the ranks stay bitwise identical (the same as the
+all-reduce on 2 ranks, where a + b == b + a).
 
 Drills are remembered in ``DIR/NAME.drills.json`` beside the snapshots: a drill fires once per snapshot
 location, so the attempt that restarts after it (or the rerun after a preemption) does not fire it again.
