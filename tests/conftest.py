@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -31,6 +34,23 @@ def run_ddpkit(*args: str, timeout: float = 120, env: dict[str, str] | None = No
     """Run ``python -m ddpkit ARGS`` to completion (or fail the test at ``timeout``)."""
     return subprocess.run([sys.executable, "-m", "ddpkit", *args], capture_output=True, text=True,
                           timeout=timeout, env=env or ddpkit_env(), cwd=cwd)
+
+
+def free_port() -> str:
+    """A free TCP port on 127.0.0.1: other test runs may share this machine, so never a fixed port."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return str(s.getsockname()[1])
+
+
+def run_torchrun_worker(worker: Path, nproc: int, timeout: float = 180) -> dict[str, Any]:
+    """Run a tests/workers script under real torchrun with ``nproc`` ranks; return rank 0's ``RESULT {json}`` line."""
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
+                           str(nproc), str(worker)], capture_output=True, text=True, timeout=timeout, env=ddpkit_env())
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    line = next((x for x in proc.stdout.splitlines() if x.startswith("RESULT ")), None)
+    assert line is not None, proc.stdout + proc.stderr
+    return dict(json.loads(line[len("RESULT "):]))
 
 
 def require_tools(*tools: str) -> None:

@@ -6,23 +6,16 @@ all_reduce: the same proof that the launch works, at a third of the cost on a lo
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import IS_ROOT, ddpkit_env, require_tools, run_ddpkit
+from tests.conftest import IS_ROOT, ddpkit_env, free_port, require_tools, run_ddpkit
 
 pytestmark = [pytest.mark.infra, pytest.mark.multiproc]
 BIN = str(Path(sys.executable).parent)
-
-
-def _free_port() -> str:
-    with socket.socket() as s:  # other test runs may share this machine: never a fixed port
-        s.bind(("127.0.0.1", 0))
-        return str(s.getsockname()[1])
 
 
 CONNECT = ["env", "--connect", "--timeout", "90"]  # process group + one verified all_reduce: cheaper than check
@@ -36,7 +29,7 @@ def test_rendered_mpi_script_runs_the_job(flavour: str, tool: str, job: list[str
     script.parent.mkdir()
     root = ["--allow-run-as-root"] if IS_ROOT and flavour == "openmpi" else []
     res = run_ddpkit("submit", "mpi", "-j", "1x2", "--mpi", flavour, *root, "--python", sys.executable, "--port",
-                     _free_port(), "-o", str(script), "--", *job, timeout=240, cwd=tmp_path)
+                     free_port(), "-o", str(script), "--", *job, timeout=240, cwd=tmp_path)
     assert res.returncode == 0, res.stdout + res.stderr
     assert script.read_text().count(f"{tool} -n") == 1
     if job == ["check"]:
@@ -49,7 +42,7 @@ def test_rendered_mpi_script_runs_the_job(flavour: str, tool: str, job: list[str
 def test_rendered_torchrun_scripts_run_check(tmp_path: Path) -> None:
     """Static rendezvous: the same script on two agents (NODE_RANK 0 and 1); then a standalone 1x2 job."""
     script = tmp_path / "run torchrun.sh"
-    res = run_ddpkit("submit", "torchrun", "-j", "2x1", "--static", "--rdzv-endpoint", f"127.0.0.1:{_free_port()}",
+    res = run_ddpkit("submit", "torchrun", "-j", "2x1", "--static", "--rdzv-endpoint", f"127.0.0.1:{free_port()}",
                      "--dry-run", "-o", str(script), "--", *CONNECT, timeout=60)
     assert res.returncode == 0, res.stderr
     env = ddpkit_env(PATH=f"{BIN}:{os.environ['PATH']}")

@@ -5,15 +5,13 @@ from __future__ import annotations
 
 import csv
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from ddpkit.bench.busbw import OPS
 from ddpkit.errors import EXIT_CHECK_FAILED, EXIT_OK
-from tests.conftest import ROOT, ddpkit_env, run_ddpkit
+from tests.conftest import ROOT, ddpkit_env, run_ddpkit, run_torchrun_worker
 
 pytestmark = pytest.mark.multiproc
 SMALL = ("-b", "1K", "-e", "16K", "-f", "4", "--iters", "3", "-w", "1")
@@ -99,11 +97,6 @@ def test_pairs_names_the_slowed_rank(tmp_path: Path) -> None:
 def test_slowest_rank_defines_the_time() -> None:
     """Rank 0 takes 1 ms per call, rank 1 takes 5 ms: the reported time per call is rank 1's (a lower bound: sleep
     never returns early), not rank 0's or the mean (3 ms)."""
-    worker = ROOT / "tests" / "workers" / "bench_slowest_rank.py"
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-                           str(worker)], capture_output=True, text=True, timeout=180, env=ddpkit_env())
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    line = next(x for x in proc.stdout.splitlines() if x.startswith("RESULT "))
-    result = json.loads(line[len("RESULT "):])
+    result = run_torchrun_worker(ROOT / "tests" / "workers" / "bench_slowest_rank.py", 2)
     assert result["world_size"] == 2
     assert result["seconds"] >= 0.005

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import ddpkit_env, require_tools, run_ddpkit
+from tests.conftest import ddpkit_env, free_port, require_tools, run_ddpkit
 
 pytestmark = pytest.mark.multiproc
 
@@ -114,15 +114,9 @@ def _start_rank(rank: int, world: int, port: int, *extra: str) -> subprocess.Pop
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def test_world_of_three_with_two_started_names_rank_2(tmp_path: Path) -> None:
     out = tmp_path / "check.json"
-    port = _free_port()
+    port = int(free_port())
     procs = [_start_rank(0, 3, port, "--timeout", "4", "--json", str(out)), _start_rank(1, 3, port, "--timeout", "4")]
     try:
         results = [p.communicate(timeout=90) for p in procs]  # the deadline is 4 s: a hang fails the test here
@@ -140,7 +134,7 @@ def test_world_of_three_with_two_started_names_rank_2(tmp_path: Path) -> None:
 
 
 def test_duplicate_rank_is_named(tmp_path: Path) -> None:
-    port = _free_port()
+    port = int(free_port())
     procs = [_start_rank(0, 3, port, "--timeout", "20"), _start_rank(1, 3, port), _start_rank(1, 3, port)]
     try:
         results = [p.communicate(timeout=90) for p in procs]

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from tests.conftest import ddpkit_env, require_tools, run_ddpkit
+from tests.conftest import ddpkit_env, free_port, require_tools, run_ddpkit
 
 pytestmark = pytest.mark.multiproc
 
@@ -96,13 +96,8 @@ def test_bad_job_shape_exits_2() -> None:
 
 def test_kubeflow_pod_command_acts_as_agent_for_its_ranks() -> None:
     """A PyTorchJob pod running `ddpkit env` with nprocPerNode=2 starts its two ranks itself."""
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = str(s.getsockname()[1])
     env = ddpkit_env(PET_NNODES="1", PET_NPROC_PER_NODE="2", PET_NODE_RANK="0", PET_MASTER_ADDR="127.0.0.1",
-                     PET_MASTER_PORT=port, PET_RDZV_ID="pytorchjob-uid-1")
+                     PET_MASTER_PORT=free_port(), PET_RDZV_ID="pytorchjob-uid-1")
     proc = run_ddpkit("env", "--connect", "--json", env=env, timeout=120)
     assert proc.returncode == 0, proc.stderr
     rows = _records(proc.stdout)

@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from ddpkit.train.snapshot import SnapshotDir, read_header, read_snapshot
-from tests.conftest import ddpkit_env, require_tools, run_ddpkit
+from tests.conftest import ddpkit_env, free_port, require_tools, run_ddpkit
 
 pytestmark = pytest.mark.multiproc
 
@@ -95,14 +95,6 @@ def test_killed_worker_restarts_and_resumes_bitwise_exact(baseline: Path, tmp_pa
     assert _same_state(_final(tmp_path)[1], _final(baseline)[1])
 
 
-def _free_port() -> str:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return str(s.getsockname()[1])
-
-
 LAUNCHERS = {
     # Open MPI starts the two ranks; ddpkit reads OMPI_COMM_WORLD_* and needs no MASTER_* on one node
     "openmpi": (["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", "2", sys.executable, "-m", "ddpkit"], {}),
@@ -118,7 +110,7 @@ def test_other_launchers_train_the_same_job_bitwise(launcher: str, baseline: Pat
     prefix, extra = LAUNCHERS[launcher]
     if launcher == "openmpi":
         require_tools("mpirun")
-    env = ddpkit_env(**extra, **({"PET_MASTER_PORT": _free_port()} if launcher == "kubeflow" else {}))
+    env = ddpkit_env(**extra, **({"PET_MASTER_PORT": free_port()} if launcher == "kubeflow" else {}))
     done = subprocess.run([*prefix, "train", *JOB, "--keep", "4", "--snapshot-path", str(tmp_path / "snap.pt"),
                            "--json", str(tmp_path / "summary.json")], capture_output=True, text=True, timeout=180,
                           env=env)

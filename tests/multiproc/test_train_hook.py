@@ -7,14 +7,11 @@ carry one rank's stop flag to all ranks in the same step.
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import ddpkit_env
+from tests.conftest import run_torchrun_worker
 
 pytestmark = pytest.mark.multiproc
 
@@ -22,11 +19,7 @@ WORKER = Path(__file__).resolve().parents[1] / "workers" / "train_gradient_hook.
 
 
 def test_hook_averages_gradients_and_carries_stop_flags_on_both_paths() -> None:
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "3",
-                           str(WORKER)], capture_output=True, text=True, timeout=180, env=ddpkit_env())
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    line = next(x for x in proc.stdout.splitlines() if x.startswith("RESULT "))
-    result = json.loads(line[len("RESULT "):])
+    result = run_torchrun_worker(WORKER, 3)
     assert result["world_size"] == 3
     modes = result["modes"]
     assert modes["all-gather"]["gather"] is True  # the small toy bucket takes the all-gather path on gloo
