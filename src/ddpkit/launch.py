@@ -114,7 +114,7 @@ def launch(argv: list[str], options: LaunchOptions) -> int:
     os.environ["DDPKIT_PREEMPTED_MARK"] = mark  # a worker that stopped cleanly after a preemption creates it
     results = os.path.join(mark_dir, "results")
     os.mkdir(results)
-    os.environ[RESULT_DIR] = results  # where workers leave a deliberate non-zero result (see worker_exit_code)
+    os.environ[RESULT_DIR] = results  # where verdict commands' workers leave their exit code (verdict_exit_code)
     endpoint = options.rdzv_endpoint
     conf: dict[str, object] = dict(options.rdzv_conf)
     local_addr = options.local_addr
@@ -196,10 +196,11 @@ def verdict_exit_code(code: int) -> int:
     if code == EXIT_PREEMPTED or not directory or attempt is None or not attempt.isdigit():
         return code
     name = f"{int(attempt):06d}.rank-{os.environ.get('RANK', '0')}"
+    tmp = os.path.join(directory, f".{name}.tmp")
     try:
-        with open(os.path.join(directory, f".{name}.tmp"), "w") as f:
+        with open(tmp, "w") as f:
             f.write(str(code))
-        os.replace(os.path.join(directory, f".{name}.tmp"), os.path.join(directory, name))
+        os.replace(tmp, os.path.join(directory, name))
     except OSError:
         return code
     return 0
@@ -215,7 +216,7 @@ def _worker_result(directory: str) -> int:
         return 0
     last = max(n.split(".")[0] for n in names)
     codes = []
-    for name in sorted(n for n in names if n.startswith(last + ".")):
+    for name in (n for n in names if n.startswith(last + ".")):
         with open(os.path.join(directory, name)) as f:
             codes.append((int(name.split("rank-")[1]), int(f.read().strip() or 1)))
     return next((code for _, code in sorted(codes) if code), 0)

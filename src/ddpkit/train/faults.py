@@ -60,6 +60,7 @@ class PreemptionWatch:
         self.received: str | None = None
         self.piggyback = False
         self.gather = False
+        self._all_gather = all_gather_single()
         self._one = torch.ones(1, device=device)
         self._zero = torch.zeros(1, device=device)
         self._votes = torch.zeros(1, device=device)
@@ -83,7 +84,7 @@ class PreemptionWatch:
         self._previous.clear()
 
     def attach(self, ddp: Any) -> None:
-        """Small models: the flag rides in the gradient all-reduce (a Python hook; no extra collective, and their
+        """Small models: the flag rides in the gradient reduction (a Python hook; no extra collective, and their
         steps are short, so a separate vote would cost more). Larger models keep DDP's C++ all-reduce (a Python
         hook and a copy per bucket cost more than a tiny vote every VOTE_EVERY steps)."""
         self.piggyback = sum(p.numel() for p in ddp.module.parameters()) <= self.PIGGYBACK_MAX
@@ -112,7 +113,7 @@ class PreemptionWatch:
         world = self.world_size
         if self.gather and tensor.numel() * tensor.element_size() * world <= self.GATHER_MAX_BYTES:
             rows = tensor.new_empty(world * tensor.numel())
-            work = all_gather_single()(rows, tensor, async_op=True)
+            work = self._all_gather(rows, tensor, async_op=True)
             assert work is not None
             return work.get_future().then(lambda _: then(rows.view(world, -1).sum(0)))
         work = dist.all_reduce(tensor, async_op=True)

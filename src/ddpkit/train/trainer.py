@@ -248,7 +248,7 @@ class Trainer:
         # gradients in memory instead of two); the arithmetic is the same, results are bitwise equal
         ddp = DDP(model, device_ids=[device.index] if device.type == "cuda" else None, gradient_as_bucket_view=True)
         watch = PreemptionWatch((signal.SIGTERM, cfg.preempt_signum), device, self.world).install()
-        watch.attach(ddp)  # how the ranks' stop flags travel: in the gradient all-reduce, or a vote every few steps
+        watch.attach(ddp)  # how the ranks' stop flags travel: in the gradient reduction, or a vote every few steps
         self.summary["stop_flags"] = ("gradient all-reduce" if watch.piggyback
                                       else f"vote every {watch.VOTE_EVERY} steps")
         step_times: list[float] = []
@@ -345,7 +345,6 @@ class _Progress:
     def __init__(self, enabled: bool) -> None:
         self.bar: Any = None
         self.task: Any = None
-        self.started = False
         if enabled:
             from rich.progress import Progress
 
@@ -357,10 +356,9 @@ class _Progress:
 
     def start(self, epoch: int, total: int) -> None:
         if self.bar is not None:
-            if not self.started:
+            if self.task is None:
                 self.bar.start()
-                self.started = True
-            if self.task is not None:
+            else:
                 self.bar.remove_task(self.task)
             self.task = self.bar.add_task(f"epoch {epoch}", total=total)
 
@@ -369,5 +367,5 @@ class _Progress:
             self.bar.update(self.task, advance=1, description=f"loss {float(loss.detach()):.4f}")
 
     def stop(self) -> None:
-        if self.started:
+        if self.task is not None:  # started
             self.bar.stop()
