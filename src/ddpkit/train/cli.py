@@ -27,9 +27,12 @@ from ddpkit.log import get_logger
 from ddpkit.train.config import MODELS, PREEMPT_SIGNALS, TrainConfig, check_job_spec, parse_drill
 from ddpkit.train.output import say
 
-__all__ = ["WORKER", "add_arguments", "config_from_args", "run"]
+__all__ = ["PRELOAD", "WORKER", "add_arguments", "config_from_args", "run"]
 
 WORKER = True
+# Under `ddpkit train -n N` the agent imports these once and forks the ranks (ddpkit.launch.agent), as `check` does:
+# torch and torch._dynamo (which DDP's constructor imports) cost each fresh rank 3-8 s on a loaded 2-core machine.
+PRELOAD = ("torch.nn.parallel", "torch._dynamo", "ddpkit.runtime", "ddpkit.train.jobs", "ddpkit.train.trainer")
 log = get_logger(__name__)
 EXIT_PEER_LOST = 1
 
