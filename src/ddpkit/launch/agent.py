@@ -81,6 +81,7 @@ def launch(options: LaunchOptions, entrypoint: Entrypoint, argv: list[str]) -> i
     # connect (pytorch/pytorch#135712); a store per attempt makes restarts reliable.
     os.environ.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
     os.environ[worker.LAUNCHED] = "1"
+    os.environ[worker.LAUNCHED_AT] = str(worker.process_started_at())
     # The agent forwards these to the workers (and stops them) instead of dying and orphaning them; USR1/USR2
     # are what Slurm's --signal sends before a preemption, so the workers can snapshot first.
     os.environ.setdefault("TORCHELASTIC_SIGNALS_TO_HANDLE", "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1,SIGUSR2")

@@ -10,6 +10,7 @@ import logging
 import os
 import signal
 import sys
+import time
 from collections.abc import Callable
 
 from ddpkit.errors import EXIT_PREEMPTED
@@ -17,9 +18,12 @@ from ddpkit.log import get_logger
 
 __all__ = [
     "LAUNCHED",
+    "LAUNCHED_AT",
     "PREEMPTED_MARK",
     "RESULT_DIR",
     "START_METHOD",
+    "command_started_at",
+    "process_started_at",
     "die_with_agent",
     "forked_worker",
     "launched_by_ddpkit",
@@ -32,6 +36,8 @@ log = get_logger(__name__)
 
 #: "1" in every worker of ddpkit's launcher: its -n/-j were already honoured.
 LAUNCHED = "DDPKIT_LAUNCHED"
+#: When the agent process started (epoch seconds): the command's start, as its workers report it.
+LAUNCHED_AT = "DDPKIT_LAUNCHED_AT"
 #: A directory where verdict commands' workers leave their exit code (verdict_exit_code, read_verdict).
 RESULT_DIR = "DDPKIT_RESULT_DIR"
 #: A path a worker that stopped cleanly after a preemption signal creates, so the agent can say so.
@@ -43,6 +49,26 @@ START_METHOD = "DDPKIT_START_METHOD"
 def launched_by_ddpkit() -> bool:
     """True in a worker that ddpkit's own launcher started."""
     return os.environ.get(LAUNCHED) == "1"
+
+
+def command_started_at() -> float:
+    """When the command started, in epoch seconds: its agent's start in a worker of ddpkit's launcher, else this
+    process's start (under another launcher, the rank's own start: the launcher's is not known)."""
+    try:
+        return float(os.environ.get(LAUNCHED_AT, ""))
+    except ValueError:
+        return process_started_at()
+
+
+def process_started_at() -> float:
+    """When this process started, in epoch seconds (from /proc, to 10 ms, on Linux; elsewhere the time of the call)."""
+    try:
+        with open("/proc/self/stat") as f:
+            ticks = int(f.read().rsplit(")", 1)[1].split()[19])  # field 22, starttime, in clock ticks since boot
+        age = time.clock_gettime(time.CLOCK_BOOTTIME) - ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, AttributeError):  # not Linux: the time of this call
+        return time.time()
+    return time.time() - max(0.0, age)
 
 
 def verdict_exit_code(code: int) -> int:
@@ -115,10 +141,24 @@ def forked_worker(main: Callable[[list[str]], int]) -> Callable[[list[str]], Non
     return forked_worker
 
 
+def _fresh_signal_handlers() -> None:
+    """Give the signals torch's agent catches the handlers a fresh ``python -m`` worker starts with.
+
+    The agent's handler (raise SignalException, to stop the workers) is inherited through fork: a forked rank
+    signalled before it installs its own handlers (train's preemption watch) would raise the agent's exception,
+    with a traceback, where a spawned rank stops by the signal.
+    """
+    names = os.environ.get("TORCHELASTIC_SIGNALS_TO_HANDLE", "SIGTERM,SIGINT,SIGHUP,SIGQUIT").split(",")
+    for sig in (getattr(signal, name.strip(), None) for name in names):
+        if isinstance(sig, signal.Signals):
+            signal.signal(sig, signal.default_int_handler if sig == signal.SIGINT else signal.SIG_DFL)
+
+
 def run_forked_worker(main: Callable[[list[str]], int], argv: list[str]) -> None:
     """The body of a forked worker: logging set up afresh for its rank, ``main(argv)``, then exit with its code."""
     from ddpkit import log as ddpkit_log
 
+    _fresh_signal_handlers()
     # The agent configured logging before its rank existed; configure afresh so lines carry this rank.
     for handler in list(logging.getLogger("ddpkit").handlers):
         logging.getLogger("ddpkit").removeHandler(handler)

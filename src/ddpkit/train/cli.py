@@ -18,14 +18,16 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import time
 from pathlib import Path
 from typing import Any
 
 from ddpkit.errors import EXIT_OK, EXIT_PREEMPTED, ConfigError
-from ddpkit.launch.worker import PREEMPTED_MARK
+from ddpkit.launch.worker import PREEMPTED_MARK, command_started_at
 from ddpkit.log import get_logger
 from ddpkit.train.config import MODELS, PREEMPT_SIGNALS, TrainConfig, check_job_spec, parse_drill
 from ddpkit.train.output import say
+from ddpkit.train.timeline import phases
 
 __all__ = ["PRELOAD", "WORKER", "add_arguments", "config_from_args", "run"]
 
@@ -138,6 +140,7 @@ def _report(summary: dict[str, Any]) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    marks = {"launched": command_started_at(), "worker": time.time()}
     config = config_from_args(args)
     _check_restartable(config)
     if config.deterministic:
@@ -148,7 +151,9 @@ def run(args: argparse.Namespace) -> int:
     from ddpkit.train.trainer import Trainer
 
     job = load_job(config)  # user code fails here, before any process group or training
+    marks["job"] = time.time()
     rt = ddpkit.init(backend=args.backend)
+    marks["group"] = time.time()
     try:
         summary = Trainer(job, config, rt).fit()
     except RuntimeError as exc:
@@ -159,6 +164,10 @@ def run(args: argparse.Namespace) -> int:
         return EXIT_PEER_LOST
     finally:
         ddpkit.shutdown()
+    marks.update(finished=time.time(), **{k[:-3]: summary.pop(k) for k in ("loop_at", "loop_end_at") if k in summary})
+    if "first_step_at" in summary:
+        marks["first_step"] = summary["first_step_at"]
+    summary.update(phases(marks))
     if rt.rank == 0:
         _report(summary)
         if config.json_path:

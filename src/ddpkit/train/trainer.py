@@ -259,6 +259,7 @@ class Trainer:
         step_times: list[float] = []
         samples = 0
         t_start = time.perf_counter()
+        self.summary["loop_at"] = time.time()
         if start_epoch >= cfg.epochs and self.rank == 0:
             say(f"Training already complete: the snapshot is at epoch {start_epoch} of {cfg.epochs}")
         try:
@@ -327,6 +328,7 @@ class Trainer:
 
     def _finish(self, step: int, t_start: float, samples: int, times: list[float]) -> None:
         wall = time.perf_counter() - t_start
+        self.summary["loop_end_at"] = time.time()
         history = self.summary["loss_history"]
         resumed = self.summary["resumed_from"]
         interval = self.cfg.save_every * self.steps_per_epoch
