@@ -113,7 +113,7 @@ def launch(options: LaunchOptions, entrypoint: Entrypoint, argv: list[str]) -> i
         rdzv_configs=conf,
         rdzv_timeout=options.rdzv_timeout,
         max_restarts=options.max_restarts,
-        monitor_interval=0.1,
+        monitor_interval=0.05,
         start_method="fork" if forked else "spawn",
         local_addr=local_addr,
     )
