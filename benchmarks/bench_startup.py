@@ -184,8 +184,10 @@ def markdown(r: dict[str, Any]) -> str:
          f"{b['check_first_line_s']:.2f}", "", ""),
     ]
     table = "\n".join("| " + " | ".join(row) + " |" for row in rows)
-    phase_rows = "\n".join(f"| {p} | {a['ddpkit_phases']['phases_s'][p]:.3f} | {b['train_phases']['phases_s'][p]:.3f} |"
-                           for p in PHASES)
+    phase_rows = "\n".join(f"| {p} | {a['ddpkit_phases']['phases_s'][p]:.3f} | "
+                           f"{b['train_phases']['phases_s'][p]:.3f} |" for p in PHASES)
+
+    startup_b = b["train_phases"]["startup_s"]
 
     def when(part: dict[str, Any]) -> str:
         return f"{part['measured_at']} (load {part['load_average_at_start']} -> {part['load_average_at_end']})"
@@ -205,7 +207,7 @@ torch, the preloaded torch._dynamo, rendezvous, fork):
 | phase | (a) 50 epochs | (b) one step |
 |---|---|---|
 {phase_rows}
-| startup_s (command start -> first step) | {a['ddpkit_phases']['startup_s']:.3f} | {b['train_phases']['startup_s']:.3f} |
+| startup_s (command start -> first step) | {a['ddpkit_phases']['startup_s']:.3f} | {startup_b:.3f} |
 
 Per-pair ratios: (a) {', '.join(f'{x:.2f}' for x in a['ratios'])}; (b) {', '.join(f'{x:.2f}' for x in b['ratios'])}.
 Last line -> return, every ddpkit run (s): {', '.join(f'{x:.2f}' for x in exits)}.

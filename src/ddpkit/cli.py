@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import atexit
+import contextlib
 import importlib
 import math
 import os
@@ -199,19 +200,18 @@ def program() -> NoReturn:
     Once a process has imported torch (and torch._dynamo, which DDP imports), the interpreter's own teardown (module
     clean-up, a last garbage collection of millions of objects) takes 1-5 s on a loaded 2-core machine: after the
     last line was printed and every result written, the command did not return for that long, in the agent and in
-    every rank a launcher waits for. Everything that matters is done when ``main`` returns: the atexit handlers (logging's
-    flush among them) run here as the interpreter would run them, output is flushed; then the process leaves with
-    os._exit. A thread still running (a user's --make-job may start one) gets the ordinary exit, which waits for it.
+    every rank a launcher waits for. Everything that matters is done when ``main`` returns: the atexit handlers
+    (logging's flush among them) run here as the interpreter would run them, output is flushed; then the process
+    leaves with os._exit. A thread still running (a user's --make-job may start one) gets the ordinary exit, which
+    waits for it.
     """
     code = main()
     if any(t.is_alive() and not t.daemon for t in threading.enumerate() if t is not threading.main_thread()):
         sys.exit(code)
     atexit._run_exitfuncs()  # the interpreter's exit runs these too (after the threads), then tears itself down
     for stream in (sys.stdout, sys.stderr):
-        try:
+        with contextlib.suppress(OSError, ValueError):  # a closed pipe: nothing more can reach the reader anyway
             stream.flush()
-        except (OSError, ValueError):  # a closed pipe: nothing more can reach the reader anyway
-            pass
     os._exit(code)
 
 
