@@ -175,6 +175,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command is None:
             parser.print_help()
             return EXIT_USAGE
+        args.ddpkit_argv = argv  # the command line as given, for the header of generated files
         module = _load(args.command)
         if getattr(module, "WORKER", False):
             return _run_worker(module, args, argv)

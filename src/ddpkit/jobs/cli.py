@@ -109,7 +109,7 @@ def render(spec: JobSpec) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    argv = _argv()
+    argv = list(getattr(args, "ddpkit_argv", None) or _argv())
     if args.wait and args.backend != "slurm":
         raise ConfigError(f"--wait with the {args.backend} backend", "--wait only with slurm (torchrun and mpi "
                           "run in the foreground already)", "drop --wait")
