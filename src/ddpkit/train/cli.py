@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from ddpkit.errors import EXIT_OK, EXIT_PREEMPTED, ConfigError
+from ddpkit.inputs import check_output_path, output_path
 from ddpkit.log import get_logger
 from ddpkit.train.config import MODELS, PREEMPT_SIGNALS, TrainConfig, check_job_spec, parse_drill
 from ddpkit.train.output import say
@@ -50,6 +51,7 @@ def _count(option: str, minimum: int = 1) -> Any:
 
 
 def _snapshot_path(text: str) -> str:
+    check_output_path(text, "--snapshot-path", directory_ok=True)  # ~nouser, over-long names, /proc
     TrainConfig(snapshot_path=text)  # checks, before any rank starts, that the directory exists and is writable
     return text
 
@@ -87,7 +89,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     s.add_argument("--drill", action="append", type=parse_drill, default=[], metavar="KIND@epoch=E[,rank=R]",
                    help="inject a fault once: kill-worker@epoch=3[,rank=1] or preempt@epoch=3 (repeatable)")
     o = p.add_argument_group("output")
-    o.add_argument("--json", dest="json_path", default=None, metavar="PATH", help="write the run summary as JSON")
+    o.add_argument("--json", dest="json_path", type=output_path("--json"), default=None, metavar="PATH",
+                   help="write the run summary as JSON")
     o.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
                    help="progress bar on rank 0 (default: only on a terminal)")
 
