@@ -1,7 +1,8 @@
 """ddpkit's command line: argv -> options -> the command; errors -> exit codes; logging configured once.
 
 Exit codes: 0 success; 1 a check failed; 2 usage or environment error; 3 ranks missing or a deadline expired;
-75 stopped by a preemption signal after saving; 130 interrupted.
+74 a snapshot did not fit on its filesystem; 75 stopped by a preemption signal after saving; 130 interrupted
+(the README's table is the reference).
 """
 
 from __future__ import annotations

@@ -10,7 +10,8 @@ Runbook (2 local ranks here; the same command runs under torchrun, srun, mpirun 
     ddpkit train -n 2 --make-job my_pkg.my_module:make_job --snapshot-path run/   # your model and data
 
 Exit codes: 0 trained; 2 bad options, a snapshot of another job, or an unimportable --make-job (before any
-training); 75 stopped by a preemption signal after writing a snapshot (rerun to resume).
+training); 74 a snapshot did not fit on its filesystem (the previous one is intact; the message names it);
+75 stopped by a preemption signal after writing a snapshot (rerun to resume).
 """
 
 from __future__ import annotations
