@@ -38,7 +38,7 @@ class Family:
 FAMILIES: tuple[Family, ...] = (
     Family("lsf", lsf.FAMILY, ("JSM_NAMESPACE_RANK", "JSM_NAMESPACE_SIZE"),
            ("JSM_NAMESPACE_SIZE", "JSM_NAMESPACE_LOCAL_SIZE"), ("JSM_NAMESPACE_RANK", "JSM_NAMESPACE_LOCAL_RANK")),
-    Family("pals", pals.FAMILY, ("PALS_RANKID", "PMI_SIZE"), ("PALS_LOCAL_SIZE", "PMI_SIZE"),
+    Family("pals", pals.FAMILY, ("PALS_RANKID", "PMI_SIZE"), ("PALS_LOCAL_SIZE",),
            ("PALS_RANKID", "PALS_LOCAL_RANKID", "PALS_NODEID")),
     Family("flux", flux.FAMILY, ("FLUX_TASK_RANK", "FLUX_JOB_SIZE"), ("FLUX_JOB_SIZE",),
            ("FLUX_TASK_RANK", "FLUX_TASK_LOCAL_ID")),
@@ -51,7 +51,8 @@ FAMILIES: tuple[Family, ...] = (
            ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_LOCAL_RANK")),
     Family("mpich", ("PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS"), ("PMI_RANK", "PMI_SIZE"),
            ("PMI_SIZE", "MPI_LOCALNRANKS"), ("PMI_RANK", "MPI_LOCALRANKID")),
-    Family("slurm", slurm.STEP_VARS + ("SLURM_STEP_NUM_TASKS",), ("SLURM_PROCID", "SLURM_LOCALID", "SLURM_NODEID"),
+    Family("slurm", slurm.STEP_VARS + ("SLURM_STEP_NUM_TASKS",), ("SLURM_JOB_ID", "SLURM_STEP_ID", "SLURM_PROCID",
+                                                                        "SLURM_LOCALID", "SLURM_NODEID"),
            ("SLURM_STEP_NUM_TASKS",), ("SLURM_PROCID", "SLURM_LOCALID")),
     Family("env", ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"), ("RANK", "WORLD_SIZE"),
            ("WORLD_SIZE", "LOCAL_WORLD_SIZE"), ("RANK", "LOCAL_RANK")),
@@ -86,7 +87,7 @@ def refuse_hidden_world(environ: Mapping[str, str], info: WorldInfo, active: set
         if fam.launcher not in active and (info.launcher == "none" or bound > 1):
             missing = [v for v in fam.needs if not present(environ, v)]
             raise EnvConflict(
-                f"{fam.launcher} variables are set ({shown}) but do not make a {fam.launcher} task: "
+                f"{fam.launcher} variables are set ({shown}) but do not make a task of {fam.launcher}: "
                 f"{', '.join(missing) or 'a consistent set'} missing",
                 f"every variable {fam.launcher} sets for a task ({', '.join(fam.needs)}), or none of them",
                 f"start the ranks with {fam.launcher}'s own launcher, or unset {', '.join(seen)}; ddpkit will not "

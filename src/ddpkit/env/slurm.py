@@ -18,7 +18,7 @@ from collections.abc import Mapping
 import hostlist
 
 from ddpkit.env.master import resolve_master
-from ddpkit.env.record import VarReader, WorldInfo, expand_nodelist, present
+from ddpkit.env.record import VarReader, WorldInfo, expand_nodelist, parse_count, present
 from ddpkit.errors import EnvConflict
 
 NAME = "slurm"
@@ -49,9 +49,16 @@ def _step(environ: Mapping[str, str]) -> str | None:
 
 
 def in_step(environ: Mapping[str, str]) -> bool:
-    """Inside an srun step (not the batch or interactive shell of a job)."""
+    """Inside an srun step, or holding a step's variables (not the batch or interactive shell of a job)."""
     step = _step(environ)
-    return _job(environ) is not None and step is not None and step not in _NOT_TASK_STEPS
+    if step is not None:
+        return step not in _NOT_TASK_STEPS
+    # srun always sets SLURM_STEP_ID; step variables without it are a partial task set, not a job shell (the batch
+    # and salloc shells carry none of them: checked on Slurm 22.05)
+    # and the batch shell is task 0 on node 0: a higher id belongs to a task
+    return any(present(environ, v) for v in ("SLURM_STEP_NUM_TASKS", "SLURM_STEP_NODELIST",
+                                             "SLURM_STEP_TASKS_PER_NODE", "SLURM_STEP_NUM_NODES")) or \
+        any((parse_count(environ.get(v, "")) or 0) > 0 for v in STEP_VARS)
 
 
 def _job(environ: Mapping[str, str]) -> str | None:
