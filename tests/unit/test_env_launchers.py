@@ -124,7 +124,7 @@ def test_node_lists_with_spaces_read_as_scontrol_does(nodelist: str, hosts: tupl
 
 
 def test_space_inside_brackets_is_refused() -> None:
-    with pytest.raises(EnvConflict, match="white space inside brackets|not a valid Slurm hostlist"):
+    with pytest.raises(EnvConflict, match=r"white space inside brackets|not a valid Slurm hostlist"):
         expand_nodelist("host[1, 3]", "SLURM_JOB_NODELIST")
 
 

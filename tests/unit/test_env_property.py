@@ -50,8 +50,9 @@ def _environ(launcher: str, t: Task) -> dict[str, str]:
                   "MPI_LOCALNRANKS": s["per"], **master},
         "mvapich2": {"MV2_COMM_WORLD_RANK": s["rank"], "MV2_COMM_WORLD_SIZE": s["world"],
                      "MV2_COMM_WORLD_LOCAL_RANK": s["local"], "MV2_COMM_WORLD_LOCAL_SIZE": s["per"], **master},
-        "lsf": {"JSM_NAMESPACE_RANK": s["rank"], "JSM_NAMESPACE_SIZE": s["world"], "JSM_NAMESPACE_LOCAL_RANK": s["local"],
-                "JSM_NAMESPACE_LOCAL_SIZE": s["per"], "LSB_JOBID": "5", **master},
+        "lsf": {"JSM_NAMESPACE_RANK": s["rank"], "JSM_NAMESPACE_SIZE": s["world"],
+                "JSM_NAMESPACE_LOCAL_RANK": s["local"], "JSM_NAMESPACE_LOCAL_SIZE": s["per"], "LSB_JOBID": "5",
+                **master},
         "pals": {"PALS_RANKID": s["rank"], "PALS_LOCAL_RANKID": s["local"], "PALS_NODEID": s["node"],
                  "PALS_LOCAL_SIZE": s["per"], "PMI_RANK": s["rank"], "PMI_SIZE": s["world"], **master},
         "flux": {"FLUX_TASK_RANK": s["rank"], "FLUX_TASK_LOCAL_ID": s["local"], "FLUX_JOB_SIZE": s["world"],
@@ -79,7 +80,8 @@ def test_consistent_environments_read_as_defined(launcher: str, t: Task) -> None
 
 @settings(max_examples=400, deadline=None)
 @given(st.sampled_from(LAUNCHERS), tasks, st.data())
-def test_any_subset_agrees_or_is_refused_never_a_silent_world_of_one(launcher: str, t: Task, data: st.DataObject) -> None:
+def test_any_subset_agrees_or_is_refused_never_a_silent_world_of_one(launcher: str, t: Task,
+                                                                     data: st.DataObject) -> None:
     full = _environ(launcher, t)
     keep = data.draw(st.lists(st.sampled_from(sorted(full)), unique=True))
     blank = data.draw(st.lists(st.sampled_from(sorted(full)), unique=True, max_size=2))

@@ -21,8 +21,16 @@ from dataclasses import dataclass, replace
 from ddpkit.env import flux, kubeflow, lsf, mpi, pals, slurm, torchrun
 from ddpkit.env.evidence import refuse_hidden_world
 from ddpkit.env.master import resolve_master
-from ddpkit.env.record import (PORT_RANGE, AgentPlan, VarReader, WorldInfo, derive_port, expand_nodelist,
-                               is_ip_address, present)
+from ddpkit.env.record import (
+    PORT_RANGE,
+    AgentPlan,
+    VarReader,
+    WorldInfo,
+    derive_port,
+    expand_nodelist,
+    is_ip_address,
+    present,
+)
 from ddpkit.errors import EnvConflict
 
 __all__ = [
@@ -105,8 +113,9 @@ def _is_loopback(addr: str) -> bool:
 
 
 def _none_read(environ: Mapping[str, str]) -> WorldInfo:
+    addr = environ["MASTER_ADDR"].strip() if present(environ, "MASTER_ADDR") else None
     return WorldInfo(launcher="none", rank=0, local_rank=0, world_size=1, local_world_size=1, node_rank=0,
-                     num_nodes=1, master_addr=environ["MASTER_ADDR"].strip() if present(environ, "MASTER_ADDR") else None,
+                     num_nodes=1, master_addr=addr,
                      sources={f: "no launcher: a single process" for f in ("rank", "world_size")})
 
 

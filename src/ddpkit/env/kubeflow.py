@@ -69,8 +69,8 @@ def read(environ: Mapping[str, str]) -> WorldInfo:
             agent=plan, run_id=plan.run_id, sources=r.sources, notes=tuple(notes),
         )
     world = r.integer("world_size", "WORLD_SIZE", minimum=1) or max_nodes
-    rank = r.integer("rank", "RANK")
-    rank = node_rank or 0 if rank is None else rank
+    pod_rank = r.integer("rank", "RANK")
+    rank = (node_rank or 0) if pod_rank is None else pod_rank
     if world > 1 and addr is None:
         raise EnvConflict(f"a Kubeflow pod of a world of {world} but neither MASTER_ADDR nor PET_MASTER_ADDR",
                           "the master pod's address, which the training operator sets",

@@ -106,7 +106,8 @@ def read(environ: Mapping[str, str]) -> WorldInfo:
         hint="run inside an srun step (Slurm sets SLURM_JOB_NODELIST) or export MASTER_ADDR",
     )
     het = r.integer("het_size", "SLURM_HET_SIZE", minimum=1)
-    notes = (f"heterogeneous job of {het} components: this step is one world of {world} tasks",) if het else ()
+    notes: tuple[str, ...] = (f"heterogeneous job of {het} components: this step is one world of {world} tasks",) \
+        if het else ()
     exported = [v for v in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE") if present(environ, v)]
     if exported:
         notes += (f"{', '.join(exported)} exported by hand agree with Slurm's values: the same world",)
