@@ -8,21 +8,24 @@ the snapshot PVC shared, and restartPolicy played by the harness as the kubelet 
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
+from ddpkit.train.snapshot import SnapshotDir, read_header, read_snapshot
 from tests.conftest import require_tools, run_ddpkit
 from tests.infra.conftest import Hosts, new_run_id
 from tests.infra.k8s_operator import Manifest, Operator, etcd_pods, job_pods, load
 
 pytestmark = [pytest.mark.infra, pytest.mark.multiproc]
 JOB_TIMEOUT = 240
-# 2048 samples / 4 ranks / batch 32 = 16 steps per epoch; a snapshot every epoch
-TRAIN = ("train", "--samples", "2048", "--epochs", "4", "--seed", "7", "--keep", "8")
+# 8192 samples / 4 ranks / batch 32 = 64 steps per epoch, a snapshot every epoch; summary on the shared volume
+EPOCHS = 6
+JOB = ("--samples", "8192", "--epochs", str(EPOCHS), "--seed", "7", "--keep", str(EPOCHS))
+TRAIN = ("train", *JOB, "--json", "/snapshots/summary.json")
 
 
 def render(*args: str) -> list[Manifest]:
@@ -51,5 +54,95 @@ def _finish(op: Operator, timeout: float = JOB_TIMEOUT) -> Operator:
 
 def test_pytorchjob_check(operator: Callable[[list[Manifest]], Operator]) -> None:
     op = _finish(operator(render("-j", "2x2", "--run-id", new_run_id(), "--", "check")))
+    assert all(p.succeeded for p in op.job), op.logs()
+    assert "verdict: PASS: 4 rank(s) on 2 host(s)" in op.job[0].log(), op.logs()
+
+
+def _pvc(op: Operator) -> Path:
+    return op.workdir / "pvc" / "ddpkit-train-snapshots"
+
+
+@pytest.fixture(scope="module")
+def baseline(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """The same job uninterrupted, 4 ranks started by ddpkit on one host: the final state every run must reach."""
+    tmp = tmp_path_factory.mktemp("baseline")
+    done = run_ddpkit("train", "-n", "4", *JOB, "--snapshot-path", f"{tmp}/", timeout=JOB_TIMEOUT)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return _final(tmp)
+
+
+def _final(directory: Path) -> dict[str, Any]:
+    (_, newest), *_ = SnapshotDir(directory, "snapshot", ".pt", keep=1).candidates()
+    return read_snapshot(newest)[1]
+
+
+def _same_state(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    def equal(x: Any, y: Any) -> bool:
+        if isinstance(x, torch.Tensor):
+            return isinstance(y, torch.Tensor) and x.dtype == y.dtype and torch.equal(x, y)
+        if isinstance(x, dict):
+            return isinstance(y, dict) and x.keys() == y.keys() and all(equal(x[k], y[k]) for k in x)
+        if isinstance(x, list | tuple):
+            return len(x) == len(y) and all(equal(p, q) for p, q in zip(x, y, strict=True))
+        return bool(x == y)
+
+    return all(equal(a[k], b[k]) for k in ("model", "optimizer", "rng"))
+
+
+def test_pytorchjob_train_snapshots_on_the_shared_volume(operator: Callable[[list[Manifest]], Operator],
+                                                         baseline: dict[str, Any]) -> None:
+    op = _finish(operator(render("-j", "2x2", "--", *TRAIN)))
+    assert all(p.succeeded and p.restarts == 0 for p in op.job), op.logs()
+    master = op.pod("ddpkit-train-master-0").log()
+    assert f"Epoch {EPOCHS - 1} | Training snapshot saved at /snapshots/snapshot.{EPOCHS * 64:09d}.pt" in master
+    files = sorted(p.name for p in _pvc(op).glob("snapshot.*.pt"))
+    assert files == [f"snapshot.{64 * e:09d}.pt" for e in range(1, EPOCHS + 1)], files
+    assert {read_header(_pvc(op) / f)["writer_rank"] for f in files} == {0}
+    summary = json.loads((_pvc(op) / "summary.json").read_text())
+    assert summary["world_size"] == 4 and summary["global_step"] == EPOCHS * 64
+    assert _same_state(_final(_pvc(op)), baseline)
+
+
+ELASTIC = {"c10d": (), "etcd": ("--k8s-rdzv", "etcd")}
+
+
+@pytest.mark.parametrize("rdzv", sorted(ELASTIC))
+def test_elastic_pytorchjob_check(operator: Callable[[list[Manifest]], Operator], rdzv: str) -> None:
+    if rdzv == "etcd":
+        require_tools("etcd")
+    op = _finish(operator(render("-j", "1:2x2", *ELASTIC[rdzv], "--run-id", new_run_id(), "--", "check")))
+    assert all(p.succeeded for p in op.job), op.logs()
+    logs = "".join(p.log() for p in op.job)
+    assert "verdict: PASS: 4 rank(s) on 2 host(s)" in logs, op.logs()
+
+
+@pytest.mark.parametrize("rdzv", sorted(ELASTIC))
+def test_elastic_pytorchjob_worker_killed_resumes_bitwise(operator: Callable[[list[Manifest]], Operator],
+                                                          baseline: dict[str, Any], rdzv: str) -> None:
+    """Kill every process of worker 1 after the first snapshot: the kubelet restarts the pod (OnFailure), the
+    agents meet again, training resumes from the snapshot and ends exactly where the uninterrupted run ends."""
+    if rdzv == "etcd":
+        require_tools("etcd")
+    op = operator(render("-j", "1:2x2", *ELASTIC[rdzv], "--max-restarts", "3", "--run-id", new_run_id(), "--",
+                         *TRAIN))
+    first = _pvc(op) / "snapshot.000000064.pt"
+    if not op.wait(JOB_TIMEOUT, until=first.exists):
+        pytest.fail(f"no first snapshot within {JOB_TIMEOUT} s\n{op.logs()}")
+    assert not any(p.done for p in op.job), "the job ended before the kill:\n" + op.logs()
+    assert op.kill_pod("ddpkit-train-worker-1")
+    _finish(op)
+    victim = op.pod("ddpkit-train-worker-1")
+    assert victim.exit_codes[0] == 137 and victim.restarts >= 1, op.logs()  # SIGKILL, as the runtime reports it
+    assert all(p.succeeded for p in op.job), op.logs()
+    logs = "".join(p.log() for p in op.job)
+    assert "Resuming training from snapshot at Epoch" in logs, op.logs()
+    summary = json.loads((_pvc(op) / "summary.json").read_text())
+    assert summary["world_size"] == 4 and summary["resumed_from"] is not None, summary
+    assert _same_state(_final(_pvc(op)), baseline)
+
+
+def test_trainjob_check(operator: Callable[[list[Manifest]], Operator]) -> None:
+    op = _finish(operator(render("-j", "2x2", "--k8s-kind", "trainjob", "--run-id", new_run_id(), "--", "check")))
+    assert [p.spec.name for p in op.job] == ["ddpkit-check-node-0-0", "ddpkit-check-node-0-1"]
     assert all(p.succeeded for p in op.job), op.logs()
     assert "verdict: PASS: 4 rank(s) on 2 host(s)" in op.job[0].log(), op.logs()

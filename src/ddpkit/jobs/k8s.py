@@ -67,21 +67,43 @@ def _command(spec: JobSpec) -> list[str]:
     return ["torchrun", *entry]
 
 
+def _plain(spec: JobSpec) -> bool:
+    """A fixed shape on c10d: Master + Workers, no elasticPolicy (an elastic shape or etcd needs the policy)."""
+    return spec.shape.min_nodes == spec.shape.max_nodes and spec.k8s_rdzv == "c10d"
+
+
 def pytorchjob(spec: JobSpec) -> Manifest:
+    """Plain: a Master and N-1 Workers; the operator gives every pod PET_NNODES, PET_NODE_RANK and
+    PET_MASTER_ADDR/PORT (the master's Service), so torchrun's static rendezvous runs on the master pod.
+    Elastic: Workers only, the rendezvous from elasticPolicy (c10d on worker 0, or the etcd Service)."""
     s = spec.shape
     volumes, mounts = _volumes(spec)
+    env = _env(spec)
+    if _plain(spec) and spec.max_restarts:  # the operator sets PET_MAX_RESTARTS only from an elasticPolicy
+        env.append({"name": "PET_MAX_RESTARTS", "value": str(spec.max_restarts)})
     container: Manifest = {"name": "pytorch", "image": spec.image, "imagePullPolicy": "IfNotPresent",
-                           "command": _command(spec), "env": _env(spec), "resources": _resources(spec),
+                           "command": _command(spec), "env": env, "resources": _resources(spec),
                            "volumeMounts": mounts}
-    elastic: Manifest = {"rdzvBackend": "c10d", "rdzvId": spec.run_id or spec.job_name,
-                         "minReplicas": s.min_nodes, "maxReplicas": s.max_nodes, "maxRestarts": spec.max_restarts}
-    if spec.k8s_rdzv == "etcd":
-        elastic.update(rdzvBackend="etcd-v2", rdzvHost=_etcd_name(spec), rdzvPort=2379)
-    worker = {"replicas": s.max_nodes, "restartPolicy": "OnFailure",
-              "template": {"spec": {"containers": [container], "volumes": volumes}}}
+
+    def replica(count: int) -> Manifest:
+        return {"replicas": count, "restartPolicy": "OnFailure",
+                "template": {"spec": {"containers": [container], "volumes": volumes}}}
+
+    job_spec: Manifest = {}
+    if _plain(spec):
+        replicas = {"Master": replica(1)}
+        if s.max_nodes > 1:
+            replicas["Worker"] = replica(s.max_nodes - 1)
+    else:
+        elastic: Manifest = {"rdzvBackend": "c10d", "rdzvId": spec.run_id or spec.job_name,
+                             "minReplicas": s.min_nodes, "maxReplicas": s.max_nodes, "maxRestarts": spec.max_restarts}
+        if spec.k8s_rdzv == "etcd":
+            elastic.update(rdzvBackend="etcd-v2", rdzvHost=_etcd_name(spec), rdzvPort=2379)
+        job_spec["elasticPolicy"] = elastic
+        replicas = {"Worker": replica(s.max_nodes)}
+    job_spec.update(nprocPerNode=str(s.nproc_per_node), pytorchReplicaSpecs=replicas)
     return {"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "metadata": _meta(spec, spec.job_name),
-            "spec": {"elasticPolicy": elastic, "nprocPerNode": str(s.nproc_per_node),
-                     "pytorchReplicaSpecs": {"Worker": worker}}}
+            "spec": job_spec}
 
 
 def trainjob(spec: JobSpec) -> Manifest:
