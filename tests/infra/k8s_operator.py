@@ -254,8 +254,9 @@ class PodRun:
 class Operator:
     """Starts the pods of rendered manifests on a cluster of namespace hosts and plays kubelet for them."""
 
-    def __init__(self, cluster: Cluster, objects: list[Manifest], python_bin: Path | None = None) -> None:
-        self.cluster, self.objects = cluster, objects
+    def __init__(self, cluster: Cluster, objects: list[Manifest], python_bin: Path | None = None,
+                 max_restarts: int = MAX_RESTARTS) -> None:
+        self.cluster, self.objects, self.max_restarts = cluster, objects, max_restarts
         self.workdir = Path(cluster.workdir)
         self.bin = python_bin or Path(sys.executable).parent
         self.etcd = etcd_pods(objects)
@@ -343,7 +344,7 @@ class Operator:
             run.exit_codes.append(code)
         policy = run.spec.restart_policy
         retry = (policy == "OnFailure" and code != 0) or (policy == "ExitCode" and code >= 128)
-        if retry and run.restarts < MAX_RESTARTS:
+        if retry and run.restarts < self.max_restarts:
             run.restart_at = time.monotonic() + RESTART_BACKOFF
 
     def wait(self, timeout: float, until: Any = None) -> bool:

@@ -35,11 +35,11 @@ def render(*args: str) -> list[Manifest]:
 
 
 @pytest.fixture
-def operator(make_hosts: Callable[[int], Hosts]) -> Iterator[Callable[[list[Manifest]], Operator]]:
+def operator(make_hosts: Callable[[int], Hosts]) -> Iterator[Callable[..., Operator]]:
     """Factory: the pods of rendered manifests on as many namespace hosts, started; torn down with the hosts."""
-    def start(objects: list[Manifest]) -> Operator:
+    def start(objects: list[Manifest], **options: Any) -> Operator:
         hosts = make_hosts(len(etcd_pods(objects)) + len(job_pods(objects)))
-        op = Operator(hosts.cluster, objects)
+        op = Operator(hosts.cluster, objects, **options)
         op.start()
         return op
 
@@ -52,7 +52,7 @@ def _finish(op: Operator, timeout: float = JOB_TIMEOUT) -> Operator:
     return op
 
 
-def test_pytorchjob_check(operator: Callable[[list[Manifest]], Operator]) -> None:
+def test_pytorchjob_check(operator: Callable[..., Operator]) -> None:
     op = _finish(operator(render("-j", "2x2", "--run-id", new_run_id(), "--", "check")))
     assert all(p.succeeded for p in op.job), op.logs()
     assert "verdict: PASS: 4 rank(s) on 2 host(s)" in op.job[0].log(), op.logs()
@@ -89,7 +89,7 @@ def _same_state(a: dict[str, Any], b: dict[str, Any]) -> bool:
     return all(equal(a[k], b[k]) for k in ("model", "optimizer", "rng"))
 
 
-def test_pytorchjob_train_snapshots_on_the_shared_volume(operator: Callable[[list[Manifest]], Operator],
+def test_pytorchjob_train_snapshots_on_the_shared_volume(operator: Callable[..., Operator],
                                                          baseline: dict[str, Any]) -> None:
     op = _finish(operator(render("-j", "2x2", "--", *TRAIN)))
     assert all(p.succeeded and p.restarts == 0 for p in op.job), op.logs()
@@ -107,7 +107,7 @@ ELASTIC = {"c10d": (), "etcd": ("--k8s-rdzv", "etcd")}
 
 
 @pytest.mark.parametrize("rdzv", sorted(ELASTIC))
-def test_elastic_pytorchjob_check(operator: Callable[[list[Manifest]], Operator], rdzv: str) -> None:
+def test_elastic_pytorchjob_check(operator: Callable[..., Operator], rdzv: str) -> None:
     if rdzv == "etcd":
         require_tools("etcd")
     op = _finish(operator(render("-j", "1:2x2", *ELASTIC[rdzv], "--run-id", new_run_id(), "--", "check")))
@@ -117,7 +117,7 @@ def test_elastic_pytorchjob_check(operator: Callable[[list[Manifest]], Operator]
 
 
 @pytest.mark.parametrize("rdzv", sorted(ELASTIC))
-def test_elastic_pytorchjob_worker_killed_resumes_bitwise(operator: Callable[[list[Manifest]], Operator],
+def test_elastic_pytorchjob_worker_killed_resumes_bitwise(operator: Callable[..., Operator],
                                                           baseline: dict[str, Any], rdzv: str) -> None:
     """Kill every process of worker 1 after the first snapshot: the kubelet restarts the pod (OnFailure), the
     agents meet again, training resumes from the snapshot and ends exactly where the uninterrupted run ends."""
@@ -141,8 +141,33 @@ def test_elastic_pytorchjob_worker_killed_resumes_bitwise(operator: Callable[[li
     assert _same_state(_final(_pvc(op)), baseline)
 
 
-def test_trainjob_check(operator: Callable[[list[Manifest]], Operator]) -> None:
+def test_trainjob_check(operator: Callable[..., Operator]) -> None:
     op = _finish(operator(render("-j", "2x2", "--k8s-kind", "trainjob", "--run-id", new_run_id(), "--", "check")))
     assert [p.spec.name for p in op.job] == ["ddpkit-check-node-0-0", "ddpkit-check-node-0-1"]
     assert all(p.succeeded for p in op.job), op.logs()
     assert "verdict: PASS: 4 rank(s) on 2 host(s)" in op.job[0].log(), op.logs()
+
+
+def _wrong_command(job: Manifest) -> str:
+    container = job["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]
+    container["command"] = [a.replace("ddpkit", "ddpkit_typo") for a in container["command"]]
+    return "No module named ddpkit_typo"
+
+
+def _wrong_rendezvous(job: Manifest) -> str:
+    # a rendezvous host no pod or Service answers to; a short store timeout keeps the failing attempts short
+    job["spec"]["elasticPolicy"].update(rdzvHost="ddpkit-check-master-0",
+                                        rdzvConf=[{"key": "read_timeout", "value": "5"}])
+    return "RendezvousConnectionError"
+
+
+@pytest.mark.parametrize("mutate", [_wrong_command, _wrong_rendezvous], ids=["command", "rendezvous"])
+def test_harness_fails_a_broken_manifest(operator: Callable[..., Operator], mutate: Callable[[Manifest], str]) -> None:
+    """The harness can fail: the same manifest with a wrong pod command or rendezvous host ends with every pod
+    failed after the kubelet's restarts, and the log says why."""
+    objects = render("-j", "1:2x2", "--run-id", new_run_id(), "--", "check")
+    expected = mutate(next(o for o in objects if o["kind"] == "PyTorchJob"))
+    op = _finish(operator(objects, max_restarts=1))
+    assert not any(p.succeeded for p in op.job), op.logs()
+    assert all(p.restarts == 1 and len(p.exit_codes) == 2 for p in op.job), op.logs()
+    assert expected in "".join(p.log() for p in op.job), op.logs()
