@@ -324,7 +324,7 @@ class Operator:
         probe = f"import socket; socket.create_connection(({run.host.ip!r}, {port}), 1).close()"
         deadline = time.monotonic() + timeout
         while self.cluster.run(run.host, [sys.executable, "-c", probe], timeout=10).returncode != 0:
-            if run.proc is not None and run.proc.poll() is not None or time.monotonic() > deadline:
+            if (run.proc is not None and run.proc.poll() is not None) or time.monotonic() > deadline:
                 raise RuntimeError(f"pod {run.spec.name} never became ready on port {port} "
                                    f"(exit {run.proc.poll() if run.proc else None}):\n{run.log()[-3000:]}")
             time.sleep(0.3)

@@ -171,3 +171,29 @@ def test_harness_fails_a_broken_manifest(operator: Callable[..., Operator], muta
     assert not any(p.succeeded for p in op.job), op.logs()
     assert all(p.restarts == 1 and len(p.exit_codes) == 2 for p in op.job), op.logs()
     assert expected in "".join(p.log() for p in op.job), op.logs()
+
+
+def test_pod_environments_are_the_operators() -> None:
+    """What each pod is given, from the rendered manifests (no processes): the values the tests above run with."""
+    master, worker = job_pods(render("-j", "2x2", "--", "check"))
+    assert (master.name, worker.name) == ("ddpkit-check-master-0", "ddpkit-check-worker-0")
+    assert {k: worker.env[k] for k in ("MASTER_ADDR", "PET_MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK",
+                                       "PET_NODE_RANK", "PET_NNODES", "PET_NPROC_PER_NODE")} == {
+        "MASTER_ADDR": "ddpkit-check-master-0", "PET_MASTER_ADDR": "ddpkit-check-master-0", "MASTER_PORT": "23456",
+        "WORLD_SIZE": "4", "RANK": "1", "PET_NODE_RANK": "1", "PET_NNODES": "2", "PET_NPROC_PER_NODE": "2"}
+    assert master.env["RANK"] == "0" and master.env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] == "1"
+    assert master.command == ("torchrun", "-m", "ddpkit", "check") and master.restart_policy == "OnFailure"
+    objects = render("-j", "1:2x2", "--k8s-rdzv", "etcd", "--run-id", "r9", "--", "train")
+    (etcd,), pods = etcd_pods(objects), job_pods(objects)
+    assert etcd.aliases == ("ddpkit-train-etcd",) and etcd.ready_port == 2379
+    assert [p.name for p in pods] == ["ddpkit-train-worker-0", "ddpkit-train-worker-1"]
+    assert {k: v for k, v in pods[1].env.items() if k.startswith("PET_")} == {
+        "PET_RDZV_ENDPOINT": "ddpkit-train-etcd:2379", "PET_RDZV_BACKEND": "etcd-v2", "PET_NNODES": "1:2",
+        "PET_MAX_RESTARTS": "0", "PET_RDZV_ID": "r9", "PET_NPROC_PER_NODE": "2"}
+    assert "MASTER_ADDR" not in pods[1].env  # no Master replica: torchrun's c10d/etcd rendezvous names the master
+    assert {("pvc", "ddpkit-train-snapshots", "/snapshots"), ("tmpfs", "", "/dev/shm")} <= set(pods[0].mounts)
+    _, node1 = job_pods(render("-j", "2x2", "--k8s-kind", "trainjob", "--", "check"))
+    assert node1.aliases == ("ddpkit-check-node-0-1.ddpkit-check",)
+    assert {k: v for k, v in node1.env.items() if k.startswith("PET_")} == {
+        "PET_NNODES": "2", "PET_NPROC_PER_NODE": "2", "PET_NODE_RANK": "1",
+        "PET_MASTER_ADDR": "ddpkit-check-node-0-0.ddpkit-check", "PET_MASTER_PORT": "29400"}
