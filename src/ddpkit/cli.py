@@ -23,7 +23,7 @@ from ddpkit.log import configure, get_logger
 
 if TYPE_CHECKING:
     from ddpkit.env import WorldInfo
-    from ddpkit.launch import LaunchOptions
+    from ddpkit.launch.agent import LaunchOptions
 
 __all__ = ["main"]
 
@@ -87,7 +87,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _launch_options(args: argparse.Namespace) -> LaunchOptions:
-    from ddpkit.launch import JobShape, LaunchOptions, parse_job_shape
+    from ddpkit.launch.agent import LaunchOptions
+    from ddpkit.launch.shape import JobShape, parse_job_shape
 
     if args.job and args.nproc_per_node:
         raise ConfigError("both -n and -j were given", "one of them", "use -j NNODESxNPROC alone")
@@ -116,6 +117,7 @@ def _launch_options(args: argparse.Namespace) -> LaunchOptions:
 
 def _run_worker(module: ModuleType, args: argparse.Namespace, argv: list[str]) -> int:
     from ddpkit.env import detect
+    from ddpkit.launch import worker
 
     world = detect()
     if world.is_agent:  # a Kubeflow pod asked for several processes: be its agent, as torchrun would be
@@ -124,10 +126,10 @@ def _run_worker(module: ModuleType, args: argparse.Namespace, argv: list[str]) -
         options = _launch_options(args)
         if options.shape.max_nodes * options.shape.nproc_per_node > 1:
             return _launch(argv, replace(options, preload=tuple(getattr(module, "PRELOAD", ()))))
-    elif (args.nproc_per_node or args.job) and "DDPKIT_LAUNCHED" not in os.environ:
+    elif (args.nproc_per_node or args.job) and worker.LAUNCHED not in os.environ:
         log.warning("started by %s: -n/-j are ignored (the launcher decides the ranks)", world.launcher)
-    if world.launcher == "torchrun" and os.environ.get("DDPKIT_LAUNCHED") == "1":
-        from ddpkit.launch import die_with_agent, verdict_exit_code
+    if world.launcher == "torchrun" and worker.launched_by_ddpkit():
+        from ddpkit.launch.worker import die_with_agent, verdict_exit_code
 
         die_with_agent()  # a worker of ddpkit's own launcher: never outlive the agent
         if getattr(module, "VERDICT", False):
@@ -149,7 +151,8 @@ def _linger() -> None:
 
 def _kubeflow_agent_options(world: WorldInfo) -> LaunchOptions:
     """The PyTorchJob's PET_* settings (nnodes, rendezvous) as launch options for this pod's agent."""
-    from ddpkit.launch import LaunchOptions, parse_job_shape
+    from ddpkit.launch.agent import LaunchOptions
+    from ddpkit.launch.shape import parse_job_shape
 
     nnodes = os.environ.get("PET_NNODES", str(world.num_nodes))
     shape = parse_job_shape(f"{nnodes}x{world.local_world_size}")
@@ -161,9 +164,10 @@ def _kubeflow_agent_options(world: WorldInfo) -> LaunchOptions:
 
 
 def _launch(argv: list[str], options: LaunchOptions) -> int:
-    from ddpkit.launch import launch
+    """Be this node's agent: every worker runs this module's ``main`` with the same argv."""
+    from ddpkit.launch.agent import Entrypoint, launch
 
-    return launch(argv, options)
+    return launch(options, Entrypoint(main=main, module="ddpkit"), argv)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -40,7 +40,7 @@ if TYPE_CHECKING:
 __all__ = ["WORKER", "add_arguments", "run"]
 
 WORKER = True
-# Under `ddpkit check -n N` the agent imports these once and forks the ranks (ddpkit.launch): DDP's first use
+# Under `ddpkit check -n N` the agent imports these once and forks the ranks (ddpkit.launch.agent): DDP's first use
 # imports torch._dynamo, 1.5-2.5 s per rank, most of the check's cost over a bare hello world.
 PRELOAD = ("torch.nn.parallel", "torch._dynamo", "ddpkit.check.ddpsync", "ddpkit.runtime", "rich.table")
 log = get_logger(__name__)
@@ -144,7 +144,7 @@ def _store_errors() -> tuple[type[BaseException], ...]:
     return (dist.DistError,) if hasattr(dist, "DistError") else (RuntimeError,)
 
 
-#: Its exit code is a verdict: under ddpkit's launcher the workers hand it to the agent (launch.verdict_exit_code).
+#: Its exit code is a verdict: under ddpkit's launcher the workers hand it to the agent (launch.worker).
 VERDICT = True
 
 

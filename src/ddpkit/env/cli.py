@@ -47,7 +47,7 @@ def _connect(info: WorldInfo, timeout: float, backend: str | None) -> tuple[dict
         shutdown()
 
 
-#: Its exit code is a verdict: under ddpkit's launcher the workers hand it to the agent (launch.verdict_exit_code).
+#: Its exit code is a verdict: under ddpkit's launcher the workers hand it to the agent (launch.worker).
 VERDICT = True
 
 

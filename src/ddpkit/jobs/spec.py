@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from ddpkit import __version__
 from ddpkit.errors import ConfigError
-from ddpkit.launch import JobShape
+from ddpkit.launch.shape import JobShape
 
 __all__ = ["BACKENDS", "DDPKIT_COMMANDS", "JobSpec", "header", "python_argv", "torchrun_entry"]
 
