@@ -1,11 +1,13 @@
 """The k8s backend: a Kubeflow PyTorchJob (training-operator v1) or a Kubeflow Trainer v2 TrainJob, as YAML.
 
-PyTorchJob: Worker replicas only, each pod a torchrun agent configured by the operator's ``PET_*`` variables
-(``nprocPerNode``, ``elasticPolicy``); rendezvous c10d on worker 0, or etcd (``--k8s-rdzv etcd``: an etcd
-Deployment and Service are rendered too, and the etcd-v2 protocol is used: more reliable here than the legacy
-``etcd`` backend). The rendezvous id is explicit (``elasticPolicy.rdzvId``): the operator's default is the
-literal "none", so two jobs would share an etcd rendezvous (pytorch/pytorch#82160). Every pod gets a memory-backed
-``/dev/shm``; a ``train`` job also gets a shared PVC mounted at ``/snapshots`` for its snapshots.
+PyTorchJob: a fixed shape is a plain job, a Master and N-1 Workers, each pod a torchrun agent on a static
+rendezvous at the master's Service (the operator sets ``PET_NNODES``, ``PET_NODE_RANK``, ``PET_MASTER_ADDR``).
+An elastic shape, or etcd, is Workers only with an ``elasticPolicy``: rendezvous c10d on worker 0, or etcd
+(``--k8s-rdzv etcd``: an etcd Deployment and Service are rendered too, and the etcd-v2 protocol is used: more
+reliable here than the legacy ``etcd`` backend). The rendezvous id is explicit (``elasticPolicy.rdzvId``): the
+operator's default is the literal "none", so two jobs would share an etcd rendezvous (pytorch/pytorch#82160).
+Every pod gets a memory-backed ``/dev/shm``; a ``train`` job also gets a shared PVC mounted at ``/snapshots``.
+tests/infra/test_k8s_operator.py runs every variant with the operators' pod environment on namespace hosts.
 
 TrainJob: the ``torch-distributed`` runtime; ``numNodes``, ``numProcPerNode``, ``resourcesPerNode``; the same
 volumes through ``runtimePatches``.
