@@ -13,7 +13,8 @@ for it here:
 - no image is pulled: the container's command/args run as written, with this virtual environment's Python (and
   so the ddpkit under test, and its torchrun) first on PATH; the etcd image's binary is the local ``etcd``;
 - volumes live in each pod's private mount namespace: an ``emptyDir`` of medium Memory is a fresh tmpfs at its
-  mountPath, a PVC is one per-run directory bind-mounted at its mountPath in every pod that mounts it;
+  mountPath, a PVC is one per-run directory bind-mounted at its mountPath in every pod that mounts it (a mount
+  point missing on this machine, such as /snapshots, is created as an empty directory first);
 - ``restartPolicy`` OnFailure (any non-zero exit) and ExitCode (exit 128 and above, the training operator's
   "retryable" codes) start the same pod again, same host, same environment, after RESTART_BACKOFF seconds, at
   most MAX_RESTARTS times (the kubelet backs off 10 s doubling to 5 min, without a bound);
@@ -343,7 +344,7 @@ class Operator:
         if len(run.exit_codes) < len(run.logs):
             run.exit_codes.append(code)
         policy = run.spec.restart_policy
-        retry = (policy == "OnFailure" and code != 0) or (policy == "ExitCode" and code >= 128)
+        retry = policy == "Always" or (policy == "OnFailure" and code != 0) or (policy == "ExitCode" and code >= 128)
         if retry and run.restarts < self.max_restarts:
             run.restart_at = time.monotonic() + RESTART_BACKOFF
 
