@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from tests.conftest import ddpkit_env, free_port, require_tools, run_ddpkit
+from tests.helpers import ddpkit_env, free_port, require_tools, run_ddpkit
 
 pytestmark = pytest.mark.multiproc
 

@@ -7,7 +7,7 @@ import json
 import subprocess
 import sys
 
-from tests.conftest import ddpkit_env
+from tests.helpers import ddpkit_env
 
 RENDER_EVERY_BACKEND = """
 import json, sys

@@ -30,7 +30,7 @@ from ddpkit.check.rollcall import check_in, collect, judge, local_record
 from ddpkit.check.watchdog import Watchdog
 from ddpkit.env import WorldInfo, detect
 from ddpkit.errors import EXIT_MISSING, ConfigError, DeadlineExpired
-from ddpkit.faults import fault
+from ddpkit.fault_injection import fault
 from ddpkit.log import get_logger
 
 if TYPE_CHECKING:

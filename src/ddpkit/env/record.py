@@ -3,19 +3,15 @@
 from __future__ import annotations
 
 import ipaddress
-import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import hostlist
 
 from ddpkit.errors import EnvConflict
+from ddpkit.ports import PORT_RANGE, derive_port  # defined once, shared with the job renderers
 
 __all__ = ["PORT_RANGE", "VarReader", "WorldInfo", "derive_port", "expand_nodelist", "is_ip_address"]
-
-#: Ports derived from a job id fall in [PORT_RANGE[0], PORT_RANGE[1]): below Linux's ephemeral range
-#: (32768-60999), so a derived port does not collide with outgoing connections.
-PORT_RANGE = (20000, 30000)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -141,17 +137,6 @@ def expand_nodelist(value: str, variable: str) -> tuple[str, ...]:
     if not hosts:
         raise EnvConflict(f"{variable} is empty", "at least one host", f"check how {variable} is set")
     return tuple(hosts)
-
-
-def derive_port(job_id: str) -> int:
-    """A port every rank computes alike from the job id, inside PORT_RANGE, without talking to each other.
-
-    Numeric ids map to consecutive ports, so consecutive jobs on one node do not collide.
-    """
-    low, high = PORT_RANGE
-    span = high - low
-    key = int(job_id) if job_id.isdigit() else zlib.crc32(job_id.encode())
-    return low + key % span
 
 
 def is_ip_address(value: str) -> bool:
