@@ -142,7 +142,7 @@ def _run_worker(module: ModuleType, args: argparse.Namespace, argv: list[str]) -
 def _linger() -> None:
     """Test hook (DDPKIT_FAULTS="linger:rank=R:ms=N"): rank R finishes N ms after the others, as a rank on a slower
     node does."""
-    from ddpkit.faults import fault
+    from ddpkit.fault_injection import fault
 
     linger = fault("linger", rank=int(os.environ.get("RANK", "0")))
     if linger is not None:

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import ddpkit_env
+from tests.helpers import ddpkit_env
 from tests.infra.conftest import Etcd, Hosts
 from tests.infra.slurm_fixture import slurm_cluster_fixture  # noqa: F401 (the fixture)
 

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from ddpkit.train.snapshot import SnapshotDir, read_header, read_snapshot
-from tests.conftest import require_tools, run_ddpkit
+from tests.helpers import require_tools, run_ddpkit
 from tests.infra.conftest import Hosts, new_run_id
 from tests.infra.k8s_operator import Manifest, Operator, etcd_pods, job_pods, load
 

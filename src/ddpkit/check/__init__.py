@@ -31,7 +31,7 @@ from ddpkit.check.watchdog import Watchdog
 from ddpkit.env import WorldInfo, detect
 from ddpkit.env.evidence import lone_world_evidence
 from ddpkit.errors import EXIT_MISSING, ConfigError, DeadlineExpired
-from ddpkit.faults import fault
+from ddpkit.fault_injection import fault
 from ddpkit.log import get_logger
 
 if TYPE_CHECKING:

@@ -4,20 +4,17 @@ from __future__ import annotations
 
 import ipaddress
 import re
-import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import hostlist
 
 from ddpkit.errors import EnvConflict
+from ddpkit.ports import PORT_RANGE, derive_port  # defined once, shared with the job renderers
 
 __all__ = ["PORT_RANGE", "AgentPlan", "VarReader", "WorldInfo", "derive_port", "expand_nodelist", "is_ip_address",
            "parse_count", "present"]
 
-#: Ports derived from a job id fall in [PORT_RANGE[0], PORT_RANGE[1]): below Linux's ephemeral range
-#: (32768-60999), so a derived port does not collide with outgoing connections.
-PORT_RANGE = (20000, 30000)
 # ASCII digits only, and few enough of them: str.isdigit() accepts superscripts ("²") that int() refuses, and
 # int() refuses more than 4300 digits; no rank, count or port has more than 18.
 _INTEGER = re.compile(r"[+-]?[0-9]{1,18}")
@@ -230,18 +227,6 @@ def _normalise_separators(value: str, variable: str) -> str:
             ch = ","
         out.append(ch)
     return ",".join(part for part in "".join(out).split(",") if part) if depth == 0 else "".join(out)
-
-
-def derive_port(job_id: str) -> int:
-    """A port every rank computes alike from the job id, inside PORT_RANGE, without talking to each other.
-
-    Numeric ids map to consecutive ports, so consecutive jobs on one node do not collide.
-    """
-    low, high = PORT_RANGE
-    span = high - low
-    number = parse_count(job_id)
-    key = number if number is not None and number >= 0 else zlib.crc32(job_id.encode(errors="replace"))
-    return low + key % span
 
 
 def is_ip_address(value: str) -> bool:
