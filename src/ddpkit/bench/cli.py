@@ -143,7 +143,7 @@ def _write_outputs(args: argparse.Namespace, report: dict[str, Any]) -> None:
         print(f"# wrote {args.plot}")
 
 
-#: Its exit code is a verdict: under ddpkit's launcher the workers hand it to the agent (launch.verdict_exit_code).
+#: Its exit code is a verdict: under ddpkit's launcher the workers hand it to the agent (launch.worker).
 VERDICT = True
 
 

@@ -29,8 +29,9 @@ from ddpkit.check.outcome import FAIL, Outcome, exit_code, failed
 from ddpkit.check.rollcall import check_in, collect, judge, local_record
 from ddpkit.check.watchdog import Watchdog
 from ddpkit.env import WorldInfo, detect
+from ddpkit.env.evidence import lone_world_evidence
 from ddpkit.errors import EXIT_MISSING, ConfigError, DeadlineExpired
-from ddpkit.faults import fault
+from ddpkit.fault_injection import fault
 from ddpkit.inputs import output_path, seconds
 from ddpkit.log import get_logger
 
@@ -41,7 +42,7 @@ if TYPE_CHECKING:
 __all__ = ["WORKER", "add_arguments", "run"]
 
 WORKER = True
-# Under `ddpkit check -n N` the agent imports these once and forks the ranks (ddpkit.launch): DDP's first use
+# Under `ddpkit check -n N` the agent imports these once and forks the ranks (ddpkit.launch.agent): DDP's first use
 # imports torch._dynamo, 1.5-2.5 s per rank, most of the check's cost over a bare hello world.
 PRELOAD = ("torch.nn.parallel", "torch._dynamo", "ddpkit.check.ddpsync", "ddpkit.runtime", "rich.table")
 log = get_logger(__name__)
@@ -145,7 +146,7 @@ def _store_errors() -> tuple[type[BaseException], ...]:
     return (dist.DistError,) if hasattr(dist, "DistError") else (RuntimeError,)
 
 
-#: Its exit code is a verdict: under ddpkit's launcher the workers hand it to the agent (launch.verdict_exit_code).
+#: Its exit code is a verdict: under ddpkit's launcher the workers hand it to the agent (launch.worker).
 VERDICT = True
 
 
@@ -160,6 +161,8 @@ def run(args: argparse.Namespace) -> int:
     device = pick_device(backend, world.local_rank)
     world, store = _open_store(world, args.timeout + MARGIN_S)
     report = Report(args, world, backend, str(device))
+    # a world of one proves nothing about a larger job it may belong to (ddpkit.env.evidence)
+    report.outcomes += [failed("world", reason) for reason in lone_world_evidence(world)]
     rank, size = world.rank, world.world_size
     # Its own connection (Store.clone, torch >= 2.5): the main thread may be blocked in a store call when the
     # deadline passes. Older torch shares the connection; the gloo timeout and faulthandler backstops remain.

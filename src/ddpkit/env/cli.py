@@ -47,7 +47,7 @@ def _connect(info: WorldInfo, timeout: float, backend: str | None) -> tuple[dict
         shutdown()
 
 
-#: Its exit code is a verdict: under ddpkit's launcher the workers hand it to the agent (launch.verdict_exit_code).
+#: Its exit code is a verdict: under ddpkit's launcher the workers hand it to the agent (launch.worker).
 VERDICT = True
 
 
@@ -121,6 +121,6 @@ def _print_table(info: WorldInfo, with_explain: bool) -> None:
         for name, matched, why in explain():
             t.add_row(name, "yes" if matched else "no", escape(why))
         console.print(t)
-        table_of = {lnc.name: lnc.table for lnc in LAUNCHERS}[info.launcher]
-        for field, variables in table_of.items():
-            console.print(f"  {info.launcher} {field:<17} <- {variables}", markup=False)
+        for lnc in LAUNCHERS:  # every launcher's variables, not only the winner's
+            for field, variables in lnc.table.items():
+                console.print(f"  {lnc.name:<9} {field:<17} <- {variables}", markup=False, highlight=False)

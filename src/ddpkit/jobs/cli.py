@@ -80,7 +80,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def build_spec(args: argparse.Namespace, argv: list[str]) -> JobSpec:
-    from ddpkit.launch import parse_job_shape
+    from ddpkit.launch.shape import parse_job_shape
 
     command = list(args.job_command)
     if command[:1] == ["--"]:

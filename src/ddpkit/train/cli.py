@@ -24,6 +24,7 @@ from typing import Any
 
 from ddpkit.errors import EXIT_OK, EXIT_PREEMPTED, ConfigError
 from ddpkit.inputs import check_output_path, output_path
+from ddpkit.launch.worker import PREEMPTED_MARK
 from ddpkit.log import get_logger
 from ddpkit.train.config import MODELS, PREEMPT_SIGNALS, TrainConfig, check_job_spec, parse_drill
 from ddpkit.train.output import say
@@ -32,9 +33,6 @@ __all__ = ["WORKER", "add_arguments", "config_from_args", "run"]
 
 WORKER = True
 log = get_logger(__name__)
-#: Set by ddpkit's local launcher: a worker that stops after a preemption snapshot creates this file, so the
-#: launcher (which only sees that it was signalled) can exit with 75 too.
-PREEMPTED_MARK = "DDPKIT_PREEMPTED_MARK"
 EXIT_PEER_LOST = 1
 
 
@@ -167,6 +165,7 @@ def run(args: argparse.Namespace) -> int:
         if config.json_path:
             Path(config.json_path).write_text(json.dumps(summary, indent=2, default=str) + "\n")
     if summary["preempted"]:
+        # ddpkit's launcher only sees that it was signalled: this file tells it the workers saved first (exit 75)
         mark = os.environ.get(PREEMPTED_MARK)
         if mark:
             Path(mark).touch()
