@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from ddpkit.errors import EXIT_IO
-from tests.conftest import require_root, run_ddpkit
+from tests.helpers import require_root, run_ddpkit
 
 pytestmark = pytest.mark.multiproc
 

@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 
 from ddpkit.cli import _launch_options, _load, build_parser, main
 from ddpkit.errors import DdpkitError
-from tests.conftest import ROOT, ddpkit_env
+from tests.helpers import ROOT, ddpkit_env
 from tests.unit.rendered import intended, sbatch_directives, shell_commands
 
 #: The README's exit-code table: every code ddpkit itself returns.
