@@ -36,15 +36,36 @@ def seconds(option: str) -> Callable[[str], float]:
     return parse
 
 
+#: Memory a local rank needs at least (a forked gloo rank with torch imported: about 100-200 MiB resident).
+RANK_MEMORY_BYTES = 128 << 20
+
+
 def local_rank_limit() -> tuple[int, str]:
-    """How many ranks ddpkit starts on this machine at most, and why: 4 per CPU this process may use (at least
-    8), or DDPKIT_MAX_LOCAL_RANKS. Past that, ranks starve each other's gloo threads into timeouts, and a typo
-    such as -n 99999 would fork until the machine stops answering."""
+    """How many ranks ddpkit starts on this machine at most, and why: as many as the available memory holds at
+    RANK_MEMORY_BYTES each (at least 8), or DDPKIT_MAX_LOCAL_RANKS. Cores do not bound it: 64 ranks run on 2
+    cores here (benchmarks/bench_scale.py), slowly. A typo such as -n 99999 would fork until the machine stops
+    answering."""
     override = os.environ.get("DDPKIT_MAX_LOCAL_RANKS", "")
     if re.fullmatch(r"[0-9]{1,6}", override) and int(override) > 0:
         return int(override), "DDPKIT_MAX_LOCAL_RANKS"
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return max(8, 4 * cpus), f"4 per CPU this process may use ({cpus}); DDPKIT_MAX_LOCAL_RANKS raises it"
+    available = _available_memory()
+    if available is None:
+        return 64, "64 where the available memory cannot be read; DDPKIT_MAX_LOCAL_RANKS raises it"
+    limit = max(8, available // RANK_MEMORY_BYTES)
+    return limit, (f"{available >> 20} MiB of memory available at {RANK_MEMORY_BYTES >> 20} MiB per rank; "
+                   "DDPKIT_MAX_LOCAL_RANKS raises it")
+
+
+def _available_memory() -> int | None:
+    """MemAvailable from /proc/meminfo in bytes; None where there is none (not Linux)."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
 
 
 def check_local_ranks(count: int, option: str) -> None:

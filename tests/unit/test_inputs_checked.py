@@ -63,8 +63,9 @@ def test_zero_or_negative_rank_counts_are_refused(command: str, count: str) -> N
 def test_more_ranks_than_this_machine_runs_are_refused_at_once(argv: list[str]) -> None:
     """``ddpkit env -n 99999`` once forked until it hung past a minute; now: exit 2 naming the limit."""
     limit, _ = local_rank_limit()
-    err = refused(*argv, says=f"at most {limit}")
-    assert "DDPKIT_MAX_LOCAL_RANKS" in err
+    assert limit < 99999
+    err = refused(*argv, says="at most ")
+    assert "MiB of memory available" in err and "DDPKIT_MAX_LOCAL_RANKS" in err
 
 
 def test_the_local_rank_limit_can_be_raised(monkeypatch: pytest.MonkeyPatch) -> None:
