@@ -27,7 +27,7 @@ from typing import Any, Protocol
 import torch
 import torch.distributed as dist
 
-from ddpkit.collectives import all_gather_single
+from ddpkit.torch_compat import all_gather_single
 
 __all__ = ["PYTHON_HOOK_MAX_PARAMS", "TRANSPORTS", "GradientAveraging", "Rider", "choose_transport",
            "register_gradient_averaging"]
