@@ -10,7 +10,7 @@ import time
 import pytest
 
 from ddpkit.launch import worker
-from tests.conftest import ddpkit_env
+from tests.helpers import ddpkit_env
 
 
 def test_forked_worker_gets_the_signal_handlers_of_a_fresh_process(monkeypatch: pytest.MonkeyPatch) -> None:
