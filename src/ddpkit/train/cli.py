@@ -173,6 +173,9 @@ def run(args: argparse.Namespace) -> int:
         marks["first_step"] = summary["first_step_at"]
     summary.update(phases(marks))
     if rt.rank == 0:
+        log.info("phases (s): %s; startup %.2f, teardown %.2f", ", ".join(
+            f"{name} {value:.2f}" for name, value in summary["phases_s"].items() if value is not None),
+            summary["startup_s"], summary["teardown_s"])
         _report(summary)
         if config.json_path:
             Path(config.json_path).write_text(json.dumps(summary, indent=2, default=str) + "\n")
