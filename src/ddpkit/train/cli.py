@@ -8,6 +8,7 @@ Runbook (2 local ranks here; the same command runs under torchrun, srun, mpirun 
         --drill kill-worker@epoch=6,rank=1                                   # kill rank 1 once; resume
     ddpkit train -n 2 --model mlp --async-snapshot --snapshot-path run/     # 4.7M parameters
     ddpkit train -n 2 --make-job my_pkg.my_module:make_job --snapshot-path run/   # your model and data
+    mpirun -np 2 ddpkit train --grad-transport mpi                          # gradients through MPI (ddpkit[mpi])
 
 Exit codes: 0 trained; 2 bad options, a snapshot of another job, or an unimportable --make-job (before any
 training); 75 stopped by a preemption signal after writing a snapshot (rerun to resume).
@@ -25,6 +26,7 @@ from ddpkit.errors import EXIT_OK, EXIT_PREEMPTED, ConfigError
 from ddpkit.launch.worker import PREEMPTED_MARK
 from ddpkit.log import get_logger
 from ddpkit.train.config import MODELS, PREEMPT_SIGNALS, TrainConfig, check_job_spec, parse_drill
+from ddpkit.train.gradients import GRAD_TRANSPORTS
 from ddpkit.train.output import say
 
 __all__ = ["WORKER", "add_arguments", "config_from_args", "run"]
@@ -71,6 +73,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--make-job", dest="make_job", type=_job_spec, default=None, metavar="MODULE:FUNCTION",
                    help="your own job: FUNCTION(config) returns a ddpkit.train.TrainJob")
     g.add_argument("--deterministic", action="store_true", help="torch.use_deterministic_algorithms(True)")
+    g.add_argument("--grad-transport", choices=GRAD_TRANSPORTS, default="auto",
+                   help="how DDP averages gradients: mpi (MPI.Allreduce of each bucket; ranks started by mpirun, "
+                        "mpiexec or srun --mpi=pmix; needs ddpkit[mpi]), gloo, nccl, or auto (default: mpi on CPU "
+                        "where an MPI launcher started the ranks and mpi4py is installed, else the backend's own)")
     s = p.add_argument_group("snapshots and faults")
     s.add_argument("--snapshot-path", type=_snapshot_path, default=None, metavar="FILE|DIR/",
                    help="DIR/NAME.pt (kept as DIR/NAME.<step>.pt) or an existing directory; default: no snapshots")
@@ -141,13 +147,20 @@ def run(args: argparse.Namespace) -> int:
         _deterministic()
 
     import ddpkit
+    from ddpkit.env import detect
+    from ddpkit.runtime import pick_backend
+    from ddpkit.train.gradients import plan_transport
     from ddpkit.train.jobs import load_job
     from ddpkit.train.trainer import Trainer
 
     job = load_job(config)  # user code fails here, before any process group or training
-    rt = ddpkit.init(backend=args.backend)
+    world = detect()
+    # before the process group: MPI is initialised and its world checked against torch's here (exit 2 if not)
+    transport = plan_transport(args.grad_transport, backend=pick_backend(args.backend), rank=world.rank,
+                               world_size=world.world_size)
+    rt = ddpkit.init(backend=args.backend, world=world)
     try:
-        summary = Trainer(job, config, rt).fit()
+        summary = Trainer(job, config, rt, transport=transport).fit()
     except RuntimeError as exc:
         if not any(word in str(exc) for word in ("gloo", "NCCL", "Connection", "connection")):
             raise
