@@ -120,16 +120,16 @@ def plan_transport(requested: str, *, backend: str, rank: int, world_size: int,
     if requested in ("gloo", "nccl") and backend != requested:
         raise ConfigError(f"{option} with the process-group backend {backend}", f"--backend {requested}",
                           f"pass --backend {requested}, or --grad-transport auto")
-    if requested in ("gloo", "nccl") or world_size == 1:
+    if requested == "mpi":
+        if backend != "gloo":
+            raise ConfigError(f"{option} with the process-group backend {backend}",
+                              "CPU tensors (backend gloo): MPI sums the gradients in host memory",
+                              "pass --backend gloo, or --grad-transport nccl on GPUs")
+        mpi_transport.check_mpi_usable(option, environ)  # even for one rank: the user asked for MPI
+    elif requested in ("gloo", "nccl") or world_size == 1:
         return None
-    if requested == "mpi" and backend != "gloo":
-        raise ConfigError(f"{option} with the process-group backend {backend}",
-                          "CPU tensors (backend gloo): MPI sums the gradients in host memory",
-                          "pass --backend gloo, or --grad-transport nccl on GPUs")
-    if requested == "auto":
-        launcher = mpi_launcher(environ)
-        if backend != "gloo" or launcher is None or not mpi_transport.mpi4py_installed():
-            return None
+    elif backend != "gloo" or mpi_launcher(environ) is None or not mpi_transport.mpi4py_installed():
+        return None  # auto, and MPI is not for this run
     comm = mpi_transport.open_mpi_world(rank, world_size, option=option, tolerate_singleton=requested == "auto")
     if comm is None:  # auto: this MPI sees a world of one (another MPI's library): gloo, as before
         return None
