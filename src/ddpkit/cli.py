@@ -142,7 +142,7 @@ def _run_worker(module: ModuleType, args: argparse.Namespace, argv: list[str]) -
 def _linger() -> None:
     """Test hook (DDPKIT_FAULTS="linger:rank=R:ms=N"): rank R finishes N ms after the others, as a rank on a slower
     node does."""
-    from ddpkit.faults import fault
+    from ddpkit.fault_injection import fault
 
     linger = fault("linger", rank=int(os.environ.get("RANK", "0")))
     if linger is not None:
@@ -150,17 +150,23 @@ def _linger() -> None:
 
 
 def _kubeflow_agent_options(world: WorldInfo) -> LaunchOptions:
-    """The PyTorchJob's PET_* settings (nnodes, rendezvous) as launch options for this pod's agent."""
+    """The pod's PET_* settings, as ddpkit.env.kubeflow read them, as launch options for this pod's agent: the
+    shape (elastic MIN:MAX), rendezvous endpoint, backend, conf, id and restarts torchrun would use."""
     from ddpkit.launch.agent import LaunchOptions
-    from ddpkit.launch.shape import parse_job_shape
+    from ddpkit.launch.shape import JobShape
 
-    nnodes = os.environ.get("PET_NNODES", str(world.num_nodes))
-    shape = parse_job_shape(f"{nnodes}x{world.local_world_size}")
-    endpoint = os.environ.get("PET_RDZV_ENDPOINT", f"{world.master_addr}:{world.master_port or 29400}")
-    backend = os.environ.get("PET_RDZV_BACKEND", "c10d")
-    conf = () if backend != "c10d" else (("is_host", str(world.node_rank == 0).lower()),)
-    return LaunchOptions(shape=shape, rdzv_endpoint=endpoint, rdzv_backend=backend, rdzv_conf=conf,
-                         run_id=world.run_id or "ddpkit", max_restarts=int(os.environ.get("PET_MAX_RESTARTS", "0")))
+    plan = world.agent
+    if plan is None:  # detect() gives every agent a plan; a hand-built WorldInfo may not
+        raise ConfigError(f"{world.launcher} agent without a rendezvous plan", "a Kubeflow pod's PET_* variables",
+                          "run inside the pod, or pass -j and --rdzv-endpoint")
+    shape = JobShape(min_nodes=plan.min_nodes, max_nodes=plan.max_nodes, nproc_per_node=plan.nproc_per_node)
+    conf = plan.rdzv_conf
+    if plan.min_nodes == plan.max_nodes and plan.rdzv_backend == "c10d" and plan.node_rank is not None \
+            and not any(k == "is_host" for k, _ in conf):
+        # a fixed-size job whose endpoint is the master pod: the pod of node rank 0 hosts the store
+        conf = (*conf, ("is_host", str(plan.node_rank == 0).lower()))
+    return LaunchOptions(shape=shape, rdzv_endpoint=plan.rdzv_endpoint, rdzv_backend=plan.rdzv_backend,
+                         rdzv_conf=conf, run_id=plan.run_id, max_restarts=plan.max_restarts)
 
 
 def _launch(argv: list[str], options: LaunchOptions) -> int:

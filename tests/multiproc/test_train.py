@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from ddpkit.train.snapshot import SnapshotDir, read_header, read_snapshot
-from tests.conftest import ddpkit_env, free_port, require_tools, run_ddpkit
+from tests.helpers import ddpkit_env, free_port, require_tools, run_ddpkit
 
 pytestmark = pytest.mark.multiproc
 

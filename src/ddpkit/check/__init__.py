@@ -29,8 +29,9 @@ from ddpkit.check.outcome import FAIL, Outcome, exit_code, failed
 from ddpkit.check.rollcall import check_in, collect, judge, local_record
 from ddpkit.check.watchdog import Watchdog
 from ddpkit.env import WorldInfo, detect
+from ddpkit.env.evidence import lone_world_evidence
 from ddpkit.errors import EXIT_MISSING, ConfigError, DeadlineExpired
-from ddpkit.faults import fault
+from ddpkit.fault_injection import fault
 from ddpkit.log import get_logger
 
 if TYPE_CHECKING:
@@ -159,6 +160,8 @@ def run(args: argparse.Namespace) -> int:
     device = pick_device(backend, world.local_rank)
     world, store = _open_store(world, args.timeout + MARGIN_S)
     report = Report(args, world, backend, str(device))
+    # a world of one proves nothing about a larger job it may belong to (ddpkit.env.evidence)
+    report.outcomes += [failed("world", reason) for reason in lone_world_evidence(world)]
     rank, size = world.rank, world.world_size
     # Its own connection (Store.clone, torch >= 2.5): the main thread may be blocked in a store call when the
     # deadline passes. Older torch shares the connection; the gloo timeout and faulthandler backstops remain.

@@ -118,6 +118,6 @@ def _print_table(info: WorldInfo, with_explain: bool) -> None:
         for name, matched, why in explain():
             t.add_row(name, "yes" if matched else "no", why)
         console.print(t)
-        table_of = {lnc.name: lnc.table for lnc in LAUNCHERS}[info.launcher]
-        for field, variables in table_of.items():
-            console.print(f"  {info.launcher} {field:<17} <- {variables}")
+        for lnc in LAUNCHERS:  # every launcher's variables, not only the winner's
+            for field, variables in lnc.table.items():
+                console.print(f"  {lnc.name:<9} {field:<17} <- {variables}", markup=False, highlight=False)

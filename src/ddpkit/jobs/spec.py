@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from ddpkit import __version__
 from ddpkit.errors import ConfigError
-from ddpkit.launch.shape import JobShape
+from ddpkit.launch.shape import JobShape, split_endpoint
 
 __all__ = ["BACKENDS", "DDPKIT_COMMANDS", "JobSpec", "header", "python_argv", "torchrun_entry"]
 
@@ -133,8 +133,7 @@ class JobSpec:
     @property
     def nodes_text(self) -> str:
         """Node count as torchrun takes it: N, or MIN:MAX for elastic jobs."""
-        s = self.shape
-        return str(s.max_nodes) if s.min_nodes == s.max_nodes else f"{s.min_nodes}:{s.max_nodes}"
+        return self.shape.nodes_text()
 
     @property
     def signal_name(self) -> str | None:
@@ -242,8 +241,8 @@ def _check_values(spec: JobSpec) -> None:
     if spec.max_restarts < 0:
         raise ConfigError(f"--max-restarts {spec.max_restarts}", "0 or more", "pass --max-restarts 0 or more")
     if spec.rdzv_endpoint is not None:
-        host, sep, port = spec.rdzv_endpoint.rpartition(":")
-        if not sep or not host or not port.isdigit() or _DIRECTIVE_UNSAFE.search(host):
+        host, port = split_endpoint(spec.rdzv_endpoint)
+        if port is None or not host or _DIRECTIVE_UNSAFE.search(host):
             raise ConfigError(f"--rdzv-endpoint {spec.rdzv_endpoint!r}", "HOST:PORT",
                               "write --rdzv-endpoint node1:29400")
     if spec.mpi_flavour not in ("openmpi", "mpich"):

@@ -17,7 +17,6 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ddpkit.env import thread_count
 from ddpkit.errors import EXIT_PREEMPTED, DeadlineExpired
 from ddpkit.launch import worker
 from ddpkit.launch.addresses import hosts_endpoint, local_addr_towards
@@ -25,6 +24,7 @@ from ddpkit.launch.failure import drop_exit_tracebacks, root_cause
 from ddpkit.launch.shape import JobShape
 from ddpkit.log import get_logger
 from ddpkit.rendezvous import RendezvousWatch, describe_missing
+from ddpkit.runtime import share_cores
 
 __all__ = ["Entrypoint", "LaunchOptions", "launch"]
 
@@ -73,10 +73,7 @@ def launch(options: LaunchOptions, entrypoint: Entrypoint, argv: list[str]) -> i
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
     shape = options.shape
-    threads, message = thread_count(shape.nproc_per_node)
-    if threads is not None and shape.nproc_per_node > 1:
-        os.environ["OMP_NUM_THREADS"] = str(threads)
-        log.warning(message)
+    share_cores(shape.nproc_per_node, announce=True)  # before the workers start: they inherit it
     # The agent's shared rendezvous store keeps a failed attempt's addresses, so restarted workers cannot
     # connect (pytorch/pytorch#135712); a store per attempt makes restarts reliable.
     os.environ.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
@@ -132,8 +129,7 @@ def launch(options: LaunchOptions, entrypoint: Entrypoint, argv: list[str]) -> i
                     " after saving their state" if preempted else "")
         return EXIT_PREEMPTED if preempted else 128 + int(exc.sigval)
     except RendezvousError as exc:
-        who = f"; {describe_missing(watch.nodes, shape.min_nodes, shape.max_nodes, shape.nproc_per_node)}" \
-            if watch is not None else ""
+        who = f"; {describe_missing(watch.nodes, shape)}" if watch is not None else ""
         raise DeadlineExpired(f"the rendezvous at {config.rdzv_endpoint} did not complete within "
                               f"{conf['join_timeout']} s{who} ({type(exc).__name__}{f': {exc}' if str(exc) else ''})",
                               f"{shape} node agents (NODESxRANKS) to join",

@@ -34,9 +34,9 @@ from typing import Any, Protocol
 import torch
 import torch.distributed as dist
 
-from ddpkit.collectives import all_gather_single
 from ddpkit.errors import ConfigError
 from ddpkit.log import get_logger
+from ddpkit.torch_compat import all_gather_single
 
 __all__ = ["GRAD_TRANSPORTS", "PYTHON_HOOK_MAX_PARAMS", "TRANSPORTS", "GradientAveraging", "Rider", "choose_transport",
            "plan_transport", "register_gradient_averaging"]
