@@ -111,3 +111,22 @@ def test_refusals_say_what_to_install_or_how_to_launch(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stdout + done.stderr[-3000:]
     assert "sees a world of 1 rank" in done.stderr
     assert json.loads((tmp_path / "s.json").read_text())["grad_transport"] == "gloo-gather"
+
+
+def test_bench_through_mpi_verifies_every_row(tmp_path: Path) -> None:
+    require_tools("mpirun")
+    out = tmp_path / "bench.json"
+    done = _ddpkit(OPENMPI, "bench", "--transport", "both", "-b", "8", "-e", "64K", "-f", "64", "--iters", "3",
+                   "--json", str(out))
+    assert done.returncode == 0, done.stdout + done.stderr[-3000:]
+    assert "# through MPI: Open MPI" in done.stdout and "# Out of bounds values : 0 OK" in done.stdout
+    ops = json.loads(out.read_text())["ops"]
+    mpi = [r for r in ops if r.get("transport") == "mpi"]
+    assert {r["op"] for r in mpi} == {r["op"] for r in ops if "transport" not in r} and len(mpi) == 7
+    cells = [row[p] for r in mpi for row in r["rows"] for p in ("out_of_place", "in_place") if row[p]]
+    assert all(r["supported"] for r in mpi) and len(cells) >= 20 and all(c["wrong"] == 0 for c in cells)
+    # the verification has teeth on the MPI rows too: a damaged all_reduce result is counted and fails the run
+    bad = _ddpkit(OPENMPI, "bench", "--transport", "mpi", "--ops", "all_reduce", "-b", "1K", "-e", "1K",
+                  DDPKIT_FAULTS="corrupt:op=all_reduce:rank=1:n=5")
+    assert bad.returncode == 1, bad.stdout + bad.stderr[-3000:]
+    assert "all_reduce: 5 wrong elements" in bad.stdout

@@ -4,6 +4,7 @@
     ddpkit bench -n 2 --ops all_reduce -b 1M -e 64M -f 2 --min-busbw 1.0 --json bench.json --plot bench.png
     ddpkit bench -n 3 --pairs ranks                    # slow-link finder: every pair of ranks
     srun -N 4 ddpkit bench --pairs                     # every pair of nodes
+    mpirun -np 2 ddpkit bench --transport both         # the same ops through torch's process group and through MPI
 
 Exit codes: 0 all results right and every gate met; 1 a wrong element or a missed gate; 2 bad options;
 3 ranks missing.
@@ -59,6 +60,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--csv", default=None, metavar="PATH", help="write every row as CSV")
     p.add_argument("--plot", default=None, metavar="PATH.png", help="plot busbw against size (needs matplotlib)")
     p.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for every rank (default 120)")
+    p.add_argument("--transport", choices=["torch", "mpi", "both"], default="torch",
+                   help="run the ops through torch's process group (default), through MPI (mpi4py, ddpkit[mpi]; "
+                        "ranks started by mpirun, mpiexec or srun --mpi=pmix), or both, side by side")
 
 
 def _options(args: argparse.Namespace) -> dict[str, Any]:
@@ -150,7 +154,14 @@ def run(args: argparse.Namespace) -> int:
 
     opts = _options(args)
     cfg = opts["sweep"]
-    rt = runtime.init(backend=args.backend, timeout=timedelta(seconds=args.timeout))
+    comm, world = None, None
+    if args.transport != "torch":  # MPI's world is checked against torch's before the process group starts
+        from ddpkit.env import detect
+        from ddpkit.train.mpi_transport import open_mpi_world
+
+        world = detect()
+        comm = open_mpi_world(world.rank, world.world_size, option=f"--transport {args.transport}")
+    rt = runtime.init(backend=args.backend, timeout=timedelta(seconds=args.timeout), world=world)
     try:
         if not 0 <= cfg.root < rt.world_size:
             raise ConfigError(f"--root {cfg.root}", f"a rank between 0 and {rt.world_size - 1}", "pass --root 0")
@@ -164,10 +175,21 @@ def run(args: argparse.Namespace) -> int:
                   f"dtype {cfg.dtype}, warmup {cfg.warmup}, iters {cfg.iters}")
             for m in members:
                 print(f"#  rank {m['rank']:>3} pid {m['pid']:>7} on {m['host']} device {m['device']}")
-        results = run_sweep(cfg, rank=rt.rank, world_size=rt.world_size, backend=rt.backend, device=rt.device)
+        results = [] if args.transport == "mpi" else run_sweep(cfg, rank=rt.rank, world_size=rt.world_size,
+                                                                 backend=rt.backend, device=rt.device)
         if lead:
             for result in results:
                 print(format_table(result, rt.world_size))
+        if comm is not None:
+            mpi_results = run_sweep(cfg, rank=rt.rank, world_size=rt.world_size, backend=rt.backend,
+                                    device=rt.device, mpi_comm=comm)
+            if lead:
+                from mpi4py import MPI
+
+                print(f"# through MPI: {MPI.Get_library_version().splitlines()[0].strip()} (mpi4py)")
+                for result in mpi_results:
+                    print(format_table(result, rt.world_size))
+            results += mpi_results
         pairs: dict[str, Any] | None = None
         if args.pairs:
             pairs = measure_pairs(mode=args.pairs, size=opts["pairs_size"], iters=args.pairs_iters,
