@@ -148,9 +148,13 @@ def mpi_allreduce_sum(world_size: int) -> Callable[..., torch.futures.Future[tor
     if comm.Get_size() != world_size:
         raise RuntimeError(f"MPI world of {comm.Get_size()} ranks, not {world_size}")
 
+    # torch.futures.Future's Python __init__ (device list handling) costs about as much as a small MPI all-reduce;
+    # its C++ base (torch >= 1.6), which DDP takes as is, does not; CPU tensors need no devices
+    no_devices: list[torch.device] = []
+
     def total(tensor: torch.Tensor, then: Callable[[torch.Tensor], torch.Tensor]) -> torch.futures.Future[torch.Tensor]:
         comm.Allreduce(MPI.IN_PLACE, tensor.numpy())  # the view shares the tensor's memory: no copy
-        fut: torch.futures.Future[torch.Tensor] = torch.futures.Future()
+        fut: torch.futures.Future[torch.Tensor] = torch._C.Future(no_devices)  # type: ignore[assignment]
         fut.set_result(then(tensor))
         return fut
 
