@@ -1,7 +1,8 @@
 """ddpkit's command line: argv -> options -> the command; errors -> exit codes; logging configured once.
 
 Exit codes: 0 success; 1 a check failed; 2 usage or environment error; 3 ranks missing or a deadline expired;
-75 stopped by a preemption signal after saving; 130 interrupted.
+74 a snapshot did not fit on its filesystem; 75 stopped by a preemption signal after saving; 130 interrupted
+(the README's table is the reference).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from typing import TYPE_CHECKING
 
 from ddpkit import __version__
 from ddpkit.errors import EXIT_USAGE, ConfigError, DdpkitError
+from ddpkit.inputs import check_local_ranks, endpoint, local_ranks, shape_text
 from ddpkit.log import configure, get_logger
 
 if TYPE_CHECKING:
@@ -57,11 +59,12 @@ class _Parser(argparse.ArgumentParser):
 def add_worker_arguments(p: argparse.ArgumentParser) -> None:
     """Options every rank-running command shares: how to start ranks where no launcher did."""
     g = p.add_argument_group("launch (used only where no launcher started ddpkit)")
-    g.add_argument("-n", "--nproc-per-node", type=int, default=None, metavar="N",
+    g.add_argument("-n", "--nproc-per-node", type=local_ranks("-n"), default=None, metavar="N",
                    help="start N local ranks through torch's elastic launcher (default 1: run in this process)")
-    g.add_argument("-j", "--job", default=None, metavar="[MIN:]NNODESxNPROC",
+    g.add_argument("-j", "--job", type=shape_text("-j"), default=None, metavar="[MIN:]NNODESxNPROC",
                    help="nodes x ranks per node, as in TorchX; several nodes need --rdzv-endpoint")
-    g.add_argument("--rdzv-endpoint", default=None, metavar="HOST:PORT", help="c10d rendezvous of a multi-node run")
+    g.add_argument("--rdzv-endpoint", type=endpoint("--rdzv-endpoint"), default=None, metavar="HOST:PORT",
+                   help="c10d rendezvous of a multi-node run")
     g.add_argument("--rdzv-backend", default="c10d", choices=["c10d", "etcd-v2", "etcd", "static"])
     g.add_argument("--rdzv-conf", action="append", default=[], metavar="KEY=VALUE",
                    help="extra rendezvous setting, repeatable (is_host=true, last_call_timeout=3)")
@@ -94,6 +97,7 @@ def _launch_options(args: argparse.Namespace) -> LaunchOptions:
         raise ConfigError("both -n and -j were given", "one of them", "use -j NNODESxNPROC alone")
     shape = parse_job_shape(args.job) if args.job else JobShape(min_nodes=1, max_nodes=1,
                                                                 nproc_per_node=args.nproc_per_node or 1)
+    check_local_ranks(shape.nproc_per_node, "-j" if args.job else "-n")
     if shape.max_nodes > 1 and not args.rdzv_endpoint:
         raise ConfigError(f"-j {args.job} spans several nodes but no --rdzv-endpoint was given",
                           "HOST:PORT of the rendezvous on the first node",
@@ -185,6 +189,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command is None:
             parser.print_help()
             return EXIT_USAGE
+        args.ddpkit_argv = argv  # the command line as given, for the header of generated files
         module = _load(args.command)
         if getattr(module, "WORKER", False):
             return _run_worker(module, args, argv)

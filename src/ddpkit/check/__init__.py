@@ -32,6 +32,7 @@ from ddpkit.env import WorldInfo, detect
 from ddpkit.env.evidence import lone_world_evidence
 from ddpkit.errors import EXIT_MISSING, ConfigError, DeadlineExpired
 from ddpkit.fault_injection import fault
+from ddpkit.inputs import output_path, seconds
 from ddpkit.log import get_logger
 
 if TYPE_CHECKING:
@@ -49,11 +50,11 @@ MARGIN_S = 5.0  # gloo's own timeout and the other ranks' store waits trail the 
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--timeout", type=float, default=30.0, metavar="S",
+    p.add_argument("--timeout", type=seconds("--timeout"), default=30.0, metavar="S",
                    help="seconds rank 0 waits for every rank to check in (default 30)")
-    p.add_argument("--phase-timeout", type=float, default=60.0, metavar="S",
+    p.add_argument("--phase-timeout", type=seconds("--phase-timeout"), default=60.0, metavar="S",
                    help="deadline of every later phase: init, each collective, DDP, report (default 60)")
-    p.add_argument("--json", default=None, metavar="PATH",
+    p.add_argument("--json", type=output_path("--json"), default=None, metavar="PATH",
                    help="write the full report: every rank's record, every check, timings")
     p.add_argument("--grad-transport", choices=("auto", "gloo", "mpi", "nccl"), default="auto",
                    help="how the DDP-sync check averages gradients, as train does (default auto: through MPI on CPU "

@@ -11,7 +11,8 @@ Runbook (2 local ranks here; the same command runs under torchrun, srun, mpirun 
     mpirun -np 2 ddpkit train --grad-transport mpi                          # gradients through MPI (ddpkit[mpi])
 
 Exit codes: 0 trained; 2 bad options, a snapshot of another job, or an unimportable --make-job (before any
-training); 75 stopped by a preemption signal after writing a snapshot (rerun to resume).
+training); 74 a snapshot did not fit on its filesystem (the previous one is intact; the message names it);
+75 stopped by a preemption signal after writing a snapshot (rerun to resume).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from ddpkit.errors import EXIT_OK, EXIT_PREEMPTED, ConfigError
+from ddpkit.inputs import check_output_path, output_path
 from ddpkit.launch.worker import PREEMPTED_MARK
 from ddpkit.log import get_logger
 from ddpkit.train.config import MODELS, PREEMPT_SIGNALS, TrainConfig, check_job_spec, parse_drill
@@ -50,6 +52,7 @@ def _count(option: str, minimum: int = 1) -> Any:
 
 
 def _snapshot_path(text: str) -> str:
+    check_output_path(text, "--snapshot-path", directory_ok=True)  # ~nouser, over-long names, /proc
     TrainConfig(snapshot_path=text)  # checks, before any rank starts, that the directory exists and is writable
     return text
 
@@ -91,7 +94,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     s.add_argument("--drill", action="append", type=parse_drill, default=[], metavar="KIND@epoch=E[,rank=R]",
                    help="inject a fault once: kill-worker@epoch=3[,rank=1] or preempt@epoch=3 (repeatable)")
     o = p.add_argument_group("output")
-    o.add_argument("--json", dest="json_path", default=None, metavar="PATH", help="write the run summary as JSON")
+    o.add_argument("--json", dest="json_path", type=output_path("--json"), default=None, metavar="PATH",
+                   help="write the run summary as JSON")
     o.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
                    help="progress bar on rank 0 (default: only on a terminal)")
 
