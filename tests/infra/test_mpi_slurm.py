@@ -15,7 +15,8 @@ from typing import Any
 import pytest
 
 from tests.helpers import ddpkit_env
-from tests.infra.slurm_fixture import slurm_cluster_fixture  # noqa: F401 (the fixture)
+from tests.infra.slurm_fixture import in_cluster, slurm_cluster_fixture  # noqa: F401 (the fixture)
+from tests.infra.test_jobs_slurm import VENV, _job_id
 
 pytestmark = pytest.mark.infra
 
@@ -28,13 +29,17 @@ def _srun(cluster: Any, mpi: str, *argv: str, cwd: Path) -> subprocess.Completed
 
 
 def test_srun_pmix_trains_through_mpi_and_check_verifies_it(slurm_cluster: Any, tmp_path: Path) -> None:
+    # ddpkit's own Slurm script: --tasks-per-rank and a command asking for MPI render srun --mpi=pmix
     summary = tmp_path / "summary.json"
-    done = _srun(slurm_cluster, "pmix", "train", "--samples", "512", "--epochs", "2", "--grad-transport", "mpi",
-                 "--json", str(summary), cwd=tmp_path)
-    assert done.returncode == 0, done.stdout + done.stderr[-3000:]
+    res = in_cluster(slurm_cluster, "submit", "slurm", "--wait", "-j", "2x1", "--tasks-per-rank", "--venv", VENV,
+                     "--no-exclusive", "-o", str(tmp_path / "job.sbatch"), "--", "train", "--samples", "512",
+                     "--epochs", "2", "--grad-transport", "mpi", "--json", str(summary), cwd=tmp_path)
+    assert res.returncode == 0, res.stdout + res.stderr
+    log = in_cluster(slurm_cluster, "logs", _job_id(res), cwd=tmp_path).stdout
+    assert "--mpi=pmix" in (tmp_path / "job.sbatch").read_text()
+    assert "[RANK 1] Epoch 1" in log and "gradients averaged through MPI (Open MPI" in log, log
     result = json.loads(summary.read_text())
     assert result["grad_transport"] == "mpi" and result["world_size"] == 2 and result["global_step"] == 16
-    assert "[RANK 1] Epoch 1" in done.stdout and "gradients averaged through MPI (Open MPI" in done.stderr
 
     check = _srun(slurm_cluster, "pmix", "check", cwd=tmp_path)
     assert check.returncode == 0, check.stdout + check.stderr[-3000:]
