@@ -130,3 +130,13 @@ def test_bench_through_mpi_verifies_every_row(tmp_path: Path) -> None:
                   DDPKIT_FAULTS="corrupt:op=all_reduce:rank=1:n=5")
     assert bad.returncode == 1, bad.stdout + bad.stderr[-3000:]
     assert "all_reduce: 5 wrong elements" in bad.stdout
+
+
+def test_check_ddp_sync_verifies_the_mpi_path_replicas_identical(tmp_path: Path) -> None:
+    require_tools("mpirun")
+    out = tmp_path / "check.json"
+    done = _ddpkit(OPENMPI, "check", "--grad-transport", "mpi", "--json", str(out))
+    assert done.returncode == 0, done.stdout + done.stderr[-3000:]
+    (ddp,) = [c for c in json.loads(out.read_text())["checks"] if c["name"] == "ddp-sync"]
+    assert ddp["status"] == "PASS" and ddp["detail"].endswith("gradients averaged through MPI")
+    assert all(r["max_diff_ranks"] == 0.0 for r in ddp["data"]["per_rank"])  # replicas bitwise identical
