@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-RESULTS = ROOT / "benchmarks" / "results"
+RESULTS = Path(os.environ.get("BENCH_RESULTS_DIR", ROOT / "benchmarks" / "results"))
 PAIRS = int(os.environ.get("BENCH_PAIRS", "3"))
 MPIRUN = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", "2"]
 
@@ -34,7 +34,10 @@ def _env() -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("RANK", "WORLD_SIZE", "LOCAL_", "MASTER_",
                                                                      "TORCHELASTIC", "DDPKIT_", "SLURM_", "OMPI_",
                                                                      "PMI", "OMP_NUM_THREADS"))}
-    env.update(PYTHONUNBUFFERED="1", PYTHONPATH=str(ROOT))
+    # ddpkit from this checkout (src/, for a machine without the editable install) and the benchmarks package;
+    # CPU only: where CUDA is visible ddpkit would pick NCCL
+    path = os.pathsep.join([str(ROOT), str(ROOT / "src"), *filter(None, [os.environ.get("PYTHONPATH")])])
+    env.update(PYTHONUNBUFFERED="1", PYTHONPATH=path, CUDA_VISIBLE_DEVICES="")
     return env
 
 
