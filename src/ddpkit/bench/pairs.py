@@ -11,7 +11,8 @@ Schedules (the cost of each, in rounds, is printed with the result; a round take
 - ``sequential``: one pair at a time, every other rank waiting at a barrier: N(N-1)/2 rounds (the old way; kept
   as the baseline the benchmark compares with).
 
-Each pair measures latency as half the round trip of a one-element ping-pong, and bandwidth as ``size / time``
+Each pair measures latency as half the fastest round trip of a one-element ping-pong (queueing and a busy CPU
+only ever add time to a round trip this small, so the fastest is the link's), and bandwidth as ``size / time``
 for sending ``size`` bytes and receiving a one-element acknowledgement, the median over the iterations.
 
 Judging, overall: the reference bandwidth is the median over endpoints of each endpoint's *best* measured link
@@ -20,7 +21,9 @@ latency above reference latency / threshold); an endpoint is slow when even its 
 endpoints and one bad one, two of three links are bad, so a plain median of links would hide it; the best-link
 median does not. Within each round: a link is also compared with the median of its own round, measured at the
 same moment, so a round in which the whole (shared) machine slowed down does not name links; a link is named
-slow only when it is slow both overall and within its round (rounds of one pair: overall alone).
+slow only when it is slow both overall and within its round (rounds of one pair: overall alone). A slow link
+between two endpoints that are not slow themselves is measured once more (``confirm`` rounds, a matching of
+those links) and keeps its better figure: a transient stall is not a bad cable.
 """
 
 from __future__ import annotations
@@ -178,6 +181,19 @@ def judge_round(pairs: Sequence[Pair], links: Mapping[Pair, Link], threshold: fl
     return bw, [p for p in measured if links[p][0] < threshold * bw or links[p][1] > lat / threshold]
 
 
+def matchings(links: Sequence[Pair]) -> list[list[Pair]]:
+    """Greedy rounds for a few links: each link goes to the first round where neither endpoint plays yet."""
+    rounds: list[list[Pair]] = []
+    for a, b in links:
+        for r in rounds:
+            if all(a not in p and b not in p for p in r):
+                r.append((a, b))
+                break
+        else:
+            rounds.append([(a, b)])
+    return rounds
+
+
 def _slow_down(rank: int) -> None:
     """Test hook ``slow:rank=R:ms=M``: this rank stalls M ms before each point-to-point send."""
     armed = fault("slow", rank=rank)
@@ -185,8 +201,10 @@ def _slow_down(rank: int) -> None:
         time.sleep(float(armed.get("ms", "20")) / 1e3)
 
 
-def _pingpong(me: int, peer: int, leader: bool, payload: torch.Tensor, ack: torch.Tensor, iters: int) -> float:
-    """Median seconds of one exchange: the leader sends ``payload`` and waits for ``ack``; the peer mirrors."""
+def _pingpong(me: int, peer: int, leader: bool, payload: torch.Tensor, ack: torch.Tensor, iters: int,
+              pick: Any = statistics.median) -> float:
+    """Seconds of one exchange (``pick`` of the iterations): the leader sends ``payload`` and waits for ``ack``;
+    the peer mirrors."""
     import torch.distributed as dist
 
     times = []
@@ -201,7 +219,7 @@ def _pingpong(me: int, peer: int, leader: bool, payload: torch.Tensor, ack: torc
             _slow_down(me)
             dist.send(ack, peer)
         times.append(time.perf_counter() - t0)
-    return statistics.median(times[1:])
+    return float(pick(times[1:]))
 
 
 def _endpoints(mode: str, rank: int, world_size: int) -> tuple[str, list[str], list[int], str | None]:
@@ -244,7 +262,8 @@ class _Rounds:
                 a, b = self.leaders[i], self.leaders[j]
                 if self.rank in (a, b):
                     peer = b if self.rank == a else a
-                    small = _pingpong(self.rank, peer, self.rank == a, self.ack.clone(), self.ack, self.iters) / 2
+                    small = _pingpong(self.rank, peer, self.rank == a, self.ack.clone(), self.ack, self.iters,
+                                          pick=min) / 2
                     big = _pingpong(self.rank, peer, self.rank == a, self.payload, self.ack, self.iters)
                     if self.rank == a:
                         self.mine[(i, j)] = (self.size / big / 1e9 if big > 0 else 0.0, small * 1e6)
@@ -263,6 +282,16 @@ def _suspects(n: int, ring: Mapping[Pair, Link], threshold: float) -> tuple[list
         return [], []
     best = {e: max(bw for p, (bw, _) in ring.items() if e in p) for e in range(n) if e not in suspects}
     return suspects, sorted(sorted(best, key=lambda e: -best[e])[:REFERENCES])
+
+
+def _named(plan: Sequence[Sequence[Pair]], links: Mapping[Pair, Link], overall: Sequence[Pair],
+           threshold: float) -> list[Pair]:
+    """Links slow overall and within their round (overall alone in a round of one pair)."""
+    named = []
+    for pairs in plan:
+        _, in_round = judge_round(pairs, links, threshold)
+        named += [p for p in pairs if p in overall and (p in in_round or len(pairs) < 2)]
+    return sorted(set(named))
 
 
 def measure_pairs(*, mode: str, size: int, iters: int, threshold: float, rank: int, world_size: int,
@@ -288,11 +317,20 @@ def measure_pairs(*, mode: str, size: int, iters: int, threshold: float, rank: i
         plan = round_robin(n)
         links = runner.run(plan)
     ref_bw, ref_lat, overall, slow = judge_links(n, links, threshold)
-    rounds, slow_links = [], []
-    for pairs, seconds in zip(plan, runner.seconds, strict=True):
+    named = _named(plan, links, overall, threshold)
+    doubtful = [p for p in named if p[0] not in slow and p[1] not in slow]
+    confirm = matchings(doubtful)
+    if confirm:  # every rank computed the same verdict from the same figures: all take part
+        for p, (bw, lat) in runner.run(confirm).items():
+            links[p] = (max(bw, links[p][0]), min(lat, links[p][1]))
+        ref_bw, ref_lat, overall, slow = judge_links(n, links, threshold)
+        named = _named(plan, links, overall, threshold)
+    rounds = []
+    for k, (pairs, seconds) in enumerate(zip(plan + confirm, runner.seconds, strict=True)):
         median, in_round = judge_round(pairs, links, threshold)
-        rounds.append({"pairs": list(pairs), "seconds": round(seconds, 4), "median_bw": median, "slow": in_round})
-        slow_links += [p for p in pairs if p in overall and (p in in_round or len(pairs) < 2)]
+        rounds.append({"pairs": list(pairs), "seconds": round(seconds, 4), "median_bw": median, "slow": in_round,
+                       "confirm": k >= len(plan)})
+    slow_links = named
     return PairsResult(mode=mode, schedule=schedule, names=tuple(names), leaders=tuple(leaders), links=links,
                        rounds=tuple(rounds), size=runner.size, threshold=threshold, reference_bw=ref_bw,
                        reference_latency_us=ref_lat, slow_links=tuple(sorted(set(slow_links))),
