@@ -3,7 +3,7 @@ on sparse measurements, the folded node table of `check`, and the DDP-sync loss 
 
 from __future__ import annotations
 
-from itertools import combinations
+from itertools import combinations, pairwise
 from typing import Any
 
 import pytest
@@ -105,5 +105,5 @@ def test_ddp_sync_loss_falls_every_step_at_every_world_size(world: int) -> None:
     """The loss of the one-process reference on the union of every rank's batch (DDP's loss, averaged over the
     ranks): at 32 ranks it went 0.93 -> 349.9 in five steps when the targets grew with the rank."""
     losses, _ = ddpsync.reference_losses(world)
-    assert all(b < a for a, b in zip(losses, losses[1:], strict=False)), losses
+    assert all(b < a for a, b in pairwise(losses)), losses
     assert losses[0] < 5.0
