@@ -248,23 +248,29 @@ def main() -> int:
 
     rows: list[dict[str, Any]] = []
     pairs: list[dict[str, Any]] = []
+
+    def save() -> dict[str, Any]:  # after every part: a long run cut short still leaves its figures
+        result = {"rows": rows, "pairs": pairs, "torch": torch.__version__, "python": platform.python_version(),
+                  "cores": len(os.sched_getaffinity(0)), "load_avg": os.getloadavg(),
+                  "when": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")}
+        result["summary"] = summary(rows, pairs)
+        RESULTS.mkdir(parents=True, exist_ok=True)
+        (RESULTS / "bench_scale.json").write_text(json.dumps(result, indent=1) + "\n")
+        (RESULTS / "bench_scale.md").write_text(write_markdown(result))
+        plot(result, RESULTS / "bench_scale.png")
+        return result
+
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
         rows += local_scaling(tmp)
+        save()
         if os.geteuid() == 0 and HOSTS:
-            pairs = pairs_costs(tmp)
+            pairs += pairs_costs(tmp)
+            save()
             rows += host_scaling(tmp)
         else:
             print("bench_scale: namespace hosts skipped (need root)")
-    result = {"rows": rows, "pairs": pairs, "torch": torch.__version__, "python": platform.python_version(),
-              "cores": len(os.sched_getaffinity(0)), "load_avg": os.getloadavg(),
-              "when": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")}
-    result["summary"] = summary(rows, pairs)
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "bench_scale.json").write_text(json.dumps(result, indent=1) + "\n")
-    (RESULTS / "bench_scale.md").write_text(write_markdown(result))
-    plot(result, RESULTS / "bench_scale.png")
-    print(json.dumps(result["summary"], indent=1))
+    print(json.dumps(save()["summary"], indent=1))
     return 0
 
 
