@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import os
 import sys
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -69,7 +69,7 @@ def fold_node(rows: Sequence[dict[str, Any]]) -> dict[str, str]:
         for value, who in sorted(values.items(), key=lambda kv: min(kv[1])):
             if value != majority:
                 outliers.append(f"{'rank' if len(who) == 1 else 'ranks'} {rank_ranges(who)}: {label} {value}")
-    dups = sorted({r for r in ranks if ranks.count(r) > 1})
+    dups = sorted(r for r, k in Counter(ranks).items() if k > 1)
     if dups:
         outliers.append(f"rank(s) {rank_ranges(dups)} claimed twice")
     gpus = sorted({str(r["gpu_uuid"] or r["device"]) for r in rows if _device_kind(r) != "cpu"})
