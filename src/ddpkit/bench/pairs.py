@@ -22,8 +22,9 @@ endpoints and one bad one, two of three links are bad, so a plain median of link
 median does not. Within each round: a link is also compared with the median of its own round, measured at the
 same moment, so a round in which the whole (shared) machine slowed down does not name links; a link is named
 slow only when it is slow both overall and within its round (rounds of one pair: overall alone). A slow link
-between two endpoints that are not slow themselves is measured once more (``confirm`` rounds, a matching of
-those links) and keeps its better figure: a transient stall is not a bad cable.
+between two endpoints that are not slow themselves, and the best link of every slow endpoint, are measured once
+more (``confirm`` rounds, a matching of those links) and keep their better figure: a transient stall is not a
+bad cable.
 """
 
 from __future__ import annotations
@@ -274,10 +275,12 @@ class _Rounds:
         return {p: link for part in everyone for p, link in part.items()}
 
 
-def _suspects(n: int, ring: Mapping[Pair, Link], threshold: float) -> tuple[list[int], list[int]]:
-    """From the ring pass: the endpoints of slow ring links, and up to REFERENCES healthy endpoints (the fastest)."""
-    _, _, slow, _ = judge_links(n, ring, threshold)
-    suspects = sorted({e for p in slow for e in p})
+def _suspects(n: int, plan: Sequence[Sequence[Pair]], ring: Mapping[Pair, Link], threshold: float
+              ) -> tuple[list[int], list[int]]:
+    """From the ring pass: the endpoints of slow ring links (slow overall and within their round), and up to
+    REFERENCES healthy endpoints (the fastest)."""
+    _, _, overall, _ = judge_links(n, ring, threshold)
+    suspects = sorted({e for p in _named(plan, ring, overall, threshold) for e in p})
     if not suspects:
         return [], []
     best = {e: max(bw for p, (bw, _) in ring.items() if e in p) for e in range(n) if e not in suspects}
@@ -307,7 +310,7 @@ def measure_pairs(*, mode: str, size: int, iters: int, threshold: float, rank: i
     elif schedule == "ring":
         plan = ring_rounds(n)
         links = runner.run(plan)
-        suspects, references = _suspects(n, links, threshold)
+        suspects, references = _suspects(n, plan, links, threshold)
         chosen = suspects + references
         second = [sorted((min(chosen[a], chosen[b]), max(chosen[a], chosen[b])) for a, b in r)
                   for r in round_robin(len(chosen))] if suspects else []
@@ -319,6 +322,9 @@ def measure_pairs(*, mode: str, size: int, iters: int, threshold: float, rank: i
     ref_bw, ref_lat, overall, slow = judge_links(n, links, threshold)
     named = _named(plan, links, overall, threshold)
     doubtful = [p for p in named if p[0] not in slow and p[1] not in slow]
+    for e in slow:  # an endpoint is named by its best link: measure that once more too
+        best = max((p for p in links if e in p), key=lambda p: links[p][0])
+        doubtful += [best] if best not in doubtful else []
     confirm = matchings(doubtful)
     if confirm:  # every rank computed the same verdict from the same figures: all take part
         for p, (bw, lat) in runner.run(confirm).items():
@@ -365,8 +371,9 @@ def format_pairs(p: Mapping[str, Any], max_matrix: int = 16) -> str:
     for k, r in enumerate(p["rounds"]):
         if k < 20 or r["slow"]:
             slow = ", ".join(f"{a} <-> {b}" for a, b in r["slow"]) or "none"
-            lines.append(f"# round {k + 1:>3}: {len(r['pairs'])} pair(s) at once, median {r['median_bw']:.3f} GB/s, "
-                         f"{r['seconds']:.2f} s; slow within the round: {slow}")
+            what = "confirmation, " if r.get("confirm") else ""
+            lines.append(f"# round {k + 1:>3}: {what}{len(r['pairs'])} pair(s) at once, median "
+                         f"{r['median_bw']:.3f} GB/s, {r['seconds']:.2f} s; slow within the round: {slow}")
     if p["schedule"] == "ring":
         lines.append("# ring suspects: " + (", ".join(p["suspects"]) or "none (no slow ring link)"))
     would = cost["would_take_rounds"]
