@@ -123,31 +123,34 @@ def host_scaling(tmp: Path) -> list[dict[str, Any]]:
 
 
 def pairs_costs(tmp: Path) -> list[dict[str, Any]]:
-    """8 hosts: rounds vs one pair at a time; 16 hosts: --ring vs one pair at a time; one host's link limited."""
+    """8 hosts: rounds vs one pair at a time, with one host's link limited and with none; 16 hosts: --ring and
+    rounds vs one pair at a time, one link limited."""
     from scripts.nshosts import create
 
+    plan = ((8, True, (["--pairs"], ["--pairs", "--pairs-sequential"])),
+            (8, False, (["--pairs"], ["--pairs", "--pairs-sequential"])),
+            (16, True, (["--ring"], ["--pairs"], ["--pairs", "--pairs-sequential"])))
     rows = []
-    for h, modes in ((8, (["--pairs"], ["--pairs", "--pairs-sequential"])),
-                     (16, (["--ring"], ["--pairs"], ["--pairs", "--pairs-sequential"]))):
-        if h not in HOSTS:
-            continue
+    for h in sorted({p[0] for p in plan if p[0] in HOSTS}):
         cluster = create(h, "pairs" + uuid.uuid4().hex[:6])
         try:
             slow = cluster.hosts[h // 2 + 1]
-            cluster.shape(slow, LIMIT)
-            for mode in modes:
-                out = tmp / f"pairs-{h}-{uuid.uuid4().hex[:6]}.json"
-                args = ["bench", "-j", f"{h}x1", "--rdzv-endpoint", f"{cluster.hosts[0].ip}:29400", "--run-id",
-                        uuid.uuid4().hex[:8], *mode, *PAIRS_ARGS, "--pairs-threshold", "0.2", "--json", str(out)]
-                res = _on_hosts(cluster, args)
-                pairs = json.loads(out.read_text())["pairs"] if out.exists() else {}
-                row = {"hosts": h, "mode": " ".join(mode), "wall_s": res["wall_s"], "exit": res["exit"],
-                       "measure_s": pairs.get("cost", {}).get("seconds"), "rounds": pairs.get("cost", {}).get("rounds"),
-                       "pairs_measured": pairs.get("cost", {}).get("pairs_measured"),
-                       "slow_endpoints": pairs.get("slow_endpoints"), "limited": slow.hostname, "tail": res["tail"]}
-                rows.append(row)
-                print(f"pairs {h:>3} hosts {row['mode']:<28} {row['measure_s']} s measuring, {row['rounds']} rounds, "
-                      f"slow: {row['slow_endpoints']}", flush=True)
+            for _, limited, modes in (p for p in plan if p[0] == h):
+                cluster.shape(slow, LIMIT if limited else None)
+                for mode in modes:
+                    out = tmp / f"pairs-{h}-{uuid.uuid4().hex[:6]}.json"
+                    args = ["bench", "-j", f"{h}x1", "--rdzv-endpoint", f"{cluster.hosts[0].ip}:29400", "--run-id",
+                            uuid.uuid4().hex[:8], *mode, *PAIRS_ARGS, "--pairs-threshold", "0.2", "--json", str(out)]
+                    res = _on_hosts(cluster, args)
+                    pairs = json.loads(out.read_text())["pairs"] if out.exists() else {}
+                    cost = pairs.get("cost", {})
+                    row = {"hosts": h, "mode": " ".join(mode), "limited": slow.hostname if limited else None,
+                           "wall_s": res["wall_s"], "exit": res["exit"], "measure_s": cost.get("seconds"),
+                           "rounds": cost.get("rounds"), "pairs_measured": cost.get("pairs_measured"),
+                           "slow_endpoints": pairs.get("slow_endpoints"), "tail": res["tail"]}
+                    rows.append(row)
+                    print(f"pairs {h:>3} hosts {row['mode']:<28} limited {row['limited']}: {row['measure_s']} s "
+                          f"measuring, {row['rounds']} rounds, slow: {row['slow_endpoints']}", flush=True)
         finally:
             cluster.down()
     return rows
@@ -167,16 +170,53 @@ def summary(rows: list[dict[str, Any]], pairs: list[dict[str, Any]]) -> dict[str
         out["check_wall_64_over_8"] = _ratio(c64["wall_s"], c8["wall_s"])
         out["check_wall_target"] = "<= 8 (the ratio of ranks)"
         out["rollcall_after_last_64_s"] = c64.get("phases", {}).get("roll-call-after-last")
-    def mode(h: int, m: str) -> dict[str, Any]:
-        return next((p for p in pairs if p["hosts"] == h and p["mode"] == m), {})
-    seq8, rounds8 = mode(8, "--pairs --pairs-sequential"), mode(8, "--pairs")
-    if seq8 and rounds8:
-        out["pairs8_sequential_over_rounds"] = _ratio(seq8["measure_s"], rounds8["measure_s"])
-        out["pairs8_same_verdict"] = seq8["slow_endpoints"] == rounds8["slow_endpoints"]
+    def mode(h: int, m: str, limited: bool = True) -> dict[str, Any]:
+        return next((p for p in pairs if p["hosts"] == h and p["mode"] == m and bool(p["limited"]) == limited), {})
+    for limited, tag in ((True, "limited"), (False, "unlimited")):
+        seq8, rounds8 = mode(8, "--pairs --pairs-sequential", limited), mode(8, "--pairs", limited)
+        if seq8 and rounds8:
+            out[f"pairs8_{tag}_sequential_over_rounds"] = _ratio(seq8["measure_s"], rounds8["measure_s"])
+            out[f"pairs8_{tag}_sequential_over_rounds_wall"] = _ratio(seq8["wall_s"], rounds8["wall_s"])
+            out[f"pairs8_{tag}_same_verdict"] = seq8["slow_endpoints"] == rounds8["slow_endpoints"]
     seq16, ring16 = mode(16, "--pairs --pairs-sequential"), mode(16, "--ring")
     if seq16 and ring16:
         out["pairs16_sequential_over_ring"] = _ratio(seq16["measure_s"], ring16["measure_s"])
+        out["pairs16_sequential_over_ring_wall"] = _ratio(seq16["wall_s"], ring16["wall_s"])
         out["pairs16_same_verdict"] = seq16["slow_endpoints"] == ring16["slow_endpoints"]
+    return out
+
+
+PHASES = ("roll-call-after-last", "init", "collectives", "ddp", "report")
+
+
+def _fit(points: list[tuple[int, float]]) -> tuple[float, float]:
+    """Least squares t = a + b * n."""
+    n = len(points)
+    mx, my = sum(p[0] for p in points) / n, sum(p[1] for p in points) / n
+    sxx = sum((p[0] - mx) ** 2 for p in points)
+    b = sum((p[0] - mx) * (p[1] - my) for p in points) / sxx if sxx else 0.0
+    return my - b * mx, b
+
+
+def projection(rows: list[dict[str, Any]], pairs: list[dict[str, Any]], at: tuple[int, ...] = (256, 1024)
+               ) -> dict[str, Any]:
+    """Per-phase fits a + b*N over the local check runs from 8 ranks up, and the pairs schedules' per-round and
+    per-pair costs, extended to ``at`` endpoints. On 2 cores every phase also grows with N because N processes
+    share the cores: these are upper bounds for a cluster where every rank has its own CPU."""
+    out: dict[str, Any] = {"check": {}, "pairs": {}}
+    local = [r for r in rows if r["where"] == "local" and r["command"] == "check" and "phases" in r and r["ranks"] >= 8]
+    if len(local) >= 2:
+        for phase in PHASES:
+            a, b = _fit([(r["ranks"], r["phases"][phase]) for r in local])
+            out["check"][phase] = {"a_s": a, "b_s_per_rank": b, **{str(n): max(a + b * n, 0.0) for n in at}}
+    timed = [p for p in pairs if p["rounds"] and p["measure_s"]]
+    per_round = [p["measure_s"] / p["rounds"] for p in timed if "sequential" not in p["mode"]]
+    per_pair = [p["measure_s"] / p["rounds"] for p in timed if "sequential" in p["mode"]]
+    if per_round and per_pair:
+        t_round, t_pair = max(per_round), max(per_pair)
+        out["pairs"] = {"round_s": t_round, "pair_s": t_pair, **{str(n): {
+            "rounds_s": (n - 1) * t_round, "ring_s": (2 + 5) * t_round, "sequential_s": n * (n - 1) / 2 * t_pair}
+            for n in at}}
     return out
 
 
@@ -196,17 +236,33 @@ def write_markdown(result: dict[str, Any]) -> str:
         lines.append(f"| {r['where']} | {r['ranks']} | {r['command']} | {r['wall_s']:.1f} | {r['cpu_per_rank_s']:.2f} "
                      f"| {' | '.join(cell)} | {r['exit']} |")
     if result["pairs"]:
-        lines += ["", f"## bench --pairs: one host's link limited to {LIMIT} (tc tbf), {' '.join(PAIRS_ARGS)}", "",
-                  "| hosts | mode | rounds | pairs measured | measuring (s) | wall incl. start (s) | slow nodes |",
-                  "|---|---|---|---|---|---|---|"]
+        lines += ["", f"## bench --pairs: one host's link limited to {LIMIT} (tc tbf) where named; "
+                  f"{' '.join(PAIRS_ARGS)}, --pairs-threshold 0.2", "",
+                  "| hosts | limited link | mode | rounds | pairs measured | measuring (s) | wall incl. start (s) | "
+                  "slow nodes |", "|---|---|---|---|---|---|---|---|"]
         for p in result["pairs"]:
             named = ", ".join(p["slow_endpoints"] or []) or "none"
-            lines.append(f"| {p['hosts']} | `{p['mode']}` | {p['rounds']} | {p['pairs_measured']} | "
+            lines.append(f"| {p['hosts']} | {p['limited'] or 'none'} | `{p['mode']}` | {p['rounds']} | "
+                         f"{p['pairs_measured']} | "
                          f"{p['measure_s'] or 0:.2f} | {p['wall_s']:.1f} | {named} |")
     s = result["summary"]
     lines += ["", "## Ratios (this run)", ""]
     for key, value in s.items():
         lines.append(f"- {key}: {value:.2f}" if isinstance(value, float) else f"- {key}: {value}")
+    proj = result.get("projection", {})
+    if proj.get("check"):
+        lines += ["", "## Projection (fits a + b*N over the local runs from 8 ranks; upper bounds, see docs/scale.md)",
+                  "", "| check phase | a (s) | b (ms per rank) | at 256 (s) | at 1,024 (s) |", "|---|---|---|---|---|"]
+        for phase, f in proj["check"].items():
+            lines.append(f"| {phase} | {f['a_s']:.3f} | {f['b_s_per_rank'] * 1e3:.2f} | {f['256']:.2f} | "
+                         f"{f['1024']:.2f} |")
+    if proj.get("pairs"):
+        pp = proj["pairs"]
+        lines += ["", f"bench --pairs: {pp['round_s']:.2f} s per round, {pp['pair_s']:.2f} s per sequential pair "
+                  "(measured above)", "", "| endpoints | rounds (s) | --ring, 1 slow node (s) | sequential (s) |",
+                  "|---|---|---|---|"]
+        for n in ("256", "1024"):
+            lines.append(f"| {n} | {pp[n]['rounds_s']:.0f} | {pp[n]['ring_s']:.1f} | {pp[n]['sequential_s']:.0f} |")
     lines += ["", "![growth](bench_scale.png)", ""]
     return "\n".join(lines)
 
@@ -254,6 +310,7 @@ def main() -> int:
                   "cores": len(os.sched_getaffinity(0)), "load_avg": os.getloadavg(),
                   "when": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")}
         result["summary"] = summary(rows, pairs)
+        result["projection"] = projection(rows, pairs)
         RESULTS.mkdir(parents=True, exist_ok=True)
         (RESULTS / "bench_scale.json").write_text(json.dumps(result, indent=1) + "\n")
         (RESULTS / "bench_scale.md").write_text(write_markdown(result))
