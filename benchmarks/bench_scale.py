@@ -49,23 +49,31 @@ def _cpu() -> float:
 
 
 def _run_local(args: list[str], timeout: float = 900) -> dict[str, Any]:
-    cpu, t = _cpu(), time.perf_counter()
+    cpu, t, start = _cpu(), time.perf_counter(), time.time()
     proc = subprocess.run([sys.executable, "-m", "ddpkit", *args], capture_output=True, text=True, env=_env(),
                           timeout=timeout, cwd=ROOT)
     wall = time.perf_counter() - t
-    return {"wall_s": wall, "cpu_s": _cpu() - cpu, "exit": proc.returncode,
+    return {"wall_s": wall, "cpu_s": _cpu() - cpu, "exit": proc.returncode, "started": start, "ended": time.time(),
             "tail": (proc.stdout + proc.stderr)[-1500:] if proc.returncode else ""}
 
 
-def _check_phases(path: Path) -> dict[str, float]:
+def _check_phases(path: Path, run: dict[str, Any] | None = None) -> dict[str, float]:
     report = json.loads(path.read_text())
     timings = report.get("timings", {})
+    clock = report.get("clock") or {}
+    wall: dict[str, float] = {}
+    if run and clock.get("first_check_in"):  # the command's wall time split at the ranks' arrivals and the report
+        wall = {"launch": clock["first_check_in"] - run["started"],
+                "arrivals": clock["last_check_in"] - clock["first_check_in"],
+                "after-last": clock["report_done"] - clock["last_check_in"],
+                "teardown": run["ended"] - clock["report_done"]}
     ops = ("barrier", "all_reduce_sum", "all_reduce_max", "broadcast", "reduce", "all_gather", "reduce_scatter",
            "all_to_all", "send_recv_ring")
     return {"roll-call": timings.get("roll-call", 0.0),
             "roll-call-after-last": timings.get("roll-call-after-last", 0.0),
             "init": timings.get("init", 0.0), "collectives": sum(timings.get(o, 0.0) for o in ops),
-            "ddp": timings.get("ddp", 0.0), "report": timings.get("report", 0.0), "check_s": report["seconds"]}
+            "ddp": timings.get("ddp", 0.0), "report": timings.get("report", 0.0), "check_s": report["seconds"],
+            **{f"wall:{k}": v for k, v in wall.items()}}
 
 
 def local_scaling(tmp: Path) -> list[dict[str, Any]]:
@@ -76,7 +84,7 @@ def local_scaling(tmp: Path) -> list[dict[str, Any]]:
             res = _run_local([*args, "-n", str(n), *extra])
             row = {"where": "local", "ranks": n, "hosts": 1, "command": name, **res, "cpu_per_rank_s": res["cpu_s"] / n}
             if name == "check" and res["exit"] == 0:
-                row["phases"] = _check_phases(tmp / f"check-{n}.json")
+                row["phases"] = _check_phases(tmp / f"check-{n}.json", res)
             rows.append(row)
             print(f"local {n:>3} ranks {name:<6} {res['wall_s']:7.1f} s wall, {row['cpu_per_rank_s']:5.2f} s CPU/rank,"
                   f" exit {res['exit']}", flush=True)
@@ -186,7 +194,8 @@ def summary(rows: list[dict[str, Any]], pairs: list[dict[str, Any]]) -> dict[str
     return out
 
 
-PHASES = ("roll-call-after-last", "init", "collectives", "ddp", "report")
+PHASES = ("roll-call-after-last", "init", "collectives", "ddp", "report", "wall:launch", "wall:arrivals",
+          "wall:teardown")
 
 
 def _fit(points: list[tuple[int, float]]) -> tuple[float, float]:
@@ -207,6 +216,8 @@ def projection(rows: list[dict[str, Any]], pairs: list[dict[str, Any]], at: tupl
     local = [r for r in rows if r["where"] == "local" and r["command"] == "check" and "phases" in r and r["ranks"] >= 8]
     if len(local) >= 2:
         for phase in PHASES:
+            if not all(phase in r["phases"] for r in local):
+                continue
             a, b = _fit([(r["ranks"], r["phases"][phase]) for r in local])
             out["check"][phase] = {"a_s": a, "b_s_per_rank": b, **{str(n): max(a + b * n, 0.0) for n in at}}
     timed = [p for p in pairs if p["rounds"] and p["measure_s"]]
@@ -226,13 +237,18 @@ def write_markdown(result: dict[str, Any]) -> str:
              f"measured {result['when']} on a **shared, noisy machine** (other engineers ran tests at the same time; "
              f"load average at the end {', '.join(f'{x:.1f}' for x in result['load_avg'])}). 64 ranks on 2 cores are "
              "32 processes per core: wall time there is process start and CPU contention, not ddpkit's algorithms.",
+             "Wall time of a local check split by the ranks' wall-clock arrivals: launch (command start to the first "
+             "rank's check-in: agent start, imports, fork), arrivals (first to last check-in), after-last (last "
+             "check-in to rank 0's report: every check), teardown (report to the command's exit).",
              "", "| where | ranks | command | wall (s) | CPU per rank (s) | roll-call (s) | after last rank (s) | "
-             "init (s) | collectives (s) | DDP (s) | report (s) | exit |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "init (s) | collectives (s) | DDP (s) | report (s) | launch (s) | arrivals (s) | after-last (s) | "
+             "teardown (s) | exit |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in result["rows"]:
         ph = r.get("phases", {})
         cell = [f"{ph[k]:.2f}" if k in ph else "" for k in ("roll-call", "roll-call-after-last", "init", "collectives",
-                                                            "ddp", "report")]
+                                                            "ddp", "report", "wall:launch", "wall:arrivals",
+                                                            "wall:after-last", "wall:teardown")]
         lines.append(f"| {r['where']} | {r['ranks']} | {r['command']} | {r['wall_s']:.1f} | {r['cpu_per_rank_s']:.2f} "
                      f"| {' | '.join(cell)} | {r['exit']} |")
     if result["pairs"]:
@@ -326,7 +342,7 @@ def main() -> int:
             save()
             rows += host_scaling(tmp)
         else:
-            print("bench_scale: namespace hosts skipped (need root)")
+            print("bench_scale: namespace hosts skipped (need root and SCALE_HOSTS)")
     print(json.dumps(save()["summary"], indent=1))
     return 0
 

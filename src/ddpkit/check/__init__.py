@@ -95,11 +95,16 @@ class Report:
             if self.args.rank_lines and self.records:
                 render.print_rank_lines(self.records)
             self.timings["report"] = time.monotonic() - self.start - seconds
+            # wall clock (one host's clock for the local ranks): where a run's time goes, outside the phases too
+            arrivals = [float(r["checked_in_at"]) for r in self.records if "checked_in_at" in r]
+            clock = {"first_check_in": min(arrivals, default=None), "last_check_in": max(arrivals, default=None),
+                     "report_done": time.time()}
             if self.args.json:
                 render.write_json(self.args.json, {
                     "kind": "check", "verdict": verdict, "exit_code": code, "passed": code == 0,
                     "backend": self.backend, "device": self.device,
                     "world": self.world.as_dict(), "seconds": round(seconds, 3), "timings": self.timings,
+                    "clock": clock,
                     "checks": [o.as_dict() for o in outcomes], "ranks": self.records, "deadline": deadline,
                 })
             return code
