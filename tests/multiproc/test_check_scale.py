@@ -33,6 +33,8 @@ def test_check_16_ranks_passes_with_one_row_per_node(tmp_path: Path) -> None:
     per_rank = ddp["data"]["per_rank"]
     assert all(r["loss_falls"] and r["loss_last"] < r["loss_first"] for r in per_rank)
     assert report["timings"]["roll-call-after-last"] >= 0 and "report" in report["timings"]
+    clock = report["clock"]
+    assert clock["first_check_in"] <= clock["last_check_in"] <= clock["report_done"]
 
 
 def test_check_per_rank_prints_every_rank() -> None:
