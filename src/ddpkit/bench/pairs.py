@@ -378,7 +378,7 @@ def format_pairs(p: Mapping[str, Any], max_matrix: int = 16) -> str:
         lines.append("# ring suspects: " + (", ".join(p["suspects"]) or "none (no slow ring link)"))
     would = cost["would_take_rounds"]
     lines.append(f"# cost: {cost['rounds']} round(s), {cost['pairs_measured']} pair(s) measured, "
-                 f"{cost['seconds']:.1f} s; for {n} endpoints every pair takes {would['rounds']} rounds "
+                 f"{cost['seconds']:.2f} s; for {n} endpoints every pair takes {would['rounds']} rounds "
                  f"(--pairs), {would['sequential']} one pair at a time; the ring pass {would['ring']} "
                  "round(s) plus the suspects' rounds (--ring)")
     lines.append(f"# reference (median of each endpoint's best link): {p['reference_bw']:.3f} GB/s, "
