@@ -38,7 +38,7 @@ LIMIT = "200mbit"  # the slowed host's link in the pairs runs: ~25 MB/s against 
 
 def _env(**extra: str) -> dict[str, str]:
     sys.path.insert(0, str(ROOT))
-    from tests.conftest import ddpkit_env
+    from tests.helpers import ddpkit_env
 
     return ddpkit_env(**extra)
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import run_ddpkit
+from tests.helpers import run_ddpkit
 
 pytestmark = pytest.mark.multiproc
 NPROC = 16

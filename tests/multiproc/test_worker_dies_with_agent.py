@@ -19,7 +19,7 @@ worker = subprocess.Popen([sys.executable, "-c", sys.argv[1]], start_new_session
 print(worker.pid, flush=True)
 time.sleep(600)
 """
-WORKER = "from ddpkit.launch import die_with_agent; import time; {call}; time.sleep(600)"
+WORKER = "from ddpkit.launch.worker import die_with_agent; import time; {call}; time.sleep(600)"
 
 
 def _orphan_survives(call: str) -> bool:

@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 
 from ddpkit.errors import ConfigError
-from ddpkit.launch import JobShape, parse_job_shape
+from ddpkit.launch.shape import JobShape, parse_job_shape
 
 
 @pytest.mark.parametrize(("text", "shape"), [

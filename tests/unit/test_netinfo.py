@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import ipaddress
 
-from ddpkit.launch import _endpoint_host, _hosts_endpoint
+from ddpkit.launch.addresses import hosts_endpoint
+from ddpkit.launch.shape import endpoint_host
 from ddpkit.netinfo import gloo_interface, interface_addresses, is_local_address, resolve, route_to
 
 
@@ -37,8 +38,8 @@ def test_gloo_interface_leaves_user_and_single_host_alone() -> None:
 
 
 def test_endpoint_parsing_and_loopback_endpoint_left_to_torch() -> None:
-    assert _endpoint_host("10.0.0.1:29400") == "10.0.0.1"
-    assert _endpoint_host("[fd00::1]:29400") == "fd00::1"
-    assert _endpoint_host("node-a") == "node-a"
-    assert _hosts_endpoint("127.0.0.1:29400") is False  # torch already hosts loopback endpoints
-    assert _hosts_endpoint("198.51.100.254:29400") is False  # TEST-NET-2: nobody's address
+    assert endpoint_host("10.0.0.1:29400") == "10.0.0.1"
+    assert endpoint_host("[fd00::1]:29400") == "fd00::1"
+    assert endpoint_host("node-a") == "node-a"
+    assert hosts_endpoint("127.0.0.1:29400") is False  # torch already hosts loopback endpoints
+    assert hosts_endpoint("198.51.100.254:29400") is False  # TEST-NET-2: nobody's address

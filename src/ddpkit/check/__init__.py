@@ -29,8 +29,10 @@ from ddpkit.check.outcome import FAIL, Outcome, exit_code, failed
 from ddpkit.check.rollcall import check_in, collect, judge, local_record, read_all
 from ddpkit.check.watchdog import Watchdog
 from ddpkit.env import WorldInfo, detect
+from ddpkit.env.evidence import lone_world_evidence
 from ddpkit.errors import EXIT_MISSING, ConfigError, DeadlineExpired
-from ddpkit.faults import fault
+from ddpkit.fault_injection import fault
+from ddpkit.inputs import output_path, seconds
 from ddpkit.log import get_logger
 
 if TYPE_CHECKING:
@@ -40,7 +42,7 @@ if TYPE_CHECKING:
 __all__ = ["WORKER", "add_arguments", "run"]
 
 WORKER = True
-# Under `ddpkit check -n N` the agent imports these once and forks the ranks (ddpkit.launch): DDP's first use
+# Under `ddpkit check -n N` the agent imports these once and forks the ranks (ddpkit.launch.agent): DDP's first use
 # imports torch._dynamo, 1.5-2.5 s per rank, most of the check's cost over a bare hello world.
 PRELOAD = ("torch.nn.parallel", "torch._dynamo", "ddpkit.check.ddpsync", "ddpkit.runtime", "rich.table")
 log = get_logger(__name__)
@@ -48,11 +50,11 @@ MARGIN_S = 5.0  # gloo's own timeout and the other ranks' store waits trail the 
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--timeout", type=float, default=30.0, metavar="S",
+    p.add_argument("--timeout", type=seconds("--timeout"), default=30.0, metavar="S",
                    help="seconds rank 0 waits for every rank to check in (default 30)")
-    p.add_argument("--phase-timeout", type=float, default=60.0, metavar="S",
+    p.add_argument("--phase-timeout", type=seconds("--phase-timeout"), default=60.0, metavar="S",
                    help="deadline of every later phase: init, each collective, DDP, report (default 60)")
-    p.add_argument("--json", default=None, metavar="PATH",
+    p.add_argument("--json", type=output_path("--json"), default=None, metavar="PATH",
                    help="write the full report: every rank's record, every check, timings")
     p.add_argument("--per-rank", action="store_true",
                    help="print every rank's row (default: one row per node, ranks folded, the ones that differ named)")
@@ -152,7 +154,7 @@ def _store_errors() -> tuple[type[BaseException], ...]:
     return (dist.DistError,) if hasattr(dist, "DistError") else (RuntimeError,)
 
 
-#: Its exit code is a verdict: under ddpkit's launcher the workers hand it to the agent (launch.verdict_exit_code).
+#: Its exit code is a verdict: under ddpkit's launcher the workers hand it to the agent (launch.worker).
 VERDICT = True
 
 
@@ -167,6 +169,8 @@ def run(args: argparse.Namespace) -> int:
     device = pick_device(backend, world.local_rank)
     world, store = _open_store(world, args.timeout + MARGIN_S)
     report = Report(args, world, backend, str(device))
+    # a world of one proves nothing about a larger job it may belong to (ddpkit.env.evidence)
+    report.outcomes += [failed("world", reason) for reason in lone_world_evidence(world)]
     rank, size = world.rank, world.world_size
     # Its own connection (Store.clone, torch >= 2.5): the main thread may be blocked in a store call when the
     # deadline passes. Older torch shares the connection; the gloo timeout and faulthandler backstops remain.

@@ -19,7 +19,7 @@ from itertools import pairwise
 from typing import TYPE_CHECKING, Any
 
 from ddpkit.check.outcome import PASS, Outcome, failed
-from ddpkit.faults import fault
+from ddpkit.fault_injection import fault
 
 if TYPE_CHECKING:
     import torch

@@ -63,7 +63,7 @@ def fold_node(rows: Sequence[dict[str, Any]]) -> dict[str, str]:
     for label, key in (*_SHARED, ("device", None)):
         values: dict[str, list[int]] = defaultdict(list)
         for r in rows:
-            values[_device_kind(r) if key is None else str(r[key])].append(int(r["rank"]))
+            values[_device_kind(r) if key is None else str(r.get(key, "?"))].append(int(r["rank"]))
         majority = max(values.items(), key=lambda kv: (len(kv[1]), -min(kv[1])))[0]
         row[label] = majority
         for value, who in sorted(values.items(), key=lambda kv: min(kv[1])):
@@ -75,7 +75,7 @@ def fold_node(rows: Sequence[dict[str, Any]]) -> dict[str, str]:
     gpus = sorted({str(r["gpu_uuid"] or r["device"]) for r in rows if _device_kind(r) != "cpu"})
     if gpus:
         row["device"] += f" x{len(gpus)}"
-    pids = sorted(int(r["pid"]) for r in rows)
+    pids = sorted((str(r["pid"]) for r in rows), key=lambda p: (len(p), p))  # numeric order for numbers
     row["pids"] = str(pids[0]) if len(pids) == 1 else f"{pids[0]}..{pids[-1]}"
     row["outliers"] = "; ".join(outliers) or "-"
     return row
@@ -90,6 +90,7 @@ def _nodes(records: Sequence[dict[str, Any]]) -> dict[tuple[int, str], list[dict
 
 def print_nodes(records: Sequence[dict[str, Any]], *, per_rank: bool = False) -> None:
     """One row per node (ranks folded, outliers named); ``per_rank``: one table per node, one row per rank."""
+    from rich.markup import escape
     from rich.table import Table
 
     if per_rank:
@@ -103,17 +104,20 @@ def print_nodes(records: Sequence[dict[str, Any]], *, per_rank: bool = False) ->
         table.add_column(header, justify="right" if header.isupper() else "left", overflow="fold")
     for (node_rank, host), rows in _nodes(records).items():
         f = fold_node(rows)
-        table.add_row(str(node_rank), host, f"{f['ranks']} ({f['count']})", f["LOCAL_WORLD_SIZE"], f["WORLD_SIZE"],
-                      f["device"], f["threads"], f["pids"], f"{f['route']} {f['ip']}", f["outliers"])
+        cells = (str(node_rank), host, f"{f['ranks']} ({f['count']})", f["LOCAL_WORLD_SIZE"], f["WORLD_SIZE"],
+                 f["device"], f["threads"], f["pids"], f"{f['route']} {f['ip']}", f["outliers"])
+        # values are text, never rich markup: a host name such as '[red]x' prints as itself (issue 20)
+        table.add_row(*(escape(c) for c in cells))
     _console().print(table)
 
 
 def _print_rank_tables(records: Sequence[dict[str, Any]]) -> None:
+    from rich.markup import escape
     from rich.table import Table
 
     console = _console()
     for (node_rank, host), rows in _nodes(records).items():
-        table = Table(title=f"node {node_rank}: {host}", title_justify="left")
+        table = Table(title=escape(f"node {node_rank}: {host}"), title_justify="left")
         for header, _ in _COLUMNS:
             table.add_column(header, justify="right" if header.isupper() else "left")
         for r in sorted(rows, key=lambda x: (int(x["rank"]), int(x["slot"]))):
@@ -121,15 +125,18 @@ def _print_rank_tables(records: Sequence[dict[str, Any]]) -> None:
             cells[-1] = f"{r['iface'] or '?'} {r['ip']}"
             if r.get("gpu_uuid"):
                 cells[5] += f" {r['gpu_uuid']}"
-            table.add_row(*cells)
+            table.add_row(*(escape(c) for c in cells))
         console.print(table)
 
 
 def print_checks(outcomes: Sequence[Outcome]) -> None:
+    from rich.markup import escape
+
     console = _console()
     width = max((len(o.name) for o in outcomes), default=10)
     for o in outcomes:
-        console.print(f"[{_STYLE[o.status]}]{o.status:<4}[/]  {o.name:<{width}}  {o.detail}", markup=True)
+        console.print(f"[{_STYLE[o.status]}]{o.status:<4}[/]  {escape(f'{o.name:<{width}}  {o.detail}')}",
+                      markup=True)
 
 
 def verdict_line(outcomes: Sequence[Outcome], code: int, *, world_size: int, hosts: int, backend: str,
@@ -146,7 +153,9 @@ def verdict_line(outcomes: Sequence[Outcome], code: int, *, world_size: int, hos
 
 def print_verdict(text: str) -> None:
     style = "bold green" if text.startswith("verdict: PASS") else "bold red"
-    _console().print(f"[{style}]{text}[/]", markup=True)
+    from rich.text import Text
+
+    _console().print(Text(text, style=style))
 
 
 def print_rank_lines(records: Sequence[dict[str, Any]]) -> None:

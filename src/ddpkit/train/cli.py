@@ -10,7 +10,8 @@ Runbook (2 local ranks here; the same command runs under torchrun, srun, mpirun 
     ddpkit train -n 2 --make-job my_pkg.my_module:make_job --snapshot-path run/   # your model and data
 
 Exit codes: 0 trained; 2 bad options, a snapshot of another job, or an unimportable --make-job (before any
-training); 75 stopped by a preemption signal after writing a snapshot (rerun to resume).
+training); 74 a snapshot did not fit on its filesystem (the previous one is intact; the message names it);
+75 stopped by a preemption signal after writing a snapshot (rerun to resume).
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ from pathlib import Path
 from typing import Any
 
 from ddpkit.errors import EXIT_OK, EXIT_PREEMPTED, ConfigError
+from ddpkit.inputs import check_output_path, output_path
+from ddpkit.launch.worker import PREEMPTED_MARK
 from ddpkit.log import get_logger
 from ddpkit.train.config import MODELS, PREEMPT_SIGNALS, TrainConfig, check_job_spec, parse_drill
 from ddpkit.train.output import say
@@ -30,9 +33,6 @@ __all__ = ["WORKER", "add_arguments", "config_from_args", "run"]
 
 WORKER = True
 log = get_logger(__name__)
-#: Set by ddpkit's local launcher: a worker that stops after a preemption snapshot creates this file, so the
-#: launcher (which only sees that it was signalled) can exit with 75 too.
-PREEMPTED_MARK = "DDPKIT_PREEMPTED_MARK"
 EXIT_PEER_LOST = 1
 
 
@@ -50,6 +50,7 @@ def _count(option: str, minimum: int = 1) -> Any:
 
 
 def _snapshot_path(text: str) -> str:
+    check_output_path(text, "--snapshot-path", directory_ok=True)  # ~nouser, over-long names, /proc
     TrainConfig(snapshot_path=text)  # checks, before any rank starts, that the directory exists and is writable
     return text
 
@@ -87,7 +88,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     s.add_argument("--drill", action="append", type=parse_drill, default=[], metavar="KIND@epoch=E[,rank=R]",
                    help="inject a fault once: kill-worker@epoch=3[,rank=1] or preempt@epoch=3 (repeatable)")
     o = p.add_argument_group("output")
-    o.add_argument("--json", dest="json_path", default=None, metavar="PATH", help="write the run summary as JSON")
+    o.add_argument("--json", dest="json_path", type=output_path("--json"), default=None, metavar="PATH",
+                   help="write the run summary as JSON")
     o.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
                    help="progress bar on rank 0 (default: only on a terminal)")
 
@@ -163,6 +165,7 @@ def run(args: argparse.Namespace) -> int:
         if config.json_path:
             Path(config.json_path).write_text(json.dumps(summary, indent=2, default=str) + "\n")
     if summary["preempted"]:
+        # ddpkit's launcher only sees that it was signalled: this file tells it the workers saved first (exit 75)
         mark = os.environ.get(PREEMPTED_MARK)
         if mark:
             Path(mark).touch()

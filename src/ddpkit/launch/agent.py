@@ -1,0 +1,162 @@
+"""The agent side of ddpkit's launcher: torch's elastic agent started for one node's ranks.
+
+``launch(options, entrypoint, argv)`` mirrors torch's ``elastic_launch(config, entrypoint)(*args)``: the caller
+says what each worker runs (``ddpkit.cli`` passes its own ``main``), so nothing here imports the CLI back.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import logging
+import os
+import shutil
+import sys
+import tempfile
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from ddpkit.errors import EXIT_PREEMPTED, DeadlineExpired
+from ddpkit.launch import worker
+from ddpkit.launch.addresses import hosts_endpoint, local_addr_towards
+from ddpkit.launch.failure import drop_exit_tracebacks, root_cause
+from ddpkit.launch.shape import JobShape
+from ddpkit.log import get_logger
+from ddpkit.rendezvous import RendezvousWatch, describe_missing
+from ddpkit.runtime import share_cores
+
+__all__ = ["Entrypoint", "LaunchOptions", "launch"]
+
+log = get_logger(__name__)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Entrypoint:
+    """What every worker runs, in the two ways a worker can start."""
+
+    main: Callable[[list[str]], int]
+    """Called with the argv in a worker forked from the agent (which inherits the preloaded modules)."""
+    module: str
+    """Run as ``python -m MODULE ARGV`` in a fresh worker process."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class LaunchOptions:
+    shape: JobShape
+    """Nodes and processes per node."""
+    rdzv_endpoint: str | None = None
+    """HOST:PORT of the c10d rendezvous; None for a standalone single-node run on a free port."""
+    rdzv_backend: str = "c10d"
+    """Rendezvous backend: c10d, etcd-v2, etcd or static."""
+    rdzv_conf: tuple[tuple[str, str], ...] = ()
+    """Extra rendezvous settings (is_host, last_call_timeout, ...)."""
+    run_id: str | None = None
+    """Rendezvous id shared by every node's agent; random for standalone runs."""
+    max_restarts: int = 0
+    """Worker-group restarts the agent allows after a failure."""
+    local_addr: str | None = None
+    """This node's address as the other nodes reach it."""
+    rdzv_timeout: int = 120
+    """Seconds to wait for all nodes to join."""
+    preload: tuple[str, ...] = ()
+    """Modules the agent imports once and its workers inherit by fork (``ddpkit check`` preloads torch._dynamo,
+    which DistributedDataParallel imports at 1.5-2.5 s per worker). Empty, or DDPKIT_START_METHOD=spawn: every
+    worker is a fresh ``python -m MODULE`` process."""
+
+
+def launch(options: LaunchOptions, entrypoint: Entrypoint, argv: list[str]) -> int:
+    """Run ``entrypoint`` with ``argv`` on this node's ranks; return the exit code of the first failed rank, or 0."""
+    from torch.distributed.elastic.multiprocessing import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.elastic.rendezvous.api import RendezvousError
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+    shape = options.shape
+    share_cores(shape.nproc_per_node, announce=True)  # before the workers start: they inherit it
+    # The agent's shared rendezvous store keeps a failed attempt's addresses, so restarted workers cannot
+    # connect (pytorch/pytorch#135712); a store per attempt makes restarts reliable.
+    os.environ.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
+    os.environ[worker.LAUNCHED] = "1"
+    # The agent forwards these to the workers (and stops them) instead of dying and orphaning them; USR1/USR2
+    # are what Slurm's --signal sends before a preemption, so the workers can snapshot first.
+    os.environ.setdefault("TORCHELASTIC_SIGNALS_TO_HANDLE", "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1,SIGUSR2")
+    mark_dir = tempfile.mkdtemp(prefix="ddpkit-launch-")
+    mark = os.path.join(mark_dir, "preempted")
+    os.environ[worker.PREEMPTED_MARK] = mark
+    results = os.path.join(mark_dir, "results")
+    os.mkdir(results)
+    os.environ[worker.RESULT_DIR] = results
+    endpoint = options.rdzv_endpoint
+    conf: dict[str, object] = dict(options.rdzv_conf)
+    local_addr = options.local_addr
+    if endpoint is None:  # standalone
+        conf.setdefault("is_host", True)
+    else:
+        local_addr = local_addr or local_addr_towards(endpoint)
+        if options.rdzv_backend == "c10d" and "is_host" not in conf and hosts_endpoint(endpoint):
+            conf["is_host"] = True
+    # torch's dynamic rendezvous reads join_timeout (default 600 s), not LaunchConfig.rdzv_timeout
+    conf.setdefault("join_timeout", options.rdzv_timeout)
+    forked = _preload(options.preload)
+    config = LaunchConfig(
+        min_nodes=shape.min_nodes,
+        max_nodes=shape.max_nodes,
+        nproc_per_node=shape.nproc_per_node,
+        run_id=options.run_id or f"ddpkit-{uuid.uuid4().hex[:12]}",
+        rdzv_endpoint=endpoint or "127.0.0.1:0",
+        rdzv_backend=options.rdzv_backend,
+        rdzv_configs=conf,
+        rdzv_timeout=options.rdzv_timeout,
+        max_restarts=options.max_restarts,
+        monitor_interval=0.1,
+        start_method="fork" if forked else "spawn",
+        local_addr=local_addr,
+    )
+    watch = RendezvousWatch(endpoint, config.run_id) if endpoint and options.rdzv_backend == "c10d" else None
+    try:
+        with watch or contextlib.nullcontext():
+            if forked:
+                elastic_launch(config, entrypoint=worker.forked_worker(entrypoint.main))(argv)
+            else:
+                elastic_launch(config, entrypoint=sys.executable)("-m", entrypoint.module, *argv)
+        code = worker.read_verdict(results)
+    except ChildFailedError as exc:
+        return root_cause(exc)
+    except SignalException as exc:
+        preempted = os.path.exists(mark)
+        log.warning("received %s: the workers were stopped%s", exc.sigval.name,
+                    " after saving their state" if preempted else "")
+        return EXIT_PREEMPTED if preempted else 128 + int(exc.sigval)
+    except RendezvousError as exc:
+        who = f"; {describe_missing(watch.nodes, shape)}" if watch is not None else ""
+        raise DeadlineExpired(f"the rendezvous at {config.rdzv_endpoint} did not complete within "
+                              f"{conf['join_timeout']} s{who} ({type(exc).__name__}{f': {exc}' if str(exc) else ''})",
+                              f"{shape} node agents (NODESxRANKS) to join",
+                              "start ddpkit on every node with the same --rdzv-endpoint, --run-id and -j, check "
+                              "each can reach the endpoint, or give them longer with --timeout") from None
+    finally:
+        os.environ.pop(worker.RESULT_DIR, None)  # this agent's own exit code is not a worker's result
+        shutil.rmtree(mark_dir, ignore_errors=True)
+    return code
+
+
+def _preload(modules: tuple[str, ...]) -> bool:
+    """Import ``modules`` in the agent so forked workers inherit them; True when the workers will be forked."""
+    # Fork is safe here: the agent has not touched CUDA, and the preloaded modules start no threads.
+    forked = bool(modules) and os.environ.get(worker.START_METHOD, "fork") == "fork"
+    for name in modules if forked else ():
+        importlib.import_module(name)
+    if forked and _cuda_initialized():  # a forked child cannot use a CUDA context its parent created
+        log.warning("CUDA was initialised while preloading %s: starting fresh rank processes instead",
+                    ", ".join(modules))
+        return False
+    if forked:
+        logging.getLogger("torch.distributed.elastic.multiprocessing.api").addFilter(drop_exit_tracebacks)
+    return forked
+
+
+def _cuda_initialized() -> bool:
+    import torch
+
+    return bool(torch.cuda.is_initialized())

@@ -1,0 +1,44 @@
+"""A failed worker group, said in one line: the first rank to fail, its pid and exit code (torch elastic's
+ChildFailedError carries them all)."""
+
+from __future__ import annotations
+
+import logging
+import signal
+
+from ddpkit.errors import EXIT_PREEMPTED
+from ddpkit.log import get_logger
+
+__all__ = ["drop_exit_tracebacks", "root_cause"]
+
+log = get_logger(__name__)
+
+
+def root_cause(exc: object) -> int:
+    """The first failure (by time) names the root cause: rank, pid and exit code; its code becomes ours."""
+    failures = getattr(exc, "failures", {})
+    if not failures:
+        return 1
+    # Timestamps have one-second resolution; within a second, a rank that exited on its own comes before one
+    # the agent then stopped with a signal (SIGTERM is what the survivors of a failure receive).
+    rank, first = min(failures.items(), key=lambda kv: (kv[1].timestamp, kv[1].exitcode < 0, kv[0]))
+    code = int(first.exitcode)
+    if code < 0:
+        name = signal.Signals(-code).name if -code in signal.Signals._value2member_map_ else str(-code)
+        log.error("rank %d (pid %d) was killed by %s first", rank, first.pid, name)
+        return 128 - code
+    if code == EXIT_PREEMPTED and all(f.exitcode in (EXIT_PREEMPTED, -signal.SIGTERM) for f in failures.values()):
+        log.warning("the workers stopped after a preemption signal and wrote a snapshot (exit %d): run the same "
+                    "command again to resume", code)
+        return code
+    others = sorted(r for r in failures if r != rank)
+    log.error("rank %d (pid %d) failed first with exit code %d%s", rank, first.pid, code,
+              f"; then ranks {others}" if others else "")
+    return code
+
+
+def drop_exit_tracebacks(record: logging.LogRecord) -> bool:
+    """Forked ranks that exit non-zero make torch log a traceback of its own join(); ``root_cause`` says it in
+    one line, so the traceback (not the user's problem, and not ddpkit's) is dropped."""
+    exc = record.exc_info[1] if record.exc_info else None
+    return type(exc).__name__ != "ProcessExitedException"
