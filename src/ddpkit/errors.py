@@ -12,6 +12,7 @@ __all__ = [
     "EXIT_MISSING",
     "EXIT_OK",
     "EXIT_PREEMPTED",
+    "EXIT_PREEMPTED_UNSAVED",
     "EXIT_USAGE",
     "CheckFailed",
     "ConfigError",
@@ -26,6 +27,8 @@ EXIT_USAGE = 2
 EXIT_MISSING = 3
 #: A run stopped by a preemption signal after writing its snapshot (EX_TEMPFAIL: "try again later").
 EXIT_PREEMPTED = 75
+#: A run stopped by a preemption signal with no snapshot to resume from (none configured): its progress is lost.
+EXIT_PREEMPTED_UNSAVED = 76
 
 
 class DdpkitError(Exception):

@@ -70,8 +70,9 @@ class PreemptionWatch:
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         if self.received is None:
             self.received = signal.Signals(signum).name
-            # a raw write: the handler may interrupt a write to sys.stdout (re-entering it would raise)
-            os.write(1, f"received {self.received}: finishing this step, then writing a snapshot\n".encode())
+            # a raw write: the handler may interrupt a write to sys.stdout (re-entering it would raise). Whether
+            # it is a preemption (from outside the job) or the agent stopping the group is decided after the step
+            os.write(1, f"received {self.received}: finishing this step\n".encode())
 
     def install(self) -> PreemptionWatch:
         for sig in self.signals:
@@ -138,6 +139,16 @@ class PreemptionWatch:
             self._votes_work = dist.all_reduce(self._votes, async_op=True)
         return stop
 
+    def agree_on_cause(self) -> tuple[int, int]:
+        """After every rank stopped: (ranks that got a signal from outside the job, ranks that got any stop
+        signal), the same on every rank. One small all-reduce, only when stopping."""
+        from ddpkit.train.stops import signal_from_outside
+
+        outside = signal_from_outside(self.received)
+        counts = torch.tensor([float(outside), float(self.received is not None)], device=self._one.device)
+        if self.world_size > 1:
+            dist.all_reduce(counts)
+        return int(counts[0].item()), int(counts[1].item())
 
     def drain(self) -> None:
         """Wait for a vote still in flight (at the end of training: no collective left unfinished)."""
