@@ -30,8 +30,8 @@ def root_cause(exc: object) -> int:
     preempted = (EXIT_PREEMPTED, EXIT_PREEMPTED_UNSAVED)
     if code in preempted and all(f.exitcode in (*preempted, -signal.SIGTERM) for f in failures.values()):
         if code == EXIT_PREEMPTED:
-            log.warning("the workers stopped after a preemption signal with a snapshot to resume from (exit %d): "
-                        "run the same command again to resume", code)
+            log.warning("the workers stopped after a preemption signal and wrote a snapshot (exit %d): run the "
+                        "same command again to resume", code)
         else:
             log.warning("the workers stopped after a preemption signal with no snapshot (exit %d): their progress "
                         "is lost; pass --snapshot-path to keep it next time", code)

@@ -28,8 +28,8 @@ from ddpkit.launch.stops import OUTSIDE_MARK_GRACE_S
 from ddpkit.launch.worker import STOP_DIR
 from ddpkit.log import get_logger
 
-__all__ = ["PROBE_S", "LastSnapshot", "describe_lost_peer", "preemption_outcome", "probe_answering",
-           "report_lost_peer", "signal_from_outside", "silent_ranks"]
+__all__ = ["PROBE_S", "LastSnapshot", "describe_lost_peer", "mark_outside_signal", "preemption_outcome",
+           "probe_answering", "report_lost_peer", "signal_from_outside", "silent_ranks"]
 
 log = get_logger(__name__)
 
@@ -53,6 +53,14 @@ def signal_from_outside(received: str | None, stop_dir: str | None = None, grace
             return False
         time.sleep(0.05)
     return True
+
+
+def mark_outside_signal(name: str) -> None:
+    """Leave the agent's mark for a signal from outside (for a drill that sends one itself)."""
+    directory = os.environ.get(STOP_DIR)
+    if directory:
+        with contextlib.suppress(OSError):
+            Path(directory, "signal").write_text(name)
 
 
 @dataclass(frozen=True, kw_only=True)

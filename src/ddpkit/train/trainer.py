@@ -40,7 +40,13 @@ from ddpkit.train.faults import DrillBook, PreemptionWatch, requeue_slurm_job
 from ddpkit.train.output import say
 from ddpkit.train.rng import capture_rng, restore_rng, seed_everything
 from ddpkit.train.snapshot import AsyncWriter, CpuShadow, SnapshotDir, copy_to_cpu, read_snapshot, write_snapshot
-from ddpkit.train.stops import LastSnapshot, describe_lost_peer, preemption_outcome, probe_answering
+from ddpkit.train.stops import (
+    LastSnapshot,
+    describe_lost_peer,
+    mark_outside_signal,
+    preemption_outcome,
+    probe_answering,
+)
 
 if TYPE_CHECKING:
     from ddpkit.runtime import Runtime
@@ -246,6 +252,7 @@ class Trainer:
             os.kill(os.getpid(), signal.SIGKILL)
         else:
             say(f"drill {drill}: sending SIG{self.cfg.preempt_signal} to rank 0 at step {step}")
+            mark_outside_signal(f"SIG{self.cfg.preempt_signal}")  # the drill plays the world outside the job
             os.kill(os.getpid(), self.cfg.preempt_signum)
 
     # ---- the loop -------------------------------------------------------------------------------------
