@@ -1,7 +1,7 @@
 """ddpkit's command line: argv -> options -> the command; errors -> exit codes; logging configured once.
 
 Exit codes: 0 success; 1 a check failed; 2 usage or environment error; 3 ranks missing or a deadline expired;
-75 stopped by a preemption signal after saving; 130 interrupted.
+75 stopped by a preemption signal after saving; 76 preempted with no snapshot; 130 interrupted.
 """
 
 from __future__ import annotations
