@@ -160,7 +160,7 @@ def _wait_for(runs: list[HostRun], text: str, timeout: float = 180, stream: str 
 
 
 def _link_args(hosts: Hosts, snaps: Path, *extra: str) -> list[str]:
-    # 2x1: one rank per host, as in the issue; 256 steps per epoch
+    # one list for every host (one run id); 2x1: one rank per host, as in the issue; 256 steps per epoch
     return ["train", "-j", "2x1", "--rdzv-endpoint", hosts.endpoint(), "--run-id", new_run_id(), "--samples",
             "16384", "--collective-timeout", str(COLLECTIVE_S), "--json", str(snaps / "summary.json"), *extra]
 
@@ -170,8 +170,8 @@ def test_drill_link_down_longer_than_timeout(two_hosts: Hosts) -> None:
     exit 3 (a lost host, not a preemption), within the timeout plus the documented slack, each naming the rank and
     host it lost, the collective and the step, and that nothing can be resumed; no process is left anywhere."""
     snaps = Path(two_hosts.cluster.workdir)
-    runs = [two_hosts.ddpkit(h, *_link_args(two_hosts, snaps, "--epochs", "100000"),
-                             OMP_NUM_THREADS="1") for h in two_hosts.hosts]
+    args = _link_args(two_hosts, snaps, "--epochs", "100000")
+    runs = [two_hosts.ddpkit(h, *args, OMP_NUM_THREADS="1") for h in two_hosts.hosts]
     _wait_for(runs[:1], "[RANK 0] Epoch 1 ", stream="stdout")
     two_hosts.cluster.link(two_hosts[1], up=False)
     cut = time.monotonic()
@@ -203,8 +203,8 @@ def test_drill_link_down_restarts_and_resumes_bitwise(two_hosts: Hosts, tmp_path
     snaps = Path(two_hosts.cluster.workdir) / "snaps"
     snaps.mkdir()
     job = ("--epochs", "8", "--snapshot-path")
-    runs = [two_hosts.ddpkit(h, *_link_args(two_hosts, snaps, *job, str(snaps / "snap.pt"), "--max-restarts", "1"),
-                             OMP_NUM_THREADS="1") for h in two_hosts.hosts]
+    args = _link_args(two_hosts, snaps, *job, str(snaps / "snap.pt"), "--max-restarts", "1")
+    runs = [two_hosts.ddpkit(h, *args, OMP_NUM_THREADS="1") for h in two_hosts.hosts]
     before = _wait_for_snapshots(snaps, 1, runs)
     two_hosts.cluster.link(two_hosts[1], up=False)
     _wait_for(runs, "stopped answering")
@@ -234,9 +234,9 @@ def test_preemption_from_outside_still_snapshots_and_exits_75(two_hosts: Hosts) 
     both hosts, and the snapshot it names is on disk."""
     snaps = Path(two_hosts.cluster.workdir) / "snaps"
     snaps.mkdir()
-    runs = [two_hosts.ddpkit(h, *_link_args(two_hosts, snaps, "--epochs", "100000", "--save-every", "100000",
-                                            "--snapshot-path", str(snaps / "snap.pt")), OMP_NUM_THREADS="1")
-            for h in two_hosts.hosts]
+    args = _link_args(two_hosts, snaps, "--epochs", "100000", "--save-every", "100000", "--snapshot-path",
+                      str(snaps / "snap.pt"))
+    runs = [two_hosts.ddpkit(h, *args, OMP_NUM_THREADS="1") for h in two_hosts.hosts]
     _wait_for(runs[:1], "[RANK 0] Epoch 1 ", stream="stdout")
     for h in two_hosts.hosts:
         for pid in two_hosts.cluster.pids(h):
