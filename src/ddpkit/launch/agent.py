@@ -181,9 +181,10 @@ def _rendezvous_failure(exc: Exception, watch: RendezvousWatch | None, options: 
 
     shape = options.shape
     detail = f"{type(exc).__name__}{f': {exc}' if str(exc) else ''}"
+    timed_out = isinstance(exc, RendezvousTimeoutError)  # a join (perhaps of a restart's round) timed out
     joined = describe_missing(watch.nodes, shape.min_nodes, shape.max_nodes, shape.nproc_per_node,
-                              complete=watch.completed) if watch is not None else ""
-    if isinstance(exc, RendezvousTimeoutError) and not (watch is not None and watch.completed):
+                              complete=watch.completed and not timed_out) if watch is not None else ""
+    if timed_out:
         return DeadlineExpired(f"the rendezvous at {endpoint} did not complete within {conf['join_timeout']} s"
                                f"{'; ' + joined if joined else ''} ({detail})",
                                f"{shape} node agents (NODESxRANKS) to join",

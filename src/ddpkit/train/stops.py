@@ -22,13 +22,17 @@ import time
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ddpkit.errors import EXIT_PREEMPTED, EXIT_PREEMPTED_UNSAVED
 from ddpkit.launch.stops import OUTSIDE_MARK_GRACE_S
 from ddpkit.launch.worker import STOP_DIR
 from ddpkit.log import get_logger
 
-__all__ = ["PROBE_S", "LastSnapshot", "describe_lost_peer", "mark_outside_signal", "preemption_outcome",
+if TYPE_CHECKING:
+    from ddpkit.runtime import Runtime
+
+__all__ = ["PROBE_S", "LastSnapshot", "describe_lost_peer", "host_table", "mark_outside_signal", "preemption_outcome",
            "probe_answering", "report_lost_peer", "signal_from_outside", "silent_ranks"]
 
 log = get_logger(__name__)
@@ -121,6 +125,19 @@ def describe_lost_peer(*, rank: int, hosts: list[str], phase: str, snapshot: Las
                 "every rank still answers the store, but a collective between them failed (a broken link)")
     return (f"rank {rank}: a collective failed, another rank is gone: {lost}, during {phase}; {snapshot} "
             f"({error})")
+
+
+def host_table(rt: Runtime) -> list[str]:
+    """Every rank's host as ``name (address)``, gathered once at start-up, so a lost peer can be named by host."""
+    import torch.distributed as dist
+
+    address = rt.interface.local_ip if rt.interface is not None else None
+    mine = f"{socket.gethostname()} ({address})" if address else socket.gethostname()
+    if rt.world_size == 1:
+        return [mine]
+    table: list[object] = [None] * rt.world_size
+    dist.all_gather_object(table, mine)
+    return [str(h) for h in table]
 
 
 def probe_answering(rank: int, world_size: int, attempt: str, wait: float = PROBE_S) -> set[int] | None:

@@ -43,6 +43,7 @@ from ddpkit.train.snapshot import AsyncWriter, CpuShadow, SnapshotDir, copy_to_c
 from ddpkit.train.stops import (
     LastSnapshot,
     describe_lost_peer,
+    host_table,
     mark_outside_signal,
     preemption_outcome,
     probe_answering,
@@ -262,7 +263,7 @@ class Trainer:
         # before _resume seeds the generators: importing rich draws from Python's global RNG (rich.style)
         progress = _Progress.maybe(self.rank == 0 and cfg.progress is not False and (cfg.progress or _on_terminal()))
         start_epoch, start_batch, step = self._resume()
-        self.hosts = self._host_table()
+        self.hosts = host_table(self.rt)
         model = self.job.model.to(device)
         # gradients live in DDP's all-reduce buckets (no copy into the bucket and back each step, one copy of the
         # gradients in memory instead of two); the arithmetic is the same, results are bitwise equal
@@ -353,16 +354,6 @@ class Trainer:
                 self.summary["requeue"] = message
         self._finish(step, t_start, samples, times)
         return self.summary
-
-    def _host_table(self) -> list[str]:
-        """Every rank's host as ``name (address)``, gathered once, so a lost peer can be named by host."""
-        address = self.rt.interface.local_ip if self.rt.interface is not None else None
-        mine = f"{socket.gethostname()} ({address})" if address else socket.gethostname()
-        if self.world == 1:
-            return [mine]
-        table: list[Any] = [None] * self.world
-        dist.all_gather_object(table, mine)
-        return [str(h) for h in table]
 
     def lost_peer(self, exc: BaseException) -> str:
         """After a collective failed: find who stopped answering and say it, with the phase and the snapshot."""
