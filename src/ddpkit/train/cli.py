@@ -171,7 +171,10 @@ def run(args: argparse.Namespace) -> int:
     try:
         summary = trainer.fit()
     except RuntimeError as exc:  # torch's DistBackendError and gloo's timeouts are RuntimeErrors
-        if not any(word in str(exc) for word in ("gloo", "NCCL", "Connection", "connection", "Timed out", "timed out")):
+        import torch.distributed as dist
+
+        lost = ("gloo", "NCCL", "onnection", "imed out", "timeout", "pair closure")
+        if not isinstance(exc, dist.DistBackendError) and not any(word in str(exc) for word in lost):
             raise
         # a peer died mid-collective (a killed worker, a lost host): name it; the agent restarts the group or exits 3
         report_lost_peer(trainer.lost_peer(exc), rt.rank)

@@ -116,7 +116,9 @@ class PreemptionWatch:
             rows = tensor.new_empty(world * tensor.numel())
             work = self._all_gather(rows, tensor, async_op=True)
             assert work is not None
-            return work.get_future().then(lambda _: then(rows.view(world, -1).sum(0)))
+            # fut.value() first: it raises when the all-gather failed (a lost peer, a timeout); summing ``rows``
+            # anyway would read uninitialised memory, a garbage stop vote taken for a preemption (issue 19)
+            return work.get_future().then(lambda fut: (fut.value(), then(rows.view(world, -1).sum(0)))[1])
         work = dist.all_reduce(tensor, async_op=True)
         assert work is not None
         return work.get_future().then(lambda fut: then(fut.value()[0]))
