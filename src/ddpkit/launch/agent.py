@@ -93,10 +93,11 @@ def launch(options: LaunchOptions, entrypoint: Entrypoint, argv: list[str]) -> i
     # The agent forwards these to the workers (and stops them) instead of dying and orphaning them; USR1/USR2
     # are what Slurm's --signal sends before a preemption, so the workers can snapshot first. ddpkit handles
     # those it forwards itself, to mark them as coming from outside the job (ddpkit.launch.stops); torch keeps
-    # the rest (it re-registers its handler for each name in the variable whenever it starts workers).
+    # the rest (it re-registers its handler for each name in LaunchConfig.signals_to_handle, which it copies to
+    # TORCHELASTIC_SIGNALS_TO_HANDLE, whenever it starts workers: torch/distributed/launcher/api.py).
     wanted = os.environ.get("TORCHELASTIC_SIGNALS_TO_HANDLE", ",".join(("SIGINT", *FORWARDED))).split(",")
     wanted = [name.strip() for name in wanted if name.strip()]
-    os.environ["TORCHELASTIC_SIGNALS_TO_HANDLE"] = ",".join(n for n in wanted if n not in FORWARDED) or "SIGINT"
+    torch_signals = ",".join(n for n in wanted if n not in FORWARDED) or "SIGINT"
     handle_outside_signals(stop_dir, [n for n in wanted if n in FORWARDED], _forward)
     mark = os.path.join(mark_dir, "preempted")
     os.environ[worker.PREEMPTED_MARK] = mark
@@ -130,6 +131,7 @@ def launch(options: LaunchOptions, entrypoint: Entrypoint, argv: list[str]) -> i
         monitor_interval=0.1,
         start_method="fork" if forked else "spawn",
         local_addr=local_addr,
+        signals_to_handle=torch_signals,
     )
     watch = RendezvousWatch(endpoint, config.run_id) if endpoint and options.rdzv_backend == "c10d" else None
     backstop = LostPeerBackstop(stop_dir, cleanup=lambda: shutil.rmtree(mark_dir, ignore_errors=True))

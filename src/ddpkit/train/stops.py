@@ -123,6 +123,7 @@ def describe_lost_peer(*, rank: int, hosts: list[str], phase: str, snapshot: Las
         silent = silent_ranks(len(hosts), answered)
         lost = (f"{who(silent)} stopped answering" if silent else
                 "every rank still answers the store, but a collective between them failed (a broken link)")
+    error = error.rsplit("] ", 1)[-1]  # gloo's message without its source path
     return (f"rank {rank}: a collective failed, another rank is gone: {lost}, during {phase}; {snapshot} "
             f"({error})")
 
@@ -150,6 +151,10 @@ def probe_answering(rank: int, world_size: int, attempt: str, wait: float = PROB
         return None
     prefix = f"ddpkit/lost/{os.environ.get('TORCHELASTIC_RUN_ID', 'run')}/{attempt}/"
     deadline = time.monotonic() + wait
+    try:  # a plain connection first: a TCPStore that cannot connect prints a C++ stack trace
+        socket.create_connection((host, int(port)), timeout=max(1.0, wait / 2)).close()
+    except OSError:
+        return None
     try:
         store = dist.TCPStore(host, int(port), is_master=False, timeout=timedelta(seconds=max(1.0, wait / 2)),
                               wait_for_workers=False)

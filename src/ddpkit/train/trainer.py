@@ -359,7 +359,7 @@ class Trainer:
         """After a collective failed: find who stopped answering and say it, with the phase and the snapshot."""
         attempt = str(self.rt.world.restart_count or 0)
         answered = probe_answering(self.rank, self.world, attempt)
-        error = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
+        error = str(exc).strip().splitlines()[0][-300:] if str(exc).strip() else type(exc).__name__
         return describe_lost_peer(rank=self.rank, hosts=self.hosts or [socket.gethostname()] * self.world,
                                   phase=self.phase, snapshot=self.last_snapshot, answered=answered, error=error)
 
