@@ -20,7 +20,7 @@ import uuid
 from pathlib import Path
 
 from scripts.nshosts import Cluster, create
-from tests.conftest import ddpkit_env
+from tests.helpers import ddpkit_env
 
 RESULTS = Path(__file__).parent / "results"
 REPEATS = 3

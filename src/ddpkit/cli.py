@@ -1,7 +1,8 @@
 """ddpkit's command line: argv -> options -> the command; errors -> exit codes; logging configured once.
 
 Exit codes: 0 success; 1 a check failed; 2 usage or environment error; 3 ranks missing or a deadline expired;
-75 stopped by a preemption signal after saving; 76 preempted with no snapshot; 130 interrupted.
+74 a snapshot did not fit on its filesystem; 75 stopped by a preemption signal after saving; 76 preempted with no
+snapshot; 130 interrupted (the README's table is the reference).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from typing import TYPE_CHECKING
 
 from ddpkit import __version__
 from ddpkit.errors import EXIT_USAGE, ConfigError, DdpkitError
+from ddpkit.inputs import check_local_ranks, endpoint, local_ranks, shape_text
 from ddpkit.log import configure, get_logger
 
 if TYPE_CHECKING:
@@ -57,11 +59,12 @@ class _Parser(argparse.ArgumentParser):
 def add_worker_arguments(p: argparse.ArgumentParser) -> None:
     """Options every rank-running command shares: how to start ranks where no launcher did."""
     g = p.add_argument_group("launch (used only where no launcher started ddpkit)")
-    g.add_argument("-n", "--nproc-per-node", type=int, default=None, metavar="N",
+    g.add_argument("-n", "--nproc-per-node", type=local_ranks("-n"), default=None, metavar="N",
                    help="start N local ranks through torch's elastic launcher (default 1: run in this process)")
-    g.add_argument("-j", "--job", default=None, metavar="[MIN:]NNODESxNPROC",
+    g.add_argument("-j", "--job", type=shape_text("-j"), default=None, metavar="[MIN:]NNODESxNPROC",
                    help="nodes x ranks per node, as in TorchX; several nodes need --rdzv-endpoint")
-    g.add_argument("--rdzv-endpoint", default=None, metavar="HOST:PORT", help="c10d rendezvous of a multi-node run")
+    g.add_argument("--rdzv-endpoint", type=endpoint("--rdzv-endpoint"), default=None, metavar="HOST:PORT",
+                   help="c10d rendezvous of a multi-node run")
     g.add_argument("--rdzv-backend", default="c10d", choices=["c10d", "etcd-v2", "etcd", "static"])
     g.add_argument("--rdzv-conf", action="append", default=[], metavar="KEY=VALUE",
                    help="extra rendezvous setting, repeatable (is_host=true, last_call_timeout=3)")
@@ -94,6 +97,7 @@ def _launch_options(args: argparse.Namespace) -> LaunchOptions:
         raise ConfigError("both -n and -j were given", "one of them", "use -j NNODESxNPROC alone")
     shape = parse_job_shape(args.job) if args.job else JobShape(min_nodes=1, max_nodes=1,
                                                                 nproc_per_node=args.nproc_per_node or 1)
+    check_local_ranks(shape.nproc_per_node, "-j" if args.job else "-n")
     if shape.max_nodes > 1 and not args.rdzv_endpoint:
         raise ConfigError(f"-j {args.job} spans several nodes but no --rdzv-endpoint was given",
                           "HOST:PORT of the rendezvous on the first node",
@@ -147,7 +151,7 @@ def _run_worker(module: ModuleType, args: argparse.Namespace, argv: list[str]) -
 def _linger() -> None:
     """Test hook (DDPKIT_FAULTS="linger:rank=R:ms=N"): rank R finishes N ms after the others, as a rank on a slower
     node does."""
-    from ddpkit.faults import fault
+    from ddpkit.fault_injection import fault
 
     linger = fault("linger", rank=int(os.environ.get("RANK", "0")))
     if linger is not None:
@@ -155,17 +159,23 @@ def _linger() -> None:
 
 
 def _kubeflow_agent_options(world: WorldInfo) -> LaunchOptions:
-    """The PyTorchJob's PET_* settings (nnodes, rendezvous) as launch options for this pod's agent."""
+    """The pod's PET_* settings, as ddpkit.env.kubeflow read them, as launch options for this pod's agent: the
+    shape (elastic MIN:MAX), rendezvous endpoint, backend, conf, id and restarts torchrun would use."""
     from ddpkit.launch.agent import LaunchOptions
-    from ddpkit.launch.shape import parse_job_shape
+    from ddpkit.launch.shape import JobShape
 
-    nnodes = os.environ.get("PET_NNODES", str(world.num_nodes))
-    shape = parse_job_shape(f"{nnodes}x{world.local_world_size}")
-    endpoint = os.environ.get("PET_RDZV_ENDPOINT", f"{world.master_addr}:{world.master_port or 29400}")
-    backend = os.environ.get("PET_RDZV_BACKEND", "c10d")
-    conf = () if backend != "c10d" else (("is_host", str(world.node_rank == 0).lower()),)
-    return LaunchOptions(shape=shape, rdzv_endpoint=endpoint, rdzv_backend=backend, rdzv_conf=conf,
-                         run_id=world.run_id or "ddpkit", max_restarts=int(os.environ.get("PET_MAX_RESTARTS", "0")))
+    plan = world.agent
+    if plan is None:  # detect() gives every agent a plan; a hand-built WorldInfo may not
+        raise ConfigError(f"{world.launcher} agent without a rendezvous plan", "a Kubeflow pod's PET_* variables",
+                          "run inside the pod, or pass -j and --rdzv-endpoint")
+    shape = JobShape(min_nodes=plan.min_nodes, max_nodes=plan.max_nodes, nproc_per_node=plan.nproc_per_node)
+    conf = plan.rdzv_conf
+    if plan.min_nodes == plan.max_nodes and plan.rdzv_backend == "c10d" and plan.node_rank is not None \
+            and not any(k == "is_host" for k, _ in conf):
+        # a fixed-size job whose endpoint is the master pod: the pod of node rank 0 hosts the store
+        conf = (*conf, ("is_host", str(plan.node_rank == 0).lower()))
+    return LaunchOptions(shape=shape, rdzv_endpoint=plan.rdzv_endpoint, rdzv_backend=plan.rdzv_backend,
+                         rdzv_conf=conf, run_id=plan.run_id, max_restarts=plan.max_restarts)
 
 
 def _launch(argv: list[str], options: LaunchOptions) -> int:
@@ -184,6 +194,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command is None:
             parser.print_help()
             return EXIT_USAGE
+        args.ddpkit_argv = argv  # the command line as given, for the header of generated files
         module = _load(args.command)
         if getattr(module, "WORKER", False):
             return _run_worker(module, args, argv)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 __all__ = [
     "EXIT_CHECK_FAILED",
+    "EXIT_IO",
     "EXIT_MISSING",
     "EXIT_OK",
     "EXIT_PREEMPTED",
@@ -18,6 +19,7 @@ __all__ = [
     "ConfigError",
     "DdpkitError",
     "DeadlineExpired",
+    "DiskFull",
     "EnvConflict",
 ]
 
@@ -25,6 +27,9 @@ EXIT_OK = 0
 EXIT_CHECK_FAILED = 1
 EXIT_USAGE = 2
 EXIT_MISSING = 3
+#: A file ddpkit must write could not be, for lack of space (sysexits.h EX_IOERR: "an error occurred while doing
+#: I/O on some file"). Not 1: nothing failed a check; not 2: the input was fine; the disk was full.
+EXIT_IO = 74
 #: A run stopped by a preemption signal after writing its snapshot (EX_TEMPFAIL: "try again later").
 EXIT_PREEMPTED = 75
 #: A run stopped by a preemption signal with no snapshot to resume from (none configured): its progress is lost.
@@ -63,6 +68,12 @@ class CheckFailed(DdpkitError):
     """A verification failed (a wrong collective result, replicas out of sync, versions differ)."""
 
     exit_code = EXIT_CHECK_FAILED
+
+
+class DiskFull(DdpkitError):
+    """A snapshot (or another output) did not fit on its filesystem; what was there before is intact."""
+
+    exit_code = EXIT_IO
 
 
 class DeadlineExpired(DdpkitError):

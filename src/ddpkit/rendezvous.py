@@ -13,6 +13,7 @@ import threading
 from dataclasses import dataclass
 from datetime import timedelta
 
+from ddpkit.launch.shape import DEFAULT_RDZV_PORT, JobShape, split_endpoint
 from ddpkit.log import get_logger
 
 __all__ = ["JoinedNode", "RendezvousWatch", "describe_missing"]
@@ -46,8 +47,8 @@ class RendezvousWatch:
     round completes; :attr:`nodes` holds every agent seen in it (participants and waiting)."""
 
     def __init__(self, endpoint: str, run_id: str, interval: float = 1.0) -> None:
-        host, _, port = endpoint.rpartition(":")
-        self._host, self._port = host.strip("[]"), int(port)
+        self._host, port = split_endpoint(endpoint)
+        self._port = port or DEFAULT_RDZV_PORT
         self._key = f"torch.rendezvous.{run_id}"
         self._interval = interval
         self._stop = threading.Event()
@@ -87,13 +88,13 @@ class RendezvousWatch:
                 return
 
 
-def describe_missing(nodes: tuple[JoinedNode, ...], min_nodes: int, max_nodes: int, nproc: int,
-                     complete: bool = False) -> str:
+def describe_missing(nodes: tuple[JoinedNode, ...], shape: JobShape, complete: bool = False) -> str:
     """One sentence: who joined and which ranks are left without a host. Consistent with itself: when every
     node was seen but the round never completed, it says that a node left again instead of "N of N joined"."""
     joined = len(nodes)
     names = ", ".join(n.name() for n in nodes) or "none"
-    wanted = str(min_nodes) if min_nodes == max_nodes else f"{min_nodes} to {max_nodes}"
+    min_nodes, nproc = shape.min_nodes, shape.nproc_per_node
+    wanted = shape.nodes_text(" to ")
     if complete:
         return f"the round had completed with {joined} node(s): {names}"
     if joined >= min_nodes:

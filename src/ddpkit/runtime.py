@@ -23,7 +23,8 @@ if TYPE_CHECKING:
     import torch
     import torch.distributed as dist
 
-__all__ = ["DEFAULT_TIMEOUT", "Runtime", "export_world", "init", "interface_choice", "open_store", "shutdown"]
+__all__ = ["DEFAULT_TIMEOUT", "Runtime", "export_world", "init", "interface_choice", "open_store", "share_cores",
+           "shutdown"]
 
 log = get_logger(__name__)
 DEFAULT_TIMEOUT = timedelta(seconds=60)
@@ -114,15 +115,25 @@ def export_world(info: WorldInfo) -> WorldInfo:
         _set_env(name, value)
     if info.world_size > 1:
         _export_interface(info, addr)
-    threads, message = thread_count(info.local_world_size)
-    if threads is not None and info.local_world_size > 1:
-        os.environ["OMP_NUM_THREADS"] = str(threads)
+    threads = share_cores(info.local_world_size, announce=info.local_rank == 0)
+    if threads is not None:
         import torch
 
         torch.set_num_threads(threads)
-        if info.local_rank == 0:
-            log.warning(message)
     return info
+
+
+def share_cores(local_ranks: int, *, announce: bool) -> int | None:
+    """Export OMP_NUM_THREADS as this rank's share of the node's cores (``env.thread_count``) where the node runs
+    several ranks and the user left it unset; warn when ``announce``, since it changes the process environment.
+    Returns the thread count set, or None. Called by ranks here and by ddpkit's launcher for its workers."""
+    threads, message = thread_count(local_ranks)
+    if threads is None or local_ranks <= 1:
+        return None
+    os.environ["OMP_NUM_THREADS"] = str(threads)
+    if announce:
+        log.warning(message)
+    return threads
 
 
 def pick_backend(requested: str | None = None) -> str:

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 from scripts.nshosts import Cluster, Host, create
 
-from tests.conftest import ddpkit_env, require_root, require_tools
+from tests.helpers import ddpkit_env, require_root, require_tools
 
 NS_TOOLS = ("ip", "tc", "nsenter", "unshare", "mount", "hostname")
 

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 from scripts import slurm_cluster
 
-from tests.conftest import ddpkit_env, require_root, require_tools
+from tests.helpers import ddpkit_env, require_root, require_tools
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import IS_ROOT, ddpkit_env, free_port, require_tools, run_ddpkit
+from tests.helpers import IS_ROOT, ddpkit_env, free_port, require_tools, run_ddpkit
 
 pytestmark = [pytest.mark.infra, pytest.mark.multiproc]
 BIN = str(Path(sys.executable).parent)

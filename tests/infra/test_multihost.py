@@ -90,7 +90,7 @@ def test_plain_torchrun_2x2_c10d(two_hosts: Hosts) -> None:
 
 def test_nshosts_command_line() -> None:
     """scripts/nshosts.py standalone: up, exec (own hostname), link down/up, shape, down (kills what runs)."""
-    from tests.conftest import require_root, require_tools
+    from tests.helpers import require_root, require_tools
     from tests.infra.conftest import NS_TOOLS
 
     require_root("network namespaces")

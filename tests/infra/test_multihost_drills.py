@@ -198,7 +198,7 @@ def test_drill_link_down_restarts_and_resumes_bitwise(two_hosts: Hosts, tmp_path
     import torch
 
     from ddpkit.train.snapshot import SnapshotDir, read_snapshot
-    from tests.conftest import ddpkit_env, run_ddpkit
+    from tests.helpers import ddpkit_env, run_ddpkit
 
     snaps = Path(two_hosts.cluster.workdir) / "snaps"
     snaps.mkdir()

@@ -11,7 +11,7 @@ import pytest
 
 from ddpkit.bench.busbw import OPS
 from ddpkit.errors import EXIT_CHECK_FAILED, EXIT_OK
-from tests.conftest import ROOT, ddpkit_env, run_ddpkit, run_torchrun_worker
+from tests.helpers import ROOT, ddpkit_env, run_ddpkit, run_torchrun_worker
 
 pytestmark = pytest.mark.multiproc
 SMALL = ("-b", "1K", "-e", "16K", "-f", "4", "--iters", "3", "-w", "1")

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import ddpkit_env, free_port, require_tools, run_ddpkit
+from tests.helpers import ddpkit_env, free_port, require_tools, run_ddpkit
 
 pytestmark = pytest.mark.multiproc
 

@@ -6,10 +6,11 @@ import json
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
-from tests.conftest import ddpkit_env, free_port, require_tools, run_ddpkit
+from tests.helpers import ddpkit_env, free_port, require_tools, run_ddpkit
 
 pytestmark = pytest.mark.multiproc
 
@@ -103,3 +104,52 @@ def test_kubeflow_pod_command_acts_as_agent_for_its_ranks() -> None:
     rows = _records(proc.stdout)
     _assert_world(rows, "torchrun", 2)
     assert {r["run_id"] for r in rows} == {"pytorchjob-uid-1"}
+
+
+def test_kubeflow_single_node_pod_needs_no_master_address() -> None:
+    """Trainer v2 / PyTorchJob with one node: PET_NNODES=1 and no PET_MASTER_ADDR; ddpkit runs torchrun's
+    standalone rendezvous for the pod's two ranks."""
+    env = ddpkit_env(PET_NNODES="1", PET_NPROC_PER_NODE="2", PET_NODE_RANK="0")
+    proc = run_ddpkit("env", "--connect", "--json", env=env, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    _assert_world(_records(proc.stdout), "torchrun", 2)
+
+
+def test_kubeflow_elastic_pod_uses_the_operators_rendezvous() -> None:
+    """elasticPolicy: PET_NNODES=MIN:MAX, PET_RDZV_ENDPOINT, PET_RDZV_BACKEND, PET_RDZV_ID, no MASTER_ADDR."""
+    env = ddpkit_env(PET_NNODES="1:2", PET_NPROC_PER_NODE="2", PET_RDZV_BACKEND="c10d",
+                     PET_RDZV_ENDPOINT=f"127.0.0.1:{free_port()}", PET_RDZV_ID="pytorchjob-elastic-1",
+                     PET_RDZV_CONF="last_call_timeout=1", PET_MAX_RESTARTS="0")
+    proc = run_ddpkit("env", "--connect", "--json", env=env, timeout=180)
+    assert proc.returncode == 0, proc.stderr
+    rows = _records(proc.stdout)
+    _assert_world(rows, "torchrun", 2)
+    assert {r["run_id"] for r in rows} == {"pytorchjob-elastic-1"}
+
+
+@pytest.mark.parametrize("command", [["env"], ["check", "--timeout", "5"]])
+def test_launcher_variables_that_do_not_add_up_exit_2_in_every_command(command: list[str]) -> None:
+    env = ddpkit_env(OMPI_COMM_WORLD_SIZE="4", OMPI_COMM_WORLD_LOCAL_RANK="1")
+    proc = run_ddpkit(*command, env=env, timeout=120)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "openmpi variables are set" in proc.stderr and "OMPI_COMM_WORLD_RANK missing" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_check_in_a_slurm_job_shell_of_four_tasks_fails() -> None:
+    env = ddpkit_env(SLURM_JOB_ID="91", SLURM_NTASKS="4", SLURM_JOB_NODELIST="a[1-2]")
+    proc = run_ddpkit("check", "--timeout", "10", env=env, timeout=180)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "Slurm job 91 has 4 tasks" in proc.stdout and "verdict: FAIL" in proc.stdout
+
+
+def test_check_started_twice_by_an_unknown_launcher_fails_on_both(tmp_path: Path) -> None:
+    """An unknown launcher (here a shell) starts two copies: each sees no launcher, a world of one; neither may
+    pass."""
+    ddpkit = f"{sys.executable} -m ddpkit check --timeout 10"
+    proc = subprocess.run(["bash", "-c", f"{ddpkit} > a.out 2>&1 & {ddpkit} > b.out 2>&1 & wait -n; a=$?; wait -n; "
+                           "b=$?; cat a.out b.out; echo codes $a $b"], capture_output=True, text=True,
+                          timeout=240, env=ddpkit_env(), cwd=tmp_path)
+    assert "codes 1 1" in proc.stdout, proc.stdout + proc.stderr
+    assert proc.stdout.count("processes run this same command under parent process") == 2
+

@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from ddpkit.train.snapshot import SnapshotDir, read_header, read_snapshot
-from tests.conftest import ddpkit_env, free_port, require_tools, run_ddpkit
+from tests.helpers import ddpkit_env, free_port, require_tools, run_ddpkit
 
 pytestmark = pytest.mark.multiproc
 
@@ -163,7 +163,7 @@ def test_preempt_drill_usr1_async_snapshot_then_rerun_resumes_exactly(baseline: 
 
 def test_sigterm_to_the_launcher_snapshots_exits_75_and_rerun_resumes(tmp_path: Path) -> None:
     snap = str(tmp_path / "snap.pt")
-    # 264,193 parameters: above PreemptionWatch.PIGGYBACK_MAX, so the flags travel in a vote every 4 steps
+    # 264,193 parameters: above gradients.PYTHON_HOOK_MAX_PARAMS, so the flags travel in a vote every 4 steps
     model = ("--model", "mlp", "--width", "1024", "--depth", "1")
     cmd = [sys.executable, "-m", "ddpkit", "train", "-n", "2", "--samples", "512", "--epochs", "100000", *model,
            "--save-every", "1000", "--snapshot-path", snap, "--requeue", "--json", str(tmp_path / "summary.json")]

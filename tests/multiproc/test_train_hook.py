@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import run_torchrun_worker
+from tests.helpers import run_torchrun_worker
 
 pytestmark = pytest.mark.multiproc
 

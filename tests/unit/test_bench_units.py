@@ -14,7 +14,7 @@ from ddpkit.bench.results import csv_text, format_table, parse_gate, verdict
 from ddpkit.bench.sizes import format_size, parse_size, size_sweep
 from ddpkit.errors import EXIT_USAGE, ConfigError
 from ddpkit.report import render
-from tests.conftest import run_ddpkit
+from tests.helpers import run_ddpkit
 
 # nccl-tests doc/PERFORMANCE.md: allreduce 2(n-1)/n; reducescatter, allgather, alltoall (n-1)/n;
 # broadcast, reduce, sendrecv 1. Written out for the rank counts people run, so a typo in the formula shows.

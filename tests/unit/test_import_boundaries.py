@@ -7,7 +7,7 @@ import json
 import subprocess
 import sys
 
-from tests.conftest import ddpkit_env
+from tests.helpers import ddpkit_env
 
 RENDER_EVERY_BACKEND = """
 import json, sys
@@ -33,3 +33,11 @@ def test_rendering_jobs_loads_no_torch_launcher_or_detection() -> None:
     loaded = set(json.loads(proc.stdout.splitlines()[-1]))
     assert "ddpkit.jobs.slurm" in loaded  # the script did render through the real modules
     assert not [m for m in FORBIDDEN if m in loaded], sorted(m for m in loaded if m.startswith(FORBIDDEN))
+
+
+def test_the_launcher_does_not_import_the_cli_back() -> None:
+    """The agent takes its entrypoint as a parameter (as torch's elastic_launch does): no launch -> cli cycle."""
+    code = "import json, sys, ddpkit.launch.agent, ddpkit.launch.worker; print(json.dumps(sorted(sys.modules)))"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=ddpkit_env())
+    assert proc.returncode == 0, proc.stderr
+    assert "ddpkit.cli" not in set(json.loads(proc.stdout.splitlines()[-1]))

@@ -23,7 +23,7 @@ import yaml
 
 from ddpkit import __version__
 from ddpkit.cli import main
-from tests.conftest import SHARED, ddpkit_env, require_tools, run_ddpkit
+from tests.helpers import SHARED, ddpkit_env, require_tools, run_ddpkit
 
 GOLDEN = Path(__file__).resolve().parents[1] / "golden" / "jobs"
 

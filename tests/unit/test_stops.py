@@ -11,6 +11,7 @@ from types import SimpleNamespace
 import pytest
 
 from ddpkit.errors import EXIT_PREEMPTED, EXIT_PREEMPTED_UNSAVED
+from ddpkit.launch.shape import parse_job_shape
 from ddpkit.launch.stops import handle_outside_signals, lost_reports
 from ddpkit.rendezvous import JoinedNode, describe_missing
 from ddpkit.train.stops import LastSnapshot, describe_lost_peer, preemption_outcome, signal_from_outside
@@ -70,16 +71,16 @@ def test_lost_reports_are_read_in_rank_order(tmp_path: Path) -> None:
 
 def test_the_rendezvous_message_never_contradicts_itself() -> None:
     both = (JoinedNode(addr="10.0.0.1", pid=1), JoinedNode(addr="10.0.0.2", pid=2))
-    assert "2 of 2 node(s) joined" not in describe_missing(both, 2, 2, 1)
-    assert "never completed" in describe_missing(both, 2, 2, 1)
-    assert describe_missing(both, 2, 2, 1, complete=True).startswith("the round had completed with 2 node(s)")
+    two = parse_job_shape("2x1")
+    assert "2 of 2 node(s) joined" not in describe_missing(both, two)
+    assert "never completed" in describe_missing(both, two)
+    assert describe_missing(both, two, complete=True).startswith("the round had completed with 2 node(s)")
 
 
 def test_a_store_lost_after_the_start_is_not_called_a_join_timeout() -> None:
     from torch.distributed.elastic.rendezvous.api import RendezvousConnectionError, RendezvousTimeoutError
 
     from ddpkit.launch.agent import LaunchOptions, _rendezvous_failure
-    from ddpkit.launch.shape import parse_job_shape
 
     options = LaunchOptions(shape=parse_job_shape("2x1"), rdzv_endpoint="10.0.0.1:29400")
     watch = SimpleNamespace(nodes=(JoinedNode(addr="10.0.0.1", pid=1), JoinedNode(addr="10.0.0.2", pid=2)),

@@ -17,6 +17,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from ddpkit import runtime
 from ddpkit.train.data import make_model
 from ddpkit.train.faults import PreemptionWatch
+from ddpkit.train.gradients import register_gradient_averaging
 
 rt = runtime.init(backend="gloo")
 world = rt.world_size
@@ -32,10 +33,11 @@ def run(mode: str) -> dict[str, object]:
     model = make_model("toy")
     ddp = DDP(model, gradient_as_bucket_view=True)
     watch = PreemptionWatch((), torch.device("cpu"), world)
+    averaging = None
     if mode != "c++":
-        watch.attach(ddp)
-        if mode == "all-reduce":
-            watch.gather = False
+        averaging = register_gradient_averaging(ddp, world_size=world, rider=watch,
+                                                transport="all-reduce" if mode == "all-reduce" else None)
+        watch.rides_gradients(averaging is not None)
     grads, exact, stops = [], [], []
     for step in range(3):
         if step == 2 and rt.rank == 1 and mode != "c++":
@@ -57,7 +59,8 @@ def run(mode: str) -> dict[str, object]:
     every_step = torch.stack(grads).flatten()
     rows = [torch.empty_like(every_step) for _ in range(world)]
     dist.all_gather(rows, every_step)
-    return {"gather": watch.gather, "max_error": max(exact), "stops": stops,
+    gather = averaging is not None and averaging.transport == "gloo-gather"
+    return {"gather": gather, "max_error": max(exact), "stops": stops,
             "ranks_identical": all(torch.equal(rows[0], row) for row in rows), "grads": torch.stack(grads)}
 
 

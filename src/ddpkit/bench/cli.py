@@ -25,6 +25,7 @@ from ddpkit.bench.busbw import OPS
 from ddpkit.bench.ops import DTYPES, REDOPS
 from ddpkit.bench.sizes import format_size, parse_size, size_sweep
 from ddpkit.errors import EXIT_CHECK_FAILED, EXIT_OK, ConfigError
+from ddpkit.inputs import output_path, seconds
 from ddpkit.log import get_logger
 
 __all__ = ["WORKER", "add_arguments", "run"]
@@ -55,10 +56,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--pairs-iters", type=int, default=5, help="exchanges per pair, median taken (default 5)")
     p.add_argument("--pairs-threshold", type=float, default=0.5,
                    help="name links below this fraction of the reference bandwidth (default 0.5)")
-    p.add_argument("--json", default=None, metavar="PATH", help="write every row and the verdict as JSON")
-    p.add_argument("--csv", default=None, metavar="PATH", help="write every row as CSV")
-    p.add_argument("--plot", default=None, metavar="PATH.png", help="plot busbw against size (needs matplotlib)")
-    p.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for every rank (default 120)")
+    p.add_argument("--json", type=output_path("--json"), default=None, metavar="PATH",
+                   help="write every row and the verdict as JSON")
+    p.add_argument("--csv", type=output_path("--csv"), default=None, metavar="PATH", help="write every row as CSV")
+    p.add_argument("--plot", type=output_path("--plot"), default=None, metavar="PATH.png",
+                   help="plot busbw against size (needs matplotlib)")
+    p.add_argument("--timeout", type=seconds("--timeout"), default=120.0,
+                   help="seconds to wait for every rank (default 120)")
 
 
 def _options(args: argparse.Namespace) -> dict[str, Any]:
@@ -72,6 +76,9 @@ def _options(args: argparse.Namespace) -> dict[str, Any]:
         ops = OPS
     else:
         ops = tuple(o.strip() for o in args.ops.split(",") if o.strip())
+        if not ops:
+            raise ConfigError(f"--ops {args.ops!r} names no collective", f"ops among {', '.join(OPS)}, or all",
+                              "write --ops all_reduce,all_gather (or drop --ops to run them all)")
         unknown = [o for o in ops if o not in OPS]
         if unknown:
             raise ConfigError(f"--ops names {', '.join(unknown)}", f"ops among {', '.join(OPS)}",

@@ -1,8 +1,9 @@
 """Each collective: its buffers, how to launch it, and the closed-form result every rank must see.
 
-Inputs follow a fixed pattern so that each result is known without a reference run: ``p[j] = j mod 7``, and rank
-``r`` adds ``(r mod 4) + 1`` (all_to_all adds a value per destination chunk). Every value stays a small integer,
-exact in every float type for the rank counts ddpkit targets; half precisions are compared with a tolerance.
+Inputs follow a fixed pattern so that each result is known without a reference run (``ddpkit.closed_form.BENCH``):
+``p[j] = j mod 7``, and rank ``r`` adds ``(r mod 4) + 1`` (all_to_all adds a value per destination chunk). Every
+value stays a small integer, exact in every float type for the rank counts ddpkit targets; half precisions are
+compared with a tolerance.
 """
 
 from __future__ import annotations
@@ -12,8 +13,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ddpkit.bench.busbw import per_rank_count
-from ddpkit.collectives import all_gather_single, reduce_scatter_single
-from ddpkit.faults import fault
+from ddpkit.closed_form import BENCH, mismatches
+from ddpkit.fault_injection import fault
+from ddpkit.torch_compat import all_gather_single, reduce_scatter_single
 
 if TYPE_CHECKING:
     import torch
@@ -87,26 +89,6 @@ def _torch_dtype(name: str) -> torch.dtype:
     return getattr(torch, name)
 
 
-def _pattern(n: int, dtype: torch.dtype, device: torch.device, offset: int = 0) -> torch.Tensor:
-    import torch
-
-    return (torch.arange(offset, offset + n, device=device, dtype=torch.int64) % 7).to(dtype)
-
-
-def _rank_add(r: int) -> int:
-    return (r % 4) + 1
-
-
-def _reduce_add(redop: str, n: int) -> int:
-    adds = [_rank_add(r) for r in range(n)]
-    return {"sum": sum(adds), "max": max(adds), "min": min(adds)}[redop]
-
-
-def _reduced(p: torch.Tensor, redop: str, n: int) -> torch.Tensor:
-    """Closed form of reducing ``p + add(r)`` over ranks 0..n-1."""
-    return (p * n if redop == "sum" else p) + _reduce_add(redop, n)
-
-
 def _redop(name: str) -> object:
     import torch.distributed as dist
 
@@ -126,7 +108,7 @@ def prepare(case: Case, device: torch.device) -> Prepared:
     gather, scatter = all_gather_single(), reduce_scatter_single()
 
     def fill_full() -> None:
-        full.copy_(_pattern(case.count, dt, device) + _rank_add(r))
+        full.copy_(BENCH.base(case.count, dt, device) + BENCH.add(r))
 
     if op == "all_reduce":
         return Prepared(launch=lambda: dist.all_reduce(full, op=redop), output=full, reset=fill_full)
@@ -146,7 +128,7 @@ def prepare(case: Case, device: torch.device) -> Prepared:
 
         def fill_gather() -> None:
             out.zero_()
-            inp.copy_(_pattern(c, dt, device) + _rank_add(r))
+            inp.copy_(BENCH.base(c, dt, device) + BENCH.add(r))
         return Prepared(launch=lambda: gather(out, inp), output=out, reset=fill_gather)
     if op == "reduce_scatter":
         rs_out = full.narrow(0, r * c, c) if case.in_place else torch.empty(c, dtype=dt, device=device)
@@ -156,7 +138,7 @@ def prepare(case: Case, device: torch.device) -> Prepared:
         a2a_out = torch.empty(case.count, dtype=dt, device=device)
 
         def fill_a2a() -> None:
-            chunk = _pattern(c, dt, device)
+            chunk = BENCH.base(c, dt, device)
             for k in range(n):
                 full.narrow(0, k * c, c).copy_(chunk + (r * n + k) % _A2A_MOD)
             a2a_out.zero_()
@@ -185,23 +167,23 @@ def expected(case: Case, device: torch.device) -> torch.Tensor | None:
     n, r, op = case.world_size, case.rank, case.op
     c = per_rank_count(op, case.count, n)
     wide = torch.float64 if dt.is_floating_point else torch.int64
-    p = _pattern(case.count, wide, device)
+    p = BENCH.base(case.count, wide, device)
     if op == "all_reduce":
-        return _reduced(p, case.redop, n)
+        return BENCH.reduced(p, case.redop, n)
     if op == "reduce":
-        return _reduced(p, case.redop, n) if r == case.root else None
+        return BENCH.reduced(p, case.redop, n) if r == case.root else None
     if op == "broadcast":
-        return p + _rank_add(case.root)
+        return p + BENCH.add(case.root)
     if op == "all_gather":
         chunk = p[:c]
-        return torch.cat([chunk + _rank_add(k) for k in range(n)]) if n else chunk
+        return torch.cat([chunk + BENCH.add(k) for k in range(n)]) if n else chunk
     if op == "reduce_scatter":
-        return _reduced(p[r * c:(r + 1) * c], case.redop, n)
+        return BENCH.reduced(p[r * c:(r + 1) * c], case.redop, n)
     if op == "all_to_all":
         chunk = p[:c]
         return torch.cat([chunk + (k * n + r) % _A2A_MOD for k in range(n)])
     if op == "sendrecv":
-        return p + _rank_add((r - 1) % n)
+        return p + BENCH.add((r - 1) % n)
     raise ValueError(f"unknown op {op!r}")
 
 
@@ -224,12 +206,4 @@ def count_wrong(case: Case, prepared: Prepared, device: torch.device) -> int:
     want = expected(case, device)
     if want is None:
         return 0
-    got = prepared.output
-    if not got.dtype.is_floating_point:  # integer sums wrap the same way on every rank: compare in the type
-        return int((got != want.to(got.dtype)).sum().item())
-    got = got.to(want.dtype)
-    if case.dtype in ("float16", "bfloat16"):
-        eps = torch.finfo(_torch_dtype(case.dtype)).eps
-        close = torch.isclose(got, want, rtol=eps * case.world_size, atol=0.0)
-        return int((~close).sum().item())
-    return int((got != want).sum().item())
+    return mismatches(prepared.output, want, case.world_size)[0]

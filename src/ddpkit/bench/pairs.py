@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from ddpkit.faults import fault
+from ddpkit.fault_injection import fault
 from ddpkit.log import get_logger
 
 if TYPE_CHECKING:

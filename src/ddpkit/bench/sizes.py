@@ -9,15 +9,16 @@ from ddpkit.errors import ConfigError
 __all__ = ["format_size", "parse_size", "size_sweep"]
 
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
-_SIZE = re.compile(r"^(?P<num>\d+)\s*(?P<unit>[KMGT]?)(?:I?B)?$", re.IGNORECASE)
+# ASCII digits, at most 15 (int() refuses 4300 digits with a traceback; 15 digits of bytes are 888 TiB)
+_SIZE = re.compile(r"(?P<num>[0-9]{1,15})\s*(?P<unit>[KMGT]?)(?:I?B)?", re.IGNORECASE)
 
 
 def parse_size(text: str, *, option: str = "size") -> int:
     """``"64M"`` -> 67108864. K, M, G, T are powers of 1024 (``KB``, ``KiB`` too); bad text is a ConfigError."""
-    m = _SIZE.match(str(text).strip())
+    m = _SIZE.fullmatch(str(text).strip())
     if m is None:
-        raise ConfigError(f"{option} {text!r} is not a size", "a whole number of bytes with an optional unit K, M, "
-                          "G or T (powers of 1024), e.g. 1K, 64M, 1G", f"write {option} 64M")
+        raise ConfigError(f"{option} {str(text)[:40]!r} is not a size", "a whole number of bytes with an optional "
+                          "unit K, M, G or T (powers of 1024), e.g. 1K, 64M, 1G", f"write {option} 64M")
     return int(m["num"]) * _UNITS[m["unit"].upper()]
 
 

@@ -29,8 +29,10 @@ from ddpkit.check.outcome import FAIL, Outcome, exit_code, failed
 from ddpkit.check.rollcall import check_in, collect, judge, local_record
 from ddpkit.check.watchdog import Watchdog
 from ddpkit.env import WorldInfo, detect
+from ddpkit.env.evidence import lone_world_evidence
 from ddpkit.errors import EXIT_MISSING, ConfigError, DeadlineExpired
-from ddpkit.faults import fault
+from ddpkit.fault_injection import fault
+from ddpkit.inputs import output_path, seconds
 from ddpkit.log import get_logger
 
 if TYPE_CHECKING:
@@ -48,11 +50,11 @@ MARGIN_S = 5.0  # gloo's own timeout and the other ranks' store waits trail the 
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--timeout", type=float, default=30.0, metavar="S",
+    p.add_argument("--timeout", type=seconds("--timeout"), default=30.0, metavar="S",
                    help="seconds rank 0 waits for every rank to check in (default 30)")
-    p.add_argument("--phase-timeout", type=float, default=60.0, metavar="S",
+    p.add_argument("--phase-timeout", type=seconds("--phase-timeout"), default=60.0, metavar="S",
                    help="deadline of every later phase: init, each collective, DDP, report (default 60)")
-    p.add_argument("--json", default=None, metavar="PATH",
+    p.add_argument("--json", type=output_path("--json"), default=None, metavar="PATH",
                    help="write the full report: every rank's record, every check, timings")
     p.add_argument("--rank-lines", action="store_true",
                    help="also print the seeds' per-rank lines (hello from rank N, host: rank of size, NCCL_*)")
@@ -159,6 +161,8 @@ def run(args: argparse.Namespace) -> int:
     device = pick_device(backend, world.local_rank)
     world, store = _open_store(world, args.timeout + MARGIN_S)
     report = Report(args, world, backend, str(device))
+    # a world of one proves nothing about a larger job it may belong to (ddpkit.env.evidence)
+    report.outcomes += [failed("world", reason) for reason in lone_world_evidence(world)]
     rank, size = world.rank, world.world_size
     # Its own connection (Store.clone, torch >= 2.5): the main thread may be blocked in a store call when the
     # deadline passes. Older torch shares the connection; the gloo timeout and faulthandler backstops remain.

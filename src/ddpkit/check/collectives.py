@@ -1,8 +1,8 @@
 """Verified collectives: each result is compared, element by element, with its closed-form expected value.
 
-Rank ``r`` contributes ``value(r, i) = (r % 13 + 1) + (i % 7)`` at element ``i`` (small integers, exact in
-float32 for any world size that fits a cluster), so every expected result is a sum, a max or a copy of known
-integers. An op the backend does not implement is reported as "not supported by <backend>", never a crash.
+Rank ``r`` contributes ``(i % 7) + (r % 13 + 1)`` at element ``i`` (``ddpkit.closed_form.CHECK``: small
+integers, exact in float32 for any world size that fits a cluster), so every expected result is a sum, a max or a
+copy of known integers. An op the backend does not implement is reported as "not supported by <backend>", never a crash.
 Each op returns this rank's ``OpResult``; rank 0 combines them across ranks (``combine``).
 """
 
@@ -15,7 +15,8 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from ddpkit.check.outcome import PASS, SKIP, Outcome, failed
-from ddpkit.faults import fault
+from ddpkit.closed_form import CHECK, mismatches
+from ddpkit.fault_injection import fault
 
 if TYPE_CHECKING:
     import torch
@@ -51,21 +52,14 @@ def roots(world_size: int) -> list[int]:
     return sorted({0, 1, world_size // 2, world_size - 1})
 
 
-def _value(rank: int | torch.Tensor, n: int = COUNT) -> torch.Tensor:
-    import torch
-
-    i = torch.arange(n, dtype=torch.float32)
-    return (rank % 13 + 1) + (i % 7) if isinstance(rank, int) else (rank[:, None] % 13 + 1) + (i % 7)
+def _value(rank: int) -> torch.Tensor:
+    """Rank ``rank``'s input (float32 on the CPU)."""
+    return CHECK.of_rank(rank, COUNT)
 
 
-def _compare(got: torch.Tensor, expected: torch.Tensor) -> tuple[int, str]:
-    got = got.detach().to("cpu").reshape(-1)
-    expected = expected.reshape(-1)
-    bad = (got != expected).nonzero().reshape(-1)
-    if bad.numel() == 0:
-        return 0, ""
-    i = int(bad[0])
-    return int(bad.numel()), f"element {i}: got {got[i].item():g}, expected {expected[i].item():g}"
+def _sum_over(world: int) -> torch.Tensor:
+    """The closed-form sum of every rank's input."""
+    return CHECK.reduced(CHECK.base(COUNT), "sum", world)
 
 
 def _corrupt(op: str, rank: int, out: torch.Tensor) -> None:
@@ -86,7 +80,7 @@ def _all_reduce(op_name: str, reduce: str) -> Callable[[int, int, torch.device],
             op = dist.ReduceOp.MAX
         else:
             x = _value(rank)
-            expected = _value(ranks).sum(0)
+            expected = _sum_over(world)
             op = dist.ReduceOp.SUM
         out = x.to(device)
         dist.all_reduce(out, op=op)
@@ -115,7 +109,7 @@ def _reduce(rank: int, world: int, device: torch.device) -> tuple[torch.Tensor, 
     import torch.distributed as dist
 
     got, want = [], []
-    total = _value(torch.arange(world)).sum(0)
+    total = _sum_over(world)
     for root in roots(world):
         t = _value(rank).to(device)
         dist.reduce(t, dst=root)
@@ -135,7 +129,7 @@ def _all_gather(rank: int, world: int, device: torch.device) -> tuple[torch.Tens
     dist.all_gather(outs, _value(rank).to(device))
     out = torch.cat(outs)
     _corrupt("all_gather", rank, out)
-    return out, _value(torch.arange(world)).reshape(-1)
+    return out, torch.cat([_value(k) for k in range(world)])
 
 
 def _chunks(src: int, world: int) -> torch.Tensor:
@@ -221,7 +215,7 @@ def run_op(name: str, rank: int, world: int, device: torch.device) -> OpResult:
         status = "unsupported" if any(s in text.lower() for s in _UNSUPPORTED) else "error"
         return OpResult(op=name, status=status, error=text[:300], seconds=time.perf_counter() - start)
     seconds = time.perf_counter() - start
-    wrong, first = _compare(out, expected)
+    wrong, first = mismatches(out, expected, world)
     return OpResult(op=name, status="wrong" if wrong else "ok", wrong=wrong, total=int(expected.numel()),
                     first=first, seconds=seconds)
 

@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
 from ddpkit.check.outcome import PASS, Outcome, failed
-from ddpkit.faults import fault
+from ddpkit.fault_injection import fault
 
 if TYPE_CHECKING:
     import torch

@@ -29,6 +29,7 @@ def _console() -> Any:
 
 def print_nodes(records: Sequence[dict[str, Any]]) -> None:
     """One table per node (host and node rank), one row per rank, in rank order."""
+    from rich.markup import escape
     from rich.table import Table
 
     console = _console()
@@ -36,7 +37,8 @@ def print_nodes(records: Sequence[dict[str, Any]]) -> None:
     for r in records:
         nodes[(int(r["group_rank"]), str(r["host"]))].append(r)
     for (node_rank, host), rows in sorted(nodes.items()):
-        table = Table(title=f"node {node_rank}: {host}", title_justify="left")
+        # values are text, never rich markup: a host name such as '[red]x' prints as itself (issue 20)
+        table = Table(title=escape(f"node {node_rank}: {host}"), title_justify="left")
         for header, _ in _COLUMNS:
             table.add_column(header, justify="right" if header.isupper() else "left")
         for r in sorted(rows, key=lambda x: (int(x["rank"]), int(x["slot"]))):
@@ -44,15 +46,18 @@ def print_nodes(records: Sequence[dict[str, Any]]) -> None:
             cells[-1] = f"{r['iface'] or '?'} {r['ip']}"
             if r.get("gpu_uuid"):
                 cells[5] += f" {r['gpu_uuid']}"
-            table.add_row(*cells)
+            table.add_row(*(escape(c) for c in cells))
         console.print(table)
 
 
 def print_checks(outcomes: Sequence[Outcome]) -> None:
+    from rich.markup import escape
+
     console = _console()
     width = max((len(o.name) for o in outcomes), default=10)
     for o in outcomes:
-        console.print(f"[{_STYLE[o.status]}]{o.status:<4}[/]  {o.name:<{width}}  {o.detail}", markup=True)
+        console.print(f"[{_STYLE[o.status]}]{o.status:<4}[/]  {escape(f'{o.name:<{width}}  {o.detail}')}",
+                      markup=True)
 
 
 def verdict_line(outcomes: Sequence[Outcome], code: int, *, world_size: int, hosts: int, backend: str,
@@ -69,7 +74,9 @@ def verdict_line(outcomes: Sequence[Outcome], code: int, *, world_size: int, hos
 
 def print_verdict(text: str) -> None:
     style = "bold green" if text.startswith("verdict: PASS") else "bold red"
-    _console().print(f"[{style}]{text}[/]", markup=True)
+    from rich.text import Text
+
+    _console().print(Text(text, style=style))
 
 
 def print_rank_lines(records: Sequence[dict[str, Any]]) -> None:

@@ -20,7 +20,7 @@ from ddpkit import __version__
 from ddpkit.check.outcome import PASS, Outcome, failed
 from ddpkit.env import WorldInfo
 from ddpkit.errors import EXIT_MISSING, EXIT_USAGE
-from ddpkit.faults import fault
+from ddpkit.fault_injection import fault
 from ddpkit.netinfo import route_to
 
 if TYPE_CHECKING:

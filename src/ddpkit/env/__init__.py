@@ -5,9 +5,11 @@ order, and the first active one wins; other active launchers are reported in the
 error when they contradict the winner). Nothing here imports torch.
 
 Order, and why: torchrun first (under ``srun torchrun`` or a Kubeflow pod running torchrun, the worker's
-rank is torchrun's, not the agent's); Kubeflow (its pods carry RANK without LOCAL_RANK); Open MPI and MPICH
-(under ``srun --mpi=...`` both MPI and Slurm variables exist and must agree); Slurm; a hand-exported
-RANK/WORLD_SIZE (``env``); and finally no launcher at all (a single process).
+rank is torchrun's, not the agent's); Kubeflow (its pods carry RANK without LOCAL_RANK); LSF jsrun, Cray PALS
+and Flux (they also serve PMI_RANK/PMI_SIZE, and Flux runs inside Slurm allocations); MVAPICH2, Open MPI and
+MPICH (under ``srun --mpi=...`` both MPI and Slurm variables exist and must agree); Slurm; a hand-exported
+RANK/WORLD_SIZE (``env``); and finally no launcher at all (a single process) -- but never while a known
+launcher's variables are present without adding up to a task (ddpkit.env.evidence).
 """
 
 from __future__ import annotations
@@ -16,14 +18,25 @@ import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 
-from ddpkit.env import kubeflow, mpi, slurm, torchrun
+from ddpkit.env import flux, kubeflow, lsf, mpi, pals, slurm, torchrun
+from ddpkit.env.evidence import refuse_hidden_world
 from ddpkit.env.master import resolve_master
-from ddpkit.env.record import PORT_RANGE, VarReader, WorldInfo, derive_port, expand_nodelist
+from ddpkit.env.record import (
+    PORT_RANGE,
+    AgentPlan,
+    VarReader,
+    WorldInfo,
+    derive_port,
+    expand_nodelist,
+    is_ip_address,
+    present,
+)
 from ddpkit.errors import EnvConflict
 
 __all__ = [
     "LAUNCHERS",
     "PORT_RANGE",
+    "AgentPlan",
     "Launcher",
     "WorldInfo",
     "derive_port",
@@ -42,8 +55,18 @@ class Launcher:
     read: Callable[[Mapping[str, str]], WorldInfo]
 
 
+ENV_TABLE = {
+    "rank": "RANK",
+    "local_rank": "LOCAL_RANK | RANK (every rank on this host)",
+    "world_size": "WORLD_SIZE",
+    "local_world_size": "LOCAL_WORLD_SIZE | WORLD_SIZE (loopback master) | 1 (assumed, and said)",
+    "node_rank": "GROUP_RANK | RANK // local world size",
+    "master": "MASTER_ADDR, MASTER_PORT",
+}
+
+
 def _env_activated(environ: Mapping[str, str]) -> tuple[bool, str]:
-    if "RANK" in environ and "WORLD_SIZE" in environ:
+    if present(environ, "RANK") and present(environ, "WORLD_SIZE"):
         return True, "RANK and WORLD_SIZE are exported by hand (torch's env:// convention)"
     return False, "RANK and WORLD_SIZE are not both set"
 
@@ -52,27 +75,61 @@ def _env_read(environ: Mapping[str, str]) -> WorldInfo:
     r = VarReader(environ, "env")
     world = r.required("world_size", "WORLD_SIZE", minimum=1)
     rank = r.required("rank", "RANK")
-    local_rank = r.integer("local_rank", "LOCAL_RANK") or 0
-    addr, port = resolve_master(r, hosts=(), job_id=None, single_host=world == 1,
+    local_rank = r.integer("local_rank", "LOCAL_RANK")
+    local_world = r.integer("local_world_size", "LOCAL_WORLD_SIZE", minimum=1)
+    master = r.address("master_addr", "MASTER_ADDR")
+    notes: list[str] = []
+    if local_world is None:
+        if world == 1 or (master is not None and _is_loopback(master)):
+            local_world = world  # a loopback master: every rank runs on this host
+            r.derived("local_world_size", "WORLD_SIZE (MASTER_ADDR is loopback: every rank on this host)")
+        elif local_rank:
+            raise EnvConflict(f"LOCAL_RANK={local_rank} but LOCAL_WORLD_SIZE is not set (RANK={rank}, "
+                              f"WORLD_SIZE={world}, MASTER_ADDR={master})", "LOCAL_WORLD_SIZE beside LOCAL_RANK",
+                              "export LOCAL_WORLD_SIZE (ranks on this node); ddpkit sizes threads from it")
+        else:
+            local_world = 1
+            r.derived("local_world_size", "1: LOCAL_WORLD_SIZE unset, one rank per node assumed")
+            notes.append("LOCAL_WORLD_SIZE is not set: ddpkit assumes one rank per node; export it if several "
+                         "ranks share a node (it sets the thread count)")
+    if local_rank is None:
+        local_rank = rank if local_world == world else 0
+        r.derived("local_rank", "RANK (every rank on this host)" if local_world == world else "0 (assumed)")
+    node_rank = r.integer("node_rank", "GROUP_RANK")
+    if node_rank is None:
+        node_rank = rank // local_world
+        r.derived("node_rank", "RANK // local world size")
+    addr, port = resolve_master(r, hosts=(), job_id=None, single_host=local_world == world,
                                 hint="export MASTER_ADDR and MASTER_PORT beside RANK and WORLD_SIZE")
-    return WorldInfo(launcher="env", rank=rank, local_rank=local_rank, world_size=world, local_world_size=1,
-                     node_rank=rank, num_nodes=world, master_addr=addr, master_port=port, sources=r.sources)
+    return WorldInfo(launcher="env", rank=rank, local_rank=local_rank, world_size=world,
+                     local_world_size=local_world, node_rank=node_rank, num_nodes=max(1, -(-world // local_world)),
+                     master_addr=addr, master_port=port, sources=r.sources, notes=tuple(notes))
+
+
+def _is_loopback(addr: str) -> bool:
+    import ipaddress
+
+    return addr == "localhost" or (is_ip_address(addr) and ipaddress.ip_address(addr).is_loopback)
 
 
 def _none_read(environ: Mapping[str, str]) -> WorldInfo:
+    addr = environ["MASTER_ADDR"].strip() if present(environ, "MASTER_ADDR") else None
     return WorldInfo(launcher="none", rank=0, local_rank=0, world_size=1, local_world_size=1, node_rank=0,
-                     num_nodes=1, master_addr=environ.get("MASTER_ADDR"),
+                     num_nodes=1, master_addr=addr,
                      sources={f: "no launcher: a single process" for f in ("rank", "world_size")})
 
 
 LAUNCHERS: tuple[Launcher, ...] = (
     Launcher("torchrun", torchrun.TABLE, torchrun.activated, torchrun.read),
     Launcher("kubeflow", kubeflow.TABLE, kubeflow.activated, kubeflow.read),
+    Launcher("lsf", lsf.TABLE, lsf.activated, lsf.read),
+    Launcher("pals", pals.TABLE, pals.activated, pals.read),
+    Launcher("flux", flux.TABLE, flux.activated, flux.read),
+    Launcher("mvapich2", mpi.MVAPICH_TABLE, mpi.mvapich_activated, mpi.read_mvapich),
     Launcher("openmpi", mpi.OPENMPI_TABLE, mpi.openmpi_activated, mpi.read_openmpi),
     Launcher("mpich", mpi.MPICH_TABLE, mpi.mpich_activated, mpi.read_mpich),
     Launcher("slurm", slurm.TABLE, slurm.activated, slurm.read),
-    Launcher("env", {"rank": "RANK", "world_size": "WORLD_SIZE", "master": "MASTER_ADDR, MASTER_PORT"},
-             _env_activated, _env_read),
+    Launcher("env", ENV_TABLE, _env_activated, _env_read),
     Launcher("none", {}, lambda environ: (True, "no launcher variables: a single process"), _none_read),
 )
 
@@ -93,6 +150,7 @@ def detect(environ: Mapping[str, str] | None = None) -> WorldInfo:
     winner = active[0] if active else LAUNCHERS[-1]
     info = winner.read(environ)
     _validate(info)
+    refuse_hidden_world(environ, info, {lnc.name for lnc in active})
     others = [lnc.name for lnc in active[1:] if lnc.name != "env"]
     notes = list(info.notes)
     if others:
@@ -102,7 +160,7 @@ def detect(environ: Mapping[str, str] | None = None) -> WorldInfo:
         _check_srun_torchrun(environ, info)
         notes.append("a Slurm task runs this torchrun agent (srun torchrun)")
     if info.hosts == () and "slurm" in others and winner.name == "torchrun":
-        var = next((v for v in ("SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST") if v in environ), None)
+        var = next((v for v in ("SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST") if present(environ, v)), None)
         if var:
             info = replace(info, hosts=expand_nodelist(environ[var], var))
     return replace(info, notes=tuple(notes))
@@ -125,9 +183,9 @@ def _validate(info: WorldInfo) -> None:
 
 
 def _check_srun_torchrun(environ: Mapping[str, str], info: WorldInfo) -> None:
-    tasks = environ.get("SLURM_STEP_NUM_TASKS")
-    nodes = environ.get("SLURM_STEP_NUM_NODES")
-    if tasks is not None and nodes is not None and tasks != nodes:
+    tasks = environ.get("SLURM_STEP_NUM_TASKS", "").strip()
+    nodes = environ.get("SLURM_STEP_NUM_NODES", "").strip()
+    if tasks and nodes and tasks != nodes:
         raise EnvConflict(
             f"srun started {tasks} tasks on {nodes} node(s), each running a torchrun agent",
             "exactly one task per node for srun torchrun",
@@ -141,7 +199,7 @@ def thread_count(local_world_size: int, environ: Mapping[str, str] | None = None
     Returns (value to set, message); value is None when OMP_NUM_THREADS is already set and respected.
     """
     environ = os.environ if environ is None else environ
-    if "OMP_NUM_THREADS" in environ:
+    if present(environ, "OMP_NUM_THREADS"):
         return None, f"OMP_NUM_THREADS={environ['OMP_NUM_THREADS']} is set: respected"
     total = os.cpu_count() or 1
     try:

@@ -74,19 +74,21 @@ def run(args: argparse.Namespace) -> int:
 
 def _print_world(world: list[dict]) -> None:
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
     first = world[0]
-    table = Table(title=f"ddpkit env: a world of {first['world_size']} rank(s) on {first['num_nodes']} node(s), "
-                        f"launcher {first['launcher']}, master {first['master_addr']}:{first['master_port']}")
+    # values are text, never rich markup: a host or run id such as '[/bold]' must print as itself (issue 20)
+    table = Table(title=escape(f"ddpkit env: a world of {first['world_size']} rank(s) on {first['num_nodes']} node(s), "
+                        f"launcher {first['launcher']}, master {first['master_addr']}:{first['master_port']}"))
     for col in ("rank", "local", "node", "host", "per node", "device", "all_reduce (expected)"):
         table.add_column(col)
     for r in sorted(world, key=lambda r: r["rank"]):
         c = r["connect"]
         mark = "OK" if c["all_reduce_ok"] else "WRONG"
         verdict = f"{c['all_reduce']:g} ({c['all_reduce_expected']:g}) {mark}"
-        table.add_row(str(r["rank"]), str(r["local_rank"]), str(r["node_rank"]), r["host"],
-                      str(r["local_world_size"]), c["device"], verdict)
+        table.add_row(*(escape(str(cell)) for cell in (r["rank"], r["local_rank"], r["node_rank"], r["host"],
+                                                        r["local_world_size"], c["device"], verdict)))
     console = Console(file=sys.stdout, soft_wrap=True)
     console.print(table)
     ok = all(r["connect"]["all_reduce_ok"] for r in world)
@@ -96,28 +98,29 @@ def _print_world(world: list[dict]) -> None:
 
 def _print_table(info: WorldInfo, with_explain: bool) -> None:
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
     console = Console(file=sys.stdout, soft_wrap=True)
-    table = Table(title=f"ddpkit env: rank {info.rank} of {info.world_size} ({info.launcher})")
+    table = Table(title=escape(f"ddpkit env: rank {info.rank} of {info.world_size} ({info.launcher})"))
     table.add_column("field")
     table.add_column("value")
     table.add_column("from")
     for field in _FIELDS:
         value = getattr(info, field)
         shown = ",".join(value) if isinstance(value, tuple) else ("-" if value is None else str(value))
-        table.add_row(field, shown, info.sources.get(field, "-"))
+        table.add_row(field, escape(shown), escape(info.sources.get(field, "-")))
     console.print(table)
     for note in info.notes:
-        console.print(f"note: {note}")
+        console.print(f"note: {note}", markup=False)
     if with_explain:
         t = Table(title="launchers tried, in order (the first match wins)")
         t.add_column("launcher")
         t.add_column("matched")
         t.add_column("why")
         for name, matched, why in explain():
-            t.add_row(name, "yes" if matched else "no", why)
+            t.add_row(name, "yes" if matched else "no", escape(why))
         console.print(t)
-        table_of = {lnc.name: lnc.table for lnc in LAUNCHERS}[info.launcher]
-        for field, variables in table_of.items():
-            console.print(f"  {info.launcher} {field:<17} <- {variables}")
+        for lnc in LAUNCHERS:  # every launcher's variables, not only the winner's
+            for field, variables in lnc.table.items():
+                console.print(f"  {lnc.name:<9} {field:<17} <- {variables}", markup=False, highlight=False)

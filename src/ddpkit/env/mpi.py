@@ -1,8 +1,15 @@
-"""MPI launchers: Open MPI (``OMPI_COMM_WORLD_*``) and MPICH / Intel MPI's Hydra (``PMI_*``, ``MPI_LOCAL*``).
+"""MPI launchers: Open MPI (``OMPI_COMM_WORLD_*``), MVAPICH2 (``MV2_COMM_WORLD_*``) and MPICH / Intel MPI's Hydra
+(``PMI_*``, ``MPI_LOCAL*``).
 
-Neither sets a master address. ddpkit takes MASTER_ADDR when given, the first host of the Slurm node list
-when the ranks run inside an allocation, loopback when every rank is on this host, and otherwise says what
-to export.
+Sources: Open MPI's "Environment variables set for MPI applications" (docs.open-mpi.org, tuning-apps);
+the MVAPICH2 user guide ("Run-time environment variables": MV2_COMM_WORLD_RANK, MV2_COMM_WORLD_SIZE,
+MV2_COMM_WORLD_LOCAL_RANK, MV2_COMM_WORLD_LOCAL_SIZE, set by mpirun_rsh and its Hydra); MPICH's Hydra sets
+PMI_RANK, PMI_SIZE, MPI_LOCALRANKID and MPI_LOCALNRANKS (Slurm's pmi2 plugin sets only the first two).
+
+None sets a master address. ddpkit takes MASTER_ADDR when given, Azure's master variables (AzureML and
+Azure Batch multi-instance tasks), the first host of the Slurm node list when the ranks run inside an
+allocation, loopback when every rank is on this host, and otherwise says what to export. Without a local
+size, the Slurm step's (when it agrees) is used; otherwise ddpkit refuses rather than guess one rank per node.
 """
 
 from __future__ import annotations
@@ -10,8 +17,9 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 
+from ddpkit.env import slurm
 from ddpkit.env.master import resolve_master
-from ddpkit.env.record import VarReader, WorldInfo, expand_nodelist
+from ddpkit.env.record import VarReader, WorldInfo, expand_nodelist, present
 from ddpkit.errors import EnvConflict
 
 OPENMPI_TABLE = {
@@ -20,27 +28,43 @@ OPENMPI_TABLE = {
     "world_size": "OMPI_COMM_WORLD_SIZE",
     "local_world_size": "OMPI_COMM_WORLD_LOCAL_SIZE",
     "node_rank": "rank // OMPI_COMM_WORLD_LOCAL_SIZE (OMPI_COMM_WORLD_NODE_RANK is a per-node rank, not a node index)",
-    "master": "MASTER_ADDR | first host of SLURM_JOB_NODELIST | loopback on one host",
+    "master": "MASTER_ADDR | AZ_BATCHAI_MPI_MASTER_NODE | AZ_BATCH_MASTER_NODE | first host of SLURM_JOB_NODELIST "
+              "| loopback on one host",
+}
+MVAPICH_TABLE = {
+    "rank": "MV2_COMM_WORLD_RANK",
+    "local_rank": "MV2_COMM_WORLD_LOCAL_RANK",
+    "world_size": "MV2_COMM_WORLD_SIZE",
+    "local_world_size": "MV2_COMM_WORLD_LOCAL_SIZE",
+    "master": "MASTER_ADDR | AZ_BATCHAI_MPI_MASTER_NODE | AZ_BATCH_MASTER_NODE | first host of SLURM_JOB_NODELIST "
+              "| loopback on one host",
 }
 MPICH_TABLE = {
     "rank": "PMI_RANK",
     "local_rank": "MPI_LOCALRANKID",
     "world_size": "PMI_SIZE",
-    "local_world_size": "MPI_LOCALNRANKS",
-    "master": "MASTER_ADDR | first host of SLURM_JOB_NODELIST | loopback on one host",
+    "local_world_size": "MPI_LOCALNRANKS | the Slurm step's tasks per node (srun --mpi=pmi2)",
+    "master": "MASTER_ADDR | AZ_BATCHAI_MPI_MASTER_NODE | AZ_BATCH_MASTER_NODE | first host of SLURM_JOB_NODELIST "
+              "| loopback on one host",
 }
 _JOB_ID_VARS = ("OMPI_MCA_ess_base_jobid", "OMPI_MCA_orte_ess_jobid", "PMIX_NAMESPACE", "PMI_KVSNAME",
                 "SLURM_JOB_ID")
 
 
 def openmpi_activated(environ: Mapping[str, str]) -> tuple[bool, str]:
-    if "OMPI_COMM_WORLD_RANK" in environ:
-        return True, "OMPI_COMM_WORLD_RANK is set (started by Open MPI's mpirun)"
-    return False, "OMPI_COMM_WORLD_RANK is not set"
+    if present(environ, "OMPI_COMM_WORLD_RANK") and present(environ, "OMPI_COMM_WORLD_SIZE"):
+        return True, "OMPI_COMM_WORLD_RANK and OMPI_COMM_WORLD_SIZE are set (started by Open MPI's mpirun)"
+    return False, "OMPI_COMM_WORLD_RANK and OMPI_COMM_WORLD_SIZE are not both set"
+
+
+def mvapich_activated(environ: Mapping[str, str]) -> tuple[bool, str]:
+    if present(environ, "MV2_COMM_WORLD_RANK") and present(environ, "MV2_COMM_WORLD_SIZE"):
+        return True, "MV2_COMM_WORLD_RANK and MV2_COMM_WORLD_SIZE are set (started by MVAPICH2)"
+    return False, "MV2_COMM_WORLD_RANK and MV2_COMM_WORLD_SIZE are not both set"
 
 
 def mpich_activated(environ: Mapping[str, str]) -> tuple[bool, str]:
-    if "PMI_RANK" in environ and "PMI_SIZE" in environ:
+    if present(environ, "PMI_RANK") and present(environ, "PMI_SIZE"):
         return True, "PMI_RANK and PMI_SIZE are set (started by MPICH / Intel MPI Hydra)"
     return False, "PMI_RANK and PMI_SIZE are not both set"
 
@@ -50,6 +74,13 @@ def read_openmpi(environ: Mapping[str, str]) -> WorldInfo:
     return _read(r, environ, rank_vars=("OMPI_COMM_WORLD_RANK",), size_vars=("OMPI_COMM_WORLD_SIZE",),
                  local_vars=("OMPI_COMM_WORLD_LOCAL_RANK",), local_size_vars=("OMPI_COMM_WORLD_LOCAL_SIZE",),
                  export_hint="mpirun -x MASTER_ADDR=<rank 0's host>")
+
+
+def read_mvapich(environ: Mapping[str, str]) -> WorldInfo:
+    r = VarReader(environ, "mvapich2")
+    return _read(r, environ, rank_vars=("MV2_COMM_WORLD_RANK",), size_vars=("MV2_COMM_WORLD_SIZE",),
+                 local_vars=("MV2_COMM_WORLD_LOCAL_RANK",), local_size_vars=("MV2_COMM_WORLD_LOCAL_SIZE",),
+                 export_hint="mpirun_rsh ... MASTER_ADDR=<rank 0's host> prog")
 
 
 def read_mpich(environ: Mapping[str, str]) -> WorldInfo:
@@ -74,8 +105,7 @@ def _read(
     local_rank = r.integer("local_rank", *local_vars)
     local_world = r.integer("local_world_size", *local_size_vars, minimum=1)
     if local_rank is None or local_world is None:
-        local_rank, local_world = 0, 1
-        r.derived("local_rank", "no local-rank variable: one rank per node assumed")
+        local_rank, local_world = _local_from_elsewhere(r, environ, rank, world, local_vars, local_size_vars)
     # Neither MPI names the node index (Open MPI's OMPI_COMM_WORLD_NODE_RANK is a rank within the node);
     # with the default by-slot mapping, ranks fill nodes in blocks.
     node_rank = rank // local_world
@@ -85,14 +115,14 @@ def _read(
     _check_slurm_agreement(environ, r.launcher, rank, world)
     hosts: tuple[str, ...] = ()
     nodelist = r.first("SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST")
-    if nodelist is not None and "SLURM_STEP_ID" in environ:
+    if nodelist is not None and present(environ, "SLURM_STEP_ID"):
         hosts = expand_nodelist(environ[nodelist], nodelist)
         r.derived("hosts", nodelist)
     job_var = r.first(*_JOB_ID_VARS)
     # Every rank on one host shares its parent (mpirun, orted or hydra_pmi_proxy): a job id all can agree on.
     job_id = environ[job_var] if job_var else f"ppid-{os.getppid()}"
     addr, port = resolve_master(
-        r, hosts=hosts, job_id=job_id, single_host=local_world == world,
+        r, hosts=hosts, job_id=job_id, single_host=local_world == world, azure=True,
         hint=f"export MASTER_ADDR on every rank, e.g. {export_hint} (MPI does not set one)",
     )
     return WorldInfo(
@@ -102,13 +132,32 @@ def _read(
     )
 
 
+def _local_from_elsewhere(r: VarReader, environ: Mapping[str, str], rank: int, world: int,
+                          local_vars: tuple[str, ...], local_size_vars: tuple[str, ...]) -> tuple[int, int]:
+    """Local rank and size where the MPI names none: a world of one, or the Slurm step that started the ranks."""
+    if world == 1:
+        r.derived("local_rank", "a world of one")
+        return 0, 1
+    if slurm.activated(environ)[0]:  # srun --mpi=pmi2 gives PMI_RANK/PMI_SIZE only; the step knows the rest
+        step = slurm.read(environ)
+        if (step.rank, step.world_size) == (rank, world):
+            r.derived("local_rank", "SLURM_LOCALID (the srun step that started the ranks)")
+            r.derived("local_world_size", "the Slurm step's tasks on this node")
+            return step.local_rank, step.local_world_size
+    missing = " and ".join(v for v in (*local_vars, *local_size_vars) if not present(environ, v))
+    raise EnvConflict(f"{r.launcher} rank {rank} of {world} but {missing} not set",
+                      f"{' and '.join((*local_vars, *local_size_vars))}, which {r.launcher} sets for every rank",
+                      "export LOCAL_RANK/LOCAL_WORLD_SIZE equivalents, or start the ranks with the MPI's own "
+                      "launcher; ddpkit sizes threads from the ranks per node and will not guess")
+
+
 def _check_slurm_agreement(environ: Mapping[str, str], launcher: str, rank: int, world: int) -> None:
     """Under srun, MPI and Slurm must agree; a mismatch is the wrong --mpi plugin (N worlds of size 1)."""
-    if "SLURM_STEP_ID" not in environ or "SLURM_PROCID" not in environ:
+    if not present(environ, "SLURM_STEP_ID") or not present(environ, "SLURM_PROCID"):
         return
-    tasks = environ.get("SLURM_STEP_NUM_TASKS", environ.get("SLURM_NTASKS"))
+    tasks = next((environ[v] for v in ("SLURM_STEP_NUM_TASKS", "SLURM_NTASKS") if present(environ, v)), None)
     if tasks is not None and tasks.strip() != str(world):
-        plugin = "pmix" if launcher == "openmpi" else "pmi2"
+        plugin = "pmix" if launcher in ("openmpi", "mvapich2") else "pmi2"
         raise EnvConflict(
             f"{launcher} says the world has {world} rank(s) but the Slurm step has {tasks} tasks",
             "one MPI world spanning every srun task",

@@ -3,19 +3,58 @@
 from __future__ import annotations
 
 import ipaddress
-import zlib
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import hostlist
 
 from ddpkit.errors import EnvConflict
+from ddpkit.ports import PORT_RANGE, derive_port  # defined once, shared with the job renderers
 
-__all__ = ["PORT_RANGE", "VarReader", "WorldInfo", "derive_port", "expand_nodelist", "is_ip_address"]
+__all__ = ["PORT_RANGE", "AgentPlan", "VarReader", "WorldInfo", "derive_port", "expand_nodelist", "is_ip_address",
+           "parse_count", "present"]
 
-#: Ports derived from a job id fall in [PORT_RANGE[0], PORT_RANGE[1]): below Linux's ephemeral range
-#: (32768-60999), so a derived port does not collide with outgoing connections.
-PORT_RANGE = (20000, 30000)
+# ASCII digits only, and few enough of them: str.isdigit() accepts superscripts ("²") that int() refuses, and
+# int() refuses more than 4300 digits; no rank, count or port has more than 18.
+_INTEGER = re.compile(r"[+-]?[0-9]{1,18}")
+
+
+def present(environ: Mapping[str, str], name: str) -> bool:
+    """Set and not blank: a job script's ``export SLURM_RESTART_COUNT=`` means the variable is absent."""
+    value = environ.get(name)
+    return value is not None and value.strip() != ""
+
+
+def parse_count(raw: str) -> int | None:
+    """The integer a launcher variable holds, or None when it is not a plain decimal number."""
+    text = raw.strip()
+    return int(text) if _INTEGER.fullmatch(text) else None
+
+
+@dataclass(frozen=True, kw_only=True)
+class AgentPlan:
+    """How a node agent (ddpkit as a Kubeflow pod's command) starts its ranks: what torchrun would read from the
+    pod's PET_* variables."""
+
+    min_nodes: int
+    """Fewest nodes the rendezvous waits for (PET_NNODES=MIN:MAX, or N:N)."""
+    max_nodes: int
+    """Most nodes that may join."""
+    nproc_per_node: int
+    """Ranks this agent starts (PET_NPROC_PER_NODE, auto/cpu/gpu resolved as torchrun does)."""
+    rdzv_endpoint: str | None
+    """HOST:PORT of the rendezvous; None for a single node without one (torchrun's standalone run)."""
+    rdzv_backend: str
+    """c10d, etcd, etcd-v2 or static."""
+    rdzv_conf: tuple[tuple[str, str], ...] = ()
+    """PET_RDZV_CONF's key=value pairs."""
+    run_id: str | None = None
+    """PET_RDZV_ID."""
+    max_restarts: int = 0
+    """PET_MAX_RESTARTS."""
+    node_rank: int | None = None
+    """PET_NODE_RANK for a static (non-elastic) rendezvous; None where the rendezvous assigns it."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -48,6 +87,8 @@ class WorldInfo:
     """Run or job id, where known."""
     is_agent: bool = False
     """True when this process is a node agent (a Kubeflow pod's command) whose ranks have yet to be started."""
+    agent: AgentPlan | None = None
+    """For an agent: the rendezvous and shape it starts its ranks with."""
     sources: Mapping[str, str] = field(default_factory=dict)
     """For each field, the variable (or rule) it came from."""
     notes: tuple[str, ...] = ()
@@ -68,6 +109,11 @@ class WorldInfo:
             "restart_count": self.restart_count,
             "run_id": self.run_id,
             "is_agent": self.is_agent,
+            "agent": None if self.agent is None else {
+                "min_nodes": self.agent.min_nodes, "max_nodes": self.agent.max_nodes,
+                "nproc_per_node": self.agent.nproc_per_node, "rdzv_endpoint": self.agent.rdzv_endpoint,
+                "rdzv_backend": self.agent.rdzv_backend, "run_id": self.agent.run_id,
+                "max_restarts": self.agent.max_restarts},
             "sources": dict(self.sources),
             "notes": list(self.notes),
         }
@@ -82,11 +128,11 @@ class VarReader:
         self.sources: dict[str, str] = {}
 
     def has(self, *names: str) -> bool:
-        return any(n in self.environ for n in names)
+        return any(present(self.environ, n) for n in names)
 
     def first(self, *names: str) -> str | None:
-        """The name of the first variable present, or None."""
-        return next((n for n in names if n in self.environ), None)
+        """The name of the first variable set and not blank, or None (blank counts as absent)."""
+        return next((n for n in names if present(self.environ, n)), None)
 
     def text(self, fld: str, *names: str) -> str | None:
         name = self.first(*names)
@@ -100,14 +146,14 @@ class VarReader:
         if name is None:
             return None
         raw = self.environ[name]
-        try:
-            value = int(raw.strip())
-        except ValueError:
+        value = parse_count(raw)
+        if value is None:
+            shown = repr(raw) if len(raw) <= 40 else f"{raw[:20]!r}... ({len(raw)} characters)"
             raise EnvConflict(
-                f"{name}={raw!r} is not a whole number ({self.launcher} sets it for the {fld.replace('_', ' ')})",
-                f"an integer >= {minimum}",
+                f"{name}={shown} is not a whole number ({self.launcher} sets it for the {fld.replace('_', ' ')})",
+                f"an integer >= {minimum} in plain decimal digits",
                 f"unset {name} or launch with {self.launcher} itself, which sets it correctly",
-            ) from None
+            )
         if value < minimum:
             raise EnvConflict(f"{name}={raw!r} is below {minimum}", f"an integer >= {minimum}",
                               f"check how {name} is set in the job script")
@@ -124,14 +170,40 @@ class VarReader:
             )
         return value
 
+    def port(self, fld: str, *names: str) -> int | None:
+        """A TCP port (1..65535) from the first of ``names`` that is set, or None."""
+        value = self.integer(fld, *names, minimum=1)
+        if value is not None and value > 65535:
+            name = self.sources[fld]
+            raise EnvConflict(f"{name}={self.environ[name].strip()} is not a TCP port", "a port in 1..65535",
+                              f"set {name} to a free port, e.g. 29500")
+        return value
+
+    def address(self, fld: str, *names: str) -> str | None:
+        """A host name or IP from the first of ``names`` that is set; one with spaces or control characters
+        is an error, never a host name."""
+        value = self.text(fld, *names)
+        if value is None:
+            return None
+        value = value.strip()
+        if any(c.isspace() or not c.isprintable() for c in value) or "/" in value:
+            name = self.sources[fld]
+            raise EnvConflict(f"{name}={value!r} is not a host name or IP address", "one host name or IP",
+                              f"set {name} to rank 0's host")
+        return value
+
     def derived(self, fld: str, rule: str) -> None:
         self.sources[fld] = rule
 
 
 def expand_nodelist(value: str, variable: str) -> tuple[str, ...]:
-    """Expand a compressed Slurm hostlist (``a[1-3,5],b7``) with python-hostlist; malformed lists are errors."""
+    """Expand a compressed Slurm hostlist (``a[1-3,5],b7``) with python-hostlist; malformed lists are errors.
+
+    Whitespace outside brackets separates hosts, as ``scontrol show hostnames "alpha beta"`` reads it (Slurm's
+    hostlist parser splits on commas and white space alike); inside brackets it is an error.
+    """
     try:
-        hosts = hostlist.expand_hostlist(value)
+        hosts = hostlist.expand_hostlist(_normalise_separators(value, variable))
     except hostlist.BadHostlist as exc:
         raise EnvConflict(
             f"{variable}={value!r} is not a valid Slurm hostlist ({exc})",
@@ -143,15 +215,18 @@ def expand_nodelist(value: str, variable: str) -> tuple[str, ...]:
     return tuple(hosts)
 
 
-def derive_port(job_id: str) -> int:
-    """A port every rank computes alike from the job id, inside PORT_RANGE, without talking to each other.
-
-    Numeric ids map to consecutive ports, so consecutive jobs on one node do not collide.
-    """
-    low, high = PORT_RANGE
-    span = high - low
-    key = int(job_id) if job_id.isdigit() else zlib.crc32(job_id.encode())
-    return low + key % span
+def _normalise_separators(value: str, variable: str) -> str:
+    out, depth = [], 0
+    for ch in value.strip():
+        depth += ch == "["
+        depth -= ch == "]"
+        if ch.isspace():
+            if depth:
+                raise EnvConflict(f"{variable}={value!r} has white space inside brackets",
+                                  "a list like node-[001-004] or a[1-3,5],b7", f"check how {variable} is set")
+            ch = ","
+        out.append(ch)
+    return ",".join(part for part in "".join(out).split(",") if part) if depth == 0 else "".join(out)
 
 
 def is_ip_address(value: str) -> bool:

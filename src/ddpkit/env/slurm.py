@@ -1,7 +1,14 @@
-"""Slurm: a task inside ``srun`` (job and step variables).
+"""Slurm: a task inside ``srun`` (job and step variables), heterogeneous steps included.
 
-A bare ``salloc`` or ``sbatch`` shell carries SLURM_* variables too but is not a task of a world: it has no
-step (or the step is the batch script), so it must not be taken for rank 0.
+Variables from the ``srun`` man page (OUTPUT ENVIRONMENT VARIABLES) and Slurm's heterogeneous_jobs.html: in a
+step across het components (``srun ... : ...``) SLURM_PROCID, SLURM_STEP_NUM_TASKS, SLURM_STEP_NODELIST and
+SLURM_STEP_TASKS_PER_NODE describe the whole step (one MPI_COMM_WORLD), and each component's own values carry
+a ``_HET_GROUP_N`` suffix (checked on Slurm 22.05: ``srun -n1 : -n2`` gives ranks 0-2, SLURM_STEP_NUM_TASKS=3,
+SLURM_STEP_TASKS_PER_NODE=1,2). A bare ``salloc`` or ``sbatch`` shell carries SLURM_* variables too but is not a
+task of a world: it has no step (or the step is the batch script), so it must not be taken for rank 0.
+
+RANK, LOCAL_RANK, WORLD_SIZE and LOCAL_WORLD_SIZE exported by a job script (``export RANK=$SLURM_PROCID``) are
+the same world when they agree with Slurm's values; only a disagreement is a conflict.
 """
 
 from __future__ import annotations
@@ -11,7 +18,7 @@ from collections.abc import Mapping
 import hostlist
 
 from ddpkit.env.master import resolve_master
-from ddpkit.env.record import VarReader, WorldInfo, expand_nodelist
+from ddpkit.env.record import VarReader, WorldInfo, expand_nodelist, parse_count, present
 from ddpkit.errors import EnvConflict
 
 NAME = "slurm"
@@ -26,7 +33,11 @@ TABLE = {
     "master": "MASTER_ADDR | first host of the node list; MASTER_PORT | derived from SLURM_JOB_ID",
     "run_id": "SLURM_JOB_ID",
     "restart_count": "SLURM_RESTART_COUNT",
+    "het job": "SLURM_HET_SIZE; a het step's SLURM_STEP_* span every component (sum of SLURM_NTASKS_HET_GROUP_N "
+               "where SLURM_STEP_NUM_TASKS is missing)",
 }
+#: Variables only a task inside a step has: in a step, their absence means the task set does not add up.
+STEP_VARS = ("SLURM_PROCID", "SLURM_LOCALID", "SLURM_NODEID")
 # Step ids that belong to the job's own shells, not to srun tasks (Slurm 20+ uses names, older ones numbers).
 _NOT_TASK_STEPS = {"batch", "extern", "interactive", "4294967294", "4294967295", "4294967292"}
 _NODELIST = ("SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST")
@@ -34,18 +45,35 @@ _TASKS = ("SLURM_STEP_NUM_TASKS", "SLURM_NTASKS", "SLURM_NPROCS")
 
 
 def _step(environ: Mapping[str, str]) -> str | None:
-    return environ.get("SLURM_STEP_ID", environ.get("SLURM_STEPID"))
+    return next((environ[v].strip() for v in ("SLURM_STEP_ID", "SLURM_STEPID") if present(environ, v)), None)
+
+
+def in_step(environ: Mapping[str, str]) -> bool:
+    """Inside an srun step, or holding a step's variables (not the batch or interactive shell of a job)."""
+    step = _step(environ)
+    if step is not None:
+        return step not in _NOT_TASK_STEPS
+    # srun always sets SLURM_STEP_ID; step variables without it are a partial task set, not a job shell (the batch
+    # and salloc shells carry none of them: checked on Slurm 22.05)
+    # and the batch shell is task 0 on node 0: a higher id belongs to a task
+    return any(present(environ, v) for v in ("SLURM_STEP_NUM_TASKS", "SLURM_STEP_NODELIST",
+                                             "SLURM_STEP_TASKS_PER_NODE", "SLURM_STEP_NUM_NODES")) or \
+        any((parse_count(environ.get(v, "")) or 0) > 0 for v in STEP_VARS)
+
+
+def _job(environ: Mapping[str, str]) -> str | None:
+    return next((environ[v].strip() for v in ("SLURM_JOB_ID", "SLURM_JOBID") if present(environ, v)), None)
 
 
 def activated(environ: Mapping[str, str]) -> tuple[bool, str]:
-    job = environ.get("SLURM_JOB_ID", environ.get("SLURM_JOBID"))
+    job = _job(environ)
     if job is None:
         return False, "SLURM_JOB_ID is not set (not inside a Slurm job)"
     step = _step(environ)
-    if step is None or step.strip() in _NOT_TASK_STEPS:
+    if step is None or step in _NOT_TASK_STEPS:
         return False, (f"SLURM_JOB_ID={job} but no srun step (SLURM_STEP_ID={step}): an salloc/sbatch shell "
                        "is not a task; start ranks with srun")
-    if "SLURM_PROCID" not in environ:
+    if not present(environ, "SLURM_PROCID"):
         return False, f"SLURM_JOB_ID={job}, step {step}, but SLURM_PROCID is not set"
     return True, f"inside srun: job {job}, step {step}"
 
@@ -55,7 +83,7 @@ def read(environ: Mapping[str, str]) -> WorldInfo:
     job_id = r.text("run_id", "SLURM_JOB_ID", "SLURM_JOBID")
     rank = r.required("rank", "SLURM_PROCID")
     local_rank = r.required("local_rank", "SLURM_LOCALID")
-    world = r.required("world_size", *_TASKS, minimum=1)
+    world = _het_world(r) if not r.has(*_TASKS) else r.required("world_size", *_TASKS, minimum=1)
     node_rank = r.required("node_rank", "SLURM_NODEID")
     nodelist_var = r.first(*_NODELIST)
     hosts: tuple[str, ...] = ()
@@ -70,23 +98,47 @@ def read(environ: Mapping[str, str]) -> WorldInfo:
     if rank >= world:
         raise EnvConflict(f"SLURM_PROCID={rank} is not below the task count {world}",
                           "0 <= SLURM_PROCID < SLURM_NTASKS", "check the srun options (-n, --ntasks-per-node)")
-    _check_torch_vars(environ, rank, world)
+    _check_torch_vars(environ, {"RANK": (rank, "SLURM_PROCID"), "WORLD_SIZE": (world, r.sources["world_size"]),
+                                "LOCAL_RANK": (local_rank, "SLURM_LOCALID"),
+                                "LOCAL_WORLD_SIZE": (local_world, r.sources["local_world_size"])})
     addr, port = resolve_master(
         r, hosts=hosts, job_id=job_id, single_host=num_nodes == 1,
         hint="run inside an srun step (Slurm sets SLURM_JOB_NODELIST) or export MASTER_ADDR",
     )
+    het = r.integer("het_size", "SLURM_HET_SIZE", minimum=1)
+    notes: tuple[str, ...] = (f"heterogeneous job of {het} components: this step is one world of {world} tasks",) \
+        if het else ()
+    exported = [v for v in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE") if present(environ, v)]
+    if exported:
+        notes += (f"{', '.join(exported)} exported by hand agree with Slurm's values: the same world",)
     return WorldInfo(
         launcher=NAME, rank=rank, local_rank=local_rank, world_size=world, local_world_size=local_world,
         node_rank=node_rank, num_nodes=num_nodes, master_addr=addr, master_port=port, hosts=hosts,
         restart_count=r.integer("restart_count", "SLURM_RESTART_COUNT"), run_id=job_id, sources=r.sources,
+        notes=notes,
     )
+
+
+def _het_world(r: VarReader) -> int:
+    """A het step without SLURM_STEP_NUM_TASKS/SLURM_NTASKS: the sum of every component's task count."""
+    het = r.integer("het_size", "SLURM_HET_SIZE", minimum=1)
+    names = [f"SLURM_NTASKS_HET_GROUP_{i}" for i in range(het or 0)]
+    if not het or not all(present(r.environ, n) for n in names):
+        return r.required("world_size", *_TASKS, minimum=1)
+    total = sum(r.integer(f"het_{i}", n, minimum=1) or 0 for i, n in enumerate(names))
+    r.derived("world_size", f"sum of SLURM_NTASKS_HET_GROUP_0..{het - 1}")
+    return total
 
 
 def _local_world_size(r: VarReader, node_rank: int, num_nodes: int, world: int) -> int:
     var = r.first("SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE")
-    if var is None:
-        r.derived("local_world_size", "SLURM_NTASKS / number of nodes")
-        return max(1, world // num_nodes)
+    if var is None:  # srun always sets it; a hand-made set without it is derived only where it cannot be wrong
+        if num_nodes == 1 or world % num_nodes == 0:
+            r.derived("local_world_size", "SLURM_NTASKS / number of nodes (an even spread)")
+            return max(1, world // num_nodes)
+        raise EnvConflict(f"{world} Slurm tasks on {num_nodes} nodes without SLURM_STEP_TASKS_PER_NODE",
+                          "SLURM_STEP_TASKS_PER_NODE (srun sets it), or a task count the node count divides",
+                          "run the ranks under srun, which sets every SLURM_STEP_* variable")
     raw = r.environ[var]
     try:
         per_node = hostlist.parse_slurm_tasks_per_node(raw)
@@ -100,13 +152,17 @@ def _local_world_size(r: VarReader, node_rank: int, num_nodes: int, world: int) 
     return int(per_node[node_rank])
 
 
-def _check_torch_vars(environ: Mapping[str, str], rank: int, world: int) -> None:
-    """RANK/WORLD_SIZE exported by hand must agree with Slurm's, or ranks would join different worlds."""
-    for var, value, slurm_var in (("WORLD_SIZE", world, "SLURM_NTASKS"), ("RANK", rank, "SLURM_PROCID")):
+def _check_torch_vars(environ: Mapping[str, str], slurm_values: Mapping[str, tuple[int, str]]) -> None:
+    """RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE exported by hand must agree with Slurm's, or ranks would join
+    different worlds. Exported in the batch script before srun, RANK holds the batch shell's value (0) in
+    every task: the message says so."""
+    for var, (value, slurm_var) in slurm_values.items():
         raw = environ.get(var)
-        if raw is not None and raw.strip() != str(value):
+        if raw is not None and raw.strip() and raw.strip() != str(value):
             raise EnvConflict(
-                f"{var}={raw} disagrees with Slurm ({slurm_var}={value})",
-                f"{var} equal to {slurm_var}, or unset",
-                f"unset {var} in the job script (ddpkit takes it from Slurm), or fix the srun task count",
+                f"{var}={raw.strip()} disagrees with Slurm ({slurm_var} gives {value} for this task)",
+                f"{var} equal to Slurm's value, or unset",
+                f"unset {var} in the job script (ddpkit takes it from Slurm); a value exported before srun is the "
+                "batch shell's, the same in every task: export it inside the step "
+                "(srun bash -c 'RANK=$SLURM_PROCID ...') if the program needs it",
             )

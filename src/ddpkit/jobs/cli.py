@@ -21,6 +21,7 @@ import uuid
 from pathlib import Path
 
 from ddpkit.errors import ConfigError
+from ddpkit.inputs import endpoint, output_path, seconds, shape_text
 from ddpkit.jobs.spec import JobSpec
 from ddpkit.log import get_logger
 
@@ -31,13 +32,16 @@ log = get_logger(__name__)
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("backend", metavar="BACKEND", help="torchrun, slurm, mpi or k8s")
-    p.add_argument("-j", "--job", required=True, metavar="[MIN:]NNODESxNPROC", help="nodes x ranks per node")
+    p.add_argument("-j", "--job", type=shape_text("-j"), required=True, metavar="[MIN:]NNODESxNPROC",
+                   help="nodes x ranks per node")
     p.add_argument("--dry-run", action="store_true", help="print what would run or be submitted; submit nothing")
-    p.add_argument("-o", "--output-file", type=Path, metavar="PATH", help="write the script / manifest to PATH")
+    p.add_argument("-o", "--output-file", type=output_path("-o"), metavar="PATH",
+                   help="write the script / manifest to PATH")
     p.add_argument("--name", default="", help="job name (default ddpkit-<command>)")
     p.add_argument("--run-id", default="", help="rendezvous id (default: random for torchrun and k8s, the job id "
                    "under Slurm)")
-    p.add_argument("--rdzv-endpoint", metavar="HOST:PORT", help="torchrun: the first node's rendezvous endpoint")
+    p.add_argument("--rdzv-endpoint", type=endpoint("--rdzv-endpoint"), metavar="HOST:PORT",
+                   help="torchrun: the first node's rendezvous endpoint")
     p.add_argument("--static", action="store_true", help="torchrun: static rendezvous (NODE_RANK on each node)")
     p.add_argument("--port", type=int, help="rendezvous / master port (default: derived from the Slurm job id; "
                    "29400 torchrun; 29500 MPI)")
@@ -57,7 +61,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--signal", help="preemption warning, e.g. USR1@90 (train snapshots on it)")
     g.add_argument("--requeue", action="store_true", help="requeue on preemption; train resumes from its snapshot")
     g.add_argument("--wait", action="store_true", help="follow the job (squeue every 0.5 s); exit with its code")
-    g.add_argument("--wait-timeout", type=float, default=None, metavar="S", help="give up waiting after S seconds")
+    g.add_argument("--wait-timeout", type=seconds("--wait-timeout"), default=None, metavar="S",
+                   help="give up waiting after S seconds")
     g = p.add_argument_group("mpi")
     g.add_argument("--mpi", default="openmpi", choices=["openmpi", "mpich"], dest="mpi_flavour")
     g.add_argument("--hosts", default="", help="comma-separated hosts, the first runs rank 0")
@@ -109,25 +114,29 @@ def render(spec: JobSpec) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    argv = _argv()
+    argv = list(getattr(args, "ddpkit_argv", None) or _argv())
     if args.wait and args.backend != "slurm":
         raise ConfigError(f"--wait with the {args.backend} backend", "--wait only with slurm (torchrun and mpi "
                           "run in the foreground already)", "drop --wait")
     spec = build_spec(args, argv)
     text = render(spec)
-    if args.output_file is not None:
-        args.output_file.write_text(text)
+    output_file = Path(args.output_file).expanduser() if args.output_file is not None else None
+    if output_file is not None:
+        output_file.parent.mkdir(parents=True, exist_ok=True)
+        # newline="": a carriage return in a job argument stays one (it is inside a quoted word)
+        with output_file.open("w", newline="") as f:
+            f.write(text)
         if spec.backend != "k8s":
-            args.output_file.chmod(0o755)
-        print(f"ddpkit: wrote {args.output_file}", file=sys.stderr)
+            output_file.chmod(0o755)
+        print(f"ddpkit: wrote {output_file}", file=sys.stderr)
     if args.dry_run:
         sys.stdout.write(text)
         return 0
     if spec.backend == "slurm":
-        return _submit_slurm(spec, text, args)
+        return _submit_slurm(spec, text, args, output_file)
     if spec.backend == "k8s":
         return _apply_k8s(text)
-    return _run_here(text, args.output_file)
+    return _run_here(text, output_file)
 
 
 def _argv() -> list[str]:
@@ -135,13 +144,13 @@ def _argv() -> list[str]:
     return argv if "submit" in argv else ["submit", "..."]
 
 
-def _submit_slurm(spec: JobSpec, text: str, args: argparse.Namespace) -> int:
+def _submit_slurm(spec: JobSpec, text: str, args: argparse.Namespace, output_file: Path | None) -> int:
     from ddpkit.jobs import slurmctl
 
     out_dir = Path(spec.output).parent
     if "%" not in str(out_dir):
         out_dir.mkdir(parents=True, exist_ok=True)  # Slurm does not create it: the job would fail silently
-    job_id = slurmctl.sbatch(text, cwd=Path.cwd(), script_path=args.output_file)
+    job_id = slurmctl.sbatch(text, cwd=Path.cwd(), script_path=output_file)
     print(job_id, flush=True)
     if not args.wait:
         return 0

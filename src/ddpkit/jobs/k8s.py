@@ -1,11 +1,13 @@
 """The k8s backend: a Kubeflow PyTorchJob (training-operator v1) or a Kubeflow Trainer v2 TrainJob, as YAML.
 
-PyTorchJob: Worker replicas only, each pod a torchrun agent configured by the operator's ``PET_*`` variables
-(``nprocPerNode``, ``elasticPolicy``); rendezvous c10d on worker 0, or etcd (``--k8s-rdzv etcd``: an etcd
-Deployment and Service are rendered too, and the etcd-v2 protocol is used: more reliable here than the legacy
-``etcd`` backend). The rendezvous id is explicit (``elasticPolicy.rdzvId``): the operator's default is the
-literal "none", so two jobs would share an etcd rendezvous (pytorch/pytorch#82160). Every pod gets a memory-backed
-``/dev/shm``; a ``train`` job also gets a shared PVC mounted at ``/snapshots`` for its snapshots.
+PyTorchJob: a fixed shape is a plain job, a Master and N-1 Workers, each pod a torchrun agent on a static
+rendezvous at the master's Service (the operator sets ``PET_NNODES``, ``PET_NODE_RANK``, ``PET_MASTER_ADDR``).
+An elastic shape, or etcd, is Workers only with an ``elasticPolicy``: rendezvous c10d on worker 0, or etcd
+(``--k8s-rdzv etcd``: an etcd Deployment and Service are rendered too, and the etcd-v2 protocol is used: more
+reliable here than the legacy ``etcd`` backend). The rendezvous id is explicit (``elasticPolicy.rdzvId``): the
+operator's default is the literal "none", so two jobs would share an etcd rendezvous (pytorch/pytorch#82160).
+Every pod gets a memory-backed ``/dev/shm``; a ``train`` job also gets a shared PVC mounted at ``/snapshots``.
+tests/infra/test_k8s_operator.py runs every variant with the operators' pod environment on namespace hosts.
 
 TrainJob: the ``torch-distributed`` runtime; ``numNodes``, ``numProcPerNode``, ``resourcesPerNode``; the same
 volumes through ``runtimePatches``.
@@ -67,21 +69,43 @@ def _command(spec: JobSpec) -> list[str]:
     return ["torchrun", *entry]
 
 
+def _plain(spec: JobSpec) -> bool:
+    """A fixed shape on c10d: Master + Workers, no elasticPolicy (an elastic shape or etcd needs the policy)."""
+    return spec.shape.min_nodes == spec.shape.max_nodes and spec.k8s_rdzv == "c10d"
+
+
 def pytorchjob(spec: JobSpec) -> Manifest:
+    """Plain: a Master and N-1 Workers; the operator gives every pod PET_NNODES, PET_NODE_RANK and
+    PET_MASTER_ADDR/PORT (the master's Service), so torchrun's static rendezvous runs on the master pod.
+    Elastic: Workers only, the rendezvous from elasticPolicy (c10d on worker 0, or the etcd Service)."""
     s = spec.shape
     volumes, mounts = _volumes(spec)
+    env = _env(spec)
+    if _plain(spec) and spec.max_restarts:  # the operator sets PET_MAX_RESTARTS only from an elasticPolicy
+        env.append({"name": "PET_MAX_RESTARTS", "value": str(spec.max_restarts)})
     container: Manifest = {"name": "pytorch", "image": spec.image, "imagePullPolicy": "IfNotPresent",
-                           "command": _command(spec), "env": _env(spec), "resources": _resources(spec),
+                           "command": _command(spec), "env": env, "resources": _resources(spec),
                            "volumeMounts": mounts}
-    elastic: Manifest = {"rdzvBackend": "c10d", "rdzvId": spec.run_id or spec.job_name,
-                         "minReplicas": s.min_nodes, "maxReplicas": s.max_nodes, "maxRestarts": spec.max_restarts}
-    if spec.k8s_rdzv == "etcd":
-        elastic.update(rdzvBackend="etcd-v2", rdzvHost=_etcd_name(spec), rdzvPort=2379)
-    worker = {"replicas": s.max_nodes, "restartPolicy": "OnFailure",
-              "template": {"spec": {"containers": [container], "volumes": volumes}}}
+
+    def replica(count: int) -> Manifest:
+        return {"replicas": count, "restartPolicy": "OnFailure",
+                "template": {"spec": {"containers": [container], "volumes": volumes}}}
+
+    job_spec: Manifest = {}
+    if _plain(spec):
+        replicas = {"Master": replica(1)}
+        if s.max_nodes > 1:
+            replicas["Worker"] = replica(s.max_nodes - 1)
+    else:
+        elastic: Manifest = {"rdzvBackend": "c10d", "rdzvId": spec.run_id or spec.job_name,
+                             "minReplicas": s.min_nodes, "maxReplicas": s.max_nodes, "maxRestarts": spec.max_restarts}
+        if spec.k8s_rdzv == "etcd":
+            elastic.update(rdzvBackend="etcd-v2", rdzvHost=_etcd_name(spec), rdzvPort=2379)
+        job_spec["elasticPolicy"] = elastic
+        replicas = {"Worker": replica(s.max_nodes)}
+    job_spec.update(nprocPerNode=str(s.nproc_per_node), pytorchReplicaSpecs=replicas)
     return {"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "metadata": _meta(spec, spec.job_name),
-            "spec": {"elasticPolicy": elastic, "nprocPerNode": str(s.nproc_per_node),
-                     "pytorchReplicaSpecs": {"Worker": worker}}}
+            "spec": job_spec}
 
 
 def trainjob(spec: JobSpec) -> Manifest:

@@ -5,7 +5,7 @@ Two shapes of step, both launched by one ``srun``:
 - default, the seeds' pattern: one task per node running a torchrun agent (``srun torchrun`` needs exactly one
   task per node). The rendezvous is on the allocation's first node, named by Slurm's own hostlist parser
   (``scontrol show hostnames``, never a regex), on a port derived from the job id (``20000 + id % 10000``,
-  ddpkit.env.derive_port's rule), with the job id as the rendezvous id. torch's c10d rendezvous recognises its
+  ddpkit.ports.derive_port), with the job id as the rendezvous id. torch's c10d rendezvous recognises its
   own host by name, so the first node's agent hosts the store. Ranks are torchrun's: elastic shapes and
   ``--max-restarts`` work.
 - ``--tasks-per-rank``: one srun task per rank, no agent; each rank is ``python -m ddpkit ...``, whose Slurm
@@ -29,13 +29,14 @@ from __future__ import annotations
 from ddpkit.jobs.shell import Raw, preamble, wrap
 from ddpkit.jobs.spec import JobSpec, python_argv
 from ddpkit.jobs.torchrun import RESTART_FIX, torchrun_argv
+from ddpkit.ports import derive_port_shell
 
 __all__ = ["render"]
 
 
 def directives(spec: JobSpec) -> list[str]:
     s = spec.shape
-    nodes = str(s.max_nodes) if s.min_nodes == s.max_nodes else f"{s.min_nodes}-{s.max_nodes}"
+    nodes = s.nodes_text("-")
     per_node = s.nproc_per_node if spec.tasks_per_rank else 1
     d = [f"--job-name={spec.job_name}", f"--nodes={nodes}", f"--ntasks-per-node={per_node}"]
     if spec.exclusive:
@@ -72,7 +73,7 @@ def render(spec: JobSpec) -> str:
                   "# Each task is a rank: ddpkit reads SLURM_PROCID, SLURM_NTASKS and the node list itself.",
                   wrap([*srun, *python_argv(spec)]), ""]
         return "\n".join(lines)
-    port = str(spec.port) if spec.port else "$((20000 + SLURM_JOB_ID % 10000))"
+    port = str(spec.port) if spec.port else derive_port_shell("SLURM_JOB_ID")
     lines += ["# Rendezvous on the allocation's first node (Slurm's own hostlist parser), port from the job id.",
               'head_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
               f"rdzv_port={port}",

@@ -1,9 +1,17 @@
 """One job, described once: the shape, the command, and where it runs. Each backend renders it.
 
 A JobSpec is validated on construction; a bad value is a ConfigError (exit code 2) raised before anything is
-written or submitted. Values that end up inside ``#SBATCH`` lines (which sbatch parses itself, without a shell)
-must not contain quotes, spaces or newlines; values that end up in the script body are quoted with shlex.quote,
-so any path works there.
+written or submitted. The guarantee for generated files: nothing a user passes as data becomes code.
+
+- No option value may hold a control character or a line break (anything ``str.isprintable`` refuses, which
+  covers every separator ``str.splitlines`` splits on): those values end up in directives, names and variables.
+- Values that end up inside ``#SBATCH`` lines (which sbatch parses itself, without a shell) must not contain
+  quotes, spaces, ``$``, ``;``, ``#`` or backslashes; values in the script body are quoted with shlex.quote, so
+  any path works there; the job command's own arguments may hold anything (they are quoted words).
+- The header's copy of the command line is one comment line whatever it holds: words that are not printable are
+  written as bash ``$'...'`` strings, so a line break in an argument never ends the comment.
+- Names are what the target accepts: Slurm job names are plain words; Kubernetes names are RFC 1035 labels
+  (``ddpkit-my_train`` is made ``ddpkit-my-train`` when ddpkit derives it, and refused when the user chose it).
 """
 
 from __future__ import annotations
@@ -14,16 +22,22 @@ from dataclasses import dataclass
 
 from ddpkit import __version__
 from ddpkit.errors import ConfigError
-from ddpkit.launch.shape import JobShape
+from ddpkit.launch.shape import JobShape, split_endpoint
 
 __all__ = ["BACKENDS", "DDPKIT_COMMANDS", "JobSpec", "header", "python_argv", "torchrun_entry"]
 
 BACKENDS = ("torchrun", "slurm", "mpi", "k8s")
 #: Job commands that are ddpkit's own (run as ``python -m ddpkit CMD``); anything else must be a ``.py`` script.
 DDPKIT_COMMANDS = ("check", "train", "bench", "env")
-_SIGNAL = re.compile(r"^(?:B:)?(?:SIG)?(?P<name>USR1|USR2|TERM|INT|HUP|URG)(?:@(?P<secs>\d+))?$")
-_TIME = re.compile(r"^(?:\d+-)?\d{1,2}(?::\d{2}){0,2}$|^\d+$")
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
+# Patterns are used with fullmatch: `$` in re.match also matches before a trailing newline.
+_SIGNAL = re.compile(r"(?:B:)?(?:SIG)?(?P<name>USR1|USR2|TERM|INT|HUP|URG)(?:@(?P<secs>[0-9]{1,6}))?")
+_TIME = re.compile(r"(?:[0-9]{1,6}-)?[0-9]{1,2}(?::[0-9]{2}){0,2}|[0-9]{1,9}")
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}")
+# Kubernetes: the job name also names a Service (etcd) and the operator's per-worker Services, which must be
+# RFC 1035 labels of at most 63 characters; 45 leaves room for the longest suffix ddpkit or the operator adds
+# ("-snapshots", "-worker-NNNN"). kubernetes.io/docs/concepts/overview/working-with-objects/names/
+_K8S_NAME = re.compile(r"[a-z]([-a-z0-9]{0,43}[a-z0-9])?")
+_K8S_NAMESPACE = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 _DIRECTIVE_UNSAFE = re.compile(r"[\s'\"\\`$;#]")
 
 
@@ -115,16 +129,25 @@ class JobSpec:
             raise ConfigError(f"job command {first!r} is neither a ddpkit command nor a Python script",
                               f"one of {', '.join(DDPKIT_COMMANDS)}, or a path ending in .py",
                               "write -- check, -- train --epochs 3, or -- my_train.py ARGS")
-        if self.name and not _NAME.match(self.name):
+        _check_printable(self)
+        if self.name and not _NAME.fullmatch(self.name):
             raise ConfigError(f"job name {self.name!r}", "letters, digits, '-', '_', '.' (up to 63)",
                               "pick a simple name such as ddpkit-check")
+        if self.backend == "k8s" and self.name and not _K8S_NAME.fullmatch(self.name):
+            raise ConfigError(f"job name {self.name!r} is not a valid Kubernetes name",
+                              "lower-case letters, digits and '-', starting with a letter, ending with a letter or "
+                              "digit, at most 45 characters (an RFC 1035 label, with room for the operator's suffixes)",
+                              f"write --name {_k8s_name(self.name)}")
         _check_combinations(self)
         _check_directive_values(self)
         _check_values(self)
 
     @property
     def job_name(self) -> str:
-        return self.name or f"ddpkit-{_stem(self.command[0])}"
+        if self.name:
+            return self.name
+        derived = f"ddpkit-{_stem(self.command[0])}"
+        return _k8s_name(derived) if self.backend == "k8s" else derived
 
     @property
     def command_name(self) -> str:
@@ -133,14 +156,13 @@ class JobSpec:
     @property
     def nodes_text(self) -> str:
         """Node count as torchrun takes it: N, or MIN:MAX for elastic jobs."""
-        s = self.shape
-        return str(s.max_nodes) if s.min_nodes == s.max_nodes else f"{s.min_nodes}:{s.max_nodes}"
+        return self.shape.nodes_text()
 
     @property
     def signal_name(self) -> str | None:
         if self.signal is None:
             return None
-        m = _SIGNAL.match(self.signal)
+        m = _SIGNAL.fullmatch(self.signal)
         assert m is not None  # validated
         return m["name"]
 
@@ -169,15 +191,74 @@ def torchrun_entry(spec: JobSpec) -> list[str]:
 
 
 def header(spec: JobSpec, comment: str = "#") -> str:
-    """The first lines of every generated file: ddpkit's version and the command that produced it."""
-    line = shlex.join(spec.argv) if spec.argv else "(python API)"
+    """The first lines of every generated file: ddpkit's version and the command that produced it.
+
+    The command line is one comment line whatever the arguments hold (see display_argv)."""
+    line = display_argv(spec.argv) if spec.argv else "(python API)"
     return (f"{comment} Generated by ddpkit {__version__} from: ddpkit {line}\n"
             f"{comment} Do not edit by hand: change the command above and render again.\n")
 
 
+def display_argv(argv: tuple[str, ...] | list[str]) -> str:
+    """A command line as bash reads it back, on one line: shlex.quote for printable words, ``$'...'`` (ANSI-C
+    quoting, with \\xHH for ASCII, \\uHHHH and \\UHHHHHHHH escapes) for words holding a control character or a
+    line break."""
+    return " ".join(shlex.quote(w) if w.isprintable() else _ansi_c_quote(w) for w in argv)
+
+
+def _ansi_c_quote(word: str) -> str:
+    out = []
+    for ch in word:
+        if ch in "\\'":
+            out.append("\\" + ch)
+        elif ch.isprintable():
+            out.append(ch)
+        elif ord(ch) < 0x80:  # bash's \\xHH is a byte: only ASCII is the same character in UTF-8
+            out.append(f"\\x{ord(ch):02x}")
+        elif ord(ch) <= 0xFFFF:
+            out.append(f"\\u{ord(ch):04x}")
+        else:
+            out.append(f"\\U{ord(ch):08x}")
+    return "$'" + "".join(out) + "'"
+
+
 def _stem(first: str) -> str:
     base = first.rsplit("/", 1)[-1].removesuffix(".py")
-    return re.sub(r"[^A-Za-z0-9_.-]", "-", base) or "job"
+    return re.sub(r"[^A-Za-z0-9_.-]", "-", base)[:56] or "job"
+
+
+def _k8s_name(name: str) -> str:
+    """A name made a valid Kubernetes name: lower case, '-' for anything else, trimmed to 45 characters."""
+    label = re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")[:45].rstrip("-")
+    if not label or not label[0].isalpha():
+        label = ("ddpkit-" + label)[:45].rstrip("-")
+    return label
+
+
+def _check_printable(spec: JobSpec) -> None:
+    """Every option value ends up in a directive, a name, a variable or a YAML scalar: refuse line breaks and
+    control characters there (the job command's arguments are quoted words and may hold anything)."""
+    values: list[tuple[str, str | None]] = [
+        ("--name", spec.name), ("--run-id", spec.run_id), ("--rdzv-endpoint", spec.rdzv_endpoint),
+        ("--python", spec.python), ("--venv", spec.venv), ("--conda-env", spec.conda_env),
+        ("--partition", spec.partition), ("--time", spec.time), ("--slurm-output", spec.output),
+        ("--container-image", spec.container_image), ("--container-mounts", spec.container_mounts),
+        ("--signal", spec.signal), ("--image", spec.image), ("--namespace", spec.namespace), ("--cpu", spec.cpu),
+        ("--memory", spec.memory), ("--snapshot-size", spec.snapshot_size),
+        *(("--env", f"{k}={v}") for k, v in spec.env), *(("--hosts", h) for h in spec.hosts)]
+    for word in spec.command:
+        try:
+            word.encode("utf-8")
+        except UnicodeEncodeError:
+            raise ConfigError(f"job command argument {word!r} is not valid text (undecodable bytes)",
+                              "arguments in the system's encoding", "pass the argument as UTF-8 text") from None
+    for option, value in values:
+        if value is not None and not value.isprintable():
+            bad = next(ch for ch in value if not ch.isprintable())
+            raise ConfigError(f"{option} {value!r} contains a line break or control character ({bad!r})",
+                              "printable text: the value is written into the generated job's directives, names "
+                              "or variables, where a line break would start a line of code",
+                              f"remove the {bad!r} from {option}")
 
 
 def _check_combinations(spec: JobSpec) -> None:
@@ -225,26 +306,27 @@ def _check_combinations(spec: JobSpec) -> None:
 def _check_directive_values(spec: JobSpec) -> None:
     """Values written into ``#SBATCH`` lines, which sbatch reads without a shell: no quoting is possible there."""
     for option, value in (("--slurm-output", spec.output), ("--partition", spec.partition), ("--time", spec.time)):
-        if value is not None and (_DIRECTIVE_UNSAFE.search(value) or not value):
+        if value is not None and (_DIRECTIVE_UNSAFE.search(value) or not value or value.startswith("-")):
             raise ConfigError(f"{option} {value!r} contains a space, quote, '$', ';', '#' or backslash",
                               "a plain value: sbatch reads it from an #SBATCH line, where it cannot be quoted",
                               "choose a value without those characters (paths in the job command may have them)")
 
 
 def _check_values(spec: JobSpec) -> None:
-    if spec.signal is not None and not _SIGNAL.match(spec.signal):
+    if spec.signal is not None and not _SIGNAL.fullmatch(spec.signal):
         raise ConfigError(f"--signal {spec.signal!r}", "SIGNAL@SECONDS such as USR1@90 (USR1, USR2, TERM, INT, HUP)",
                           "write --signal USR1@90")
-    if spec.time is not None and not _TIME.match(spec.time):
+    if spec.time is not None and not _TIME.fullmatch(spec.time):
         raise ConfigError(f"--time {spec.time!r}", "MINUTES, HH:MM:SS or D-HH[:MM[:SS]]", "write --time 01:00:00")
     if spec.port is not None and not 1 <= spec.port <= 65535:
         raise ConfigError(f"--port {spec.port}", "1..65535", "pick a free TCP port such as 29400")
     if spec.max_restarts < 0:
         raise ConfigError(f"--max-restarts {spec.max_restarts}", "0 or more", "pass --max-restarts 0 or more")
     if spec.rdzv_endpoint is not None:
-        host, sep, port = spec.rdzv_endpoint.rpartition(":")
-        if not sep or not host or not port.isdigit() or _DIRECTIVE_UNSAFE.search(host):
-            raise ConfigError(f"--rdzv-endpoint {spec.rdzv_endpoint!r}", "HOST:PORT",
+        host, port = split_endpoint(spec.rdzv_endpoint)
+        if (port is None or not 1 <= port <= 65535 or not host or _DIRECTIVE_UNSAFE.search(host)
+                or host.startswith("-")):
+            raise ConfigError(f"--rdzv-endpoint {spec.rdzv_endpoint!r}", "HOST:PORT with a port in 1..65535",
                               "write --rdzv-endpoint node1:29400")
     if spec.mpi_flavour not in ("openmpi", "mpich"):
         raise ConfigError(f"--mpi {spec.mpi_flavour!r}", "openmpi or mpich", "write --mpi openmpi")
@@ -255,8 +337,12 @@ def _check_values(spec: JobSpec) -> None:
     if spec.gpus < 0:
         raise ConfigError(f"--gpus {spec.gpus}", "0 or more", "pass --gpus 0 on CPU nodes")
     for key, _ in spec.env:
-        if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", key):
+        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key):
             raise ConfigError(f"--env {key!r}", "NAME=VALUE with a shell variable name", "write --env NCCL_DEBUG=INFO")
+    if spec.namespace is not None and not _K8S_NAMESPACE.fullmatch(spec.namespace):
+        raise ConfigError(f"--namespace {spec.namespace!r} is not a valid Kubernetes namespace",
+                          "lower-case letters, digits and '-', starting and ending with a letter or digit, at most 63",
+                          "write --namespace ml-team")
     for host in spec.hosts:
-        if not host or _DIRECTIVE_UNSAFE.search(host) or "," in host:
+        if not host or _DIRECTIVE_UNSAFE.search(host) or "," in host or host.startswith("-"):
             raise ConfigError(f"--hosts entry {host!r}", "host names separated by commas", "write --hosts a,b")

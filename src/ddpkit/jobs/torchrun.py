@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from ddpkit.jobs.shell import Raw, preamble, wrap
 from ddpkit.jobs.spec import JobSpec, torchrun_entry
+from ddpkit.launch.shape import DEFAULT_RDZV_PORT, split_endpoint
 
 __all__ = ["render", "torchrun_argv"]
 
@@ -38,16 +39,15 @@ def torchrun_argv(spec: JobSpec, *, endpoint: str | None, run_id: str) -> list[s
 
 
 def static_argv(spec: JobSpec, endpoint: str) -> list[str]:
-    host, _, port = endpoint.rpartition(":")
+    host, port = split_endpoint(endpoint)
     return [*launcher(spec), f"--nnodes={spec.nodes_text}", f"--nproc-per-node={spec.shape.nproc_per_node}",
             Raw('--node-rank="$NODE_RANK"'), f"--master-addr={host}", f"--master-port={port}",
             f"--max-restarts={spec.max_restarts}", *torchrun_entry(spec)]
 
 
 def _render_static(spec: JobSpec) -> str:
-    endpoint = spec.rdzv_endpoint or f"127.0.0.1:{spec.port or 29400}"
-    if spec.port is not None:
-        endpoint = f"{endpoint.rpartition(':')[0]}:{spec.port}"
+    host, port = split_endpoint(spec.rdzv_endpoint or "127.0.0.1")
+    endpoint = f"{host}:{spec.port or port or DEFAULT_RDZV_PORT}"
     last = spec.shape.max_nodes - 1
     node_rank = ('NODE_RANK="${NODE_RANK:-0}"' if last == 0 else
                  f': "${{NODE_RANK:?set NODE_RANK to the index of this node, 0 to {last}}}"')

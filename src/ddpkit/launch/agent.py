@@ -17,7 +17,6 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ddpkit.env import thread_count
 from ddpkit.errors import EXIT_PREEMPTED, DeadlineExpired
 from ddpkit.launch import worker
 from ddpkit.launch.addresses import hosts_endpoint, local_addr_towards
@@ -26,6 +25,7 @@ from ddpkit.launch.shape import JobShape
 from ddpkit.launch.stops import FORWARDED, LostPeerBackstop, handle_outside_signals, lost_reports
 from ddpkit.log import get_logger
 from ddpkit.rendezvous import RendezvousWatch, describe_missing
+from ddpkit.runtime import share_cores
 
 __all__ = ["Entrypoint", "LaunchOptions", "launch"]
 
@@ -78,10 +78,7 @@ def launch(options: LaunchOptions, entrypoint: Entrypoint, argv: list[str]) -> i
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
     shape = options.shape
-    threads, message = thread_count(shape.nproc_per_node)
-    if threads is not None and shape.nproc_per_node > 1:
-        os.environ["OMP_NUM_THREADS"] = str(threads)
-        log.warning(message)
+    share_cores(shape.nproc_per_node, announce=True)  # before the workers start: they inherit it
     # The agent's shared rendezvous store keeps a failed attempt's addresses, so restarted workers cannot
     # connect (pytorch/pytorch#135712); a store per attempt makes restarts reliable.
     os.environ.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
@@ -184,8 +181,8 @@ def _rendezvous_failure(exc: Exception, watch: RendezvousWatch | None, options: 
     shape = options.shape
     detail = f"{type(exc).__name__}{f': {exc}' if str(exc) else ''}"
     timed_out = isinstance(exc, RendezvousTimeoutError)  # a join (perhaps of a restart's round) timed out
-    joined = describe_missing(watch.nodes, shape.min_nodes, shape.max_nodes, shape.nproc_per_node,
-                              complete=watch.completed and not timed_out) if watch is not None else ""
+    joined = describe_missing(watch.nodes, shape, complete=watch.completed and not timed_out) \
+        if watch is not None else ""
     if timed_out:
         return DeadlineExpired(f"the rendezvous at {endpoint} did not complete within {conf['join_timeout']} s"
                                f"{'; ' + joined if joined else ''} ({detail})",

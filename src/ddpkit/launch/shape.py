@@ -25,13 +25,13 @@ class JobShape:
     max_nodes: int
     nproc_per_node: int
 
-    @property
-    def nodes_text(self) -> str:
-        """The node count as torchrun's ``--nnodes`` takes it: ``N``, or ``MIN:MAX`` when elastic."""
-        return f"{self.min_nodes}:{self.max_nodes}" if self.min_nodes != self.max_nodes else str(self.max_nodes)
+    def nodes_text(self, between: str = ":") -> str:
+        """The node count: ``N``, or ``MIN:MAX`` when elastic (torchrun's --nnodes; ``between="-"`` gives Slurm's
+        --nodes=MIN-MAX, ``" to "`` a sentence)."""
+        return f"{self.min_nodes}{between}{self.max_nodes}" if self.min_nodes != self.max_nodes else str(self.max_nodes)
 
     def __str__(self) -> str:
-        return f"{self.nodes_text}x{self.nproc_per_node}"
+        return f"{self.nodes_text()}x{self.nproc_per_node}"
 
 
 _SHAPE = re.compile(r"^(?:(?P<min>\d+):)?(?P<nodes>\d+)x(?P<nproc>\d+)$")

@@ -11,9 +11,10 @@ Runbook (2 local ranks here; the same command runs under torchrun, srun, mpirun 
 
 Exit codes: 0 trained; 2 bad options, a snapshot of another job, or an unimportable --make-job (before any
 training); 3 a peer stopped answering (a lost rank or host; the message names it, the collective and the snapshot
-to resume from); 75 stopped by a preemption signal with a snapshot to resume from (rerun to resume); 76 stopped by
-a preemption signal with no snapshot (none configured): the progress is lost. A SIGTERM from ddpkit's own agent
-(which stops its workers after a failure elsewhere) is not a preemption: the rank ends as SIGTERM ends a process.
+to resume from); 74 a snapshot did not fit on its filesystem (the previous one is intact; the message names it);
+75 stopped by a preemption signal with a snapshot to resume from (rerun to resume); 76 stopped by a preemption
+signal with no snapshot (none configured): the progress is lost. A SIGTERM from ddpkit's own agent (which stops
+its workers after a failure elsewhere) is not a preemption: the rank ends as SIGTERM ends a process.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from ddpkit.errors import EXIT_MISSING, EXIT_OK, EXIT_PREEMPTED, ConfigError
+from ddpkit.inputs import check_output_path, output_path, seconds
 from ddpkit.launch.worker import PREEMPTED_MARK
 from ddpkit.log import get_logger
 from ddpkit.train.config import MODELS, PREEMPT_SIGNALS, TrainConfig, check_job_spec, parse_drill
@@ -35,17 +37,6 @@ __all__ = ["WORKER", "add_arguments", "config_from_args", "run"]
 
 WORKER = True
 log = get_logger(__name__)
-
-
-def _seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = 0.0
-    if not value > 0:
-        raise ConfigError(f"--collective-timeout {text}", "a positive number of seconds",
-                          "pass --collective-timeout 60")
-    return value
 
 
 def _count(option: str, minimum: int = 1) -> Any:
@@ -62,6 +53,7 @@ def _count(option: str, minimum: int = 1) -> Any:
 
 
 def _snapshot_path(text: str) -> str:
+    check_output_path(text, "--snapshot-path", directory_ok=True)  # ~nouser, over-long names, /proc
     TrainConfig(snapshot_path=text)  # checks, before any rank starts, that the directory exists and is writable
     return text
 
@@ -96,13 +88,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     s.add_argument("--preempt-signal", choices=list(PREEMPT_SIGNALS), default="TERM",
                    help="signal meaning 'snapshot and stop' besides SIGTERM (Slurm --signal=USR1@60: USR1)")
     s.add_argument("--requeue", action="store_true", help="after a preemption snapshot, scontrol requeue the job")
-    s.add_argument("--collective-timeout", type=_seconds, default=60.0, metavar="S",
+    s.add_argument("--collective-timeout", type=seconds("--collective-timeout"), default=60.0, metavar="S",
                    help="seconds a collective waits for a lost peer before every rank names it and exits 3 "
                         "(default 60); the agent exits within S + 60 s")
     s.add_argument("--drill", action="append", type=parse_drill, default=[], metavar="KIND@epoch=E[,rank=R]",
                    help="inject a fault once: kill-worker@epoch=3[,rank=1] or preempt@epoch=3 (repeatable)")
     o = p.add_argument_group("output")
-    o.add_argument("--json", dest="json_path", default=None, metavar="PATH", help="write the run summary as JSON")
+    o.add_argument("--json", dest="json_path", type=output_path("--json"), default=None, metavar="PATH",
+                   help="write the run summary as JSON")
     o.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
                    help="progress bar on rank 0 (default: only on a terminal)")
 

@@ -1,19 +1,11 @@
 """Faults the trainer survives: preemption signals, Slurm requeue, and drills that inject a fault once on purpose.
 
-Preemption: the handler only sets a flag, and the flag travels with the gradients: a DDP communication hook
-appends it to the last gradient bucket's all-reduce (one extra number; no extra collective, no extra round trip).
-When backward returns, every rank holds the same sum of flags, so all ranks stop after the same step, even when
-the signal reached a single rank, and none is left waiting in a collective. Rank 0 then writes a snapshot and all
-exit with 75 (EXIT_PREEMPTED). Models above PIGGYBACK_MAX parameters keep DDP's C++ all-reduce instead (a copy of
-a large last bucket to append one number would cost more) and vote on the flags every VOTE_EVERY steps.
-
-The same hook makes small gradients cheaper to average on gloo: where the gathered bucket is at most
-GATHER_MAX_BYTES, it is all-gathered and summed locally in rank order instead of all-reduced. Small CPU messages
-are latency-bound, and gloo's all-gather takes half the message steps of its all-reduce (ring: n-1 instead of
-2(n-1)); measured on 2 ranks here (benchmarks/results/bench_train.md): 23 floats 0.5-0.8 ms instead of 1.4-2.1 ms,
-64 Ki floats 1.4-2.4x faster, 256 Ki about even (1.0-1.3x), hence the 512 KiB bound on the gathered size.
-Every rank sums the same gathered rows in the same order, so the ranks stay bitwise identical (the same as the
-all-reduce on 2 ranks, where a + b == b + a).
+Preemption: the handler only sets a flag, and the flag travels with the gradients: the watch is the rider of the
+gradient averaging hook (``train/gradients.py``), which appends it to the last gradient bucket's reduction (one
+extra number; no extra collective, no extra round trip). When backward returns, every rank holds the same sum of
+flags, so all ranks stop after the same step, even when the signal reached a single rank, and none is left waiting
+in a collective. Rank 0 then writes a snapshot and all exit with 75 (EXIT_PREEMPTED). Models too large for that
+hook keep DDP's C++ all-reduce, and the watch votes on the flags every VOTE_EVERY steps instead.
 
 Drills are remembered in ``DIR/NAME.drills.json`` beside the snapshots: a drill fires once per snapshot
 location, so the attempt that restarts after it (or the rerun after a preemption) does not fire it again.
@@ -27,7 +19,6 @@ import shutil
 import signal
 import subprocess
 import time
-from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -35,7 +26,6 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ddpkit.collectives import all_gather_single
 from ddpkit.log import get_logger
 from ddpkit.train.config import Drill
 
@@ -47,20 +37,14 @@ log = get_logger(__name__)
 class PreemptionWatch:
     """Turns SIGTERM (and the configured preemption signal) into one step at which every rank stops."""
 
-    #: Models up to this many parameters carry the flag in their (single, small) gradient bucket.
-    PIGGYBACK_MAX = 1 << 18
-    #: Larger models keep DDP's built-in C++ all-reduce and vote on the flags every this many steps.
+    #: Where the flags do not ride with the gradients: a vote on them every this many steps.
     VOTE_EVERY = 4
-    #: On gloo, a bucket whose gathered size (bytes x ranks) is at most this is all-gathered and summed locally.
-    GATHER_MAX_BYTES = 512 << 10
 
     def __init__(self, signals: tuple[signal.Signals, ...], device: torch.device, world_size: int = 1) -> None:
         self.signals = tuple(dict.fromkeys(signals))
         self.world_size = world_size
         self.received: str | None = None
-        self.piggyback = False
-        self.gather = False
-        self._all_gather = all_gather_single()
+        self.piggyback = False  # True once the flags ride with the gradients (rides_gradients); else a vote
         self._one = torch.ones(1, device=device)
         self._zero = torch.zeros(1, device=device)
         self._votes = torch.zeros(1, device=device)
@@ -84,44 +68,17 @@ class PreemptionWatch:
             signal.signal(sig, previous)
         self._previous.clear()
 
-    def attach(self, ddp: Any) -> None:
-        """Small models: the flag rides in the gradient reduction (a Python hook; no extra collective, and their
-        steps are short, so a separate vote would cost more). Larger models keep DDP's C++ all-reduce (a Python
-        hook and a copy per bucket cost more than a tiny vote every VOTE_EVERY steps)."""
-        self.piggyback = sum(p.numel() for p in ddp.module.parameters()) <= self.PIGGYBACK_MAX
-        self.gather = self.world_size > 1 and dist.get_backend() == "gloo"
-        if self.piggyback and self.world_size > 1:
-            # a lambda: DDP rejects string annotations
-            ddp.register_comm_hook(None, lambda state, bucket: self.hook(state, bucket))
+    def rides_gradients(self, riding: bool) -> None:
+        """Whether the gradient averaging hook carries this watch's flag (``register_gradient_averaging`` returned
+        a hook for it): then ``should_stop`` reads the flags summed with the last bucket, else it votes."""
+        self.piggyback = riding
 
-    def hook(self, _: object, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
-        """DDP communication hook: average the gradients, and sum the ranks' stop flags with the last bucket."""
-        grads = bucket.buffer()
-        world = self.world_size
-        if not bucket.is_last():
-            return self._sum(grads, lambda total: total.div_(world))
-        flag = self._one if self.received is not None else self._zero
+    # Rider (train/gradients.py): the flag goes out with the last gradient bucket, the ranks' sum comes back.
+    def outgoing(self) -> torch.Tensor:
+        return self._one if self.received is not None else self._zero
 
-        def unpack(total: torch.Tensor) -> torch.Tensor:
-            self._votes.copy_(total[-1:])
-            return total[:-1].div_(world)
-
-        return self._sum(torch.cat([grads, flag.to(grads.dtype)]), unpack)
-
-    def _sum(self, tensor: torch.Tensor, then: Callable[[torch.Tensor], torch.Tensor]
-             ) -> torch.futures.Future[torch.Tensor]:
-        """The sum of ``tensor`` over the ranks, passed to ``then`` (on the thread that completes the operation)."""
-        world = self.world_size
-        if self.gather and tensor.numel() * tensor.element_size() * world <= self.GATHER_MAX_BYTES:
-            rows = tensor.new_empty(world * tensor.numel())
-            work = self._all_gather(rows, tensor, async_op=True)
-            assert work is not None
-            # fut.value() first: it raises when the all-gather failed (a lost peer, a timeout); summing ``rows``
-            # anyway would read uninitialised memory, a garbage stop vote taken for a preemption (issue 19)
-            return work.get_future().then(lambda fut: (fut.value(), then(rows.view(world, -1).sum(0)))[1])
-        work = dist.all_reduce(tensor, async_op=True)
-        assert work is not None
-        return work.get_future().then(lambda fut: then(fut.value()[0]))
+    def arrived(self, total: torch.Tensor) -> None:
+        self._votes.copy_(total)
 
     def should_stop(self, step: int) -> bool:
         """After step ``step`` (counted alike on every rank): did any rank raise its flag? The same answer on every

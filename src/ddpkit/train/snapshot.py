@@ -15,11 +15,13 @@ and the next older one is used. Payloads load with ``weights_only=True``: only t
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import io
 import json
 import os
 import re
+import shutil
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -29,6 +31,7 @@ from typing import Any
 
 import torch
 
+from ddpkit.errors import DiskFull
 from ddpkit.log import get_logger
 
 __all__ = ["MAGIC", "AsyncWriter", "CpuShadow", "SnapshotDir", "SnapshotInfo", "copy_to_cpu", "read_header",
@@ -68,20 +71,49 @@ def write_snapshot(path: Path, state: Mapping[str, Any], header: Mapping[str, An
     torch.save(dict(state), buffer)
     payload = buffer.getbuffer()
     head = dict(header, sha256=hashlib.sha256(payload).hexdigest(), length=len(payload))
+    head_line = json.dumps(head, sort_keys=True).encode() + b"\n"
+    needed = len(MAGIC) + len(head_line) + len(payload)
+    free = shutil.disk_usage(path.parent).free
+    if free < needed:
+        log.warning("%s has %s bytes free, this snapshot needs %s: the write will probably fail (the previous "
+                    "snapshot stays intact)", path.parent, f"{free:,}", f"{needed:,}")
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
         with open(tmp, "wb") as f:
             f.write(MAGIC)
-            f.write(json.dumps(head, sort_keys=True).encode() + b"\n")
+            f.write(head_line)
             f.write(payload)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
+    except OSError as exc:
+        if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+            raise
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()  # first, so that the free space reported is what the user really has
+        raise _disk_full(path, needed, exc) from None
     finally:
         with contextlib.suppress(FileNotFoundError):
             tmp.unlink()
     _fsync_dir(path.parent)
-    return len(MAGIC) + len(payload)
+    return needed
+
+
+def _disk_full(path: Path, needed: int, exc: OSError) -> DiskFull:
+    """The one message a user needs: which file, how many bytes were needed and are free, and where the next run
+    will resume from (the newest intact snapshot of this run, verified now)."""
+    free = shutil.disk_usage(path.parent).free
+    m = re.fullmatch(r"(?P<name>.+)\.\d+(?P<ext>\.[^.]*)?", path.name)
+    intact = None
+    if m:
+        intact, _ = SnapshotDir(path.parent, m["name"], m["ext"] or "", keep=1).newest_valid()
+    resume = (f"the next run resumes from {intact.path} (intact, verified, global step {intact.global_step})"
+              if intact else "no intact snapshot exists yet, so the next run starts from the beginning")
+    return DiskFull(f"snapshot {path} was not written: {exc.strerror} ({needed:,} bytes needed, {free:,} free "
+                    f"in {path.parent}); {resume}",
+                    "room for the snapshots kept (--keep) plus one being written",
+                    f"free space in {path.parent}, lower --keep, or point --snapshot-path at a larger filesystem; "
+                    "then run the same command again")
 
 
 def read_header(path: Path, *, verify: bool = True) -> dict[str, Any]:

@@ -37,6 +37,7 @@ from ddpkit.log import get_logger
 from ddpkit.train.config import TrainConfig, snapshot_location
 from ddpkit.train.data import Batches
 from ddpkit.train.faults import DrillBook, PreemptionWatch, requeue_slurm_job
+from ddpkit.train.gradients import register_gradient_averaging
 from ddpkit.train.output import say
 from ddpkit.train.rng import capture_rng, restore_rng, seed_everything
 from ddpkit.train.snapshot import AsyncWriter, CpuShadow, SnapshotDir, copy_to_cpu, read_snapshot, write_snapshot
@@ -269,7 +270,11 @@ class Trainer:
         # gradients in memory instead of two); the arithmetic is the same, results are bitwise equal
         ddp = DDP(model, device_ids=[device.index] if device.type == "cuda" else None, gradient_as_bucket_view=True)
         watch = PreemptionWatch((signal.SIGTERM, cfg.preempt_signum), device, self.world).install()
-        watch.attach(ddp)  # how the ranks' stop flags travel: in the gradient reduction, or a vote every few steps
+        # How gradients are averaged (train/gradients.py): small models through ddpkit's hook, with the transport
+        # that suits the backend, the ranks' stop flags riding on the last bucket; larger ones by DDP's own C++
+        # all-reduce (None), the stop flags then voted on every few steps.
+        averaging = register_gradient_averaging(ddp, world_size=self.world, rider=watch)
+        watch.rides_gradients(averaging is not None)
         self.summary["stop_flags"] = ("gradient all-reduce" if watch.piggyback
                                       else f"vote every {watch.VOTE_EVERY} steps")
         step_times: list[float] = []

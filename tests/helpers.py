@@ -1,4 +1,5 @@
-"""Shared test helpers: run the real CLI in subprocesses; gate infrastructure tests honestly."""
+"""Test helpers, imported by test modules (fixtures live in conftest.py files): run the real CLI in subprocesses;
+gate infrastructure tests honestly."""
 
 from __future__ import annotations
 

@@ -1,0 +1,199 @@
+"""`ddpkit submit k8s` manifests executed, not only rendered: each pod a namespace host (tests/infra/k8s_operator.py).
+
+PyTorchJob (Master + Workers; elastic with c10d; elastic with etcd-v2 and its etcd Deployment) and Trainer v2
+TrainJob, rendered by the real CLI, run with the environment the operators inject, the Service names resolvable,
+the snapshot PVC shared, and restartPolicy played by the harness as the kubelet would.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from ddpkit.train.snapshot import SnapshotDir, read_header, read_snapshot
+from tests.helpers import require_tools, run_ddpkit
+from tests.infra.conftest import Hosts, new_run_id
+from tests.infra.k8s_operator import Manifest, Operator, etcd_pods, job_pods, load
+
+pytestmark = [pytest.mark.infra, pytest.mark.multiproc]
+JOB_TIMEOUT = 240
+# 8192 samples / 4 ranks / batch 32 = 64 steps per epoch, a snapshot every epoch; summary on the shared volume
+EPOCHS = 6
+JOB = ("--samples", "8192", "--epochs", str(EPOCHS), "--seed", "7", "--keep", str(EPOCHS))
+TRAIN = ("train", *JOB, "--json", "/snapshots/summary.json")
+
+
+def render(*args: str) -> list[Manifest]:
+    done = run_ddpkit("submit", "k8s", "--dry-run", "--image", "registry.example/ddpkit:test", *args)
+    assert done.returncode == 0, done.stderr
+    return load(done.stdout)
+
+
+@pytest.fixture
+def operator(make_hosts: Callable[[int], Hosts]) -> Iterator[Callable[..., Operator]]:
+    """Factory: the pods of rendered manifests on as many namespace hosts, started; torn down with the hosts."""
+    def start(objects: list[Manifest], **options: Any) -> Operator:
+        hosts = make_hosts(len(etcd_pods(objects)) + len(job_pods(objects)))
+        op = Operator(hosts.cluster, objects, **options)
+        op.start()
+        return op
+
+    yield start
+
+
+def _finish(op: Operator, timeout: float = JOB_TIMEOUT) -> Operator:
+    if not op.wait(timeout):
+        pytest.fail(f"the job did not finish within {timeout} s\n{op.logs()}")
+    return op
+
+
+def test_pytorchjob_check(operator: Callable[..., Operator]) -> None:
+    op = _finish(operator(render("-j", "2x2", "--run-id", new_run_id(), "--", "check")))
+    assert all(p.succeeded for p in op.job), op.logs()
+    assert "verdict: PASS: 4 rank(s) on 2 host(s)" in op.job[0].log(), op.logs()
+
+
+def _pvc(op: Operator) -> Path:
+    return op.workdir / "pvc" / "ddpkit-train-snapshots"
+
+
+@pytest.fixture(scope="module")
+def baseline(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """The same job uninterrupted, 4 ranks started by ddpkit on one host: the final state every run must reach."""
+    tmp = tmp_path_factory.mktemp("baseline")
+    done = run_ddpkit("train", "-n", "4", *JOB, "--snapshot-path", f"{tmp}/", timeout=JOB_TIMEOUT)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return _final(tmp)
+
+
+def _final(directory: Path) -> dict[str, Any]:
+    (_, newest), *_ = SnapshotDir(directory, "snapshot", ".pt", keep=1).candidates()
+    return read_snapshot(newest)[1]
+
+
+def _same_state(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    def equal(x: Any, y: Any) -> bool:
+        if isinstance(x, torch.Tensor):
+            return isinstance(y, torch.Tensor) and x.dtype == y.dtype and torch.equal(x, y)
+        if isinstance(x, dict):
+            return isinstance(y, dict) and x.keys() == y.keys() and all(equal(x[k], y[k]) for k in x)
+        if isinstance(x, list | tuple):
+            return len(x) == len(y) and all(equal(p, q) for p, q in zip(x, y, strict=True))
+        return bool(x == y)
+
+    return all(equal(a[k], b[k]) for k in ("model", "optimizer", "rng"))
+
+
+def test_pytorchjob_train_snapshots_on_the_shared_volume(operator: Callable[..., Operator],
+                                                         baseline: dict[str, Any]) -> None:
+    op = _finish(operator(render("-j", "2x2", "--", *TRAIN)))
+    assert all(p.succeeded and p.restarts == 0 for p in op.job), op.logs()
+    master = op.pod("ddpkit-train-master-0").log()
+    assert f"Epoch {EPOCHS - 1} | Training snapshot saved at /snapshots/snapshot.{EPOCHS * 64:09d}.pt" in master
+    files = sorted(p.name for p in _pvc(op).glob("snapshot.*.pt"))
+    assert files == [f"snapshot.{64 * e:09d}.pt" for e in range(1, EPOCHS + 1)], files
+    assert {read_header(_pvc(op) / f)["writer_rank"] for f in files} == {0}
+    summary = json.loads((_pvc(op) / "summary.json").read_text())
+    assert summary["world_size"] == 4 and summary["global_step"] == EPOCHS * 64
+    assert _same_state(_final(_pvc(op)), baseline)
+
+
+ELASTIC = {"c10d": (), "etcd": ("--k8s-rdzv", "etcd")}
+
+
+@pytest.mark.parametrize("rdzv", sorted(ELASTIC))
+def test_elastic_pytorchjob_check(operator: Callable[..., Operator], rdzv: str) -> None:
+    if rdzv == "etcd":
+        require_tools("etcd")
+    op = _finish(operator(render("-j", "1:2x2", *ELASTIC[rdzv], "--run-id", new_run_id(), "--", "check")))
+    assert all(p.succeeded for p in op.job), op.logs()
+    logs = "".join(p.log() for p in op.job)
+    assert "verdict: PASS: 4 rank(s) on 2 host(s)" in logs, op.logs()
+
+
+@pytest.mark.parametrize("rdzv", sorted(ELASTIC))
+def test_elastic_pytorchjob_worker_killed_resumes_bitwise(operator: Callable[..., Operator],
+                                                          baseline: dict[str, Any], rdzv: str) -> None:
+    """Kill every process of worker 1 after the first snapshot: the kubelet restarts the pod (OnFailure), the
+    agents meet again, training resumes from the snapshot and ends exactly where the uninterrupted run ends."""
+    if rdzv == "etcd":
+        require_tools("etcd")
+    op = operator(render("-j", "1:2x2", *ELASTIC[rdzv], "--max-restarts", "3", "--run-id", new_run_id(), "--",
+                         *TRAIN))
+    first = _pvc(op) / "snapshot.000000064.pt"
+    if not op.wait(JOB_TIMEOUT, until=first.exists):
+        pytest.fail(f"no first snapshot within {JOB_TIMEOUT} s\n{op.logs()}")
+    assert not any(p.done for p in op.job), "the job ended before the kill:\n" + op.logs()
+    assert op.kill_pod("ddpkit-train-worker-1")
+    _finish(op)
+    victim = op.pod("ddpkit-train-worker-1")
+    assert victim.exit_codes[0] == 137 and victim.restarts >= 1, op.logs()  # SIGKILL, as the runtime reports it
+    assert all(p.succeeded for p in op.job), op.logs()
+    logs = "".join(p.log() for p in op.job)
+    assert "Resuming training from snapshot at Epoch" in logs, op.logs()
+    summary = json.loads((_pvc(op) / "summary.json").read_text())
+    assert summary["world_size"] == 4 and summary["resumed_from"] is not None, summary
+    assert _same_state(_final(_pvc(op)), baseline)
+
+
+def test_trainjob_check(operator: Callable[..., Operator]) -> None:
+    op = _finish(operator(render("-j", "2x2", "--k8s-kind", "trainjob", "--run-id", new_run_id(), "--", "check")))
+    assert [p.spec.name for p in op.job] == ["ddpkit-check-node-0-0", "ddpkit-check-node-0-1"]
+    assert all(p.succeeded for p in op.job), op.logs()
+    assert "verdict: PASS: 4 rank(s) on 2 host(s)" in op.job[0].log(), op.logs()
+
+
+def _wrong_command(job: Manifest) -> str:
+    container = job["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]
+    container["command"] = [a.replace("ddpkit", "ddpkit_typo") for a in container["command"]]
+    return "No module named ddpkit_typo"
+
+
+def _wrong_rendezvous(job: Manifest) -> str:
+    # a rendezvous host no pod or Service answers to; a short store timeout keeps the failing attempts short
+    job["spec"]["elasticPolicy"].update(rdzvHost="ddpkit-check-master-0",
+                                        rdzvConf=[{"key": "read_timeout", "value": "5"}])
+    return "RendezvousConnectionError"
+
+
+@pytest.mark.parametrize("mutate", [_wrong_command, _wrong_rendezvous], ids=["command", "rendezvous"])
+def test_harness_fails_a_broken_manifest(operator: Callable[..., Operator], mutate: Callable[[Manifest], str]) -> None:
+    """The harness can fail: the same manifest with a wrong pod command or rendezvous host ends with every pod
+    failed after the kubelet's restarts, and the log says why."""
+    objects = render("-j", "1:2x2", "--run-id", new_run_id(), "--", "check")
+    expected = mutate(next(o for o in objects if o["kind"] == "PyTorchJob"))
+    op = _finish(operator(objects, max_restarts=1))
+    assert not any(p.succeeded for p in op.job), op.logs()
+    assert all(p.restarts == 1 and len(p.exit_codes) == 2 for p in op.job), op.logs()
+    assert expected in "".join(p.log() for p in op.job), op.logs()
+
+
+def test_pod_environments_are_the_operators() -> None:
+    """What each pod is given, from the rendered manifests (no processes): the values the tests above run with."""
+    master, worker = job_pods(render("-j", "2x2", "--", "check"))
+    assert (master.name, worker.name) == ("ddpkit-check-master-0", "ddpkit-check-worker-0")
+    assert {k: worker.env[k] for k in ("MASTER_ADDR", "PET_MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK",
+                                       "PET_NODE_RANK", "PET_NNODES", "PET_NPROC_PER_NODE")} == {
+        "MASTER_ADDR": "ddpkit-check-master-0", "PET_MASTER_ADDR": "ddpkit-check-master-0", "MASTER_PORT": "23456",
+        "WORLD_SIZE": "4", "RANK": "1", "PET_NODE_RANK": "1", "PET_NNODES": "2", "PET_NPROC_PER_NODE": "2"}
+    assert master.env["RANK"] == "0" and master.env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] == "1"
+    assert master.command == ("torchrun", "-m", "ddpkit", "check") and master.restart_policy == "OnFailure"
+    objects = render("-j", "1:2x2", "--k8s-rdzv", "etcd", "--run-id", "r9", "--", "train")
+    (etcd,), pods = etcd_pods(objects), job_pods(objects)
+    assert etcd.aliases == ("ddpkit-train-etcd",) and etcd.ready_port == 2379
+    assert [p.name for p in pods] == ["ddpkit-train-worker-0", "ddpkit-train-worker-1"]
+    assert {k: v for k, v in pods[1].env.items() if k.startswith("PET_")} == {
+        "PET_RDZV_ENDPOINT": "ddpkit-train-etcd:2379", "PET_RDZV_BACKEND": "etcd-v2", "PET_NNODES": "1:2",
+        "PET_MAX_RESTARTS": "0", "PET_RDZV_ID": "r9", "PET_NPROC_PER_NODE": "2"}
+    assert "MASTER_ADDR" not in pods[1].env  # no Master replica: torchrun's c10d/etcd rendezvous names the master
+    assert {("pvc", "ddpkit-train-snapshots", "/snapshots"), ("tmpfs", "", "/dev/shm")} <= set(pods[0].mounts)
+    _, node1 = job_pods(render("-j", "2x2", "--k8s-kind", "trainjob", "--", "check"))
+    assert node1.aliases == ("ddpkit-check-node-0-1.ddpkit-check",)
+    assert {k: v for k, v in node1.env.items() if k.startswith("PET_")} == {
+        "PET_NNODES": "2", "PET_NPROC_PER_NODE": "2", "PET_NODE_RANK": "1",
+        "PET_MASTER_ADDR": "ddpkit-check-node-0-0.ddpkit-check", "PET_MASTER_PORT": "29400"}

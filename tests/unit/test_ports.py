@@ -1,0 +1,15 @@
+"""The port derived from a Slurm job id: the rendered script's shell arithmetic and the ranks' Python agree."""
+
+from __future__ import annotations
+
+import subprocess
+
+from ddpkit.ports import PORT_RANGE, derive_port, derive_port_shell
+
+
+def test_shell_and_python_derive_the_same_port() -> None:
+    for job_id in ("0", "4242", "10000", "123456789"):
+        shell = subprocess.run(["bash", "-c", f"SLURM_JOB_ID={job_id}; echo {derive_port_shell('SLURM_JOB_ID')}"],
+                               capture_output=True, text=True, timeout=30, check=True)
+        assert int(shell.stdout) == derive_port(job_id)
+        assert PORT_RANGE[0] <= derive_port(job_id) < PORT_RANGE[1]
