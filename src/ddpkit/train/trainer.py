@@ -340,11 +340,11 @@ class Trainer:
         outside, signalled = watch.agree_on_cause()
         if not outside:  # only the job's own agents sent signals: they are stopping the group after a failure
             self.summary.update(stopped_by_agent=True, signal=watch.received, global_step=step)
-            who = f"rank {self.rank} got {watch.received} from its agent" if watch.received else \
-                f"{signalled} rank(s) got SIGTERM from their agent"
-            log.error("stopped after step %d: %s, not a signal from outside the job (the agent stops its workers "
-                      "after a failure, a lost rendezvous store or a membership change): not a preemption, no "
-                      "snapshot taken; %s", step, who, self.last_snapshot)
+            who = f"rank {self.rank} got {watch.received}" if watch.received else \
+                f"{signalled} other rank(s) got a stop signal"
+            log.error("stopped after step %d: %s, and no agent received a signal from outside the job: an agent is "
+                      "stopping its workers (after a failure, a lost rendezvous store or a membership change); not a "
+                      "preemption, no snapshot taken; %s", step, who, self.last_snapshot)
             return self.summary
         self.writer.join()  # a background snapshot still being written counts once it is on disk
         if self.snapdir is not None:
