@@ -4,7 +4,9 @@ Preemption: the handler only sets a flag, and the flag travels with the gradient
 gradient averaging hook (``train/gradients.py``), which appends it to the last gradient bucket's reduction (one
 extra number; no extra collective, no extra round trip). When backward returns, every rank holds the same sum of
 flags, so all ranks stop after the same step, even when the signal reached a single rank, and none is left waiting
-in a collective. Rank 0 then writes a snapshot and all exit with 75 (EXIT_PREEMPTED). Models too large for that
+in a collective. The ranks then agree whether any signal came from outside the job (``agree_on_cause``; the
+agent's own SIGTERMs are no preemption, see train/stops.py); if one did, rank 0 writes a snapshot and all exit
+with 75 (EXIT_PREEMPTED), or 76 when no --snapshot-path leaves nothing to resume from. Models too large for that
 hook keep DDP's C++ all-reduce, and the watch votes on the flags every VOTE_EVERY steps instead.
 
 Drills are remembered in ``DIR/NAME.drills.json`` beside the snapshots: a drill fires once per snapshot
