@@ -16,7 +16,8 @@ class Raw(str):
 
 
 def preamble(spec: JobSpec, directives: Sequence[str] = ()) -> list[str]:
-    """Shebang, header (with the job's Python and why), scheduler directives, strict mode, environment activation and exported variables."""
+    """Shebang, header (with the job's Python and why), scheduler directives, strict mode, environment activation
+    and exported variables."""
     lines = ["#!/bin/bash", *header(spec).splitlines(), *job_interpreter(spec).header_lines(), *directives,
              "set -euo pipefail", ""]
     if spec.venv:

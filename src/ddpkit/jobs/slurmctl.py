@@ -113,7 +113,8 @@ def _scontrol(job_id: str) -> JobState | None:
     ended = state not in _ACTIVE
     return JobState(job_id=job_id, state=state, exit_status=int(status) if ended else None,
                     exit_signal=int(sig) if ended and sig != "0" else None, name=kv.get("JobName", ""),
-                    reason=reason_text(kv.get("Reason", "")), nodes=kv.get("NodeList", ""), restarts=int(kv.get("Restarts", 0)),
+                    reason=reason_text(kv.get("Reason", "")), nodes=kv.get("NodeList", ""),
+                    restarts=int(kv.get("Restarts", 0)),
                     stdout=kv.get("StdOut"), source="scontrol", fields=kv)
 
 
