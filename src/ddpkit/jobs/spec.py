@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 
 from ddpkit import __version__
 from ddpkit.errors import ConfigError
+from ddpkit.jobs.interpreter import job_interpreter
 from ddpkit.launch.shape import JobShape, split_endpoint
 
 __all__ = ["BACKENDS", "DDPKIT_COMMANDS", "JobSpec", "header", "python_argv", "torchrun_entry"]
@@ -186,8 +187,6 @@ class JobSpec:
 
 def python_argv(spec: JobSpec, python: str | None = None) -> list[str]:
     """The rank's program: ``PYTHON -m ddpkit CMD ARGS`` or ``PYTHON SCRIPT.py ARGS`` (job_interpreter's)."""
-    from ddpkit.jobs.interpreter import job_interpreter
-
     cmd = spec.job_command()
     py = python or job_interpreter(spec).path
     return [py, "-m", "ddpkit", *cmd] if cmd[0] in DDPKIT_COMMANDS else [py, *cmd]
@@ -272,8 +271,6 @@ def _check_printable(spec: JobSpec) -> None:
 
 def _check_submitter(spec: JobSpec) -> None:
     """The submitting interpreter is written into the job when nothing else names one: it must be a usable path."""
-    from ddpkit.jobs.interpreter import job_interpreter
-
     if not job_interpreter(spec).submitter:
         return
     if not spec.submitter or not os.path.isabs(spec.submitter) or not spec.submitter.isprintable():
