@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 from ddpkit.check import collectives, ddpsync, render
 from ddpkit.check.consistency import judge_consistency, judge_network
 from ddpkit.check.outcome import FAIL, Outcome, exit_code, failed
-from ddpkit.check.rollcall import check_in, collect, judge, local_record
+from ddpkit.check.rollcall import check_in, collect, judge, local_record, read_all
 from ddpkit.check.watchdog import Watchdog
 from ddpkit.env import WorldInfo, detect
 from ddpkit.env.evidence import lone_world_evidence
@@ -56,6 +56,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="deadline of every later phase: init, each collective, DDP, report (default 60)")
     p.add_argument("--json", type=output_path("--json"), default=None, metavar="PATH",
                    help="write the full report: every rank's record, every check, timings")
+    p.add_argument("--per-rank", action="store_true",
+                   help="print every rank's row (default: one row per node, ranks folded, the ones that differ named)")
     p.add_argument("--grad-transport", choices=("auto", "gloo", "mpi", "nccl"), default="auto",
                    help="how the DDP-sync check averages gradients, as train does (default auto: through MPI on CPU "
                         "where an MPI launcher started the ranks and mpi4py is installed)")
@@ -89,7 +91,7 @@ class Report:
             code = exit_code(outcomes) if code is None else code
             seconds = time.monotonic() - self.start
             if self.records:
-                render.print_nodes(self.records)
+                render.print_nodes(self.records, per_rank=getattr(self.args, "per_rank", False))
             render.print_checks(outcomes)
             hosts = len({r["host"] for r in self.records}) or 1
             verdict = render.verdict_line(outcomes, code, world_size=self.world.world_size, hosts=hosts,
@@ -97,11 +99,17 @@ class Report:
             render.print_verdict(verdict)
             if self.args.rank_lines and self.records:
                 render.print_rank_lines(self.records)
+            self.timings["report"] = time.monotonic() - self.start - seconds
+            # wall clock (one host's clock for the local ranks): where a run's time goes, outside the phases too
+            arrivals = [float(r["checked_in_at"]) for r in self.records if "checked_in_at" in r]
+            clock = {"first_check_in": min(arrivals, default=None), "last_check_in": max(arrivals, default=None),
+                     "report_done": time.time()}
             if self.args.json:
                 render.write_json(self.args.json, {
                     "kind": "check", "verdict": verdict, "exit_code": code, "passed": code == 0,
                     "backend": self.backend, "device": self.device,
                     "world": self.world.as_dict(), "seconds": round(seconds, 3), "timings": self.timings,
+                    "clock": clock,
                     "checks": [o.as_dict() for o in outcomes], "ranks": self.records, "deadline": deadline,
                 })
             return code
@@ -217,6 +225,8 @@ def _roll_call(store: dist.Store, report: Report, record: dict[str, Any], timeou
     fatal = exit_code(found)
     verdict = "go" if fatal == 0 else str(fatal)
     store.set("rollcall/verdict", verdict)
+    if records:  # rank 0's own cost: from the last rank's arrival to the verdict the others wait for
+        report.timings["roll-call-after-last"] = time.time() - max(float(r["checked_in_at"]) for r in records)
     return verdict
 
 
@@ -249,9 +259,8 @@ def _verify(store: dist.Store, report: Report, world: WorldInfo, backend: str, p
 
 
 def _judge_results(store: dist.Store, report: Report, size: int, backend: str, transport: str | None = None) -> None:
-    keys = [f"results/{r}" for r in range(size)]
-    store.wait(keys, timedelta(seconds=report.args.phase_timeout + MARGIN_S))
-    results = [json.loads(store.get(k)) for k in keys]
+    raw = read_all(store, [f"results/{r}" for r in range(size)], timeout=report.args.phase_timeout + MARGIN_S)
+    results = [json.loads(v) for v in raw]
     for i, name in enumerate(collectives.OPS):
         per_rank = [collectives.OpResult(**res["ops"][i]) for res in results]
         report.outcomes.append(collectives.combine(name, per_rank, backend))

@@ -16,12 +16,15 @@ written or submitted. The guarantee for generated files: nothing a user passes a
 
 from __future__ import annotations
 
+import os
 import re
 import shlex
-from dataclasses import dataclass
+import sys
+from dataclasses import dataclass, field
 
 from ddpkit import __version__
 from ddpkit.errors import ConfigError
+from ddpkit.jobs.interpreter import job_interpreter
 from ddpkit.launch.shape import JobShape, split_endpoint
 
 __all__ = ["BACKENDS", "DDPKIT_COMMANDS", "JobSpec", "asks_for_mpi", "header", "python_argv", "torchrun_entry"]
@@ -65,8 +68,12 @@ class JobSpec:
     """Rendezvous / master port; default: derived from the Slurm job id, 29400 (torchrun), 29500 (MPI)."""
     max_restarts: int = 0
     """Worker-group restarts torchrun allows after a failure."""
-    python: str = "python"
-    """Interpreter that runs ranks (after environment activation)."""
+    python: str | None = None
+    """Interpreter that runs the ranks (``--python``). None: ``python`` from the environment or image when one is
+    given (``--venv``, ``--conda-env``, a container image, k8s), else ``submitter`` (ddpkit.jobs.interpreter)."""
+    submitter: str = field(default_factory=lambda: os.path.abspath(sys.executable) if sys.executable else "")
+    """The interpreter that renders and submits the job: with no environment option the ranks run with it, by
+    absolute path, so a venv that is not on PATH still runs the job. An input, so that rendering is reproducible."""
     venv: str | None = None
     """A virtual environment to activate before the job runs (``source VENV/bin/activate``)."""
     conda_env: str | None = None
@@ -130,6 +137,7 @@ class JobSpec:
                               f"one of {', '.join(DDPKIT_COMMANDS)}, or a path ending in .py",
                               "write -- check, -- train --epochs 3, or -- my_train.py ARGS")
         _check_printable(self)
+        _check_submitter(self)
         if self.name and not _NAME.fullmatch(self.name):
             raise ConfigError(f"job name {self.name!r}", "letters, digits, '-', '_', '.' (up to 63)",
                               "pick a simple name such as ddpkit-check")
@@ -178,9 +186,9 @@ class JobSpec:
 
 
 def python_argv(spec: JobSpec, python: str | None = None) -> list[str]:
-    """The rank's program: ``python -m ddpkit CMD ARGS`` or ``python SCRIPT.py ARGS``."""
+    """The rank's program: ``PYTHON -m ddpkit CMD ARGS`` or ``PYTHON SCRIPT.py ARGS`` (job_interpreter's)."""
     cmd = spec.job_command()
-    py = python or spec.python
+    py = python or job_interpreter(spec).path
     return [py, "-m", "ddpkit", *cmd] if cmd[0] in DDPKIT_COMMANDS else [py, *cmd]
 
 
@@ -272,6 +280,16 @@ def asks_for_mpi(command: tuple[str, ...]) -> bool:
         if (option == "--grad-transport" and value == "mpi") or (option == "--transport" and value in ("mpi", "both")):
             return True
     return False
+
+
+def _check_submitter(spec: JobSpec) -> None:
+    """The submitting interpreter is written into the job when nothing else names one: it must be a usable path."""
+    if not job_interpreter(spec).submitter:
+        return
+    if not spec.submitter or not os.path.isabs(spec.submitter) or not spec.submitter.isprintable():
+        raise ConfigError(f"the Python running ddpkit is {spec.submitter!r}, which cannot be written into the job",
+                          "an absolute path of printable text (the job runs its ranks with it)",
+                          "name the job's Python with --python PATH, or its environment with --venv / --conda-env")
 
 
 def _check_combinations(spec: JobSpec) -> None:

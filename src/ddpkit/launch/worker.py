@@ -20,6 +20,7 @@ __all__ = [
     "PREEMPTED_MARK",
     "RESULT_DIR",
     "START_METHOD",
+    "STOP_DIR",
     "die_with_agent",
     "forked_worker",
     "launched_by_ddpkit",
@@ -36,6 +37,10 @@ LAUNCHED = "DDPKIT_LAUNCHED"
 RESULT_DIR = "DDPKIT_RESULT_DIR"
 #: A path a worker that stopped cleanly after a preemption signal creates, so the agent can say so.
 PREEMPTED_MARK = "DDPKIT_PREEMPTED_MARK"
+#: A directory shared by the agent and its workers about why the workers stop: the agent leaves ``signal`` there
+#: (the name of a signal it received from outside the job) before it forwards that signal; a worker that lost its
+#: peers leaves ``lost.rank-R`` (its diagnosis) there. See ddpkit.launch.stops.
+STOP_DIR = "DDPKIT_STOP_DIR"
 #: ``fork`` (default: workers forked from the agent, preloaded modules inherited) or ``spawn`` (fresh processes).
 START_METHOD = "DDPKIT_START_METHOD"
 

@@ -79,7 +79,9 @@ def gloo_gather_sum(world_size: int) -> Sum:
         rows = tensor.new_empty(world_size * tensor.numel())
         work = all_gather(rows, tensor, async_op=True)
         assert work is not None
-        return work.get_future().then(lambda _: then(rows.view(world_size, -1).sum(0)))
+        # fut.value() first: it raises when the all-gather failed (a lost peer, a timeout); summing ``rows`` anyway
+        # reads uninitialised memory: garbage gradients, and a garbage stop vote taken for a preemption (issue 19)
+        return work.get_future().then(lambda fut: (fut.value(), then(rows.view(world_size, -1).sum(0)))[1])
 
     return total
 
