@@ -1,8 +1,8 @@
 """ddpkit's command line: argv -> options -> the command; errors -> exit codes; logging configured once.
 
 Exit codes: 0 success; 1 a check failed; 2 usage or environment error; 3 ranks missing or a deadline expired;
-74 a snapshot did not fit on its filesystem; 75 stopped by a preemption signal after saving; 130 interrupted
-(the README's table is the reference).
+74 a snapshot did not fit on its filesystem; 75 stopped by a preemption signal after saving; 76 preempted with no
+snapshot; 130 interrupted (the README's table is the reference).
 """
 
 from __future__ import annotations
@@ -116,6 +116,11 @@ def _launch_options(args: argparse.Namespace) -> LaunchOptions:
     options = LaunchOptions(shape=shape, rdzv_endpoint=args.rdzv_endpoint, rdzv_backend=args.rdzv_backend,
                             rdzv_conf=tuple(conf), run_id=args.run_id, max_restarts=args.max_restarts,
                             local_addr=args.local_addr)
+    collective = getattr(args, "collective_timeout", None)
+    if collective:
+        # a lost link is given up by the rendezvous store's reads no sooner than by the collectives (plus the
+        # workers' probe and a margin for the link to return before a restart: ddpkit.launch.stops)
+        options = replace(options, store_timeout=math.ceil(collective) + 60)
     if shape.max_nodes > 1 and getattr(args, "timeout", None):
         # a command's --timeout (seconds to wait for every rank) bounds the node rendezvous too
         options = replace(options, rdzv_timeout=max(1, math.ceil(args.timeout)))

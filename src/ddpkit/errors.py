@@ -13,6 +13,7 @@ __all__ = [
     "EXIT_MISSING",
     "EXIT_OK",
     "EXIT_PREEMPTED",
+    "EXIT_PREEMPTED_UNSAVED",
     "EXIT_USAGE",
     "CheckFailed",
     "ConfigError",
@@ -31,6 +32,8 @@ EXIT_MISSING = 3
 EXIT_IO = 74
 #: A run stopped by a preemption signal after writing its snapshot (EX_TEMPFAIL: "try again later").
 EXIT_PREEMPTED = 75
+#: A run stopped by a preemption signal with no snapshot to resume from (none configured): its progress is lost.
+EXIT_PREEMPTED_UNSAVED = 76
 
 
 class DdpkitError(Exception):

@@ -54,6 +54,8 @@ class RendezvousWatch:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._poll, name="ddpkit-rdzv-watch", daemon=True)
         self.nodes: tuple[JoinedNode, ...] = ()
+        self.completed = False
+        """The round was seen complete: a later rendezvous error is a lost store, not a join timeout."""
 
     def __enter__(self) -> RendezvousWatch:
         self._thread.start()
@@ -82,15 +84,22 @@ class RendezvousWatch:
             found = {JoinedNode(addr=str(n.addr), pid=int(n.pid)) for n in seen} | set(self.nodes)
             self.nodes = tuple(sorted(found, key=lambda n: (n.addr, n.pid)))
             if getattr(state, "complete", False):
+                self.completed = True
                 return
 
 
-def describe_missing(nodes: tuple[JoinedNode, ...], shape: JobShape) -> str:
-    """One sentence: who joined and which ranks are left without a host."""
+def describe_missing(nodes: tuple[JoinedNode, ...], shape: JobShape, complete: bool = False) -> str:
+    """One sentence: who joined and which ranks are left without a host. Consistent with itself: when every
+    node was seen but the round never completed, it says that a node left again instead of "N of N joined"."""
     joined = len(nodes)
     names = ", ".join(n.name() for n in nodes) or "none"
     min_nodes, nproc = shape.min_nodes, shape.nproc_per_node
     wanted = shape.nodes_text(" to ")
+    if complete:
+        return f"the round had completed with {joined} node(s): {names}"
+    if joined >= min_nodes:
+        return (f"{joined} node(s) were seen ({names}), {wanted} wanted, yet the round never completed: a node "
+                "left again before it did, or the agents could not reach the store in time")
     text = f"{joined} of {wanted} node(s) joined: {names}"
     if joined < min_nodes:
         first, last = joined * nproc, min_nodes * nproc - 1

@@ -56,6 +56,32 @@ def test_wait_one_node_two_ranks_then_status_and_logs(slurm_cluster: Any, tmp_pa
     assert unknown.returncode == 2 and "knows no job 999999" in unknown.stderr
 
 
+def test_a_venv_not_on_path_runs_the_job_with_its_own_python(slurm_cluster: Any, tmp_path: Path) -> None:
+    """Issue 18: ``.venv/bin/ddpkit submit slurm --wait`` with the venv NOT on PATH (a new user's first try). The
+    job once called ``torchrun`` by name and failed on both nodes; it runs the submitting Python by path now."""
+    from tests.helpers import ddpkit_env
+
+    venv_bin = str(Path(VENV) / "bin")
+    env = ddpkit_env(SLURM_CONF=str(slurm_cluster.conf))
+    env["PATH"] = ":".join(p for p in env.get("PATH", "").split(":") if p and Path(p).resolve() != Path(venv_bin))
+    env.pop("VIRTUAL_ENV", None)
+    assert not any((Path(p) / "torchrun").exists() for p in env["PATH"].split(":")), "torchrun is on PATH anyway"
+    ddpkit = str(Path(venv_bin) / "ddpkit")
+    res = subprocess.run([*slurm_cluster.client_prefix(), ddpkit, "submit", "slurm", "--wait", "-j", "2x2", "-o",
+                          "job.sbatch", "--", "check"], capture_output=True, text=True, timeout=240, cwd=tmp_path,
+                         env=env)
+    assert res.returncode == 0, res.stdout + res.stderr
+    job = _job_id(res)
+    assert f"job {job} COMPLETED exit code 0" in res.stderr
+    assert "None" not in res.stderr, res.stderr  # once: "ddpkit: job 5 RUNNING None"
+    script = (tmp_path / "job.sbatch").read_text()
+    assert f"# Python: {Path(VENV) / 'bin' / 'python'}, the interpreter that ran ddpkit submit" in script, script
+    log = next((tmp_path / "logs").glob(f"*_{job}.out")).read_text()
+    assert "verdict: PASS: 4 rank(s) on 2 host(s)" in log, log
+    status = in_cluster(slurm_cluster, "status", job, cwd=tmp_path)
+    assert status.returncode == 0 and "None" not in status.stdout, status.stdout
+
+
 def test_wait_returns_the_jobs_exit_code(slurm_cluster: Any, tmp_path: Path) -> None:
     script = tmp_path / "fail seven.py"
     script.write_text("import sys\nprint('failing on purpose', flush=True)\nsys.exit(7)\n")

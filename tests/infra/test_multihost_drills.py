@@ -144,3 +144,108 @@ def test_failed_verdict_from_a_slower_host_is_its_verdict_not_a_rendezvous_error
         assert "did not complete" not in r.stderr and "RendezvousConnectionError" not in r.stderr, r.output()
     assert "FAIL  all_reduce_sum" in runs[0].stdout, runs[0].output()
     assert two_hosts.leftover() == {}
+
+
+# --collective-timeout for the link drills: short, so the drill stays quick; the exit bound is S + EXIT_SLACK_S
+COLLECTIVE_S = 10
+EXIT_SLACK_S = 60  # the documented bound (README, docs/multihost.md): probe 5 s + the agent's backstop 20 s + margin
+
+
+def _wait_for(runs: list[HostRun], text: str, timeout: float = 180, stream: str = "stderr") -> None:
+    deadline = time.monotonic() + timeout
+    while not all(text in getattr(r, stream) for r in runs):
+        if time.monotonic() > deadline:
+            pytest.fail(f"no {text!r} on every host in {timeout} s\n" + "\n".join(r.output() for r in runs))
+        time.sleep(0.2)
+
+
+def _link_args(hosts: Hosts, snaps: Path, *extra: str) -> list[str]:
+    # one list for every host (one run id); 2x1: one rank per host, as in the issue; 256 steps per epoch
+    return ["train", "-j", "2x1", "--rdzv-endpoint", hosts.endpoint(), "--run-id", new_run_id(), "--samples",
+            "16384", "--collective-timeout", str(COLLECTIVE_S), "--json", str(snaps / "summary.json"), *extra]
+
+
+def test_drill_link_down_longer_than_timeout(two_hosts: Hosts) -> None:
+    """The second host's cable is pulled for longer than the collective timeout, no --snapshot-path: both hosts
+    exit 3 (a lost host, not a preemption), within the timeout plus the documented slack, each naming the rank and
+    host it lost, the collective and the step, and that nothing can be resumed; no process is left anywhere."""
+    snaps = Path(two_hosts.cluster.workdir)
+    args = _link_args(two_hosts, snaps, "--epochs", "100000")
+    runs = [two_hosts.ddpkit(h, *args, OMP_NUM_THREADS="1") for h in two_hosts.hosts]
+    _wait_for(runs[:1], "[RANK 0] Epoch 1 ", stream="stdout")
+    two_hosts.cluster.link(two_hosts[1], up=False)
+    cut = time.monotonic()
+    for r in runs:
+        r.wait(COLLECTIVE_S + EXIT_SLACK_S + 60)  # fails the test (with the output) if the bound is broken badly
+    took = [r.started + (r.seconds or 0) - cut for r in runs]
+    assert [r.returncode for r in runs] == [3, 3], "\n".join(r.output() for r in runs)
+    assert max(took) < COLLECTIVE_S + EXIT_SLACK_S, (took, "\n".join(r.output() for r in runs))
+    h1, h2 = two_hosts.hosts
+    out1, out2 = runs[0].stdout + runs[0].stderr, runs[1].stdout + runs[1].stderr
+    assert f"rank 1 on {h2.hostname}" in out1 and "stopped answering" in out1, out1
+    assert f"rank 0 on {h1.hostname}" in out2 and "stopped answering" in out2, out2
+    for out in (out1, out2):
+        assert "during the gradient all-reduce of step" in out, out
+        assert "no --snapshot-path was given: the next run starts from the beginning" in out, out
+        assert "Preempted" not in out and "snapshot written" not in out and "wrote a snapshot" not in out, out
+        assert "did not complete within" not in out, out
+    assert two_hosts.leftover() == {}
+
+
+def test_drill_link_down_restarts_and_resumes_bitwise(two_hosts: Hosts, tmp_path: Path) -> None:
+    """The same cut with --snapshot-path and --max-restarts 1; the cable goes back once both hosts named the
+    lost peer: the job restarts, resumes from the last snapshot and ends bitwise equal to an uninterrupted run."""
+    import torch
+
+    from ddpkit.train.snapshot import SnapshotDir, read_snapshot
+    from tests.helpers import ddpkit_env, run_ddpkit
+
+    snaps = Path(two_hosts.cluster.workdir) / "snaps"
+    snaps.mkdir()
+    job = ("--epochs", "8", "--snapshot-path")
+    args = _link_args(two_hosts, snaps, *job, str(snaps / "snap.pt"), "--max-restarts", "1")
+    runs = [two_hosts.ddpkit(h, *args, OMP_NUM_THREADS="1") for h in two_hosts.hosts]
+    before = _wait_for_snapshots(snaps, 1, runs)
+    two_hosts.cluster.link(two_hosts[1], up=False)
+    _wait_for(runs, "stopped answering")
+    two_hosts.cluster.link(two_hosts[1], up=True)
+    for r in runs:
+        r.wait(RUN_TIMEOUT)
+    assert [r.returncode for r in runs] == [0, 0], "\n".join(r.output() for r in runs)
+    summary = json.loads((snaps / "summary.json").read_text())
+    resumed = summary["resumed_from"]
+    assert resumed and resumed["global_step"] >= int(before[-1].name.split(".")[1]), \
+        (summary, "\n".join(r.output() for r in runs))
+    assert "the next run resumes from the snapshot of step" in runs[0].stderr, runs[0].output()
+
+    reference = tmp_path / "ref"
+    reference.mkdir()
+    done = run_ddpkit("train", "-n", "2", "--samples", "16384", *job, str(reference / "snap.pt"),
+                      env=ddpkit_env(OMP_NUM_THREADS="1"), timeout=RUN_TIMEOUT)
+    assert done.returncode == 0, done.stderr[-3000:]
+    ours = max(SnapshotDir(snaps, "snap", ".pt", keep=1).candidates())
+    theirs = max(SnapshotDir(reference, "snap", ".pt", keep=1).candidates())
+    assert ours[0] == theirs[0]
+    a, b = read_snapshot(ours[1])[1]["model"], read_snapshot(theirs[1])[1]["model"]
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert two_hosts.leftover() == {}
+
+
+def test_preemption_from_outside_still_snapshots_and_exits_75(two_hosts: Hosts) -> None:
+    """SIGTERM to every process of the job on both hosts, as Slurm preempts a step: a preemption, exit 75 on
+    both hosts, and the snapshot it names is on disk."""
+    snaps = Path(two_hosts.cluster.workdir) / "snaps"
+    snaps.mkdir()
+    args = _link_args(two_hosts, snaps, "--epochs", "100000", "--save-every", "100000", "--snapshot-path",
+                      str(snaps / "snap.pt"))
+    runs = [two_hosts.ddpkit(h, *args, OMP_NUM_THREADS="1") for h in two_hosts.hosts]
+    _wait_for(runs[:1], "[RANK 0] Epoch 1 ", stream="stdout")
+    for h in two_hosts.hosts:
+        for pid in two_hosts.cluster.pids(h):
+            os.kill(pid, signal.SIGTERM)
+    for r in runs:
+        r.wait(RUN_TIMEOUT)
+    assert [r.returncode for r in runs] == [75, 75], "\n".join(r.output() for r in runs)
+    assert "snapshot written at step" in runs[0].stdout, runs[0].output()
+    assert len(_snapshots(snaps)) == 1
+    assert two_hosts.leftover() == {}

@@ -128,3 +128,20 @@ def test_an_existing_writable_output_directory_is_fine(tmp_path: Path) -> None:
                           "--", "check")
     assert code == 0, err
     assert (tmp_path / "new" / "job.sbatch").is_file()
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "0", "-1"])
+def test_env_timeout_must_be_finite_and_positive(value: str) -> None:
+    """``ddpkit env --connect --timeout nan`` once reached init_process_group with a timedelta of nan seconds."""
+    refused("env", "--connect", f"--timeout={value}", says="a finite number of seconds above zero")
+
+
+@pytest.mark.parametrize("endpoint", ["node1:²", "node1:٣٣", "node1:" + "9" * 5000])
+def test_split_endpoint_refuses_ports_that_are_not_ascii_digits(endpoint: str) -> None:
+    """Python API callers (JobSpec, rendezvous) once got a ValueError from int('²'): a ConfigError says why."""
+    from ddpkit.errors import ConfigError
+    from ddpkit.launch.shape import split_endpoint
+
+    with pytest.raises(ConfigError, match="ASCII digits"):
+        split_endpoint(endpoint)
+    assert split_endpoint("node1:29400") == ("node1", 29400) and split_endpoint("node1") == ("node1", None)

@@ -28,12 +28,15 @@ from tests.helpers import SHARED, ddpkit_env, require_tools, run_ddpkit
 GOLDEN = Path(__file__).resolve().parents[1] / "golden" / "jobs"
 
 HOSTILE = "/opt/my envs/it's $HOME"
+#: The interpreter that "ran ddpkit submit" in the golden files (never this machine's venv path).
+SUBMITTER = "/opt/ddpkit venv/it's $HOME/bin/python"
 CASES: dict[str, list[str]] = {
     "slurm_check.sbatch": ["slurm", "-j", "2x4", "--venv", HOSTILE, "--partition", "cpu", "--time", "01:00:00",
                            "--", "check"],
     "slurm_train_preempt.sbatch": ["slurm", "-j", "1:4x2", "--conda-env", "ddp env", "--signal", "USR1@90",
                                    "--requeue", "--max-restarts", "3", "--env", "NCCL_DEBUG=INFO", "--", "train",
                                    "--epochs", "20", "--snapshot-path", "/shared/snap shots/it's $job.pt"],
+    "slurm_submitter_python.sbatch": ["slurm", "-j", "2x2", "--", "check"],
     "slurm_tasks_container.sbatch": ["slurm", "-j", "2x2", "--tasks-per-rank", "--container-image",
                                      "/images/my image's.sqsh", "--container-mounts", "/data/a b:/data",
                                      "--no-exclusive", "--", "my_train.py", "--data", "/data/a b"],
@@ -61,9 +64,11 @@ def _normalise(text: str) -> str:
 
 
 def _cli(*full: str) -> tuple[int, str]:
-    """Run the CLI in-process (fast): exit code and stdout; sys.argv is what the real CLI's header reads."""
+    """Run the CLI in-process (fast): exit code and stdout; sys.argv is what the real CLI's header reads, and
+    sys.executable the interpreter a job without an environment option runs with."""
     out = io.StringIO()
-    with mock.patch.object(sys, "argv", ["ddpkit", *full]), contextlib.redirect_stdout(out):
+    with mock.patch.object(sys, "argv", ["ddpkit", *full]), mock.patch.object(sys, "executable", SUBMITTER), \
+            contextlib.redirect_stdout(out):
         code = main(list(full))
     return code, out.getvalue()
 

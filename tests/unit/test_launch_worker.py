@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import signal
 import subprocess
 import sys
 import time
@@ -11,25 +10,6 @@ import pytest
 
 from ddpkit.launch import worker
 from tests.helpers import ddpkit_env
-
-
-def test_forked_worker_gets_the_signal_handlers_of_a_fresh_process(monkeypatch: pytest.MonkeyPatch) -> None:
-    """torch's agent handles these signals by raising; a forked rank must not inherit that."""
-    monkeypatch.setenv("TORCHELASTIC_SIGNALS_TO_HANDLE", "SIGUSR2,SIGINT")
-    before = {sig: signal.getsignal(sig) for sig in (signal.SIGUSR2, signal.SIGINT)}
-
-    def agents_handler(signum: int, frame: object) -> None:
-        raise RuntimeError("the agent's handler ran in a worker")
-
-    try:
-        for sig in before:
-            signal.signal(sig, agents_handler)
-        worker._fresh_signal_handlers()
-        assert signal.getsignal(signal.SIGUSR2) == signal.SIG_DFL
-        assert signal.getsignal(signal.SIGINT) == signal.default_int_handler
-    finally:
-        for sig, handler in before.items():
-            signal.signal(sig, handler)
 
 
 def test_command_started_at_is_the_agents_start_when_exported(monkeypatch: pytest.MonkeyPatch) -> None:

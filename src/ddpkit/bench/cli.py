@@ -3,7 +3,9 @@
     ddpkit bench -n 2                                  # every op, 1K..16M, on 2 local ranks (gloo on CPU)
     ddpkit bench -n 2 --ops all_reduce -b 1M -e 64M -f 2 --min-busbw 1.0 --json bench.json --plot bench.png
     ddpkit bench -n 3 --pairs ranks                    # slow-link finder: every pair of ranks
-    srun -N 4 ddpkit bench --pairs                     # every pair of nodes
+    srun -N 4 ddpkit bench --pairs                     # every pair of nodes, N-1 rounds of simultaneous pairs
+    srun -N 64 ddpkit bench --ring                     # quick: ring neighbours (2 rounds), then the suspects
+    mpirun -np 2 ddpkit bench --transport both         # the same ops through torch's process group and through MPI
 
 Exit codes: 0 all results right and every gate met; 1 a wrong element or a missed gate; 2 bad options;
 3 ranks missing.
@@ -23,7 +25,7 @@ from typing import Any
 from ddpkit import __version__
 from ddpkit.bench.busbw import OPS
 from ddpkit.bench.ops import DTYPES, REDOPS
-from ddpkit.bench.sizes import format_size, parse_size, size_sweep
+from ddpkit.bench.sizes import parse_size, size_sweep
 from ddpkit.errors import EXIT_CHECK_FAILED, EXIT_OK, ConfigError
 from ddpkit.inputs import output_path, seconds
 from ddpkit.log import get_logger
@@ -52,6 +54,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="fail when the average bus bandwidth (or an op's) is below this, GB/s")
     p.add_argument("--pairs", nargs="?", const="nodes", choices=["nodes", "ranks"], default=None,
                    help="slow-link finder: bandwidth and latency of every pair of nodes (default) or ranks")
+    schedule = p.add_mutually_exclusive_group()
+    schedule.add_argument("--ring", action="store_true",
+                          help="quick slow-node finder (implies --pairs): every endpoint against its ring neighbours "
+                               "(2 rounds), then every pair among the suspects and a few healthy references")
+    schedule.add_argument("--pairs-sequential", action="store_true",
+                          help="measure one pair at a time (N(N-1)/2 rounds; the baseline for the round schedule)")
     p.add_argument("--pairs-size", default="4M", metavar="SIZE", help="bytes per pair transfer (default 4M)")
     p.add_argument("--pairs-iters", type=int, default=5, help="exchanges per pair, median taken (default 5)")
     p.add_argument("--pairs-threshold", type=float, default=0.5,
@@ -63,12 +71,21 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="plot busbw against size (needs matplotlib)")
     p.add_argument("--timeout", type=seconds("--timeout"), default=120.0,
                    help="seconds to wait for every rank (default 120)")
+    p.add_argument("--transport", choices=["torch", "mpi", "both"], default="torch",
+                   help="run the ops through torch's process group (default), through MPI (mpi4py, ddpkit[mpi]; "
+                        "ranks started by mpirun, mpiexec or srun --mpi=pmix), or both, side by side")
 
 
 def _options(args: argparse.Namespace) -> dict[str, Any]:
     """Validate every option before any rank starts, so bad input is exit code 2 everywhere."""
     from ddpkit.bench.results import parse_gate
     from ddpkit.bench.sweep import SweepConfig
+
+    if getattr(args, "ring", False) and not args.pairs:
+        args.pairs = "nodes"
+    if getattr(args, "pairs_sequential", False) and not args.pairs:
+        raise ConfigError("--pairs-sequential without --pairs", "--pairs [nodes|ranks] --pairs-sequential",
+                          "add --pairs, or drop --pairs-sequential")
 
     if args.ops is None:
         ops: tuple[str, ...] = () if args.pairs else OPS
@@ -102,27 +119,6 @@ def _options(args: argparse.Namespace) -> dict[str, Any]:
             "pairs_size": parse_size(args.pairs_size, option="--pairs-size")}
 
 
-def _format_pairs(p: dict[str, Any]) -> str:
-    names, bw, lat = p["names"], p["bandwidth_gbps"], p["latency_us"]
-    width = max(10, *(len(n) for n in names)) + 1
-    lines = [f"# point-to-point between {p['mode']} ({format_size(p['size'])} per transfer; latency one-way)"]
-    if p.get("note"):
-        lines.append(f"# note: {p['note']}")
-    for title, matrix, fmt in (("bandwidth (GB/s)", bw, "{:.3f}"), ("latency (us)", lat, "{:.1f}")):
-        lines.append(f"# {title}")
-        lines.append(" " * width + "".join(f"{n:>{width}}" for n in names))
-        for i, name in enumerate(names):
-            cells = "".join(f"{'-' if i == j else fmt.format(matrix[i][j]):>{width}}" for j in range(len(names)))
-            lines.append(f"{name:<{width}}{cells}")
-    lines.append(f"# reference (median of each endpoint's best link): {p['reference_bw']:.3f} GB/s, "
-                 f"{p['reference_latency_us']:.1f} us; slow = below {p['threshold']:.0%} of it "
-                 f"(or latency above {1 / p['threshold']:.1f}x)")
-    links = [f"{a} <-> {b}" for a, b in p["slow_links"]]
-    lines.append("# slow links: " + (", ".join(links) if links else "none"))
-    lines.append("# slow " + p["mode"] + ": " + (", ".join(p["slow_endpoints"]) or "none"))
-    return "\n".join(lines) + "\n"
-
-
 def _write_outputs(args: argparse.Namespace, report: dict[str, Any]) -> None:
     from ddpkit.bench.results import csv_text
 
@@ -151,13 +147,20 @@ def run(args: argparse.Namespace) -> int:
     import torch.distributed as dist
 
     from ddpkit import runtime
-    from ddpkit.bench.pairs import measure_pairs
+    from ddpkit.bench.pairs import format_pairs, measure_pairs
     from ddpkit.bench.results import avg_busbw, format_table, total_wrong, verdict
     from ddpkit.bench.sweep import run_sweep
 
     opts = _options(args)
     cfg = opts["sweep"]
-    rt = runtime.init(backend=args.backend, timeout=timedelta(seconds=args.timeout))
+    comm, world = None, None
+    if args.transport != "torch":  # MPI's world is checked against torch's before the process group starts
+        from ddpkit.env import detect
+        from ddpkit.train.mpi_transport import open_mpi_world
+
+        world = detect()
+        comm = open_mpi_world(world.rank, world.world_size, option=f"--transport {args.transport}")
+    rt = runtime.init(backend=args.backend, timeout=timedelta(seconds=args.timeout), world=world)
     try:
         if not 0 <= cfg.root < rt.world_size:
             raise ConfigError(f"--root {cfg.root}", f"a rank between 0 and {rt.world_size - 1}", "pass --root 0")
@@ -171,17 +174,29 @@ def run(args: argparse.Namespace) -> int:
                   f"dtype {cfg.dtype}, warmup {cfg.warmup}, iters {cfg.iters}")
             for m in members:
                 print(f"#  rank {m['rank']:>3} pid {m['pid']:>7} on {m['host']} device {m['device']}")
-        results = run_sweep(cfg, rank=rt.rank, world_size=rt.world_size, backend=rt.backend, device=rt.device)
+        results = [] if args.transport == "mpi" else run_sweep(cfg, rank=rt.rank, world_size=rt.world_size,
+                                                                 backend=rt.backend, device=rt.device)
         if lead:
             for result in results:
                 print(format_table(result, rt.world_size))
+        if comm is not None:
+            mpi_results = run_sweep(cfg, rank=rt.rank, world_size=rt.world_size, backend=rt.backend,
+                                    device=rt.device, mpi_comm=comm)
+            if lead:
+                from mpi4py import MPI
+
+                print(f"# through MPI: {MPI.Get_library_version().splitlines()[0].strip()} (mpi4py)")
+                for result in mpi_results:
+                    print(format_table(result, rt.world_size))
+            results += mpi_results
         pairs: dict[str, Any] | None = None
         if args.pairs:
+            schedule = "ring" if args.ring else "sequential" if args.pairs_sequential else "rounds"
             pairs = measure_pairs(mode=args.pairs, size=opts["pairs_size"], iters=args.pairs_iters,
                                   threshold=args.pairs_threshold, rank=rt.rank, world_size=rt.world_size,
-                                  device=rt.device).as_dict()
+                                  device=rt.device, schedule=schedule).as_dict()
             if lead:
-                print(_format_pairs(pairs))
+                print(format_pairs(pairs))
         passed, reasons = verdict(results, opts["gate"])
         if pairs and pairs["slow_endpoints"] + pairs["slow_links"]:
             reasons.append(f"slow {pairs['mode']}: {', '.join(pairs['slow_endpoints']) or 'none'}; slow links: "

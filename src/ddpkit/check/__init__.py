@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 from ddpkit.check import collectives, ddpsync, render
 from ddpkit.check.consistency import judge_consistency, judge_network
 from ddpkit.check.outcome import FAIL, Outcome, exit_code, failed
-from ddpkit.check.rollcall import check_in, collect, judge, local_record
+from ddpkit.check.rollcall import check_in, collect, judge, local_record, read_all
 from ddpkit.check.watchdog import Watchdog
 from ddpkit.env import WorldInfo, detect
 from ddpkit.env.evidence import lone_world_evidence
@@ -56,6 +56,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="deadline of every later phase: init, each collective, DDP, report (default 60)")
     p.add_argument("--json", type=output_path("--json"), default=None, metavar="PATH",
                    help="write the full report: every rank's record, every check, timings")
+    p.add_argument("--per-rank", action="store_true",
+                   help="print every rank's row (default: one row per node, ranks folded, the ones that differ named)")
+    p.add_argument("--grad-transport", choices=("auto", "gloo", "mpi", "nccl"), default="auto",
+                   help="how the DDP-sync check averages gradients, as train does (default auto: through MPI on CPU "
+                        "where an MPI launcher started the ranks and mpi4py is installed)")
     p.add_argument("--rank-lines", action="store_true",
                    help="also print the seeds' per-rank lines (hello from rank N, host: rank of size, NCCL_*)")
 
@@ -86,7 +91,7 @@ class Report:
             code = exit_code(outcomes) if code is None else code
             seconds = time.monotonic() - self.start
             if self.records:
-                render.print_nodes(self.records)
+                render.print_nodes(self.records, per_rank=getattr(self.args, "per_rank", False))
             render.print_checks(outcomes)
             hosts = len({r["host"] for r in self.records}) or 1
             verdict = render.verdict_line(outcomes, code, world_size=self.world.world_size, hosts=hosts,
@@ -94,11 +99,17 @@ class Report:
             render.print_verdict(verdict)
             if self.args.rank_lines and self.records:
                 render.print_rank_lines(self.records)
+            self.timings["report"] = time.monotonic() - self.start - seconds
+            # wall clock (one host's clock for the local ranks): where a run's time goes, outside the phases too
+            arrivals = [float(r["checked_in_at"]) for r in self.records if "checked_in_at" in r]
+            clock = {"first_check_in": min(arrivals, default=None), "last_check_in": max(arrivals, default=None),
+                     "report_done": time.time()}
             if self.args.json:
                 render.write_json(self.args.json, {
                     "kind": "check", "verdict": verdict, "exit_code": code, "passed": code == 0,
                     "backend": self.backend, "device": self.device,
                     "world": self.world.as_dict(), "seconds": round(seconds, 3), "timings": self.timings,
+                    "clock": clock,
                     "checks": [o.as_dict() for o in outcomes], "ranks": self.records, "deadline": deadline,
                 })
             return code
@@ -159,6 +170,10 @@ def run(args: argparse.Namespace) -> int:
     world = detect()
     backend = pick_backend(args.backend)
     device = pick_device(backend, world.local_rank)
+    from ddpkit.train.gradients import plan_transport
+
+    # DDP-sync verifies the gradient path train would use here (MPI's world checked before any store or group)
+    transport = plan_transport(args.grad_transport, backend=backend, rank=world.rank, world_size=world.world_size)
     world, store = _open_store(world, args.timeout + MARGIN_S)
     report = Report(args, world, backend, str(device))
     # a world of one proves nothing about a larger job it may belong to (ddpkit.env.evidence)
@@ -185,7 +200,7 @@ def run(args: argparse.Namespace) -> int:
             report.timings["roll-call"] = time.monotonic() - t
         if go != "go":
             return _finish(store, report, rank, int(go), watchdog)
-        _verify(store, report, world, backend, phase)
+        _verify(store, report, world, backend, phase, transport)
         return _finish(store, report, rank, None, watchdog)
     except _store_errors() as exc:  # rank 0 (and its store) went away, or a wait outlived every deadline
         text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
@@ -210,10 +225,13 @@ def _roll_call(store: dist.Store, report: Report, record: dict[str, Any], timeou
     fatal = exit_code(found)
     verdict = "go" if fatal == 0 else str(fatal)
     store.set("rollcall/verdict", verdict)
+    if records:  # rank 0's own cost: from the last rank's arrival to the verdict the others wait for
+        report.timings["roll-call-after-last"] = time.time() - max(float(r["checked_in_at"]) for r in records)
     return verdict
 
 
-def _verify(store: dist.Store, report: Report, world: WorldInfo, backend: str, phase: Any) -> None:
+def _verify(store: dist.Store, report: Report, world: WorldInfo, backend: str, phase: Any,
+            transport: str | None = None) -> None:
     """Process group, collectives, DDP; each rank's results go to the store, rank 0 judges them all."""
     from ddpkit.runtime import init, shutdown
 
@@ -230,24 +248,26 @@ def _verify(store: dist.Store, report: Report, world: WorldInfo, backend: str, p
                 ops.append(collectives.run_op(name, rank, size, rt.device))
                 report.timings[name] = ops[-1].seconds
         with phase("ddp"):
-            ddp = ddpsync.run_ddp(rank, size, rt.device)
+            ddp = ddpsync.run_ddp(rank, size, rt.device, transport=transport)
             report.timings["ddp"] = ddp.seconds
         with phase("report"):
             store.set(f"results/{rank}", json.dumps({"ops": [o.as_dict() for o in ops], "ddp": ddp.as_dict()}))
             if rank == 0:
-                _judge_results(store, report, size, backend)
+                _judge_results(store, report, size, backend, transport)
     finally:
         shutdown()
 
 
-def _judge_results(store: dist.Store, report: Report, size: int, backend: str) -> None:
-    keys = [f"results/{r}" for r in range(size)]
-    store.wait(keys, timedelta(seconds=report.args.phase_timeout + MARGIN_S))
-    results = [json.loads(store.get(k)) for k in keys]
+def _judge_results(store: dist.Store, report: Report, size: int, backend: str, transport: str | None = None) -> None:
+    raw = read_all(store, [f"results/{r}" for r in range(size)], timeout=report.args.phase_timeout + MARGIN_S)
+    results = [json.loads(v) for v in raw]
     for i, name in enumerate(collectives.OPS):
         per_rank = [collectives.OpResult(**res["ops"][i]) for res in results]
         report.outcomes.append(collectives.combine(name, per_rank, backend))
-    report.outcomes.append(ddpsync.combine([ddpsync.DdpResult(**res["ddp"]) for res in results]))
+    ddp = ddpsync.combine([ddpsync.DdpResult(**res["ddp"]) for res in results])
+    if transport is not None:
+        ddp = replace(ddp, detail=f"{ddp.detail}; gradients averaged through {transport.upper()}")
+    report.outcomes.append(ddp)
 
 
 def _finish(store: dist.Store, report: Report, rank: int, code: int | None, watchdog: Watchdog) -> int:

@@ -1,18 +1,25 @@
-"""Rank 0's report: a table per node, one line per check, a verdict; the seeds' per-rank lines; the JSON file."""
+"""Rank 0's report: a table of nodes (or of every rank), one line per check, a verdict; the seeds' per-rank lines;
+the JSON file.
+
+By default each node is one row, its ranks folded into ranges and the fields its ranks share; a rank that differs
+from its node's majority (threads, device, route, versions...) is named in the row's last column. At 64 ranks
+that is a screen, not 64 rows; ``--per-rank`` prints the full table, one per node.
+"""
 
 from __future__ import annotations
 
 import json
 import os
 import sys
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from ddpkit.check.outcome import FAIL, PASS, SKIP, WARN, Outcome
 
-__all__ = ["print_checks", "print_nodes", "print_rank_lines", "print_verdict", "verdict_line", "write_json"]
+__all__ = ["fold_node", "print_checks", "print_nodes", "print_rank_lines", "print_verdict", "rank_ranges",
+           "verdict_line", "write_json"]
 
 _STYLE = {PASS: "green", FAIL: "bold red", WARN: "yellow", SKIP: "dim"}
 _COLUMNS = (("LOCAL_RANK", "local_rank"), ("RANK", "rank"), ("GROUP_RANK", "group_rank"),
@@ -27,17 +34,89 @@ def _console() -> Any:
     return Console(file=sys.stdout, soft_wrap=True, highlight=False, width=None if sys.stdout.isatty() else 160)
 
 
-def print_nodes(records: Sequence[dict[str, Any]]) -> None:
-    """One table per node (host and node rank), one row per rank, in rank order."""
+# what a node's ranks should share: a rank whose value differs from its node's majority is named as an outlier
+_SHARED = (("WORLD_SIZE", "world_size"), ("LOCAL_WORLD_SIZE", "local_world_size"), ("threads", "threads"),
+           ("route", "iface"), ("ip", "ip"), ("launcher", "launcher"), ("python", "python"), ("torch", "torch"),
+           ("ddpkit", "ddpkit"), ("cuda", "cuda"))
+
+
+def rank_ranges(ranks: Sequence[int]) -> str:
+    """``[0, 1, 2, 3, 8, 9]`` -> ``0-3, 8-9``."""
+    out: list[str] = []
+    for r in sorted(set(ranks)):
+        if out and out[-1].split("-")[-1] == str(r - 1):
+            out[-1] = f"{out[-1].split('-')[0]}-{r}"
+        else:
+            out.append(str(r))
+    return ", ".join(out)
+
+
+def _device_kind(r: dict[str, Any]) -> str:
+    return str(r["device"]).split(":")[0]
+
+
+def fold_node(rows: Sequence[dict[str, Any]]) -> dict[str, str]:
+    """One node's ranks as one row: ranges, the values most ranks share, and the ranks that differ, by name."""
+    ranks = [int(r["rank"]) for r in rows]
+    row: dict[str, str] = {"ranks": rank_ranges(ranks), "count": str(len(rows))}
+    outliers: list[str] = []
+    for label, key in (*_SHARED, ("device", None)):
+        values: dict[str, list[int]] = defaultdict(list)
+        for r in rows:
+            values[_device_kind(r) if key is None else str(r.get(key, "?"))].append(int(r["rank"]))
+        majority = max(values.items(), key=lambda kv: (len(kv[1]), -min(kv[1])))[0]
+        row[label] = majority
+        for value, who in sorted(values.items(), key=lambda kv: min(kv[1])):
+            if value != majority:
+                outliers.append(f"{'rank' if len(who) == 1 else 'ranks'} {rank_ranges(who)}: {label} {value}")
+    dups = sorted(r for r, k in Counter(ranks).items() if k > 1)
+    if dups:
+        outliers.append(f"rank(s) {rank_ranges(dups)} claimed twice")
+    gpus = sorted({str(r["gpu_uuid"] or r["device"]) for r in rows if _device_kind(r) != "cpu"})
+    if gpus:
+        row["device"] += f" x{len(gpus)}"
+    pids = sorted((str(r["pid"]) for r in rows), key=lambda p: (len(p), p))  # numeric order for numbers
+    row["pids"] = str(pids[0]) if len(pids) == 1 else f"{pids[0]}..{pids[-1]}"
+    row["outliers"] = "; ".join(outliers) or "-"
+    return row
+
+
+def _nodes(records: Sequence[dict[str, Any]]) -> dict[tuple[int, str], list[dict[str, Any]]]:
+    nodes: dict[tuple[int, str], list[dict[str, Any]]] = defaultdict(list)
+    for r in records:
+        nodes[(int(r["group_rank"]), str(r["host"]))].append(r)
+    return dict(sorted(nodes.items()))
+
+
+def print_nodes(records: Sequence[dict[str, Any]], *, per_rank: bool = False) -> None:
+    """One row per node (ranks folded, outliers named); ``per_rank``: one table per node, one row per rank."""
+    from rich.markup import escape
+    from rich.table import Table
+
+    if per_rank:
+        _print_rank_tables(records)
+        return
+    table = Table(title=f"{len(records)} rank(s) on {len(_nodes(records))} node(s) (--per-rank: every rank)",
+                  title_justify="left")
+    headers = ("node", "host", "RANKS", "LOCAL_WORLD_SIZE", "WORLD_SIZE", "device", "threads", "pids",
+               "route to master", "ranks that differ")
+    for header in headers:
+        table.add_column(header, justify="right" if header.isupper() else "left", overflow="fold")
+    for (node_rank, host), rows in _nodes(records).items():
+        f = fold_node(rows)
+        cells = (str(node_rank), host, f"{f['ranks']} ({f['count']})", f["LOCAL_WORLD_SIZE"], f["WORLD_SIZE"],
+                 f["device"], f["threads"], f["pids"], f"{f['route']} {f['ip']}", f["outliers"])
+        # values are text, never rich markup: a host name such as '[red]x' prints as itself (issue 20)
+        table.add_row(*(escape(c) for c in cells))
+    _console().print(table)
+
+
+def _print_rank_tables(records: Sequence[dict[str, Any]]) -> None:
     from rich.markup import escape
     from rich.table import Table
 
     console = _console()
-    nodes: dict[tuple[int, str], list[dict[str, Any]]] = defaultdict(list)
-    for r in records:
-        nodes[(int(r["group_rank"]), str(r["host"]))].append(r)
-    for (node_rank, host), rows in sorted(nodes.items()):
-        # values are text, never rich markup: a host name such as '[red]x' prints as itself (issue 20)
+    for (node_rank, host), rows in _nodes(records).items():
         table = Table(title=escape(f"node {node_rank}: {host}"), title_justify="left")
         for header, _ in _COLUMNS:
             table.add_column(header, justify="right" if header.isupper() else "left")

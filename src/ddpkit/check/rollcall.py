@@ -1,12 +1,16 @@
 """Roll-call: every rank checks in to rank 0's store before any collective, so a missing rank is named, not waited for.
 
 Each rank takes a slot with an atomic ``add`` (two processes claiming one rank get two slots, so duplicates are
-seen) and writes its record there. Rank 0 polls until as many records as its world size have arrived or the
-deadline passes, then judges the world (``judge``, a pure function) and publishes a verdict the others wait for.
+seen) and writes its record there. Rank 0 waits, in one store call, until the first world-size slots are
+written or the deadline passes, reads every record in one ``multi_get`` (``read_all``), judges the world
+(``judge``, a pure function) and publishes a verdict the others wait for. Rank 0's store traffic is a constant
+number of requests whatever the world size (it polled and read slot by slot before: 2N round trips, and a
+request every 50 ms while it waited).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import platform
@@ -26,7 +30,7 @@ from ddpkit.netinfo import route_to
 if TYPE_CHECKING:
     import torch.distributed as dist
 
-__all__ = ["ENV_PREFIXES", "check_in", "collect", "expected_host", "judge", "local_record"]
+__all__ = ["ENV_PREFIXES", "check_in", "collect", "expected_host", "judge", "local_record", "read_all"]
 
 Record = dict[str, Any]
 ENV_PREFIXES = ("NCCL_", "GLOO_", "TORCH_")
@@ -73,28 +77,39 @@ def local_record(world: WorldInfo, *, device: str, gpu_uuid: str | None) -> Reco
 def check_in(store: dist.Store, record: Record) -> int:
     """Write ``record`` to a fresh slot; return the slot number."""
     slot = int(store.add("rollcall/count", 1)) - 1
-    store.set(f"rollcall/slot/{slot}", json.dumps(record))
+    # wall clock, so rank 0 can tell how long the roll-call took after the last rank arrived (one clock per host)
+    store.set(f"rollcall/slot/{slot}", json.dumps({**record, "checked_in_at": time.time()}))
     return slot
 
 
-def collect(store: dist.Store, world_size: int, timeout: float, poll: float = 0.05) -> tuple[list[Record], float]:
+def read_all(store: dist.Store, keys: Sequence[str], timeout: float) -> list[bytes]:
+    """Wait for every key, then read them all: two requests to the store, whatever the number of keys.
+
+    ``multi_get`` arrived in torch 2.5 (TCPStore, PrefixStore); older stores are read key by key."""
+    from datetime import timedelta
+
+    if not keys:
+        return []
+    store.wait(list(keys), timedelta(seconds=timeout))
+    if hasattr(store, "multi_get"):
+        return list(store.multi_get(list(keys)))
+    return [store.get(k) for k in keys]
+
+
+def collect(store: dist.Store, world_size: int, timeout: float) -> tuple[list[Record], float]:
     """Rank 0: wait until ``world_size`` records arrived or ``timeout`` passed; return them and the seconds waited."""
     from datetime import timedelta
 
     start = time.monotonic()
-    count = 0
-    while True:
-        count = int(store.add("rollcall/count", 0))
-        if count >= world_size or time.monotonic() - start >= timeout:
-            break
-        time.sleep(poll)
+    # one blocking request: the store answers when the last of the slots is written. A timeout (DistStoreError,
+    # a RuntimeError) means ranks are missing: judge() names them.
+    with contextlib.suppress(RuntimeError):
+        store.wait([f"rollcall/slot/{s}" for s in range(world_size)], timedelta(seconds=timeout))
     waited = time.monotonic() - start
-    records = []
-    for slot in range(count):
-        key = f"rollcall/slot/{slot}"
-        store.wait([key], timedelta(seconds=5))  # the slot was claimed; its record follows within microseconds
-        records.append({**json.loads(store.get(key)), "slot": slot})
-    return records, waited
+    count = int(store.add("rollcall/count", 0))  # duplicates may have claimed slots beyond the world size
+    # a claimed slot's record follows within microseconds of its claim
+    raw = read_all(store, [f"rollcall/slot/{s}" for s in range(count)], timeout=5.0)
+    return [{**json.loads(v), "slot": slot} for slot, v in enumerate(raw)], waited
 
 
 def expected_host(rank: int, records: Sequence[Record], hosts: Sequence[str], local_world_size: int) -> str:

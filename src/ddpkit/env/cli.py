@@ -9,6 +9,7 @@ import sys
 from datetime import timedelta
 
 from ddpkit.env import LAUNCHERS, WorldInfo, detect, explain
+from ddpkit.inputs import seconds
 
 WORKER = True  # `ddpkit env -n 2 --connect` starts a local 2-rank world and explains each rank
 _FIELDS = ("launcher", "rank", "local_rank", "world_size", "local_world_size", "node_rank", "num_nodes",
@@ -20,7 +21,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--explain", action="store_true", help="list every launcher tried and why it matched or not")
     p.add_argument("--connect", action="store_true",
                    help="also start the process group (ddpkit.init) and verify one all_reduce across the world")
-    p.add_argument("--timeout", type=float, default=60.0, help="seconds --connect waits for the other ranks")
+    p.add_argument("--timeout", type=seconds("--timeout"), default=60.0, metavar="S",
+                   help="seconds --connect waits for the other ranks")
 
 
 def _connect(info: WorldInfo, timeout: float, backend: str | None) -> tuple[dict[str, object], list[dict]]:

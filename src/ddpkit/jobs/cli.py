@@ -46,7 +46,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--port", type=int, help="rendezvous / master port (default: derived from the Slurm job id; "
                    "29400 torchrun; 29500 MPI)")
     p.add_argument("--max-restarts", type=int, default=0, help="torchrun worker-group restarts")
-    p.add_argument("--python", default="python", help="interpreter for the ranks (default: python)")
+    p.add_argument("--python", help="interpreter for the ranks (default: python from --venv / --conda-env / the "
+                   "image, else the interpreter running ddpkit, by absolute path)")
     p.add_argument("--venv", help="virtual environment to activate first")
     p.add_argument("--conda-env", help="conda environment to activate first")
     p.add_argument("--env", action="append", default=[], metavar="NAME=VALUE", help="variable for the ranks")
@@ -132,6 +133,10 @@ def run(args: argparse.Namespace) -> int:
     if args.dry_run:
         sys.stdout.write(text)
         return 0
+    from ddpkit.jobs.interpreter import placement_notes
+
+    for note in placement_notes(spec):  # what can be known here about the job's Python on its nodes
+        print(note, file=sys.stderr, flush=True)
     if spec.backend == "slurm":
         return _submit_slurm(spec, text, args, output_file)
     if spec.backend == "k8s":

@@ -5,6 +5,7 @@ from __future__ import annotations
 import shlex
 from collections.abc import Sequence
 
+from ddpkit.jobs.interpreter import job_interpreter
 from ddpkit.jobs.spec import JobSpec, header
 
 __all__ = ["Raw", "preamble", "wrap"]
@@ -15,8 +16,10 @@ class Raw(str):
 
 
 def preamble(spec: JobSpec, directives: Sequence[str] = ()) -> list[str]:
-    """Shebang, header, scheduler directives, strict mode, environment activation and exported variables."""
-    lines = ["#!/bin/bash", *header(spec).splitlines(), *directives, "set -euo pipefail", ""]
+    """Shebang, header (with the job's Python and why), scheduler directives, strict mode, environment activation
+    and exported variables."""
+    lines = ["#!/bin/bash", *header(spec).splitlines(), *job_interpreter(spec).header_lines(), *directives,
+             "set -euo pipefail", ""]
     if spec.venv:
         lines += ["# The job's Python: a virtual environment (ddpkit recipe venv makes one)",
                   "# shellcheck source=/dev/null",

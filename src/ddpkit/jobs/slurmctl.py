@@ -18,7 +18,7 @@ from pathlib import Path
 from ddpkit.errors import ConfigError, DeadlineExpired
 from ddpkit.log import get_logger
 
-__all__ = ["JobState", "exit_code", "job_state", "sbatch", "wait"]
+__all__ = ["JobState", "describe", "exit_code", "job_state", "reason_text", "sbatch", "wait"]
 
 log = get_logger(__name__)
 CALL_TIMEOUT = 30.0
@@ -85,6 +85,21 @@ def sbatch(script: str, *, cwd: Path, script_path: Path | None = None) -> str:
 
 
 _KV = re.compile(r"(\w[\w:/]*)=(\S*)")
+#: What Slurm prints in its Reason fields when there is no reason (squeue %r, scontrol Reason=, sacct Reason).
+_NO_REASON = ("", "None", "(null)")
+
+
+def reason_text(raw: str) -> str:
+    """Slurm's Reason as ddpkit shows it: empty where Slurm gives none (it writes ``None`` there)."""
+    reason = raw.strip()
+    return "" if reason in _NO_REASON else reason
+
+
+def describe(squeue_line: str) -> str:
+    """An ``squeue -o '%T %r'`` line as ddpkit prints it: ``PENDING Resources``, ``RUNNING`` (never ``None``)."""
+    state, _, reason = squeue_line.strip().partition(" ")
+    reason = reason_text(reason)
+    return f"{state} {reason}" if reason else state
 
 
 def _scontrol(job_id: str) -> JobState | None:
@@ -98,7 +113,8 @@ def _scontrol(job_id: str) -> JobState | None:
     ended = state not in _ACTIVE
     return JobState(job_id=job_id, state=state, exit_status=int(status) if ended else None,
                     exit_signal=int(sig) if ended and sig != "0" else None, name=kv.get("JobName", ""),
-                    reason=kv.get("Reason", ""), nodes=kv.get("NodeList", ""), restarts=int(kv.get("Restarts", 0)),
+                    reason=reason_text(kv.get("Reason", "")), nodes=kv.get("NodeList", ""),
+                    restarts=int(kv.get("Restarts", 0)),
                     stdout=kv.get("StdOut"), source="scontrol", fields=kv)
 
 
@@ -114,7 +130,7 @@ def _sacct(job_id: str) -> JobState | None:
     status, sig = ([*code.split(":"), "0"])[:2]
     state = state.split()[0]
     return JobState(job_id=job_id, state=state, exit_status=int(status or 0), exit_signal=int(sig) or None,
-                    name=name, nodes=nodes, reason=reason, source="sacct")
+                    name=name, nodes=nodes, reason=reason_text(reason), source="sacct")
 
 
 def job_state(job_id: str) -> JobState:
@@ -146,7 +162,7 @@ def wait(job_id: str, *, poll: float = 0.5, timeout: float | None = None,
         res = _run(["squeue", "-h", "-j", job_id, "-o", "%T %r"], check=False)
         now = res.stdout.strip()
         if now != last and on_change is not None and now:
-            on_change(now)
+            on_change(describe(now))
         last = now or last
         if not now:  # finished (or, with an error, unknown: job_state says which)
             final = job_state(job_id)

@@ -16,15 +16,18 @@ written or submitted. The guarantee for generated files: nothing a user passes a
 
 from __future__ import annotations
 
+import os
 import re
 import shlex
-from dataclasses import dataclass
+import sys
+from dataclasses import dataclass, field
 
 from ddpkit import __version__
 from ddpkit.errors import ConfigError
+from ddpkit.jobs.interpreter import job_interpreter
 from ddpkit.launch.shape import JobShape, split_endpoint
 
-__all__ = ["BACKENDS", "DDPKIT_COMMANDS", "JobSpec", "header", "python_argv", "torchrun_entry"]
+__all__ = ["BACKENDS", "DDPKIT_COMMANDS", "JobSpec", "asks_for_mpi", "header", "python_argv", "torchrun_entry"]
 
 BACKENDS = ("torchrun", "slurm", "mpi", "k8s")
 #: Job commands that are ddpkit's own (run as ``python -m ddpkit CMD``); anything else must be a ``.py`` script.
@@ -65,8 +68,12 @@ class JobSpec:
     """Rendezvous / master port; default: derived from the Slurm job id, 29400 (torchrun), 29500 (MPI)."""
     max_restarts: int = 0
     """Worker-group restarts torchrun allows after a failure."""
-    python: str = "python"
-    """Interpreter that runs ranks (after environment activation)."""
+    python: str | None = None
+    """Interpreter that runs the ranks (``--python``). None: ``python`` from the environment or image when one is
+    given (``--venv``, ``--conda-env``, a container image, k8s), else ``submitter`` (ddpkit.jobs.interpreter)."""
+    submitter: str = field(default_factory=lambda: os.path.abspath(sys.executable) if sys.executable else "")
+    """The interpreter that renders and submits the job: with no environment option the ranks run with it, by
+    absolute path, so a venv that is not on PATH still runs the job. An input, so that rendering is reproducible."""
     venv: str | None = None
     """A virtual environment to activate before the job runs (``source VENV/bin/activate``)."""
     conda_env: str | None = None
@@ -130,6 +137,7 @@ class JobSpec:
                               f"one of {', '.join(DDPKIT_COMMANDS)}, or a path ending in .py",
                               "write -- check, -- train --epochs 3, or -- my_train.py ARGS")
         _check_printable(self)
+        _check_submitter(self)
         if self.name and not _NAME.fullmatch(self.name):
             raise ConfigError(f"job name {self.name!r}", "letters, digits, '-', '_', '.' (up to 63)",
                               "pick a simple name such as ddpkit-check")
@@ -178,9 +186,9 @@ class JobSpec:
 
 
 def python_argv(spec: JobSpec, python: str | None = None) -> list[str]:
-    """The rank's program: ``python -m ddpkit CMD ARGS`` or ``python SCRIPT.py ARGS``."""
+    """The rank's program: ``PYTHON -m ddpkit CMD ARGS`` or ``PYTHON SCRIPT.py ARGS`` (job_interpreter's)."""
     cmd = spec.job_command()
-    py = python or spec.python
+    py = python or job_interpreter(spec).path
     return [py, "-m", "ddpkit", *cmd] if cmd[0] in DDPKIT_COMMANDS else [py, *cmd]
 
 
@@ -261,6 +269,29 @@ def _check_printable(spec: JobSpec) -> None:
                               f"remove the {bad!r} from {option}")
 
 
+def asks_for_mpi(command: tuple[str, ...]) -> bool:
+    """Does the job command average gradients (train, check: ``--grad-transport mpi``) or run its ops
+    (bench: ``--transport mpi|both``) through MPI? Then its ranks must be started by an MPI launcher."""
+    words = list(command)
+    for i, word in enumerate(words):
+        option, eq, value = word.partition("=")
+        if not eq:
+            value = words[i + 1] if i + 1 < len(words) else ""
+        if (option == "--grad-transport" and value == "mpi") or (option == "--transport" and value in ("mpi", "both")):
+            return True
+    return False
+
+
+def _check_submitter(spec: JobSpec) -> None:
+    """The submitting interpreter is written into the job when nothing else names one: it must be a usable path."""
+    if not job_interpreter(spec).submitter:
+        return
+    if not spec.submitter or not os.path.isabs(spec.submitter) or not spec.submitter.isprintable():
+        raise ConfigError(f"the Python running ddpkit is {spec.submitter!r}, which cannot be written into the job",
+                          "an absolute path of printable text (the job runs its ranks with it)",
+                          "name the job's Python with --python PATH, or its environment with --venv / --conda-env")
+
+
 def _check_combinations(spec: JobSpec) -> None:
     def clash(found: str, fix: str) -> ConfigError:
         return ConfigError(found, "options that agree with each other", fix)
@@ -288,6 +319,15 @@ def _check_combinations(spec: JobSpec) -> None:
         raise clash(f"--static with an elastic shape {spec.shape}", "use c10d (drop --static) for elastic jobs")
     if spec.tasks_per_rank and spec.max_restarts:
         raise clash("--tasks-per-rank with --max-restarts", "drop one: restarts are torchrun's (one agent per node)")
+    if asks_for_mpi(spec.command) and spec.backend in ("torchrun", "k8s"):
+        raise clash(f"the job asks for MPI ({' '.join(spec.command[:1])} --grad-transport/--transport mpi) but the "
+                    f"{spec.backend} backend starts its ranks with torchrun, not an MPI launcher",
+                    "use ddpkit submit mpi, or submit slurm --tasks-per-rank (srun --mpi=pmix), or --grad-transport "
+                    "gloo")
+    if asks_for_mpi(spec.command) and spec.backend == "slurm" and not spec.tasks_per_rank:
+        raise clash("the job asks for MPI (--grad-transport/--transport mpi) but each Slurm task would be a "
+                    "torchrun agent, not an MPI rank", "add --tasks-per-rank: srun then starts every rank as one "
+                    "MPI world (--mpi=pmix for Open MPI, --mpi=pmi2 with --mpi mpich)")
     if spec.backend == "mpi" and spec.shape.min_nodes != spec.shape.max_nodes:
         raise clash(f"mpi with an elastic shape {spec.shape}", "use a fixed shape such as -j 2x4")
     if spec.backend == "mpi" and spec.hosts and len(spec.hosts) != spec.shape.max_nodes:

@@ -12,6 +12,7 @@ with its own ``NODE_RANK`` (0 on the master's node); no elasticity, no restarts 
 
 from __future__ import annotations
 
+from ddpkit.jobs.interpreter import job_interpreter
 from ddpkit.jobs.shell import Raw, preamble, wrap
 from ddpkit.jobs.spec import JobSpec, torchrun_entry
 from ddpkit.launch.shape import DEFAULT_RDZV_PORT, split_endpoint
@@ -23,8 +24,11 @@ RESTART_FIX = "export TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1"
 
 
 def launcher(spec: JobSpec) -> list[str]:
-    """``torchrun``, or ``PYTHON -m torch.distributed.run`` when an interpreter was named (same thing, that Python)."""
-    return ["torchrun"] if spec.python == "python" else [spec.python, "-m", "torch.distributed.run"]
+    """``torchrun`` from the activated environment, or ``PYTHON -m torch.distributed.run`` when the job's Python is a
+    path (the same program, run by that Python; its workers run with it too: torchrun starts them with
+    sys.executable)."""
+    python = job_interpreter(spec).path
+    return ["torchrun"] if python == "python" else [python, "-m", "torch.distributed.run"]
 
 
 def torchrun_argv(spec: JobSpec, *, endpoint: str | None, run_id: str) -> list[str]:

@@ -22,6 +22,7 @@ from ddpkit.launch import worker
 from ddpkit.launch.addresses import hosts_endpoint, local_addr_towards
 from ddpkit.launch.failure import drop_exit_tracebacks, root_cause
 from ddpkit.launch.shape import JobShape
+from ddpkit.launch.stops import FORWARDED, LostPeerBackstop, handle_outside_signals, lost_reports
 from ddpkit.log import get_logger
 from ddpkit.rendezvous import RendezvousWatch, describe_missing
 from ddpkit.runtime import share_cores
@@ -59,6 +60,10 @@ class LaunchOptions:
     """This node's address as the other nodes reach it."""
     rdzv_timeout: int = 120
     """Seconds to wait for all nodes to join."""
+    store_timeout: int | None = None
+    """Seconds one read of the rendezvous store may block (torch's read_timeout, default 60): how long a lost
+    link may last before this agent gives the store up (and, with restarts left, how long the link has to
+    return for the restart)."""
     preload: tuple[str, ...] = ()
     """Modules the agent imports once and its workers inherit by fork (``ddpkit check`` preloads torch._dynamo,
     which DistributedDataParallel imports at 1.5-2.5 s per worker). Empty, or DDPKIT_START_METHOD=spawn: every
@@ -79,10 +84,19 @@ def launch(options: LaunchOptions, entrypoint: Entrypoint, argv: list[str]) -> i
     os.environ.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
     os.environ[worker.LAUNCHED] = "1"
     os.environ[worker.LAUNCHED_AT] = str(worker.process_started_at())
-    # The agent forwards these to the workers (and stops them) instead of dying and orphaning them; USR1/USR2
-    # are what Slurm's --signal sends before a preemption, so the workers can snapshot first.
-    os.environ.setdefault("TORCHELASTIC_SIGNALS_TO_HANDLE", "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1,SIGUSR2")
     mark_dir = tempfile.mkdtemp(prefix="ddpkit-launch-")
+    stop_dir = os.path.join(mark_dir, "stops")
+    os.mkdir(stop_dir)
+    os.environ[worker.STOP_DIR] = stop_dir
+    # The agent forwards these to the workers (and stops them) instead of dying and orphaning them; USR1/USR2
+    # are what Slurm's --signal sends before a preemption, so the workers can snapshot first. ddpkit handles
+    # those it forwards itself, to mark them as coming from outside the job (ddpkit.launch.stops); torch keeps
+    # the rest (it re-registers its handler for each name in LaunchConfig.signals_to_handle, which it copies to
+    # TORCHELASTIC_SIGNALS_TO_HANDLE, whenever it starts workers: torch/distributed/launcher/api.py).
+    wanted = os.environ.get("TORCHELASTIC_SIGNALS_TO_HANDLE", ",".join(("SIGINT", *FORWARDED))).split(",")
+    wanted = [name.strip() for name in wanted if name.strip()]
+    torch_signals = ",".join(n for n in wanted if n not in FORWARDED) or "SIGINT"
+    handle_outside_signals(stop_dir, [n for n in wanted if n in FORWARDED], _forward)
     mark = os.path.join(mark_dir, "preempted")
     os.environ[worker.PREEMPTED_MARK] = mark
     results = os.path.join(mark_dir, "results")
@@ -99,6 +113,8 @@ def launch(options: LaunchOptions, entrypoint: Entrypoint, argv: list[str]) -> i
             conf["is_host"] = True
     # torch's dynamic rendezvous reads join_timeout (default 600 s), not LaunchConfig.rdzv_timeout
     conf.setdefault("join_timeout", options.rdzv_timeout)
+    if options.store_timeout is not None:
+        conf.setdefault("read_timeout", options.store_timeout)
     forked = _preload(options.preload)
     config = LaunchConfig(
         min_nodes=shape.min_nodes,
@@ -113,10 +129,12 @@ def launch(options: LaunchOptions, entrypoint: Entrypoint, argv: list[str]) -> i
         monitor_interval=0.05,
         start_method="fork" if forked else "spawn",
         local_addr=local_addr,
+        signals_to_handle=torch_signals,
     )
     watch = RendezvousWatch(endpoint, config.run_id) if endpoint and options.rdzv_backend == "c10d" else None
+    backstop = LostPeerBackstop(stop_dir, cleanup=lambda: shutil.rmtree(mark_dir, ignore_errors=True))
     try:
-        with watch or contextlib.nullcontext():
+        with watch or contextlib.nullcontext(), backstop:
             if forked:
                 elastic_launch(config, entrypoint=worker.forked_worker(entrypoint.main))(argv)
             else:
@@ -125,21 +143,58 @@ def launch(options: LaunchOptions, entrypoint: Entrypoint, argv: list[str]) -> i
     except ChildFailedError as exc:
         return root_cause(exc)
     except SignalException as exc:
-        preempted = os.path.exists(mark)
-        log.warning("received %s: the workers were stopped%s", exc.sigval.name,
-                    " after saving their state" if preempted else "")
-        return EXIT_PREEMPTED if preempted else 128 + int(exc.sigval)
+        left = _preempted_code(mark)
+        log.warning("received %s from outside the job: the workers were stopped%s", exc.sigval.name,
+                    {EXIT_PREEMPTED: " after saving their state", None: ""}.get(left, " with no snapshot to resume "
+                                                                                "from: their progress is lost"))
+        return left if left is not None else 128 + int(exc.sigval)
     except RendezvousError as exc:
-        who = f"; {describe_missing(watch.nodes, shape)}" if watch is not None else ""
-        raise DeadlineExpired(f"the rendezvous at {config.rdzv_endpoint} did not complete within "
-                              f"{conf['join_timeout']} s{who} ({type(exc).__name__}{f': {exc}' if str(exc) else ''})",
-                              f"{shape} node agents (NODESxRANKS) to join",
-                              "start ddpkit on every node with the same --rdzv-endpoint, --run-id and -j, check "
-                              "each can reach the endpoint, or give them longer with --timeout") from None
+        raise _rendezvous_failure(exc, watch, options, config.rdzv_endpoint, conf, lost_reports(stop_dir)) from None
     finally:
         os.environ.pop(worker.RESULT_DIR, None)  # this agent's own exit code is not a worker's result
         shutil.rmtree(mark_dir, ignore_errors=True)
     return code
+
+
+def _forward(sig: object) -> None:
+    """Raise what torch's own handler raises, so its agent forwards the signal to the workers and stops them."""
+    from torch.distributed.elastic.multiprocessing import SignalException
+
+    raise SignalException(f"Process {os.getpid()} got signal: {sig}", sigval=sig)  # type: ignore[arg-type]
+
+
+def _preempted_code(mark: str) -> int | None:
+    """The code the workers left after a preemption (75 with a snapshot, 76 without); None: they left none."""
+    try:
+        with open(mark) as f:
+            text = f.read().strip()
+    except OSError:
+        return None
+    return int(text) if text.isdigit() else EXIT_PREEMPTED
+
+
+def _rendezvous_failure(exc: Exception, watch: RendezvousWatch | None, options: LaunchOptions, endpoint: str,
+                        conf: dict[str, object], lost: list[str]) -> DeadlineExpired:
+    """A join that timed out says who joined and who did not; a store lost after the job started says so, with
+    what the workers found (the peer that stopped answering)."""
+    from torch.distributed.elastic.rendezvous.api import RendezvousTimeoutError
+
+    shape = options.shape
+    detail = f"{type(exc).__name__}{f': {exc}' if str(exc) else ''}"
+    timed_out = isinstance(exc, RendezvousTimeoutError)  # a join (perhaps of a restart's round) timed out
+    joined = describe_missing(watch.nodes, shape, complete=watch.completed and not timed_out) \
+        if watch is not None else ""
+    if timed_out:
+        return DeadlineExpired(f"the rendezvous at {endpoint} did not complete within {conf['join_timeout']} s"
+                               f"{'; ' + joined if joined else ''} ({detail})",
+                               f"{shape} node agents (NODESxRANKS) to join",
+                               "start ddpkit on every node with the same --rdzv-endpoint, --run-id and -j, check "
+                               "each can reach the endpoint, or give them longer with --timeout")
+    found = "; ".join(lost) if lost else f"this agent lost the rendezvous store at {endpoint}"
+    return DeadlineExpired(f"{found}{'; ' + joined if joined else ''} ({detail})",
+                           "every host to keep reaching the rendezvous store and its peers",
+                           "check the network between the hosts; rerun the same command to resume from the "
+                           "snapshot named above, or pass --max-restarts N to restart when the link returns")
 
 
 def _preload(modules: tuple[str, ...]) -> bool:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 import signal
 
-from ddpkit.errors import EXIT_PREEMPTED
+from ddpkit.errors import EXIT_PREEMPTED, EXIT_PREEMPTED_UNSAVED
 from ddpkit.log import get_logger
 
 __all__ = ["drop_exit_tracebacks", "root_cause"]
@@ -27,9 +27,14 @@ def root_cause(exc: object) -> int:
         name = signal.Signals(-code).name if -code in signal.Signals._value2member_map_ else str(-code)
         log.error("rank %d (pid %d) was killed by %s first", rank, first.pid, name)
         return 128 - code
-    if code == EXIT_PREEMPTED and all(f.exitcode in (EXIT_PREEMPTED, -signal.SIGTERM) for f in failures.values()):
-        log.warning("the workers stopped after a preemption signal and wrote a snapshot (exit %d): run the same "
-                    "command again to resume", code)
+    preempted = (EXIT_PREEMPTED, EXIT_PREEMPTED_UNSAVED)
+    if code in preempted and all(f.exitcode in (*preempted, -signal.SIGTERM) for f in failures.values()):
+        if code == EXIT_PREEMPTED:
+            log.warning("the workers stopped after a preemption signal and wrote a snapshot (exit %d): run the "
+                        "same command again to resume", code)
+        else:
+            log.warning("the workers stopped after a preemption signal with no snapshot (exit %d): their progress "
+                        "is lost; pass --snapshot-path to keep it next time", code)
         return code
     others = sorted(r for r in failures if r != rank)
     log.error("rank %d (pid %d) failed first with exit code %d%s", rank, first.pid, code,

@@ -61,11 +61,15 @@ def split_endpoint(endpoint: str) -> tuple[str, int | None]:
     """``HOST:PORT`` -> (host, port); ``[V6]:PORT`` -> (V6, port); a bare host -> (host, None).
 
     Lenient: the text after the last colon is the port only when it is all digits. Callers that require a port
-    check for None and say so.
+    check for None and say so. Digits that are not ASCII (``²``, ``٣``: str.isdigit accepts them, int() does not
+    always) and numbers too long to be a port are a ConfigError, never a ValueError.
     """
     host, sep, port = endpoint.rpartition(":")
     if not sep or not port.isdigit():
         return endpoint.strip("[]"), None
+    if not port.isascii() or len(port) > 9:
+        raise ConfigError(f"endpoint {endpoint!r} has port {port!r}", "HOST:PORT with a port in 1..65535 written in "
+                          "ASCII digits", "write node1:29400")
     return host.strip("[]"), int(port)
 
 

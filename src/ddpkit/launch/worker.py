@@ -22,6 +22,7 @@ __all__ = [
     "PREEMPTED_MARK",
     "RESULT_DIR",
     "START_METHOD",
+    "STOP_DIR",
     "command_started_at",
     "die_with_agent",
     "forked_worker",
@@ -42,6 +43,10 @@ LAUNCHED_AT = "DDPKIT_LAUNCHED_AT"
 RESULT_DIR = "DDPKIT_RESULT_DIR"
 #: A path a worker that stopped cleanly after a preemption signal creates, so the agent can say so.
 PREEMPTED_MARK = "DDPKIT_PREEMPTED_MARK"
+#: A directory shared by the agent and its workers about why the workers stop: the agent leaves ``signal`` there
+#: (the name of a signal it received from outside the job) before it forwards that signal; a worker that lost its
+#: peers leaves ``lost.rank-R`` (its diagnosis) there. See ddpkit.launch.stops.
+STOP_DIR = "DDPKIT_STOP_DIR"
 #: ``fork`` (default: workers forked from the agent, preloaded modules inherited) or ``spawn`` (fresh processes).
 START_METHOD = "DDPKIT_START_METHOD"
 
@@ -141,24 +146,10 @@ def forked_worker(main: Callable[[list[str]], int]) -> Callable[[list[str]], Non
     return forked_worker
 
 
-def _fresh_signal_handlers() -> None:
-    """Give the signals torch's agent catches the handlers a fresh ``python -m`` worker starts with.
-
-    The agent's handler (raise SignalException, to stop the workers) is inherited through fork: a forked rank
-    signalled before it installs its own handlers (train's preemption watch) would raise the agent's exception,
-    with a traceback, where a spawned rank stops by the signal.
-    """
-    names = os.environ.get("TORCHELASTIC_SIGNALS_TO_HANDLE", "SIGTERM,SIGINT,SIGHUP,SIGQUIT").split(",")
-    for sig in (getattr(signal, name.strip(), None) for name in names):
-        if isinstance(sig, signal.Signals):
-            signal.signal(sig, signal.default_int_handler if sig == signal.SIGINT else signal.SIG_DFL)
-
-
 def run_forked_worker(main: Callable[[list[str]], int], argv: list[str]) -> None:
     """The body of a forked worker: logging set up afresh for its rank, ``main(argv)``, then exit with its code."""
     from ddpkit import log as ddpkit_log
 
-    _fresh_signal_handlers()
     # The agent configured logging before its rank existed; configure afresh so lines carry this rank.
     for handler in list(logging.getLogger("ddpkit").handlers):
         logging.getLogger("ddpkit").removeHandler(handler)

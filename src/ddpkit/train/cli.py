@@ -8,10 +8,14 @@ Runbook (2 local ranks here; the same command runs under torchrun, srun, mpirun 
         --drill kill-worker@epoch=6,rank=1                                   # kill rank 1 once; resume
     ddpkit train -n 2 --model mlp --async-snapshot --snapshot-path run/     # 4.7M parameters
     ddpkit train -n 2 --make-job my_pkg.my_module:make_job --snapshot-path run/   # your model and data
+    mpirun -np 2 ddpkit train --grad-transport mpi                          # gradients through MPI (ddpkit[mpi])
 
 Exit codes: 0 trained; 2 bad options, a snapshot of another job, or an unimportable --make-job (before any
-training); 74 a snapshot did not fit on its filesystem (the previous one is intact; the message names it);
-75 stopped by a preemption signal after writing a snapshot (rerun to resume).
+training); 3 a peer stopped answering (a lost rank or host; the message names it, the collective and the snapshot
+to resume from); 74 a snapshot did not fit on its filesystem (the previous one is intact; the message names it);
+75 stopped by a preemption signal with a snapshot to resume from (rerun to resume); 76 stopped by a preemption
+signal with no snapshot (none configured): the progress is lost. A SIGTERM from ddpkit's own agent (which stops
+its workers after a failure elsewhere) is not a preemption: the rank ends as SIGTERM ends a process.
 """
 
 from __future__ import annotations
@@ -19,15 +23,17 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import time
 from pathlib import Path
 from typing import Any
 
-from ddpkit.errors import EXIT_OK, EXIT_PREEMPTED, ConfigError
-from ddpkit.inputs import check_output_path, output_path
+from ddpkit.errors import EXIT_MISSING, EXIT_OK, EXIT_PREEMPTED, ConfigError
+from ddpkit.inputs import check_output_path, output_path, seconds
 from ddpkit.launch.worker import PREEMPTED_MARK, command_started_at
 from ddpkit.log import get_logger
 from ddpkit.train.config import MODELS, PREEMPT_SIGNALS, TrainConfig, check_job_spec, parse_drill
+from ddpkit.train.gradients import GRAD_TRANSPORTS
 from ddpkit.train.output import say
 from ddpkit.train.timeline import phases
 
@@ -38,7 +44,6 @@ WORKER = True
 # torch and torch._dynamo (which DDP's constructor imports) cost each fresh rank 3-8 s on a loaded 2-core machine.
 PRELOAD = ("torch.nn.parallel", "torch._dynamo", "ddpkit.runtime", "ddpkit.train.jobs", "ddpkit.train.trainer")
 log = get_logger(__name__)
-EXIT_PEER_LOST = 1
 
 
 def _count(option: str, minimum: int = 1) -> Any:
@@ -79,6 +84,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--make-job", dest="make_job", type=_job_spec, default=None, metavar="MODULE:FUNCTION",
                    help="your own job: FUNCTION(config) returns a ddpkit.train.TrainJob")
     g.add_argument("--deterministic", action="store_true", help="torch.use_deterministic_algorithms(True)")
+    g.add_argument("--grad-transport", choices=GRAD_TRANSPORTS, default="auto",
+                   help="how DDP averages gradients: mpi (MPI.Allreduce of each bucket; ranks started by mpirun, "
+                        "mpiexec or srun --mpi=pmix; needs ddpkit[mpi]), gloo, nccl, or auto (default: mpi on CPU "
+                        "where an MPI launcher started the ranks and mpi4py is installed, else the backend's own)")
     s = p.add_argument_group("snapshots and faults")
     s.add_argument("--snapshot-path", type=_snapshot_path, default=None, metavar="FILE|DIR/",
                    help="DIR/NAME.pt (kept as DIR/NAME.<step>.pt) or an existing directory; default: no snapshots")
@@ -90,6 +99,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     s.add_argument("--preempt-signal", choices=list(PREEMPT_SIGNALS), default="TERM",
                    help="signal meaning 'snapshot and stop' besides SIGTERM (Slurm --signal=USR1@60: USR1)")
     s.add_argument("--requeue", action="store_true", help="after a preemption snapshot, scontrol requeue the job")
+    s.add_argument("--collective-timeout", type=seconds("--collective-timeout"), default=60.0, metavar="S",
+                   help="seconds a collective waits for a lost peer before every rank names it and exits 3 "
+                        "(default 60); the agent exits within S + 60 s")
     s.add_argument("--drill", action="append", type=parse_drill, default=[], metavar="KIND@epoch=E[,rank=R]",
                    help="inject a fault once: kill-worker@epoch=3[,rank=1] or preempt@epoch=3 (repeatable)")
     o = p.add_argument_group("output")
@@ -105,7 +117,8 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
                        snapshot_path=args.snapshot_path, save_every=args.save_every, keep=args.keep,
                        async_snapshot=args.async_snapshot, preempt_signal=args.preempt_signal, requeue=args.requeue,
                        drills=tuple(args.drill), job=args.make_job, json_path=args.json_path,
-                       deterministic=args.deterministic, progress=args.progress)
+                       deterministic=args.deterministic, progress=args.progress,
+                       collective_timeout=args.collective_timeout)
 
 
 def _check_restartable(config: TrainConfig) -> None:
@@ -150,24 +163,43 @@ def run(args: argparse.Namespace) -> int:
     if config.deterministic:
         _deterministic()
 
+    from datetime import timedelta
+
     import ddpkit
+    from ddpkit.env import detect
+    from ddpkit.runtime import pick_backend
+    from ddpkit.train.gradients import plan_transport
     from ddpkit.train.jobs import load_job
+    from ddpkit.train.stops import report_lost_peer
     from ddpkit.train.trainer import Trainer
 
     job = load_job(config)  # user code fails here, before any process group or training
     marks["job"] = time.time()
-    rt = ddpkit.init(backend=args.backend)
+    world = detect()
+    # before the process group: MPI is initialised and its world checked against torch's here (exit 2 if not)
+    transport = plan_transport(args.grad_transport, backend=pick_backend(args.backend), rank=world.rank,
+                               world_size=world.world_size)
+    rt = ddpkit.init(backend=args.backend, timeout=timedelta(seconds=config.collective_timeout), world=world)
     marks["group"] = time.time()
+    trainer = Trainer(job, config, rt, transport=transport)
     try:
-        summary = Trainer(job, config, rt).fit()
-    except RuntimeError as exc:
-        if not any(word in str(exc) for word in ("gloo", "NCCL", "Connection", "connection")):
+        summary = trainer.fit()
+    except RuntimeError as exc:  # torch's DistBackendError and gloo's timeouts are RuntimeErrors
+        import torch.distributed as dist
+
+        lost = ("gloo", "NCCL", "onnection", "imed out", "timeout", "pair closure")
+        if not isinstance(exc, dist.DistBackendError) and not any(word in str(exc) for word in lost):
             raise
-        # a peer died mid-collective (a killed worker, a lost node): say so briefly; the agent restarts the group
-        log.error("rank %d: a collective failed, another rank is gone: %s", rt.rank, str(exc).splitlines()[0][:300])
-        return EXIT_PEER_LOST
+        # a peer died mid-collective (a killed worker, a lost host): name it; the agent restarts the group or exits 3
+        report_lost_peer(trainer.lost_peer(exc), rt.rank)
+        return EXIT_MISSING
     finally:
         ddpkit.shutdown()
+    if summary.get("stopped_by_agent"):
+        if summary.get("signal"):  # end as the agent's SIGTERM asked: the agent reports the failure behind it
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            os.kill(os.getpid(), signal.SIGTERM)
+        return EXIT_MISSING
     marks.update(finished=time.time(), **{k[:-3]: summary.pop(k) for k in ("loop_at", "loop_end_at") if k in summary})
     if "first_step_at" in summary:
         marks["first_step"] = summary["first_step_at"]
@@ -180,9 +212,10 @@ def run(args: argparse.Namespace) -> int:
         if config.json_path:
             Path(config.json_path).write_text(json.dumps(summary, indent=2, default=str) + "\n")
     if summary["preempted"]:
-        # ddpkit's launcher only sees that it was signalled: this file tells it the workers saved first (exit 75)
+        code = int(summary.get("exit_code", EXIT_PREEMPTED))
+        # ddpkit's launcher only sees that it was signalled: this file tells it how the workers ended (75 or 76)
         mark = os.environ.get(PREEMPTED_MARK)
         if mark:
-            Path(mark).touch()
-        return EXIT_PREEMPTED
+            Path(mark).write_text(str(code))
+        return code
     return EXIT_OK

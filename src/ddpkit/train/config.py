@@ -134,6 +134,8 @@ class TrainConfig:
     """Write the run summary as JSON here (rank 0)."""
     deterministic: bool = False
     """torch.use_deterministic_algorithms(True) (and the cuDNN/cuBLAS settings it needs on CUDA)."""
+    collective_timeout: float = 60.0
+    """Seconds a collective may wait for a peer before the rank gives up, names who stopped answering and exits 3."""
     progress: bool | None = None
     """Progress bar on rank 0: None means only when stdout is a terminal."""
     extra: dict[str, str] = field(default_factory=dict)
@@ -166,6 +168,9 @@ class TrainConfig:
             if drill.epoch >= self.epochs:
                 raise ConfigError(f"--drill {drill} fires after the last epoch ({self.epochs - 1})",
                                   "an epoch the run reaches", f"use an epoch below {self.epochs}")
+        if not self.collective_timeout > 0:
+            raise ConfigError(f"--collective-timeout {self.collective_timeout}", "a positive number of seconds",
+                              "pass --collective-timeout 60")
         if self.json_path is not None:
             _check_writable_dir(Path(self.json_path).expanduser().parent, "--json")
         if self.job is not None:

@@ -4,7 +4,9 @@ Preemption: the handler only sets a flag, and the flag travels with the gradient
 gradient averaging hook (``train/gradients.py``), which appends it to the last gradient bucket's reduction (one
 extra number; no extra collective, no extra round trip). When backward returns, every rank holds the same sum of
 flags, so all ranks stop after the same step, even when the signal reached a single rank, and none is left waiting
-in a collective. Rank 0 then writes a snapshot and all exit with 75 (EXIT_PREEMPTED). Models too large for that
+in a collective. The ranks then agree whether any signal came from outside the job (``agree_on_cause``; the
+agent's own SIGTERMs are no preemption, see train/stops.py); if one did, rank 0 writes a snapshot and all exit
+with 75 (EXIT_PREEMPTED), or 76 when no --snapshot-path leaves nothing to resume from. Models too large for that
 hook keep DDP's C++ all-reduce, and the watch votes on the flags every VOTE_EVERY steps instead.
 
 Drills are remembered in ``DIR/NAME.drills.json`` beside the snapshots: a drill fires once per snapshot
@@ -54,8 +56,9 @@ class PreemptionWatch:
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         if self.received is None:
             self.received = signal.Signals(signum).name
-            # a raw write: the handler may interrupt a write to sys.stdout (re-entering it would raise)
-            os.write(1, f"received {self.received}: finishing this step, then writing a snapshot\n".encode())
+            # a raw write: the handler may interrupt a write to sys.stdout (re-entering it would raise). Whether
+            # it is a preemption (from outside the job) or the agent stopping the group is decided after the step
+            os.write(1, f"received {self.received}: finishing this step\n".encode())
 
     def install(self) -> PreemptionWatch:
         for sig in self.signals:
@@ -96,6 +99,17 @@ class PreemptionWatch:
             self._votes.copy_(self._one if self.received is not None else self._zero)
             self._votes_work = dist.all_reduce(self._votes, async_op=True)
         return stop
+
+    def agree_on_cause(self) -> tuple[int, int]:
+        """After every rank stopped: (ranks that got a signal from outside the job, ranks that got any stop
+        signal), the same on every rank. One small all-reduce, only when stopping."""
+        from ddpkit.train.stops import signal_from_outside
+
+        outside = signal_from_outside(self.received)
+        counts = torch.tensor([float(outside), float(self.received is not None)], device=self._one.device)
+        if self.world_size > 1:
+            dist.all_reduce(counts)
+        return int(counts[0].item()), int(counts[1].item())
 
     def drain(self) -> None:
         """Wait for a vote still in flight (at the end of training: no collective left unfinished)."""

@@ -18,6 +18,7 @@ from __future__ import annotations
 import math
 import os
 import signal
+import socket
 import sys
 import time
 from collections.abc import Callable
@@ -40,6 +41,14 @@ from ddpkit.train.gradients import register_gradient_averaging
 from ddpkit.train.output import say
 from ddpkit.train.rng import capture_rng, restore_rng, seed_everything
 from ddpkit.train.snapshot import AsyncWriter, CpuShadow, SnapshotDir, copy_to_cpu, read_snapshot, write_snapshot
+from ddpkit.train.stops import (
+    LastSnapshot,
+    describe_lost_peer,
+    host_table,
+    mark_outside_signal,
+    preemption_outcome,
+    probe_answering,
+)
 
 if TYPE_CHECKING:
     from ddpkit.runtime import Runtime
@@ -73,10 +82,11 @@ def _percentile(values: list[float], q: float) -> float:
 
 
 class Trainer:
-    def __init__(self, job: TrainJob, config: TrainConfig, runtime: Runtime) -> None:
+    def __init__(self, job: TrainJob, config: TrainConfig, runtime: Runtime, *, transport: str | None = None) -> None:
         self.job = job
         self.cfg = config
         self.rt = runtime
+        self.transport = transport  # a gradients.TRANSPORTS name (plan_transport), or None: the backend's own
         self.rank, self.world = runtime.rank, runtime.world_size
         self.batches = Batches(job.dataset, batch_size=config.batch_size, rank=self.rank, world_size=self.world,
                                seed=config.seed, device=runtime.device)
@@ -90,6 +100,12 @@ class Trainer:
         self.drills = DrillBook(drill_file if self.rank == 0 else None, config.drills)
         self.writer = AsyncWriter()
         self.shadow = CpuShadow()
+        self.phase = "start-up (agreeing on the snapshot to resume from)"
+        """What the ranks are doing now, for the message when a peer stops answering."""
+        self.hosts: list[str] = []
+        """Each rank's host, ``name (address)``, gathered once at start-up."""
+        self.last_snapshot = LastSnapshot(configured=self.snapdir is not None)
+        """The newest snapshot this rank knows to exist (rank 0: written; the others: taken together)."""
         self.summary: dict[str, Any] = {
             "job": job.name, "model": config.model if config.job is None else config.job,
             "parameters": sum(p.numel() for p in job.model.parameters()), "world_size": self.world,
@@ -165,6 +181,7 @@ class Trainer:
         dist.broadcast_object_list(box, src=0)
         self.summary["loss_history"] = {int(k): v for k, v in box[0].items()}
         self.summary["snapshots_loaded"] = 1
+        self.last_snapshot = LastSnapshot(configured=True, step=int(header["global_step"]), path=header["path"])
         self.summary["resumed_from"] = {"path": header["path"], "epoch": header["next_epoch"],
                                         "batch": header["next_batch"], "global_step": header["global_step"]}
         if self.rank == 0:
@@ -176,10 +193,13 @@ class Trainer:
     def _snapshot(self, ddp: DDP, *, epoch: int, next_epoch: int, next_batch: int, step: int, urgent: bool) -> None:
         """All ranks: gather RNG states to rank 0; rank 0 writes (in the background when asked and not urgent)."""
         assert self.snapdir is not None
+        self.phase = f"the snapshot of step {step} (gathering RNG states to rank 0)"
         t0 = time.perf_counter()
         rngs: list[Any] | None = [None] * self.world if self.rank == 0 else None
         dist.gather_object(capture_rng(), rngs, dst=0)
-        if self.rank != 0:
+        path = self.snapdir.path_for(step)
+        if self.rank != 0:  # rank 0 writes it, synchronously or in the background
+            self.last_snapshot = LastSnapshot(configured=True, step=step, path=f"{path}, written by rank 0")
             return
         # references to the live tensors (parameters and optimizer state change only in optimizer.step());
         # buffers (e.g. BatchNorm statistics) may change in the next forward, so they are cloned now (small)
@@ -192,10 +212,10 @@ class Trainer:
                   "config": self.cfg.as_dict(), "writer_rank": self.rank, "writer_pid": os.getpid(),
                   "created": time.time(), "versions": {"torch": torch.__version__, "ddpkit": ddpkit.__version__,
                                                        "python": sys.version.split()[0]}}
-        path = self.snapdir.path_for(step)
         snapdir = self.snapdir
 
         def done() -> None:
+            self.last_snapshot = LastSnapshot(configured=True, step=step, path=str(path))
             snapdir.prune()
             say(f"Epoch {epoch} | Training snapshot saved at {path}")
 
@@ -235,6 +255,7 @@ class Trainer:
             os.kill(os.getpid(), signal.SIGKILL)
         else:
             say(f"drill {drill}: sending SIG{self.cfg.preempt_signal} to rank 0 at step {step}")
+            mark_outside_signal(f"SIG{self.cfg.preempt_signal}")  # the drill plays the world outside the job
             os.kill(os.getpid(), self.cfg.preempt_signum)
 
     # ---- the loop -------------------------------------------------------------------------------------
@@ -244,6 +265,7 @@ class Trainer:
         # before _resume seeds the generators: importing rich draws from Python's global RNG (rich.style)
         progress = _Progress.maybe(self.rank == 0 and cfg.progress is not False and (cfg.progress or _on_terminal()))
         start_epoch, start_batch, step = self._resume()
+        self.hosts = host_table(self.rt)
         model = self.job.model.to(device)
         # gradients live in DDP's all-reduce buckets (no copy into the bucket and back each step, one copy of the
         # gradients in memory instead of two); the arithmetic is the same, results are bitwise equal
@@ -252,8 +274,9 @@ class Trainer:
         # How gradients are averaged (train/gradients.py): small models through ddpkit's hook, with the transport
         # that suits the backend, the ranks' stop flags riding on the last bucket; larger ones by DDP's own C++
         # all-reduce (None), the stop flags then voted on every few steps.
-        averaging = register_gradient_averaging(ddp, world_size=self.world, rider=watch)
+        averaging = register_gradient_averaging(ddp, world_size=self.world, rider=watch, transport=self.transport)
         watch.rides_gradients(averaging is not None)
+        self.summary["grad_transport"] = averaging.transport if averaging is not None else "ddp all-reduce"
         self.summary["stop_flags"] = ("gradient all-reduce" if watch.piggyback
                                       else f"vote every {watch.VOTE_EVERY} steps")
         step_times: list[float] = []
@@ -271,6 +294,7 @@ class Trainer:
                 t_epoch = time.perf_counter()
                 for batch, (x, y) in enumerate(self.batches.epoch(epoch, first), start=first):
                     t0 = time.perf_counter()
+                    self.phase = f"the gradient all-reduce of step {step + 1} (epoch {epoch}, batch {batch})"
                     self.job.optimizer.zero_grad(set_to_none=True)
                     loss = self.job.loss_fn(ddp(x), y)
                     loss.backward()  # DDP all-reduces the gradients (and the ranks' stop flags) here
@@ -285,6 +309,7 @@ class Trainer:
                     if "first_step_at" not in self.summary:  # measures a restart: kill -> first resumed step
                         self.summary["first_step_at"] = time.time()
                     self._fire_drill(epoch, batch, step)
+                    self.phase = f"the stop-flag vote after step {step} (epoch {epoch})"
                     if watch.should_stop(step):  # a preemption signal reached some rank: all stop after this step
                         return self._preempted(ddp, watch, epoch, batch + 1, step, t_start, samples,
                                                step_times + epoch_times)
@@ -314,17 +339,37 @@ class Trainer:
     def _preempted(self, ddp: DDP, watch: PreemptionWatch, epoch: int, next_batch: int, step: int,
                    t_start: float, samples: int, times: list[float]) -> dict[str, Any]:
         next_epoch, next_batch = (epoch + 1, 0) if next_batch >= self.steps_per_epoch else (epoch, next_batch)
+        self.phase = f"the vote on why the ranks stop, after step {step}"
+        outside, signalled = watch.agree_on_cause()
+        if not outside:  # only the job's own agents sent signals: they are stopping the group after a failure
+            self.summary.update(stopped_by_agent=True, signal=watch.received, global_step=step)
+            who = f"rank {self.rank} got {watch.received}" if watch.received else \
+                f"{signalled} other rank(s) got a stop signal"
+            log.error("stopped after step %d: %s, and no agent received a signal from outside the job: an agent is "
+                      "stopping its workers (after a failure, a lost rendezvous store or a membership change); not a "
+                      "preemption, no snapshot taken; %s", step, who, self.last_snapshot)
+            return self.summary
+        self.writer.join()  # a background snapshot still being written counts once it is on disk
         if self.snapdir is not None:
             self._snapshot(ddp, epoch=epoch, next_epoch=next_epoch, next_batch=next_batch, step=step, urgent=True)
-        self.summary.update(preempted=True, signal=watch.received or "another rank's signal")
+        code, line = preemption_outcome(self.last_snapshot, step)
+        self.summary.update(preempted=True, signal=watch.received or "another rank's signal", exit_code=code)
         if self.rank == 0:
-            say(f"Preempted at epoch {epoch}, step {step}: snapshot written; exiting with 75")
+            say(f"Preempted at epoch {epoch}, step {step}: {line}")
             if self.cfg.requeue:
                 message = requeue_slurm_job()
                 say(message)
                 self.summary["requeue"] = message
         self._finish(step, t_start, samples, times)
         return self.summary
+
+    def lost_peer(self, exc: BaseException) -> str:
+        """After a collective failed: find who stopped answering and say it, with the phase and the snapshot."""
+        attempt = str(self.rt.world.restart_count or 0)
+        answered = probe_answering(self.rank, self.world, attempt)
+        error = str(exc).strip().splitlines()[0][-300:] if str(exc).strip() else type(exc).__name__
+        return describe_lost_peer(rank=self.rank, hosts=self.hosts or [socket.gethostname()] * self.world,
+                                  phase=self.phase, snapshot=self.last_snapshot, answered=answered, error=error)
 
     def _finish(self, step: int, t_start: float, samples: int, times: list[float]) -> None:
         wall = time.perf_counter() - t_start

@@ -1,0 +1,351 @@
+"""Growth of `check`, `bench` and `train` with the world: 2 to 64 local ranks, 4 to 16 namespace hosts; and the
+cost of `bench --pairs` in rounds, `--ring` and one pair at a time.
+
+    sudo python -m benchmarks.bench_scale        # writes benchmarks/results/bench_scale.{json,md,png}
+    SCALE_LOCAL=2,4,8 SCALE_HOSTS=4 sudo python -m benchmarks.bench_scale   # a smaller run
+
+For every world: wall time of the command as a user types it, each phase's time (check's JSON report: roll-call,
+the roll-call's cost after the last rank arrived, init, collectives, DDP, report), and the CPU time of every
+process it started (getrusage of the waited children) divided by the number of ranks. One run per point: the
+machine has 2 cores shared with other engineers, so figures are noisy; ratios are taken within this one run.
+Namespace hosts need root (skipped otherwise).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks" / "results"
+LOCAL = [int(x) for x in os.environ.get("SCALE_LOCAL", "2,4,8,16,32,64").split(",") if x]
+HOSTS = [int(x) for x in os.environ.get("SCALE_HOSTS", "4,8,16").split(",") if x]
+BENCH_ARGS = ["bench", "--ops", "all_reduce,all_gather", "-b", "1K", "-e", "64K", "-f", "8", "-w", "1", "--iters", "5"]
+TRAIN_ARGS = ["train", "--model", "toy", "--samples", "2048", "--batch-size", "32", "--epochs", "2", "--no-progress"]
+PAIRS_ARGS = ["--pairs-size", "256K", "--pairs-iters", "3"]
+LIMIT = "200mbit"  # the slowed host's link in the pairs runs: ~25 MB/s against ~0.3-1.5 GB/s between namespaces
+
+
+def _env(**extra: str) -> dict[str, str]:
+    sys.path.insert(0, str(ROOT))
+    from tests.helpers import ddpkit_env
+
+    return ddpkit_env(**extra)
+
+
+def _cpu() -> float:
+    ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return ru.ru_utime + ru.ru_stime
+
+
+def _run_local(args: list[str], timeout: float = 900) -> dict[str, Any]:
+    cpu, t, start = _cpu(), time.perf_counter(), time.time()
+    proc = subprocess.run([sys.executable, "-m", "ddpkit", *args], capture_output=True, text=True, env=_env(),
+                          timeout=timeout, cwd=ROOT)
+    wall = time.perf_counter() - t
+    return {"wall_s": wall, "cpu_s": _cpu() - cpu, "exit": proc.returncode, "started": start, "ended": time.time(),
+            "tail": (proc.stdout + proc.stderr)[-1500:] if proc.returncode else ""}
+
+
+def _check_phases(path: Path, run: dict[str, Any] | None = None) -> dict[str, float]:
+    report = json.loads(path.read_text())
+    timings = report.get("timings", {})
+    clock = report.get("clock") or {}
+    wall: dict[str, float] = {}
+    if run and clock.get("first_check_in"):  # the command's wall time split at the ranks' arrivals and the report
+        wall = {"launch": clock["first_check_in"] - run["started"],
+                "arrivals": clock["last_check_in"] - clock["first_check_in"],
+                "after-last": clock["report_done"] - clock["last_check_in"],
+                "teardown": run["ended"] - clock["report_done"]}
+    ops = ("barrier", "all_reduce_sum", "all_reduce_max", "broadcast", "reduce", "all_gather", "reduce_scatter",
+           "all_to_all", "send_recv_ring")
+    return {"roll-call": timings.get("roll-call", 0.0),
+            "roll-call-after-last": timings.get("roll-call-after-last", 0.0),
+            "init": timings.get("init", 0.0), "collectives": sum(timings.get(o, 0.0) for o in ops),
+            "ddp": timings.get("ddp", 0.0), "report": timings.get("report", 0.0), "check_s": report["seconds"],
+            **{f"wall:{k}": v for k, v in wall.items()}}
+
+
+def local_scaling(tmp: Path) -> list[dict[str, Any]]:
+    rows = []
+    for n in LOCAL:
+        for name, args in (("check", ["check"]), ("bench", BENCH_ARGS), ("train", TRAIN_ARGS)):
+            extra = ["--json", str(tmp / f"{name}-{n}.json")]
+            res = _run_local([*args, "-n", str(n), *extra])
+            row = {"where": "local", "ranks": n, "hosts": 1, "command": name, **res, "cpu_per_rank_s": res["cpu_s"] / n}
+            if name == "check" and res["exit"] == 0:
+                row["phases"] = _check_phases(tmp / f"check-{n}.json", res)
+            rows.append(row)
+            print(f"local {n:>3} ranks {name:<6} {res['wall_s']:7.1f} s wall, {row['cpu_per_rank_s']:5.2f} s CPU/rank,"
+                  f" exit {res['exit']}", flush=True)
+    return rows
+
+
+def _on_hosts(cluster: Any, args: list[str], timeout: float = 900, **env: str) -> dict[str, Any]:
+    """``ddpkit ARGS`` on every host at once; wall time until the last exits; CPU of everything they started."""
+    argv = [sys.executable, "-m", "ddpkit", *args]
+    cpu, t = _cpu(), time.perf_counter()
+    procs = [cluster.popen(h, argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=_env(OMP_NUM_THREADS="1",
+                                                                                                  **env))
+             for h in cluster.hosts]
+    outs = [p.communicate(timeout=timeout)[0].decode(errors="replace") for p in procs]
+    wall = time.perf_counter() - t
+    codes = [p.returncode for p in procs]
+    return {"wall_s": wall, "cpu_s": _cpu() - cpu, "exit": max(codes), "stdout": outs[0],
+            "tail": "" if max(codes) in (0, 1) else outs[0][-1500:]}
+
+
+def host_scaling(tmp: Path) -> list[dict[str, Any]]:
+    from scripts.nshosts import create
+
+    rows = []
+    for h in HOSTS:
+        cluster = create(h, "scale" + uuid.uuid4().hex[:6])
+        try:
+            for name, args in (("check", ["check"]), ("bench", BENCH_ARGS), ("train", TRAIN_ARGS)):
+                out = tmp / f"{name}-h{h}.json"
+                rdzv = ["-j", f"{h}x1", "--rdzv-endpoint", f"{cluster.hosts[0].ip}:29400",
+                        "--run-id", uuid.uuid4().hex[:8], "--json", str(out)]
+                res = _on_hosts(cluster, [*args, *rdzv])
+                res.pop("stdout")
+                row = {"where": "namespace hosts", "ranks": h, "hosts": h, "command": name, **res,
+                       "cpu_per_rank_s": res["cpu_s"] / h}
+                if name == "check" and res["exit"] == 0:
+                    row["phases"] = _check_phases(out)
+                rows.append(row)
+                print(f"hosts {h:>3} x1 {name:<6} {res['wall_s']:7.1f} s wall, {row['cpu_per_rank_s']:5.2f} s "
+                      f"CPU/rank, exit {res['exit']}", flush=True)
+        finally:
+            cluster.down()
+    return rows
+
+
+def pairs_costs(tmp: Path) -> list[dict[str, Any]]:
+    """8 hosts: rounds vs one pair at a time, with one host's link limited and with none; 16 hosts: --ring and
+    rounds vs one pair at a time, one link limited."""
+    from scripts.nshosts import create
+
+    plan = ((8, True, (["--pairs"], ["--pairs", "--pairs-sequential"])),
+            (8, False, (["--pairs"], ["--pairs", "--pairs-sequential"])),
+            (16, True, (["--ring"], ["--pairs"], ["--pairs", "--pairs-sequential"])))
+    rows = []
+    for h in sorted({p[0] for p in plan if p[0] in HOSTS}):
+        cluster = create(h, "pairs" + uuid.uuid4().hex[:6])
+        try:
+            slow = cluster.hosts[h // 2 + 1]
+            for _, limited, modes in (p for p in plan if p[0] == h):
+                cluster.shape(slow, LIMIT if limited else None)
+                for mode in modes:
+                    out = tmp / f"pairs-{h}-{uuid.uuid4().hex[:6]}.json"
+                    args = ["bench", "-j", f"{h}x1", "--rdzv-endpoint", f"{cluster.hosts[0].ip}:29400", "--run-id",
+                            uuid.uuid4().hex[:8], *mode, *PAIRS_ARGS, "--pairs-threshold", "0.2", "--json", str(out)]
+                    res = _on_hosts(cluster, args)
+                    pairs = json.loads(out.read_text())["pairs"] if out.exists() else {}
+                    cost = pairs.get("cost", {})
+                    row = {"hosts": h, "mode": " ".join(mode), "limited": slow.hostname if limited else None,
+                           "wall_s": res["wall_s"], "exit": res["exit"], "measure_s": cost.get("seconds"),
+                           "rounds": cost.get("rounds"), "pairs_measured": cost.get("pairs_measured"),
+                           "slow_endpoints": pairs.get("slow_endpoints"), "tail": res["tail"]}
+                    rows.append(row)
+                    print(f"pairs {h:>3} hosts {row['mode']:<28} limited {row['limited']}: {row['measure_s']} s "
+                          f"measuring, {row['rounds']} rounds, slow: {row['slow_endpoints']}", flush=True)
+        finally:
+            cluster.down()
+    return rows
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return a / b if a and b else None
+
+
+def summary(rows: list[dict[str, Any]], pairs: list[dict[str, Any]]) -> dict[str, Any]:
+    def find(where: str, n: int, command: str) -> dict[str, Any]:
+        return next((r for r in rows if r["where"] == where and r["ranks"] == n and r["command"] == command), {})
+
+    c8, c64 = find("local", 8, "check"), find("local", 64, "check")
+    out: dict[str, Any] = {}
+    if c8 and c64:
+        out["check_wall_64_over_8"] = _ratio(c64["wall_s"], c8["wall_s"])
+        out["check_wall_target"] = "<= 8 (the ratio of ranks)"
+        out["rollcall_after_last_64_s"] = c64.get("phases", {}).get("roll-call-after-last")
+    def mode(h: int, m: str, limited: bool = True) -> dict[str, Any]:
+        return next((p for p in pairs if p["hosts"] == h and p["mode"] == m and bool(p["limited"]) == limited), {})
+    for limited, tag in ((True, "limited"), (False, "unlimited")):
+        seq8, rounds8 = mode(8, "--pairs --pairs-sequential", limited), mode(8, "--pairs", limited)
+        if seq8 and rounds8:
+            out[f"pairs8_{tag}_sequential_over_rounds"] = _ratio(seq8["measure_s"], rounds8["measure_s"])
+            out[f"pairs8_{tag}_sequential_over_rounds_wall"] = _ratio(seq8["wall_s"], rounds8["wall_s"])
+            out[f"pairs8_{tag}_same_verdict"] = seq8["slow_endpoints"] == rounds8["slow_endpoints"]
+    seq16, ring16 = mode(16, "--pairs --pairs-sequential"), mode(16, "--ring")
+    if seq16 and ring16:
+        out["pairs16_sequential_over_ring"] = _ratio(seq16["measure_s"], ring16["measure_s"])
+        out["pairs16_sequential_over_ring_wall"] = _ratio(seq16["wall_s"], ring16["wall_s"])
+        out["pairs16_same_verdict"] = seq16["slow_endpoints"] == ring16["slow_endpoints"]
+    return out
+
+
+PHASES = ("roll-call-after-last", "init", "collectives", "ddp", "report", "wall:launch", "wall:arrivals",
+          "wall:teardown")
+
+
+def _fit(points: list[tuple[int, float]]) -> tuple[float, float]:
+    """Least squares t = a + b * n."""
+    n = len(points)
+    mx, my = sum(p[0] for p in points) / n, sum(p[1] for p in points) / n
+    sxx = sum((p[0] - mx) ** 2 for p in points)
+    b = sum((p[0] - mx) * (p[1] - my) for p in points) / sxx if sxx else 0.0
+    return my - b * mx, b
+
+
+def projection(rows: list[dict[str, Any]], pairs: list[dict[str, Any]], at: tuple[int, ...] = (256, 1024)
+               ) -> dict[str, Any]:
+    """Per-phase fits a + b*N over the local check runs from 8 ranks up, and the pairs schedules' per-round and
+    per-pair costs, extended to ``at`` endpoints. On 2 cores every phase also grows with N because N processes
+    share the cores: these are upper bounds for a cluster where every rank has its own CPU."""
+    out: dict[str, Any] = {"check": {}, "pairs": {}}
+    local = [r for r in rows if r["where"] == "local" and r["command"] == "check" and "phases" in r and r["ranks"] >= 8]
+    if len(local) >= 2:
+        for phase in PHASES:
+            if not all(phase in r["phases"] for r in local):
+                continue
+            a, b = _fit([(r["ranks"], r["phases"][phase]) for r in local])
+            out["check"][phase] = {"a_s": a, "b_s_per_rank": b, **{str(n): max(a + b * n, 0.0) for n in at}}
+    timed = [p for p in pairs if p["rounds"] and p["measure_s"]]
+    per_round = [p["measure_s"] / p["rounds"] for p in timed if "sequential" not in p["mode"]]
+    per_pair = [p["measure_s"] / p["rounds"] for p in timed if "sequential" in p["mode"]]
+    if per_round and per_pair:
+        t_round, t_pair = max(per_round), max(per_pair)
+        out["pairs"] = {"round_s": t_round, "pair_s": t_pair, **{str(n): {
+            "rounds_s": (n - 1) * t_round, "ring_s": (2 + 5) * t_round, "sequential_s": n * (n - 1) / 2 * t_pair}
+            for n in at}}
+    return out
+
+
+def write_markdown(result: dict[str, Any]) -> str:
+    lines = ["# ddpkit at scale: 2 to 64 local ranks, 4 to 16 namespace hosts", "",
+             f"{result['cores']} cores, torch {result['torch']}, Python {result['python']}; one run per point, "
+             f"measured {result['when']} on a **shared, noisy machine** (other engineers ran tests at the same time; "
+             f"load average at the end {', '.join(f'{x:.1f}' for x in result['load_avg'])}). 64 ranks on 2 cores are "
+             "32 processes per core: wall time there is process start and CPU contention, not ddpkit's algorithms.",
+             "Wall time of a local check split by the ranks' wall-clock arrivals: launch (command start to the first "
+             "rank's check-in: agent start, imports, fork), arrivals (first to last check-in), after-last (last "
+             "check-in to rank 0's report: every check), teardown (report to the command's exit).",
+             "", "| where | ranks | command | wall (s) | CPU per rank (s) | roll-call (s) | after last rank (s) | "
+             "init (s) | collectives (s) | DDP (s) | report (s) | launch (s) | arrivals (s) | after-last (s) | "
+             "teardown (s) | exit |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in result["rows"]:
+        ph = r.get("phases", {})
+        cell = [f"{ph[k]:.2f}" if k in ph else "" for k in ("roll-call", "roll-call-after-last", "init", "collectives",
+                                                            "ddp", "report", "wall:launch", "wall:arrivals",
+                                                            "wall:after-last", "wall:teardown")]
+        lines.append(f"| {r['where']} | {r['ranks']} | {r['command']} | {r['wall_s']:.1f} | {r['cpu_per_rank_s']:.2f} "
+                     f"| {' | '.join(cell)} | {r['exit']} |")
+    if result["pairs"]:
+        lines += ["", f"## bench --pairs: one host's link limited to {LIMIT} (tc tbf) where named; "
+                  f"{' '.join(PAIRS_ARGS)}, --pairs-threshold 0.2", "",
+                  "| hosts | limited link | mode | rounds | pairs measured | measuring (s) | wall incl. start (s) | "
+                  "slow nodes |", "|---|---|---|---|---|---|---|---|"]
+        for p in result["pairs"]:
+            named = ", ".join(p["slow_endpoints"] or []) or "none"
+            lines.append(f"| {p['hosts']} | {p['limited'] or 'none'} | `{p['mode']}` | {p['rounds']} | "
+                         f"{p['pairs_measured']} | "
+                         f"{p['measure_s'] or 0:.2f} | {p['wall_s']:.1f} | {named} |")
+    s = result["summary"]
+    lines += ["", "## Ratios (this run)", ""]
+    for key, value in s.items():
+        lines.append(f"- {key}: {value:.2f}" if isinstance(value, float) else f"- {key}: {value}")
+    proj = result.get("projection", {})
+    if proj.get("check"):
+        lines += ["", "## Projection (fits a + b*N over the local runs from 8 ranks; upper bounds, see docs/scale.md)",
+                  "", "| check phase | a (s) | b (ms per rank) | at 256 (s) | at 1,024 (s) |", "|---|---|---|---|---|"]
+        for phase, f in proj["check"].items():
+            lines.append(f"| {phase} | {f['a_s']:.3f} | {f['b_s_per_rank'] * 1e3:.2f} | {f['256']:.2f} | "
+                         f"{f['1024']:.2f} |")
+    if proj.get("pairs"):
+        pp = proj["pairs"]
+        lines += ["", f"bench --pairs: {pp['round_s']:.2f} s per round, {pp['pair_s']:.2f} s per sequential pair "
+                  "(measured above)", "", "| endpoints | rounds (s) | --ring, 1 slow node (s) | sequential (s) |",
+                  "|---|---|---|---|"]
+        for n in ("256", "1024"):
+            lines.append(f"| {n} | {pp[n]['rounds_s']:.0f} | {pp[n]['ring_s']:.1f} | {pp[n]['sequential_s']:.0f} |")
+    lines += ["", "![growth](bench_scale.png)", ""]
+    return "\n".join(lines)
+
+
+def plot(result: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (wall, cpu) = plt.subplots(1, 2, figsize=(11, 4.2))
+    for where, style in (("local", "-o"), ("namespace hosts", "--s")):
+        for command in ("check", "bench", "train"):
+            pts = [(r["ranks"], r["wall_s"], r["cpu_per_rank_s"]) for r in result["rows"]
+                   if r["where"] == where and r["command"] == command and r["exit"] in (0, 1)]
+            if pts:
+                xs = [p[0] for p in pts]
+                wall.plot(xs, [p[1] for p in pts], style, label=f"{command} ({where})")
+                cpu.plot(xs, [p[2] for p in pts], style, label=f"{command} ({where})")
+    local = [r for r in result["rows"] if r["where"] == "local" and r["command"] == "check"]
+    if local:
+        base = local[0]
+        xs = [r["ranks"] for r in local]
+        wall.plot(xs, [base["wall_s"] * x / base["ranks"] for x in xs], ":", color="grey", label="linear in ranks")
+    for ax, title in ((wall, "wall time (s)"), (cpu, "CPU time per rank (s)")):
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("ranks")
+        ax.set_title(title)
+        ax.grid(True, which="both", alpha=0.3)
+    wall.legend(fontsize=7)
+    fig.suptitle("ddpkit on 2 shared cores: growth with the world")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main() -> int:
+    import torch
+
+    rows: list[dict[str, Any]] = []
+    pairs: list[dict[str, Any]] = []
+
+    def save() -> dict[str, Any]:  # after every part: a long run cut short still leaves its figures
+        result = {"rows": rows, "pairs": pairs, "torch": torch.__version__, "python": platform.python_version(),
+                  "cores": len(os.sched_getaffinity(0)), "load_avg": os.getloadavg(),
+                  "when": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")}
+        result["summary"] = summary(rows, pairs)
+        result["projection"] = projection(rows, pairs)
+        RESULTS.mkdir(parents=True, exist_ok=True)
+        (RESULTS / "bench_scale.json").write_text(json.dumps(result, indent=1) + "\n")
+        (RESULTS / "bench_scale.md").write_text(write_markdown(result))
+        plot(result, RESULTS / "bench_scale.png")
+        return result
+
+    with tempfile.TemporaryDirectory() as d:
+        tmp = Path(d)
+        rows += local_scaling(tmp)
+        save()
+        if os.geteuid() == 0 and HOSTS:
+            pairs += pairs_costs(tmp)
+            save()
+            rows += host_scaling(tmp)
+        else:
+            print("bench_scale: namespace hosts skipped (need root and SCALE_HOSTS)")
+    print(json.dumps(save()["summary"], indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,120 @@
+"""Why the workers stop, as the agent knows it: a signal from outside the job, or the agent's own doing.
+
+torch's agent sends SIGTERM to its workers in two very different situations (torch/distributed/elastic/agent/
+server/api.py, ``SimpleElasticAgent.run`` and ``_invoke_run``): it forwards a signal it received (``SignalException``:
+a preemption, a scancel, a Ctrl-C), or it stops the group itself (``_stop_workers`` after a failed worker or before
+a restart, and ``_shutdown`` in ``run``'s ``finally`` when the rendezvous store is lost). The workers cannot tell the
+two apart from the signal (Python's handlers do not see the sender), so the agent says so: it handles the
+signals itself and, before torch forwards one, writes its name to ``STOP_DIR/signal``. A SIGTERM with no such
+mark comes from the agent: a failure, reported as one (ddpkit.train.stops).
+
+The mark is written in the agent's signal handler, before the SignalException that makes torch forward the signal is
+raised: it exists before any worker gets the forwarded signal. When the signal reaches the workers directly as
+well (Slurm signals every process of a step), a worker waits a moment for the mark (``OUTSIDE_MARK_GRACE_S``).
+
+``LostPeerBackstop`` bounds the agent's life after its workers lost their peers: torch's agent can block for minutes
+in reads of a rendezvous store it can no longer reach (each up to the store's read timeout). Once a worker reports
+a lost peer with no restart left, the agent exits 3 within ``BACKSTOP_S`` even if torch has not finished.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from types import FrameType
+
+from ddpkit.errors import EXIT_MISSING
+from ddpkit.log import get_logger
+
+__all__ = ["BACKSTOP_S", "FORWARDED", "OUTSIDE_MARK_GRACE_S", "LostPeerBackstop", "handle_outside_signals",
+           "lost_reports"]
+
+log = get_logger(__name__)
+
+#: Signals the agent takes from outside and forwards to its workers (USR1/USR2: Slurm's --signal before a preemption).
+FORWARDED = ("SIGTERM", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2")
+#: Seconds a worker that got a signal waits for its agent's mark (the signal may reach both at once).
+OUTSIDE_MARK_GRACE_S = 2.0
+#: Seconds the agent may still take, after a worker reported a lost peer with no restart left, before it exits 3.
+BACKSTOP_S = 20.0
+
+
+def handle_outside_signals(stop_dir: str, names: list[str], raise_forward: Callable[[signal.Signals], None]) -> None:
+    """In the agent's main thread: on each signal in ``names`` (of FORWARDED) write ``stop_dir/signal``, then
+    ``raise_forward(sig)`` (torch's SignalException, so torch forwards it). torch registers its own handler for
+    the signals in TORCHELASTIC_SIGNALS_TO_HANDLE each time it starts workers, so those must exclude ``names``.
+    Forked workers inherit this handler: in them it only raises, as torch's does."""
+    agent = os.getpid()
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        sig = signal.Signals(signum)
+        if os.getpid() == agent:
+            try:
+                fd = os.open(os.path.join(stop_dir, "signal"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+                os.write(fd, sig.name.encode())
+                os.close(fd)
+            except OSError:  # the directory is gone: the agent is already leaving
+                pass
+        raise_forward(sig)
+
+    for name in names:
+        signal.signal(getattr(signal, name), on_signal)
+
+
+def lost_reports(stop_dir: str) -> list[str]:
+    """The diagnoses the workers left (``lost.rank-R``), in rank order."""
+    found = sorted(Path(stop_dir).glob("lost.rank-*"), key=lambda p: int(p.name.rsplit("-", 1)[1]))
+    out = []
+    for path in found:
+        try:
+            out.append(path.read_text().partition("\n")[2].strip())
+        except OSError:
+            continue
+    return [text for text in out if text]
+
+
+class LostPeerBackstop:
+    """A daemon thread: once a worker reported a lost peer and said no restart is left (``final`` on its first
+    line), the agent has BACKSTOP_S to finish on its own; then it says so and exits 3 (its workers die with it)."""
+
+    def __init__(self, stop_dir: str, cleanup: Callable[[], None], grace: float = BACKSTOP_S) -> None:
+        self.stop_dir = stop_dir
+        self.cleanup = cleanup
+        self.grace = grace
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._watch, name="ddpkit-lost-peer-backstop", daemon=True)
+
+    def __enter__(self) -> LostPeerBackstop:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._done.set()
+
+    def _final_report(self) -> str | None:
+        for path in Path(self.stop_dir).glob("lost.rank-*"):
+            try:
+                first, _, text = path.read_text().partition("\n")
+            except OSError:
+                continue
+            if first == "final":
+                return text.strip()
+        return None
+
+    def _watch(self) -> None:
+        report = None
+        while report is None:
+            if self._done.wait(0.5):
+                return
+            report = self._final_report()
+        if self._done.wait(self.grace):
+            return
+        log.error("%s\nthis agent could not close the rendezvous within %.0f s after that (its store is "
+                  "unreachable): exiting %d; no worker is left on this host", report, self.grace, EXIT_MISSING)
+        sys.stderr.flush()
+        self.cleanup()
+        os._exit(EXIT_MISSING)
