@@ -222,6 +222,8 @@ def program() -> NoReturn:
     waits for it.
     """
     code = main()
+    if "mpi4py" in sys.modules:  # MPI_Finalize runs from a C-level exit hook (Py_AtExit), which os._exit skips
+        sys.exit(code)
     if any(t.is_alive() and not t.daemon for t in threading.enumerate() if t is not threading.main_thread()):
         sys.exit(code)
     atexit._run_exitfuncs()  # the interpreter's exit runs these too (after the threads), then tears itself down
