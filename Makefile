@@ -14,7 +14,7 @@ DEBS := munge slurmctld slurmd slurm-client libpmix-dev openmpi-bin libopenmpi-d
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -c constraints.txt -e '.[dev,plots,k8s,etcd]'
+	$(PY) -m pip install -q -c constraints.txt -e '.[dev,plots,k8s,etcd,mpi]'
 	touch $(STAMP)
 
 venv: $(STAMP)

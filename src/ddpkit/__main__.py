@@ -1,5 +1,3 @@
-import sys
+from ddpkit.cli import program
 
-from ddpkit.cli import main
-
-sys.exit(main())
+program()

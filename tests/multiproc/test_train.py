@@ -85,6 +85,24 @@ def test_trains_and_only_rank_0_writes(baseline: Path) -> None:
     assert header["versions"]["torch"] == torch.__version__ and header["config"]["seed"] == 7
 
 
+def test_json_reports_the_phases_in_order(baseline: Path) -> None:
+    """--json says where the time went, from the agent's start to the process group's end, so a start-up or exit
+    regression shows in the numbers."""
+    summary = json.loads((baseline / "summary.json").read_text())
+    marks = [summary[f"{m}_at"] for m in ("launched", "worker", "job", "group", "loop", "first_step", "loop_end",
+                                          "finished")]
+    assert marks == sorted(marks)
+    assert summary["startup_s"] == pytest.approx(summary["loop_at"] - summary["launched_at"])
+    assert summary["teardown_s"] == pytest.approx(summary["finished_at"] - summary["loop_end_at"])
+    phases = summary["phases_s"]
+    assert list(phases) == ["launch", "build_job", "process_group", "resume_and_wrap", "first_step", "training",
+                            "teardown"]
+    assert all(v >= 0 for v in phases.values())
+    assert sum(phases.values()) == pytest.approx(summary["finished_at"] - summary["launched_at"])
+    # launched_at is the agent's start, before its workers existed: the launch phase is not empty
+    assert phases["launch"] > 0
+
+
 def test_killed_worker_restarts_and_resumes_bitwise_exact(baseline: Path, tmp_path: Path) -> None:
     done, summary = _train(tmp_path, "--max-restarts", "2", "--drill", "kill-worker@epoch=2,rank=1")
     assert done.returncode == 0, done.stderr[-3000:]

@@ -18,6 +18,7 @@ from ddpkit.train.data import Batches, make_dataset
 from ddpkit.train.faults import DrillBook
 from ddpkit.train.rng import capture_rng, restore_rng
 from ddpkit.train.snapshot import AsyncWriter, SnapshotDir, read_snapshot, write_snapshot
+from ddpkit.train.timeline import MARKS, phases
 
 
 def _state(value: float) -> dict[str, object]:
@@ -138,3 +139,14 @@ def test_rng_state_round_trip() -> None:
     restore_rng(saved)
     second = (torch.rand(3), np.random.rand(3), random.random())
     assert torch.equal(first[0], second[0]) and np.array_equal(first[1], second[1]) and first[2] == second[2]
+
+
+def test_phases_from_marks_and_none_where_no_step_ran() -> None:
+    marks = {m: 100.0 + i for i, m in enumerate(MARKS)}
+    out = phases(marks)
+    assert out["startup_s"] == 4.0 and out["teardown_s"] == 1.0 and out["finished_at"] == 107.0
+    assert set(out["phases_s"].values()) == {1.0}
+    del marks["first_step"]  # resumed from a snapshot of a finished run: no step
+    out = phases(marks)
+    assert out["phases_s"]["first_step"] is None and out["phases_s"]["training"] is None
+    assert "first_step_at" not in out and out["startup_s"] == 4.0

@@ -5,6 +5,7 @@
     ddpkit bench -n 3 --pairs ranks                    # slow-link finder: every pair of ranks
     srun -N 4 ddpkit bench --pairs                     # every pair of nodes, N-1 rounds of simultaneous pairs
     srun -N 64 ddpkit bench --ring                     # quick: ring neighbours (2 rounds), then the suspects
+    mpirun -np 2 ddpkit bench --transport both         # the same ops through torch's process group and through MPI
 
 Exit codes: 0 all results right and every gate met; 1 a wrong element or a missed gate; 2 bad options;
 3 ranks missing.
@@ -70,6 +71,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="plot busbw against size (needs matplotlib)")
     p.add_argument("--timeout", type=seconds("--timeout"), default=120.0,
                    help="seconds to wait for every rank (default 120)")
+    p.add_argument("--transport", choices=["torch", "mpi", "both"], default="torch",
+                   help="run the ops through torch's process group (default), through MPI (mpi4py, ddpkit[mpi]; "
+                        "ranks started by mpirun, mpiexec or srun --mpi=pmix), or both, side by side")
 
 
 def _options(args: argparse.Namespace) -> dict[str, Any]:
@@ -149,7 +153,14 @@ def run(args: argparse.Namespace) -> int:
 
     opts = _options(args)
     cfg = opts["sweep"]
-    rt = runtime.init(backend=args.backend, timeout=timedelta(seconds=args.timeout))
+    comm, world = None, None
+    if args.transport != "torch":  # MPI's world is checked against torch's before the process group starts
+        from ddpkit.env import detect
+        from ddpkit.train.mpi_transport import open_mpi_world
+
+        world = detect()
+        comm = open_mpi_world(world.rank, world.world_size, option=f"--transport {args.transport}")
+    rt = runtime.init(backend=args.backend, timeout=timedelta(seconds=args.timeout), world=world)
     try:
         if not 0 <= cfg.root < rt.world_size:
             raise ConfigError(f"--root {cfg.root}", f"a rank between 0 and {rt.world_size - 1}", "pass --root 0")
@@ -163,10 +174,21 @@ def run(args: argparse.Namespace) -> int:
                   f"dtype {cfg.dtype}, warmup {cfg.warmup}, iters {cfg.iters}")
             for m in members:
                 print(f"#  rank {m['rank']:>3} pid {m['pid']:>7} on {m['host']} device {m['device']}")
-        results = run_sweep(cfg, rank=rt.rank, world_size=rt.world_size, backend=rt.backend, device=rt.device)
+        results = [] if args.transport == "mpi" else run_sweep(cfg, rank=rt.rank, world_size=rt.world_size,
+                                                                 backend=rt.backend, device=rt.device)
         if lead:
             for result in results:
                 print(format_table(result, rt.world_size))
+        if comm is not None:
+            mpi_results = run_sweep(cfg, rank=rt.rank, world_size=rt.world_size, backend=rt.backend,
+                                    device=rt.device, mpi_comm=comm)
+            if lead:
+                from mpi4py import MPI
+
+                print(f"# through MPI: {MPI.Get_library_version().splitlines()[0].strip()} (mpi4py)")
+                for result in mpi_results:
+                    print(format_table(result, rt.world_size))
+            results += mpi_results
         pairs: dict[str, Any] | None = None
         if args.pairs:
             schedule = "ring" if args.ring else "sequential" if args.pairs_sequential else "rounds"

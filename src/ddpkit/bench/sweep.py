@@ -12,6 +12,7 @@ fresh inputs and every rank counts its wrong elements; the counts are summed acr
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -73,8 +74,11 @@ def _barrier(device: torch.device) -> None:
         dist.barrier()
 
 
-def time_launch(launch: object, *, warmup: int, iters: int, device: torch.device) -> float:
-    """Seconds per call: the slowest rank's time for ``iters`` back-to-back calls of ``launch``, over ``iters``."""
+def time_launch(launch: object, *, warmup: int, iters: int, device: torch.device,
+                barrier: Callable[[], object] | None = None) -> float:
+    """Seconds per call: the slowest rank's time for ``iters`` back-to-back calls of ``launch``, over ``iters``.
+
+    ``barrier``: the start line of the batch (default the process group's; MPI's for ops through MPI)."""
     import torch
     import torch.distributed as dist
 
@@ -92,7 +96,7 @@ def time_launch(launch: object, *, warmup: int, iters: int, device: torch.device
         torch.cuda.synchronize(device)
         per_call = start.elapsed_time(end) / 1e3 / iters
     else:
-        _barrier(device)
+        (barrier or (lambda: _barrier(device)))()
         t0 = time.perf_counter()
         for _ in range(iters):
             launch()
@@ -118,13 +122,25 @@ def _agree_error(message: str | None, device: torch.device) -> str | None:
 
 
 def measure_op(op: str, cfg: SweepConfig, *, rank: int, world_size: int, backend: str,
-               device: torch.device) -> dict[str, Any]:
-    """Rows of one op across the sizes, or the reason it cannot run on this backend."""
+               device: torch.device, mpi_comm: Any = None) -> dict[str, Any]:
+    """Rows of one op across the sizes, or the reason it cannot run on this backend.
+
+    With ``mpi_comm`` (``bench --transport mpi``), the op runs through MPI on the same buffers and is verified the
+    same way (bench/mpi_ops.py); the result then carries ``"transport": "mpi"``.
+    """
     import torch
     import torch.distributed as dist
 
+    from ddpkit.bench.mpi_ops import mpi_unsupported_reason, prepare_mpi
+
+    barrier = mpi_comm.Barrier if mpi_comm is not None else None
     reason = unsupported_reason(op, backend, world_size, device.type)
+    if mpi_comm is not None:
+        reason = mpi_unsupported_reason(cfg.dtype, device.type) or (reason if op == "sendrecv" else None)
+        backend = "MPI"
     result: dict[str, Any] = {"op": op, "supported": reason is None, "reason": reason, "rows": []}
+    if mpi_comm is not None:
+        result["transport"] = "mpi"
     if reason:
         return result
     itemsize = torch.empty((), dtype=getattr(torch, cfg.dtype)).element_size()
@@ -142,9 +158,10 @@ def measure_op(op: str, cfg: SweepConfig, *, rank: int, world_size: int, backend
                         world_size=world_size, in_place=in_place)
             error: str | None = None
             try:
-                prepared = prepare(case, device)
+                prepared = prepare(case, device) if mpi_comm is None else prepare_mpi(case, device, mpi_comm)
                 prepared.reset()
-                seconds = time_launch(prepared.launch, warmup=cfg.warmup, iters=cfg.iters, device=device)
+                seconds = time_launch(prepared.launch, warmup=cfg.warmup, iters=cfg.iters, device=device,
+                                      barrier=barrier)
                 wrong = count_wrong(case, prepared, device)
             except (RuntimeError, NotImplementedError, ValueError) as exc:
                 if isinstance(exc, dist.DistBackendError):  # a timeout or a lost peer: not a missing feature
@@ -165,6 +182,7 @@ def measure_op(op: str, cfg: SweepConfig, *, rank: int, world_size: int, backend
 
 
 def run_sweep(cfg: SweepConfig, *, rank: int, world_size: int, backend: str,
-              device: torch.device) -> list[dict[str, Any]]:
-    """Every op of ``cfg`` over every size; the same list on every rank."""
-    return [measure_op(op, cfg, rank=rank, world_size=world_size, backend=backend, device=device) for op in cfg.ops]
+              device: torch.device, mpi_comm: Any = None) -> list[dict[str, Any]]:
+    """Every op of ``cfg`` over every size (through MPI with ``mpi_comm``); the same list on every rank."""
+    return [measure_op(op, cfg, rank=rank, world_size=world_size, backend=backend, device=device, mpi_comm=mpi_comm)
+            for op in cfg.ops]

@@ -58,6 +58,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="write the full report: every rank's record, every check, timings")
     p.add_argument("--per-rank", action="store_true",
                    help="print every rank's row (default: one row per node, ranks folded, the ones that differ named)")
+    p.add_argument("--grad-transport", choices=("auto", "gloo", "mpi", "nccl"), default="auto",
+                   help="how the DDP-sync check averages gradients, as train does (default auto: through MPI on CPU "
+                        "where an MPI launcher started the ranks and mpi4py is installed)")
     p.add_argument("--rank-lines", action="store_true",
                    help="also print the seeds' per-rank lines (hello from rank N, host: rank of size, NCCL_*)")
 
@@ -167,6 +170,10 @@ def run(args: argparse.Namespace) -> int:
     world = detect()
     backend = pick_backend(args.backend)
     device = pick_device(backend, world.local_rank)
+    from ddpkit.train.gradients import plan_transport
+
+    # DDP-sync verifies the gradient path train would use here (MPI's world checked before any store or group)
+    transport = plan_transport(args.grad_transport, backend=backend, rank=world.rank, world_size=world.world_size)
     world, store = _open_store(world, args.timeout + MARGIN_S)
     report = Report(args, world, backend, str(device))
     # a world of one proves nothing about a larger job it may belong to (ddpkit.env.evidence)
@@ -193,7 +200,7 @@ def run(args: argparse.Namespace) -> int:
             report.timings["roll-call"] = time.monotonic() - t
         if go != "go":
             return _finish(store, report, rank, int(go), watchdog)
-        _verify(store, report, world, backend, phase)
+        _verify(store, report, world, backend, phase, transport)
         return _finish(store, report, rank, None, watchdog)
     except _store_errors() as exc:  # rank 0 (and its store) went away, or a wait outlived every deadline
         text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
@@ -223,7 +230,8 @@ def _roll_call(store: dist.Store, report: Report, record: dict[str, Any], timeou
     return verdict
 
 
-def _verify(store: dist.Store, report: Report, world: WorldInfo, backend: str, phase: Any) -> None:
+def _verify(store: dist.Store, report: Report, world: WorldInfo, backend: str, phase: Any,
+            transport: str | None = None) -> None:
     """Process group, collectives, DDP; each rank's results go to the store, rank 0 judges them all."""
     from ddpkit.runtime import init, shutdown
 
@@ -240,23 +248,26 @@ def _verify(store: dist.Store, report: Report, world: WorldInfo, backend: str, p
                 ops.append(collectives.run_op(name, rank, size, rt.device))
                 report.timings[name] = ops[-1].seconds
         with phase("ddp"):
-            ddp = ddpsync.run_ddp(rank, size, rt.device)
+            ddp = ddpsync.run_ddp(rank, size, rt.device, transport=transport)
             report.timings["ddp"] = ddp.seconds
         with phase("report"):
             store.set(f"results/{rank}", json.dumps({"ops": [o.as_dict() for o in ops], "ddp": ddp.as_dict()}))
             if rank == 0:
-                _judge_results(store, report, size, backend)
+                _judge_results(store, report, size, backend, transport)
     finally:
         shutdown()
 
 
-def _judge_results(store: dist.Store, report: Report, size: int, backend: str) -> None:
+def _judge_results(store: dist.Store, report: Report, size: int, backend: str, transport: str | None = None) -> None:
     raw = read_all(store, [f"results/{r}" for r in range(size)], timeout=report.args.phase_timeout + MARGIN_S)
     results = [json.loads(v) for v in raw]
     for i, name in enumerate(collectives.OPS):
         per_rank = [collectives.OpResult(**res["ops"][i]) for res in results]
         report.outcomes.append(collectives.combine(name, per_rank, backend))
-    report.outcomes.append(ddpsync.combine([ddpsync.DdpResult(**res["ddp"]) for res in results]))
+    ddp = ddpsync.combine([ddpsync.DdpResult(**res["ddp"]) for res in results])
+    if transport is not None:
+        ddp = replace(ddp, detail=f"{ddp.detail}; gradients averaged through {transport.upper()}")
+    report.outcomes.append(ddp)
 
 
 def _finish(store: dist.Store, report: Report, rank: int, code: int | None, watchdog: Watchdog) -> int:

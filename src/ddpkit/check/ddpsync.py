@@ -107,7 +107,7 @@ def _flat(model: torch.nn.Module) -> torch.Tensor:
     return torch.cat([p.detach().to("cpu").reshape(-1) for p in model.parameters()])
 
 
-def run_ddp(rank: int, world: int, device: torch.device) -> DdpResult:
+def run_ddp(rank: int, world: int, device: torch.device, transport: str | None = None) -> DdpResult:
     import time
 
     import torch
@@ -117,6 +117,10 @@ def run_ddp(rank: int, world: int, device: torch.device) -> DdpResult:
     start = time.perf_counter()
     model = _model().to(device)
     ddp = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+    if transport is not None:  # the gradient path train uses (e.g. "mpi"): verify that one
+        from ddpkit.train.gradients import register_gradient_averaging
+
+        register_gradient_averaging(ddp, world_size=world, transport=transport)
     losses = _train(ddp, [_batch(rank)] * STEPS, device)
     mine = _flat(model)
     if fault("corrupt", op="ddp", rank=rank) is not None:  # test hook: a replica drifts

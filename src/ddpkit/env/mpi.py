@@ -168,3 +168,19 @@ def _check_slurm_agreement(environ: Mapping[str, str], launcher: str, rank: int,
             f"{launcher} rank {rank} differs from SLURM_PROCID={environ['SLURM_PROCID']}",
             "the same rank from MPI and Slurm", "start the ranks with one launcher: srun or mpirun, not both",
         )
+
+
+def mpi_launcher(environ: Mapping[str, str]) -> str | None:
+    """The kind of MPI launcher that started this process, or None: ``openmpi`` (Open MPI's mpirun/mpiexec),
+    ``mpich`` (Hydra's mpiexec, or ``srun --mpi=pmi2``, which set PMI_RANK/PMI_SIZE or PMI_FD), ``pmix``
+    (``srun --mpi=pmix`` and other PMIx servers, which set PMIX_RANK and PMIX_NAMESPACE).
+
+    Only a process started this way can join an MPI world with its peers; any other becomes a singleton world.
+    """
+    if "OMPI_COMM_WORLD_RANK" in environ:
+        return "openmpi"
+    if "PMIX_RANK" in environ and "PMIX_NAMESPACE" in environ:
+        return "pmix"
+    if ("PMI_RANK" in environ and "PMI_SIZE" in environ) or "PMI_FD" in environ:
+        return "mpich"
+    return None

@@ -17,6 +17,10 @@ for a rank and ignores ``-j``, so one task per node would make a world of N rank
 agent that turns one task per node into P ranks, and ddpkit's detection already understands ``srun torchrun``
 (it checks there is one task per node).
 
+MPI (``train --grad-transport mpi``, ``bench --transport mpi``, with ``--tasks-per-rank``): srun itself makes its
+tasks one MPI world through Slurm's PMI plugin: ``--mpi=pmix`` for Open MPI, ``--mpi=pmi2`` for MPICH (``--mpi
+mpich``). With the wrong plugin every task is an MPI world of one (ddpkit then refuses to start, exit 2).
+
 Preemption: ``--signal USR1@90`` makes Slurm signal every process of the step 90 s before the time limit;
 ``train`` gets ``--preempt-signal USR1`` (and ``--requeue`` with ``--requeue``), snapshots and exits 75. The
 torchrun agent ignores that signal (a USR1 would kill it, and with it the step, before the workers saved).
@@ -27,7 +31,7 @@ output is opened in append mode, so the requeued run's log follows the first run
 from __future__ import annotations
 
 from ddpkit.jobs.shell import Raw, preamble, wrap
-from ddpkit.jobs.spec import JobSpec, python_argv
+from ddpkit.jobs.spec import JobSpec, asks_for_mpi, python_argv
 from ddpkit.jobs.torchrun import RESTART_FIX, torchrun_argv
 from ddpkit.ports import derive_port_shell
 
@@ -56,6 +60,9 @@ def directives(spec: JobSpec) -> list[str]:
 def _srun(spec: JobSpec) -> list[str]:
     argv: list[str] = ["srun", f"--ntasks-per-node={spec.shape.nproc_per_node if spec.tasks_per_rank else 1}",
                        "--kill-on-bad-exit=1"]
+    # Slurm's MPI guide (slurm.schedmd.com/mpi_guide.html): PMIx for Open MPI, PMI-2 for MPICH
+    if asks_for_mpi(spec.command):
+        argv.append("--mpi=pmix" if spec.mpi_flavour == "openmpi" else "--mpi=pmi2")
     if spec.container_image:
         argv.append(f"--container-image={spec.container_image}")
         if spec.container_mounts:

@@ -27,7 +27,7 @@ from ddpkit.errors import ConfigError
 from ddpkit.jobs.interpreter import job_interpreter
 from ddpkit.launch.shape import JobShape, split_endpoint
 
-__all__ = ["BACKENDS", "DDPKIT_COMMANDS", "JobSpec", "header", "python_argv", "torchrun_entry"]
+__all__ = ["BACKENDS", "DDPKIT_COMMANDS", "JobSpec", "asks_for_mpi", "header", "python_argv", "torchrun_entry"]
 
 BACKENDS = ("torchrun", "slurm", "mpi", "k8s")
 #: Job commands that are ddpkit's own (run as ``python -m ddpkit CMD``); anything else must be a ``.py`` script.
@@ -269,6 +269,19 @@ def _check_printable(spec: JobSpec) -> None:
                               f"remove the {bad!r} from {option}")
 
 
+def asks_for_mpi(command: tuple[str, ...]) -> bool:
+    """Does the job command average gradients (train, check: ``--grad-transport mpi``) or run its ops
+    (bench: ``--transport mpi|both``) through MPI? Then its ranks must be started by an MPI launcher."""
+    words = list(command)
+    for i, word in enumerate(words):
+        option, eq, value = word.partition("=")
+        if not eq:
+            value = words[i + 1] if i + 1 < len(words) else ""
+        if (option == "--grad-transport" and value == "mpi") or (option == "--transport" and value in ("mpi", "both")):
+            return True
+    return False
+
+
 def _check_submitter(spec: JobSpec) -> None:
     """The submitting interpreter is written into the job when nothing else names one: it must be a usable path."""
     if not job_interpreter(spec).submitter:
@@ -306,6 +319,15 @@ def _check_combinations(spec: JobSpec) -> None:
         raise clash(f"--static with an elastic shape {spec.shape}", "use c10d (drop --static) for elastic jobs")
     if spec.tasks_per_rank and spec.max_restarts:
         raise clash("--tasks-per-rank with --max-restarts", "drop one: restarts are torchrun's (one agent per node)")
+    if asks_for_mpi(spec.command) and spec.backend in ("torchrun", "k8s"):
+        raise clash(f"the job asks for MPI ({' '.join(spec.command[:1])} --grad-transport/--transport mpi) but the "
+                    f"{spec.backend} backend starts its ranks with torchrun, not an MPI launcher",
+                    "use ddpkit submit mpi, or submit slurm --tasks-per-rank (srun --mpi=pmix), or --grad-transport "
+                    "gloo")
+    if asks_for_mpi(spec.command) and spec.backend == "slurm" and not spec.tasks_per_rank:
+        raise clash("the job asks for MPI (--grad-transport/--transport mpi) but each Slurm task would be a "
+                    "torchrun agent, not an MPI rank", "add --tasks-per-rank: srun then starts every rank as one "
+                    "MPI world (--mpi=pmix for Open MPI, --mpi=pmi2 with --mpi mpich)")
     if spec.backend == "mpi" and spec.shape.min_nodes != spec.shape.max_nodes:
         raise clash(f"mpi with an elastic shape {spec.shape}", "use a fixed shape such as -j 2x4")
     if spec.backend == "mpi" and spec.hosts and len(spec.hosts) != spec.shape.max_nodes:

@@ -83,6 +83,7 @@ def launch(options: LaunchOptions, entrypoint: Entrypoint, argv: list[str]) -> i
     # connect (pytorch/pytorch#135712); a store per attempt makes restarts reliable.
     os.environ.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
     os.environ[worker.LAUNCHED] = "1"
+    os.environ[worker.LAUNCHED_AT] = str(worker.process_started_at())
     mark_dir = tempfile.mkdtemp(prefix="ddpkit-launch-")
     stop_dir = os.path.join(mark_dir, "stops")
     os.mkdir(stop_dir)
@@ -125,7 +126,7 @@ def launch(options: LaunchOptions, entrypoint: Entrypoint, argv: list[str]) -> i
         rdzv_configs=conf,
         rdzv_timeout=options.rdzv_timeout,
         max_restarts=options.max_restarts,
-        monitor_interval=0.1,
+        monitor_interval=0.05,
         start_method="fork" if forked else "spawn",
         local_addr=local_addr,
         signals_to_handle=torch_signals,

@@ -10,6 +10,7 @@ import logging
 import os
 import signal
 import sys
+import time
 from collections.abc import Callable
 
 from ddpkit.errors import EXIT_PREEMPTED
@@ -17,13 +18,16 @@ from ddpkit.log import get_logger
 
 __all__ = [
     "LAUNCHED",
+    "LAUNCHED_AT",
     "PREEMPTED_MARK",
     "RESULT_DIR",
     "START_METHOD",
     "STOP_DIR",
+    "command_started_at",
     "die_with_agent",
     "forked_worker",
     "launched_by_ddpkit",
+    "process_started_at",
     "read_verdict",
     "run_forked_worker",
     "verdict_exit_code",
@@ -33,6 +37,8 @@ log = get_logger(__name__)
 
 #: "1" in every worker of ddpkit's launcher: its -n/-j were already honoured.
 LAUNCHED = "DDPKIT_LAUNCHED"
+#: When the agent process started (epoch seconds): the command's start, as its workers report it.
+LAUNCHED_AT = "DDPKIT_LAUNCHED_AT"
 #: A directory where verdict commands' workers leave their exit code (verdict_exit_code, read_verdict).
 RESULT_DIR = "DDPKIT_RESULT_DIR"
 #: A path a worker that stopped cleanly after a preemption signal creates, so the agent can say so.
@@ -48,6 +54,26 @@ START_METHOD = "DDPKIT_START_METHOD"
 def launched_by_ddpkit() -> bool:
     """True in a worker that ddpkit's own launcher started."""
     return os.environ.get(LAUNCHED) == "1"
+
+
+def command_started_at() -> float:
+    """When the command started, in epoch seconds: its agent's start in a worker of ddpkit's launcher, else this
+    process's start (under another launcher, the rank's own start: the launcher's is not known)."""
+    try:
+        return float(os.environ.get(LAUNCHED_AT, ""))
+    except ValueError:
+        return process_started_at()
+
+
+def process_started_at() -> float:
+    """When this process started, in epoch seconds (from /proc, to 10 ms, on Linux; elsewhere the time of the call)."""
+    try:
+        with open("/proc/self/stat") as f:
+            ticks = int(f.read().rsplit(")", 1)[1].split()[19])  # field 22, starttime, in clock ticks since boot
+        age = time.clock_gettime(time.CLOCK_BOOTTIME) - ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, AttributeError):  # not Linux: the time of this call
+        return time.time()
+    return time.time() - max(0.0, age)
 
 
 def verdict_exit_code(code: int) -> int:

@@ -8,6 +8,7 @@ Runbook (2 local ranks here; the same command runs under torchrun, srun, mpirun 
         --drill kill-worker@epoch=6,rank=1                                   # kill rank 1 once; resume
     ddpkit train -n 2 --model mlp --async-snapshot --snapshot-path run/     # 4.7M parameters
     ddpkit train -n 2 --make-job my_pkg.my_module:make_job --snapshot-path run/   # your model and data
+    mpirun -np 2 ddpkit train --grad-transport mpi                          # gradients through MPI (ddpkit[mpi])
 
 Exit codes: 0 trained; 2 bad options, a snapshot of another job, or an unimportable --make-job (before any
 training); 3 a peer stopped answering (a lost rank or host; the message names it, the collective and the snapshot
@@ -23,19 +24,25 @@ import argparse
 import json
 import os
 import signal
+import time
 from pathlib import Path
 from typing import Any
 
 from ddpkit.errors import EXIT_MISSING, EXIT_OK, EXIT_PREEMPTED, ConfigError
 from ddpkit.inputs import check_output_path, output_path, seconds
-from ddpkit.launch.worker import PREEMPTED_MARK
+from ddpkit.launch.worker import PREEMPTED_MARK, command_started_at
 from ddpkit.log import get_logger
 from ddpkit.train.config import MODELS, PREEMPT_SIGNALS, TrainConfig, check_job_spec, parse_drill
+from ddpkit.train.gradients import GRAD_TRANSPORTS
 from ddpkit.train.output import say
+from ddpkit.train.timeline import phases
 
-__all__ = ["WORKER", "add_arguments", "config_from_args", "run"]
+__all__ = ["PRELOAD", "WORKER", "add_arguments", "config_from_args", "run"]
 
 WORKER = True
+# Under `ddpkit train -n N` the agent imports these once and forks the ranks (ddpkit.launch.agent), as `check` does:
+# torch and torch._dynamo (which DDP's constructor imports) cost each fresh rank 3-8 s on a loaded 2-core machine.
+PRELOAD = ("torch.nn.parallel", "torch._dynamo", "ddpkit.runtime", "ddpkit.train.jobs", "ddpkit.train.trainer")
 log = get_logger(__name__)
 
 
@@ -77,6 +84,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--make-job", dest="make_job", type=_job_spec, default=None, metavar="MODULE:FUNCTION",
                    help="your own job: FUNCTION(config) returns a ddpkit.train.TrainJob")
     g.add_argument("--deterministic", action="store_true", help="torch.use_deterministic_algorithms(True)")
+    g.add_argument("--grad-transport", choices=GRAD_TRANSPORTS, default="auto",
+                   help="how DDP averages gradients: mpi (MPI.Allreduce of each bucket; ranks started by mpirun, "
+                        "mpiexec or srun --mpi=pmix; needs ddpkit[mpi]), gloo, nccl, or auto (default: mpi on CPU "
+                        "where an MPI launcher started the ranks and mpi4py is installed, else the backend's own)")
     s = p.add_argument_group("snapshots and faults")
     s.add_argument("--snapshot-path", type=_snapshot_path, default=None, metavar="FILE|DIR/",
                    help="DIR/NAME.pt (kept as DIR/NAME.<step>.pt) or an existing directory; default: no snapshots")
@@ -146,6 +157,7 @@ def _report(summary: dict[str, Any]) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    marks = {"launched": command_started_at(), "worker": time.time()}
     config = config_from_args(args)
     _check_restartable(config)
     if config.deterministic:
@@ -154,13 +166,22 @@ def run(args: argparse.Namespace) -> int:
     from datetime import timedelta
 
     import ddpkit
+    from ddpkit.env import detect
+    from ddpkit.runtime import pick_backend
+    from ddpkit.train.gradients import plan_transport
     from ddpkit.train.jobs import load_job
     from ddpkit.train.stops import report_lost_peer
     from ddpkit.train.trainer import Trainer
 
     job = load_job(config)  # user code fails here, before any process group or training
-    rt = ddpkit.init(backend=args.backend, timeout=timedelta(seconds=config.collective_timeout))
-    trainer = Trainer(job, config, rt)
+    marks["job"] = time.time()
+    world = detect()
+    # before the process group: MPI is initialised and its world checked against torch's here (exit 2 if not)
+    transport = plan_transport(args.grad_transport, backend=pick_backend(args.backend), rank=world.rank,
+                               world_size=world.world_size)
+    rt = ddpkit.init(backend=args.backend, timeout=timedelta(seconds=config.collective_timeout), world=world)
+    marks["group"] = time.time()
+    trainer = Trainer(job, config, rt, transport=transport)
     try:
         summary = trainer.fit()
     except RuntimeError as exc:  # torch's DistBackendError and gloo's timeouts are RuntimeErrors
@@ -179,7 +200,14 @@ def run(args: argparse.Namespace) -> int:
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
             os.kill(os.getpid(), signal.SIGTERM)
         return EXIT_MISSING
+    marks.update(finished=time.time(), **{k[:-3]: summary.pop(k) for k in ("loop_at", "loop_end_at") if k in summary})
+    if "first_step_at" in summary:
+        marks["first_step"] = summary["first_step_at"]
+    summary.update(phases(marks))
     if rt.rank == 0:
+        log.info("phases (s): %s; startup %.2f, teardown %.2f", ", ".join(
+            f"{name} {value:.2f}" for name, value in summary["phases_s"].items() if value is not None),
+            summary["startup_s"], summary["teardown_s"])
         _report(summary)
         if config.json_path:
             Path(config.json_path).write_text(json.dumps(summary, indent=2, default=str) + "\n")

@@ -14,6 +14,12 @@ Transports, by name (``TRANSPORTS``; ``choose_transport`` picks one for the proc
   (benchmarks/results/bench_train.md): 23 floats 0.5-0.8 ms instead of 1.4-2.1 ms, 64 Ki floats 1.4-2.4x faster,
   256 Ki about even (1.0-1.3x), hence the 512 KiB bound. Every rank sums the same gathered rows in the same order,
   so the ranks stay bitwise identical (the same as the all-reduce on 2 ranks, where a + b == b + a).
+- ``mpi``: ``MPI.Allreduce`` in place on the bucket's flat CPU buffer (``train/mpi_transport.py``, mpi4py imported
+  lazily), for ranks started by an MPI launcher. MPI's latency is microseconds, so the hook pays for itself at any
+  model size: with ``mpi`` every model averages through the hook, and the rider always rides.
+
+``plan_transport`` turns the user's ``--grad-transport auto|gloo|mpi|nccl`` into one of these before the process group
+starts (it refuses, exit 2, what cannot work here).
 
 Another transport (MPI, NCCL with compression) is a function ``make(world_size) -> Sum`` added to TRANSPORTS under
 its name, and a line in ``choose_transport``; the hook, the rider and the trainer stay as they are.
@@ -21,16 +27,23 @@ its name, and a line in ``choose_transport``; the hook, the rider and the traine
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import os
+from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
 import torch
 import torch.distributed as dist
 
+from ddpkit.errors import ConfigError
+from ddpkit.log import get_logger
 from ddpkit.torch_compat import all_gather_single
 
-__all__ = ["PYTHON_HOOK_MAX_PARAMS", "TRANSPORTS", "GradientAveraging", "Rider", "choose_transport",
-           "register_gradient_averaging"]
+__all__ = ["GRAD_TRANSPORTS", "PYTHON_HOOK_MAX_PARAMS", "TRANSPORTS", "GradientAveraging", "Rider", "choose_transport",
+           "plan_transport", "register_gradient_averaging"]
+
+log = get_logger(__name__)
+#: What ``--grad-transport`` accepts.
+GRAD_TRANSPORTS = ("auto", "gloo", "mpi", "nccl")
 
 #: Models up to this many parameters average through the Python hook (their single, small bucket carries the rider).
 PYTHON_HOOK_MAX_PARAMS = 1 << 18
@@ -73,13 +86,61 @@ def gloo_gather_sum(world_size: int) -> Sum:
     return total
 
 
+def mpi_sum(world_size: int) -> Sum:
+    """``MPI.Allreduce`` in place (``train/mpi_transport.py``; ``open_mpi_world`` must have checked the world)."""
+    from ddpkit.train.mpi_transport import mpi_allreduce_sum
+
+    return mpi_allreduce_sum(world_size)
+
+
 #: Transport name -> maker of its Sum for a world of that many ranks.
-TRANSPORTS: dict[str, Callable[[int], Sum]] = {"all-reduce": all_reduce_sum, "gloo-gather": gloo_gather_sum}
+TRANSPORTS: dict[str, Callable[[int], Sum]] = {"all-reduce": all_reduce_sum, "gloo-gather": gloo_gather_sum,
+                                               "mpi": mpi_sum}
 
 
 def choose_transport(backend: str, world_size: int) -> str:
     """The transport for a process group of ``backend`` with ``world_size`` ranks."""
     return "gloo-gather" if backend == "gloo" and world_size > 1 else "all-reduce"
+
+
+def plan_transport(requested: str, *, backend: str, rank: int, world_size: int,
+                   environ: Mapping[str, str] | None = None) -> str | None:
+    """``--grad-transport`` -> a TRANSPORTS name, or None for the process group's own (``choose_transport``).
+
+    Runs before the process group starts. ``mpi`` (and ``auto`` where it picks MPI) initialises MPI and checks its
+    world is torch's (``open_mpi_world``). ``auto`` picks MPI on CPU when an MPI launcher started the ranks and
+    mpi4py is installed, and says so once; otherwise it is the process group's own. ConfigError / EnvConflict
+    (exit 2) for what cannot work here.
+    """
+    from ddpkit.env.mpi import mpi_launcher
+    from ddpkit.train import mpi_transport
+
+    environ = os.environ if environ is None else environ
+    option = f"--grad-transport {requested}"
+    if requested not in GRAD_TRANSPORTS:
+        raise ConfigError(f"{option} is unknown", f"one of {', '.join(GRAD_TRANSPORTS)}", "pass --grad-transport auto")
+    if requested in ("gloo", "nccl") and backend != requested:
+        raise ConfigError(f"{option} with the process-group backend {backend}", f"--backend {requested}",
+                          f"pass --backend {requested}, or --grad-transport auto")
+    if requested == "mpi":
+        if backend != "gloo":
+            raise ConfigError(f"{option} with the process-group backend {backend}",
+                              "CPU tensors (backend gloo): MPI sums the gradients in host memory",
+                              "pass --backend gloo, or --grad-transport nccl on GPUs")
+        mpi_transport.check_mpi_usable(option, environ)  # even for one rank: the user asked for MPI
+    elif requested in ("gloo", "nccl") or world_size == 1:
+        return None
+    elif backend != "gloo" or mpi_launcher(environ) is None or not mpi_transport.mpi4py_installed():
+        return None  # auto, and MPI is not for this run
+    comm = mpi_transport.open_mpi_world(rank, world_size, option=option, tolerate_singleton=requested == "auto")
+    if comm is None:  # auto: this MPI sees a world of one (another MPI's library): gloo, as before
+        return None
+    if rank == 0:
+        from mpi4py import MPI
+
+        log.warning("gradients averaged through MPI (%s): %s ranks started by %s; --grad-transport gloo to opt out",
+                    MPI.Get_library_version().splitlines()[0].strip(), world_size, mpi_launcher(environ))
+    return "mpi"
 
 
 class Rider(Protocol):
@@ -122,10 +183,19 @@ def register_gradient_averaging(ddp: Any, *, world_size: int, rider: Rider | Non
                                 transport: str | None = None) -> GradientAveraging | None:
     """Average ``ddp``'s gradients through GradientAveraging, with ``transport`` (default: ``choose_transport``).
 
-    None where the model is above PYTHON_HOOK_MAX_PARAMS: DDP's C++ all-reduce averages, and the rider is not
-    carried (its owner must send its values another way). One rank: no hook is registered (nothing to average).
+    None where the model is above PYTHON_HOOK_MAX_PARAMS (and the transport is not ``mpi``, whose microsecond
+    latency pays for the hook at any size): DDP's C++ all-reduce averages, and the rider is not carried (its owner
+    must send its values another way). One rank: no hook is registered (nothing to average).
     """
-    if sum(p.numel() for p in ddp.module.parameters()) > PYTHON_HOOK_MAX_PARAMS:
+    if transport == "mpi":
+        from ddpkit.train.mpi_transport import MPI_DTYPES
+
+        odd = sorted({str(p.dtype) for p in ddp.module.parameters() if p.dtype not in MPI_DTYPES})
+        if odd:
+            raise ConfigError(f"--grad-transport mpi with parameters of type {', '.join(odd)}",
+                              "float32 or float64 parameters (MPI has no standard half-precision sum)",
+                              "use --grad-transport gloo for this model")
+    elif sum(p.numel() for p in ddp.module.parameters()) > PYTHON_HOOK_MAX_PARAMS:
         return None
     if transport is None:
         transport = choose_transport(dist.get_backend() if world_size > 1 else "", world_size)

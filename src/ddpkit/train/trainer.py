@@ -82,10 +82,11 @@ def _percentile(values: list[float], q: float) -> float:
 
 
 class Trainer:
-    def __init__(self, job: TrainJob, config: TrainConfig, runtime: Runtime) -> None:
+    def __init__(self, job: TrainJob, config: TrainConfig, runtime: Runtime, *, transport: str | None = None) -> None:
         self.job = job
         self.cfg = config
         self.rt = runtime
+        self.transport = transport  # a gradients.TRANSPORTS name (plan_transport), or None: the backend's own
         self.rank, self.world = runtime.rank, runtime.world_size
         self.batches = Batches(job.dataset, batch_size=config.batch_size, rank=self.rank, world_size=self.world,
                                seed=config.seed, device=runtime.device)
@@ -273,13 +274,15 @@ class Trainer:
         # How gradients are averaged (train/gradients.py): small models through ddpkit's hook, with the transport
         # that suits the backend, the ranks' stop flags riding on the last bucket; larger ones by DDP's own C++
         # all-reduce (None), the stop flags then voted on every few steps.
-        averaging = register_gradient_averaging(ddp, world_size=self.world, rider=watch)
+        averaging = register_gradient_averaging(ddp, world_size=self.world, rider=watch, transport=self.transport)
         watch.rides_gradients(averaging is not None)
+        self.summary["grad_transport"] = averaging.transport if averaging is not None else "ddp all-reduce"
         self.summary["stop_flags"] = ("gradient all-reduce" if watch.piggyback
                                       else f"vote every {watch.VOTE_EVERY} steps")
         step_times: list[float] = []
         samples = 0
         t_start = time.perf_counter()
+        self.summary["loop_at"] = time.time()
         if start_epoch >= cfg.epochs and self.rank == 0:
             say(f"Training already complete: the snapshot is at epoch {start_epoch} of {cfg.epochs}")
         try:
@@ -370,6 +373,7 @@ class Trainer:
 
     def _finish(self, step: int, t_start: float, samples: int, times: list[float]) -> None:
         wall = time.perf_counter() - t_start
+        self.summary["loop_end_at"] = time.time()
         history = self.summary["loss_history"]
         resumed = self.summary["resumed_from"]
         interval = self.cfg.save_every * self.steps_per_epoch
