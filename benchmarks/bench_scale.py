@@ -3,6 +3,7 @@ cost of `bench --pairs` in rounds, `--ring` and one pair at a time.
 
     sudo python -m benchmarks.bench_scale        # writes benchmarks/results/bench_scale.{json,md,png}
     SCALE_LOCAL=2,4,8 SCALE_HOSTS=4 sudo python -m benchmarks.bench_scale   # a smaller run
+    sudo python -m benchmarks.bench_scale --parts pairs   # only bench --pairs; the other parts' figures are kept
 
 For every world: wall time of the command as a user types it, each phase's time (check's JSON report: roll-call,
 the roll-call's cost after the last rank arrived, init, collectives, DDP, report), and the CPU time of every
@@ -26,14 +27,14 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from benchmarks import scale_pairs
+
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
 LOCAL = [int(x) for x in os.environ.get("SCALE_LOCAL", "2,4,8,16,32,64").split(",") if x]
 HOSTS = [int(x) for x in os.environ.get("SCALE_HOSTS", "4,8,16").split(",") if x]
 BENCH_ARGS = ["bench", "--ops", "all_reduce,all_gather", "-b", "1K", "-e", "64K", "-f", "8", "-w", "1", "--iters", "5"]
 TRAIN_ARGS = ["train", "--model", "toy", "--samples", "2048", "--batch-size", "32", "--epochs", "2", "--no-progress"]
-PAIRS_ARGS = ["--pairs-size", "256K", "--pairs-iters", "3"]
-LIMIT = "200mbit"  # the slowed host's link in the pairs runs: ~25 MB/s against ~0.3-1.5 GB/s between namespaces
 
 
 def _env(**extra: str) -> dict[str, str]:
@@ -130,40 +131,6 @@ def host_scaling(tmp: Path) -> list[dict[str, Any]]:
     return rows
 
 
-def pairs_costs(tmp: Path) -> list[dict[str, Any]]:
-    """8 hosts: rounds vs one pair at a time, with one host's link limited and with none; 16 hosts: --ring and
-    rounds vs one pair at a time, one link limited."""
-    from scripts.nshosts import create
-
-    plan = ((8, True, (["--pairs"], ["--pairs", "--pairs-sequential"])),
-            (8, False, (["--pairs"], ["--pairs", "--pairs-sequential"])),
-            (16, True, (["--ring"], ["--pairs"], ["--pairs", "--pairs-sequential"])))
-    rows = []
-    for h in sorted({p[0] for p in plan if p[0] in HOSTS}):
-        cluster = create(h, "pairs" + uuid.uuid4().hex[:6])
-        try:
-            slow = cluster.hosts[h // 2 + 1]
-            for _, limited, modes in (p for p in plan if p[0] == h):
-                cluster.shape(slow, LIMIT if limited else None)
-                for mode in modes:
-                    out = tmp / f"pairs-{h}-{uuid.uuid4().hex[:6]}.json"
-                    args = ["bench", "-j", f"{h}x1", "--rdzv-endpoint", f"{cluster.hosts[0].ip}:29400", "--run-id",
-                            uuid.uuid4().hex[:8], *mode, *PAIRS_ARGS, "--pairs-threshold", "0.2", "--json", str(out)]
-                    res = _on_hosts(cluster, args)
-                    pairs = json.loads(out.read_text())["pairs"] if out.exists() else {}
-                    cost = pairs.get("cost", {})
-                    row = {"hosts": h, "mode": " ".join(mode), "limited": slow.hostname if limited else None,
-                           "wall_s": res["wall_s"], "exit": res["exit"], "measure_s": cost.get("seconds"),
-                           "rounds": cost.get("rounds"), "pairs_measured": cost.get("pairs_measured"),
-                           "slow_endpoints": pairs.get("slow_endpoints"), "tail": res["tail"]}
-                    rows.append(row)
-                    print(f"pairs {h:>3} hosts {row['mode']:<28} limited {row['limited']}: {row['measure_s']} s "
-                          f"measuring, {row['rounds']} rounds, slow: {row['slow_endpoints']}", flush=True)
-        finally:
-            cluster.down()
-    return rows
-
-
 def _ratio(a: float | None, b: float | None) -> float | None:
     return a / b if a and b else None
 
@@ -178,19 +145,7 @@ def summary(rows: list[dict[str, Any]], pairs: list[dict[str, Any]]) -> dict[str
         out["check_wall_64_over_8"] = _ratio(c64["wall_s"], c8["wall_s"])
         out["check_wall_target"] = "<= 8 (the ratio of ranks)"
         out["rollcall_after_last_64_s"] = c64.get("phases", {}).get("roll-call-after-last")
-    def mode(h: int, m: str, limited: bool = True) -> dict[str, Any]:
-        return next((p for p in pairs if p["hosts"] == h and p["mode"] == m and bool(p["limited"]) == limited), {})
-    for limited, tag in ((True, "limited"), (False, "unlimited")):
-        seq8, rounds8 = mode(8, "--pairs --pairs-sequential", limited), mode(8, "--pairs", limited)
-        if seq8 and rounds8:
-            out[f"pairs8_{tag}_sequential_over_rounds"] = _ratio(seq8["measure_s"], rounds8["measure_s"])
-            out[f"pairs8_{tag}_sequential_over_rounds_wall"] = _ratio(seq8["wall_s"], rounds8["wall_s"])
-            out[f"pairs8_{tag}_same_verdict"] = seq8["slow_endpoints"] == rounds8["slow_endpoints"]
-    seq16, ring16 = mode(16, "--pairs --pairs-sequential"), mode(16, "--ring")
-    if seq16 and ring16:
-        out["pairs16_sequential_over_ring"] = _ratio(seq16["measure_s"], ring16["measure_s"])
-        out["pairs16_sequential_over_ring_wall"] = _ratio(seq16["wall_s"], ring16["wall_s"])
-        out["pairs16_same_verdict"] = seq16["slow_endpoints"] == ring16["slow_endpoints"]
+    out.update(scale_pairs.summary(pairs))
     return out
 
 
@@ -220,21 +175,35 @@ def projection(rows: list[dict[str, Any]], pairs: list[dict[str, Any]], at: tupl
                 continue
             a, b = _fit([(r["ranks"], r["phases"][phase]) for r in local])
             out["check"][phase] = {"a_s": a, "b_s_per_rank": b, **{str(n): max(a + b * n, 0.0) for n in at}}
-    timed = [p for p in pairs if p["rounds"] and p["measure_s"]]
-    per_round = [p["measure_s"] / p["rounds"] for p in timed if "sequential" not in p["mode"]]
-    per_pair = [p["measure_s"] / p["rounds"] for p in timed if "sequential" in p["mode"]]
-    if per_round and per_pair:
-        t_round, t_pair = max(per_round), max(per_pair)
-        out["pairs"] = {"round_s": t_round, "pair_s": t_pair, **{str(n): {
-            "rounds_s": (n - 1) * t_round, "ring_s": (2 + 5) * t_round, "sequential_s": n * (n - 1) / 2 * t_pair}
-            for n in at}}
+    setting = "link" if any(p.get("setting") == "link" for p in pairs) else "cpu"
+
+    def per_round(mode: str, limited: bool) -> float | None:
+        row = next((p for p in pairs if p["hosts"] == 8 and p["mode"] == mode and bool(p["limited"]) == limited
+                    and p.get("setting", "cpu") == setting and p["rounds"] and p["measure_s"]), None)
+        return row["measure_s"] / row["rounds"] if row else None
+
+    # 8 hosts: a healthy round, a healthy pair alone, a round with the slow node in it (the slow pair sets its time)
+    r_h, p_h = per_round("--pairs", False), per_round("--pairs --pairs-sequential", False)
+    r_s = per_round("--pairs", True)
+    if r_h and p_h and r_s:
+        out["pairs"] = {"setting": setting, "round_s": r_h, "pair_s": p_h, "slow_round_s": r_s, **{str(n): {
+            "rounds_s": (n - 1) * r_h, "sequential_s": n * (n - 1) / 2 * p_h,
+            "rounds_slow_s": (n - 1) * r_s, "sequential_slow_s": (n * (n - 1) / 2 - (n - 1)) * p_h + (n - 1) * r_s,
+            "ring_slow_s": (2 + 5) * r_s} for n in at}}
     return out
+
+
+def _when(result: dict[str, Any]) -> str:
+    parts = result.get("when_parts") or {}
+    if len(set(parts.values())) < 2:
+        return str(result["when"])
+    return "; ".join(f"{part} part {when}" for part, when in sorted(parts.items()))
 
 
 def write_markdown(result: dict[str, Any]) -> str:
     lines = ["# ddpkit at scale: 2 to 64 local ranks, 4 to 16 namespace hosts", "",
              f"{result['cores']} cores, torch {result['torch']}, Python {result['python']}; one run per point, "
-             f"measured {result['when']} on a **shared, noisy machine** (other engineers ran tests at the same time; "
+             f"measured {_when(result)} on a **shared, noisy machine** (other engineers ran tests at the same time; "
              f"load average at the end {', '.join(f'{x:.1f}' for x in result['load_avg'])}). 64 ranks on 2 cores are "
              "32 processes per core: wall time there is process start and CPU contention, not ddpkit's algorithms.",
              "Wall time of a local check split by the ranks' wall-clock arrivals: launch (command start to the first "
@@ -251,16 +220,7 @@ def write_markdown(result: dict[str, Any]) -> str:
                                                             "wall:after-last", "wall:teardown")]
         lines.append(f"| {r['where']} | {r['ranks']} | {r['command']} | {r['wall_s']:.1f} | {r['cpu_per_rank_s']:.2f} "
                      f"| {' | '.join(cell)} | {r['exit']} |")
-    if result["pairs"]:
-        lines += ["", f"## bench --pairs: one host's link limited to {LIMIT} (tc tbf) where named; "
-                  f"{' '.join(PAIRS_ARGS)}, --pairs-threshold 0.2", "",
-                  "| hosts | limited link | mode | rounds | pairs measured | measuring (s) | wall incl. start (s) | "
-                  "slow nodes |", "|---|---|---|---|---|---|---|---|"]
-        for p in result["pairs"]:
-            named = ", ".join(p["slow_endpoints"] or []) or "none"
-            lines.append(f"| {p['hosts']} | {p['limited'] or 'none'} | `{p['mode']}` | {p['rounds']} | "
-                         f"{p['pairs_measured']} | "
-                         f"{p['measure_s'] or 0:.2f} | {p['wall_s']:.1f} | {named} |")
+    lines += scale_pairs.markdown(result["pairs"], result.get("link_check", []))
     s = result["summary"]
     lines += ["", "## Ratios (this run)", ""]
     for key, value in s.items():
@@ -274,11 +234,15 @@ def write_markdown(result: dict[str, Any]) -> str:
                          f"{f['1024']:.2f} |")
     if proj.get("pairs"):
         pp = proj["pairs"]
-        lines += ["", f"bench --pairs: {pp['round_s']:.2f} s per round, {pp['pair_s']:.2f} s per sequential pair "
-                  "(measured above)", "", "| endpoints | rounds (s) | --ring, 1 slow node (s) | sequential (s) |",
-                  "|---|---|---|---|"]
+        lines += ["", f"bench --pairs ({pp['setting']} setting, 8 hosts): {pp['round_s']:.2f} s per healthy round, "
+                  f"{pp['pair_s']:.2f} s per healthy pair alone, {pp['slow_round_s']:.2f} s per round with the slow "
+                  "node (its pair sets the round's time)", "",
+                  "| endpoints | rounds, healthy (s) | sequential, healthy (s) | rounds, 1 slow node (s) | "
+                  "sequential, 1 slow node (s) | --ring, 1 slow node (s) |", "|---|---|---|---|---|---|"]
         for n in ("256", "1024"):
-            lines.append(f"| {n} | {pp[n]['rounds_s']:.0f} | {pp[n]['ring_s']:.1f} | {pp[n]['sequential_s']:.0f} |")
+            q = pp[n]
+            lines.append(f"| {n} | {q['rounds_s']:.0f} | {q['sequential_s']:.0f} | {q['rounds_slow_s']:.0f} | "
+                         f"{q['sequential_slow_s']:.0f} | {q['ring_slow_s']:.1f} |")
     lines += ["", "![growth](bench_scale.png)", ""]
     return "\n".join(lines)
 
@@ -315,16 +279,32 @@ def plot(result: dict[str, Any], path: Path) -> None:
     fig.savefig(path, dpi=110)
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
     import torch
 
-    rows: list[dict[str, Any]] = []
-    pairs: list[dict[str, Any]] = []
+    ap = argparse.ArgumentParser(prog="bench_scale")
+    ap.add_argument("--parts", default="local,pairs,hosts",
+                    help="comma-separated parts to run (local, pairs, hosts); the others' figures are kept from the "
+                         "previous results file")
+    parts = set(ap.parse_args(argv).parts.split(","))
+    previous: dict[str, Any] = {}
+    if parts != {"local", "pairs", "hosts"} and (RESULTS / "bench_scale.json").exists():
+        previous = json.loads((RESULTS / "bench_scale.json").read_text())
+    keep = {"local": "local", "hosts": "namespace hosts"}
+    rows: list[dict[str, Any]] = [r for r in previous.get("rows", []) if r["where"] in
+                                  {keep[p] for p in keep if p not in parts}]
+    pairs: list[dict[str, Any]] = [] if "pairs" in parts else previous.get("pairs", [])
+    link_check: list[dict[str, Any]] = [] if "pairs" in parts else previous.get("link_check", [])
+    when = {p: previous.get("when_parts", {}).get(p, previous.get("when")) for p in keep | {"pairs": ""}
+            if p not in parts and previous}
 
     def save() -> dict[str, Any]:  # after every part: a long run cut short still leaves its figures
-        result = {"rows": rows, "pairs": pairs, "torch": torch.__version__, "python": platform.python_version(),
-                  "cores": len(os.sched_getaffinity(0)), "load_avg": os.getloadavg(),
-                  "when": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")}
+        now = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+        result = {"rows": rows, "pairs": pairs, "link_check": link_check, "torch": torch.__version__,
+                  "python": platform.python_version(), "cores": len(os.sched_getaffinity(0)),
+                  "load_avg": os.getloadavg(), "when": now, "when_parts": {**{p: now for p in parts}, **when}}
         result["summary"] = summary(rows, pairs)
         result["projection"] = projection(rows, pairs)
         RESULTS.mkdir(parents=True, exist_ok=True)
@@ -335,12 +315,17 @@ def main() -> int:
 
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
-        rows += local_scaling(tmp)
-        save()
-        if os.geteuid() == 0 and HOSTS:
-            pairs += pairs_costs(tmp)
+        if "local" in parts:
+            rows += local_scaling(tmp)
             save()
-            rows += host_scaling(tmp)
+        if os.geteuid() == 0 and HOSTS:
+            if "pairs" in parts:
+                found, check = scale_pairs.pairs_costs(tmp, HOSTS, _on_hosts)
+                pairs += found
+                link_check += check
+                save()
+            if "hosts" in parts:
+                rows += host_scaling(tmp)
         else:
             print("bench_scale: namespace hosts skipped (need root and SCALE_HOSTS)")
     print(json.dumps(save()["summary"], indent=1))

@@ -115,8 +115,9 @@ class Cluster:
         h = self.host(host) if isinstance(host, str) else host
         _ip("-n", self.switch, "link", "set", h.port, "up" if up else "down")
 
-    def shape(self, host: Host | str, rate: str | None) -> None:
-        """Limit the host's link to ``rate`` (tbf, both directions); None removes the limit."""
+    def shape(self, host: Host | str, rate: str | None, burst: str = "32kbit") -> None:
+        """Limit the host's link to ``rate`` (tbf, both directions); None removes the limit. ``burst``: the
+        bucket; a larger one costs fewer timer wake-ups per byte when several links are limited at once."""
         h = self.host(host) if isinstance(host, str) else host
         for ns, dev in ((h.netns, h.ifname), (self.switch, h.port)):
             if rate is None:
@@ -124,7 +125,7 @@ class Cluster:
                                capture_output=True, check=False)
             else:
                 _run(["ip", "netns", "exec", ns, "tc", "qdisc", "replace", "dev", dev, "root", "tbf", "rate", rate,
-                      "burst", "32kbit", "latency", "400ms"])
+                      "burst", burst, "latency", "400ms"])
 
     # -- teardown ---------------------------------------------------------------------------------------------------
     def kill_all(self, grace: float = 2.0) -> list[int]:
