@@ -68,3 +68,27 @@ def require_tools(*tools: str) -> None:
 def require_root(reason: str) -> None:
     if not IS_ROOT:
         pytest.skip(f"needs root ({reason})")
+
+
+def newest_snapshot(directory: Path, prefix: str = "snap") -> tuple[Any, dict[str, Any]]:
+    """The newest valid snapshot ``PREFIX*.pt`` in ``directory``: (header, state)."""
+    from ddpkit.train.snapshot import SnapshotDir, read_snapshot
+
+    (_, newest), *_ = SnapshotDir(directory, prefix, ".pt", keep=1).candidates()
+    return read_snapshot(newest)
+
+
+def same_state(a: dict[str, Any], b: dict[str, Any], keys: tuple[str, ...] = ("model", "optimizer", "rng")) -> bool:
+    """Two training states bitwise equal in ``keys`` (tensors by dtype and value, containers element by element)."""
+    import torch
+
+    def equal(x: Any, y: Any) -> bool:
+        if isinstance(x, torch.Tensor):
+            return isinstance(y, torch.Tensor) and x.dtype == y.dtype and torch.equal(x, y)
+        if isinstance(x, dict):
+            return isinstance(y, dict) and x.keys() == y.keys() and all(equal(x[k], y[k]) for k in x)
+        if isinstance(x, list | tuple):
+            return len(x) == len(y) and all(equal(p, q) for p, q in zip(x, y, strict=True))
+        return bool(x == y)
+
+    return all(equal(a[k], b[k]) for k in keys)

@@ -13,10 +13,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import torch
 
-from ddpkit.train.snapshot import SnapshotDir, read_header, read_snapshot
-from tests.helpers import require_tools, run_ddpkit
+from ddpkit.train.snapshot import read_header
+from tests.helpers import newest_snapshot, require_tools, run_ddpkit, same_state
 from tests.infra.conftest import Hosts, new_run_id
 from tests.infra.k8s_operator import Manifest, Operator, etcd_pods, job_pods, load
 
@@ -72,21 +71,7 @@ def baseline(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 
 
 def _final(directory: Path) -> dict[str, Any]:
-    (_, newest), *_ = SnapshotDir(directory, "snapshot", ".pt", keep=1).candidates()
-    return read_snapshot(newest)[1]
-
-
-def _same_state(a: dict[str, Any], b: dict[str, Any]) -> bool:
-    def equal(x: Any, y: Any) -> bool:
-        if isinstance(x, torch.Tensor):
-            return isinstance(y, torch.Tensor) and x.dtype == y.dtype and torch.equal(x, y)
-        if isinstance(x, dict):
-            return isinstance(y, dict) and x.keys() == y.keys() and all(equal(x[k], y[k]) for k in x)
-        if isinstance(x, list | tuple):
-            return len(x) == len(y) and all(equal(p, q) for p, q in zip(x, y, strict=True))
-        return bool(x == y)
-
-    return all(equal(a[k], b[k]) for k in ("model", "optimizer", "rng"))
+    return newest_snapshot(directory, "snapshot")[1]
 
 
 def test_pytorchjob_train_snapshots_on_the_shared_volume(operator: Callable[..., Operator],
@@ -100,7 +85,7 @@ def test_pytorchjob_train_snapshots_on_the_shared_volume(operator: Callable[...,
     assert {read_header(_pvc(op) / f)["writer_rank"] for f in files} == {0}
     summary = json.loads((_pvc(op) / "summary.json").read_text())
     assert summary["world_size"] == 4 and summary["global_step"] == EPOCHS * 64
-    assert _same_state(_final(_pvc(op)), baseline)
+    assert same_state(_final(_pvc(op)), baseline)
 
 
 ELASTIC = {"c10d": (), "etcd": ("--k8s-rdzv", "etcd")}
@@ -138,7 +123,7 @@ def test_elastic_pytorchjob_worker_killed_resumes_bitwise(operator: Callable[...
     assert "Resuming training from snapshot at Epoch" in logs, op.logs()
     summary = json.loads((_pvc(op) / "summary.json").read_text())
     assert summary["world_size"] == 4 and summary["resumed_from"] is not None, summary
-    assert _same_state(_final(_pvc(op)), baseline)
+    assert same_state(_final(_pvc(op)), baseline)
 
 
 def test_trainjob_check(operator: Callable[..., Operator]) -> None:

@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 
 from ddpkit.train.snapshot import SnapshotDir
-from tests.helpers import ddpkit_env, require_tools
-from tests.multiproc.test_train import _final, _same_state
+from tests.helpers import ddpkit_env, require_tools, same_state
+from tests.multiproc.test_train import _final
 
 pytestmark = pytest.mark.infra
 
@@ -57,7 +57,7 @@ def test_openmpi_auto_picks_mpi_and_equals_gloo_bitwise(gloo_reference: Path, tm
     assert done.returncode == 0, done.stdout + done.stderr[-3000:]
     assert summary is not None and summary["grad_transport"] == "mpi" and summary["global_step"] == 32
     assert done.stderr.count("gradients averaged through MPI (Open MPI") == 1  # said once, by rank 0
-    assert _same_state(_final(tmp_path)[1], _final(gloo_reference)[1], ("model", "optimizer", "rng", "loss_history"))
+    assert same_state(_final(tmp_path)[1], _final(gloo_reference)[1], ("model", "optimizer", "rng", "loss_history"))
 
 
 def test_openmpi_preempted_then_resumed_equals_gloo_bitwise(gloo_reference: Path, tmp_path: Path) -> None:
@@ -72,7 +72,7 @@ def test_openmpi_preempted_then_resumed_equals_gloo_bitwise(gloo_reference: Path
     assert again.returncode == 0, again.stdout + again.stderr[-3000:]
     assert "Resuming training from snapshot at Epoch 2, step 6" in again.stdout
     assert summary is not None and summary["grad_transport"] == "mpi"
-    assert _same_state(_final(tmp_path)[1], _final(gloo_reference)[1])
+    assert same_state(_final(tmp_path)[1], _final(gloo_reference)[1])
 
 
 def test_mpich_mpi_transport_equals_gloo_bitwise(gloo_reference: Path, tmp_path: Path) -> None:
@@ -85,7 +85,7 @@ def test_mpich_mpi_transport_equals_gloo_bitwise(gloo_reference: Path, tmp_path:
     assert done.returncode == 0, done.stdout + done.stderr[-3000:]
     assert "gradients averaged through MPI (MPICH" in done.stderr
     assert summary is not None and summary["grad_transport"] == "mpi"
-    assert _same_state(_final(tmp_path / "run")[1], _final(gloo_reference)[1])
+    assert same_state(_final(tmp_path / "run")[1], _final(gloo_reference)[1])
 
 
 def _refused(done: subprocess.CompletedProcess[str], *words: str) -> None:

@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from ddpkit.train.snapshot import SnapshotDir, read_header, read_snapshot
-from tests.helpers import ddpkit_env, free_port, require_tools, run_ddpkit
+from tests.helpers import ddpkit_env, free_port, newest_snapshot, require_tools, run_ddpkit, same_state
 
 pytestmark = pytest.mark.multiproc
 
@@ -38,21 +38,7 @@ def _train(tmp: Path, *extra: str, timeout: float = 180, env: dict[str, str] | N
 
 
 def _final(tmp: Path) -> tuple[dict[str, Any], dict[str, Any]]:
-    (_, newest), *_ = SnapshotDir(tmp, "snap", ".pt", keep=1).candidates()
-    return read_snapshot(newest)
-
-
-def _same_state(a: dict[str, Any], b: dict[str, Any], keys: tuple[str, ...] = ("model", "optimizer", "rng")) -> bool:
-    def equal(x: Any, y: Any) -> bool:
-        if isinstance(x, torch.Tensor):
-            return isinstance(y, torch.Tensor) and x.dtype == y.dtype and torch.equal(x, y)
-        if isinstance(x, dict):
-            return isinstance(y, dict) and x.keys() == y.keys() and all(equal(x[k], y[k]) for k in x)
-        if isinstance(x, list | tuple):
-            return len(x) == len(y) and all(equal(p, q) for p, q in zip(x, y, strict=True))
-        return bool(x == y)
-
-    return all(equal(a[k], b[k]) for k in keys)
+    return newest_snapshot(tmp, "snap")
 
 
 @pytest.fixture(scope="module")
@@ -110,7 +96,7 @@ def test_killed_worker_restarts_and_resumes_bitwise_exact(baseline: Path, tmp_pa
     assert summary is not None and summary["restarts"] == 1 and summary["resumed_from"]["global_step"] == 16
     (drill,) = summary["drills"]
     assert drill["fired_at_step"] == 21 and drill["lost_steps"] == 5 and drill["within_interval"]
-    assert _same_state(_final(tmp_path)[1], _final(baseline)[1])
+    assert same_state(_final(tmp_path)[1], _final(baseline)[1])
 
 
 LAUNCHERS = {
@@ -138,7 +124,7 @@ def test_other_launchers_train_the_same_job_bitwise(launcher: str, baseline: Pat
     # Open MPI gives its ranks a pseudo-terminal even though this output is a pipe: still no progress bar
     assert "\x1b[" not in done.stdout and "[RANK 0] Epoch 3 | Batchsize: 32 | Steps: 8" in done.stdout
     # bitwise, RNG states included (importing rich for a bar after seeding once drew from Python's RNG)
-    assert _same_state(_final(tmp_path)[1], _final(baseline)[1], ("model", "optimizer", "rng", "loss_history"))
+    assert same_state(_final(tmp_path)[1], _final(baseline)[1], ("model", "optimizer", "rng", "loss_history"))
 
 
 def test_corrupt_newest_snapshot_falls_back_to_the_previous(baseline: Path, tmp_path: Path) -> None:
@@ -153,7 +139,7 @@ def test_corrupt_newest_snapshot_falls_back_to_the_previous(baseline: Path, tmp_
     assert "snap.000000024.pt is unusable" in done.stdout and "checksum" in done.stdout
     assert "Resuming training from snapshot at Epoch 2" in done.stdout
     assert summary is not None and summary["resumed_from"]["global_step"] == 16
-    assert _same_state(_final(tmp_path)[1], _final(baseline)[1])
+    assert same_state(_final(tmp_path)[1], _final(baseline)[1])
 
 
 def test_preempt_drill_usr1_async_snapshot_then_rerun_resumes_exactly(baseline: Path, tmp_path: Path) -> None:
@@ -170,13 +156,13 @@ def test_preempt_drill_usr1_async_snapshot_then_rerun_resumes_exactly(baseline: 
     # the async writer's epoch-1 snapshot holds exactly what the synchronous baseline wrote
     _, async_epoch1 = read_snapshot(tmp_path / "snap.000000016.pt")
     _, sync_epoch1 = read_snapshot(baseline / "snap.000000016.pt")
-    assert _same_state(async_epoch1, sync_epoch1, ("model", "optimizer", "rng", "loss_history"))
+    assert same_state(async_epoch1, sync_epoch1, ("model", "optimizer", "rng", "loss_history"))
 
     again, summary = _train(tmp_path, *args)
     assert again.returncode == 0, again.stderr[-3000:]
     assert "Resuming training from snapshot at Epoch 2, step 6" in again.stdout
     assert "sending SIGUSR1" not in again.stdout  # the drill fired once, not again on the rerun
-    assert _same_state(_final(tmp_path)[1], _final(baseline)[1])
+    assert same_state(_final(tmp_path)[1], _final(baseline)[1])
 
 
 def test_sigterm_to_the_launcher_snapshots_exits_75_and_rerun_resumes(tmp_path: Path) -> None:
