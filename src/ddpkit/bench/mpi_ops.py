@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from ddpkit.bench.busbw import per_rank_count
-from ddpkit.bench.ops import _A2A_MOD, Case, Prepared, _torch_dtype
+from ddpkit.bench.ops import Case, Prepared, _torch_dtype, fill_all_to_all_input
 from ddpkit.closed_form import BENCH
 
 if TYPE_CHECKING:
@@ -86,9 +86,7 @@ def prepare_mpi(case: Case, device: torch.device, comm: Any) -> Prepared:
         a2a_np = a2a_out.numpy()
 
         def fill_a2a() -> None:
-            chunk = BENCH.base(c, dt, device)
-            for k in range(n):
-                full.narrow(0, k * c, c).copy_(chunk + (r * n + k) % _A2A_MOD)
+            fill_all_to_all_input(full, c, n, r)
             a2a_out.zero_()
         return Prepared(launch=lambda: comm.Alltoall(full_np, a2a_np), output=a2a_out, reset=fill_a2a)
     if op == "sendrecv":

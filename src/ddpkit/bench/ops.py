@@ -31,6 +31,14 @@ REDUCING = frozenset({"all_reduce", "reduce", "reduce_scatter"})
 _A2A_MOD = 31  # all_to_all chunk values wrap here to stay exact in half precision
 
 
+def fill_all_to_all_input(full: torch.Tensor, count: int, world: int, rank: int) -> None:
+    """Rank ``rank``'s all_to_all input: chunk k (sent to rank k) is the base pattern plus (rank*world + k) mod
+    _A2A_MOD, so every received chunk says who sent it (``expected`` checks the transpose)."""
+    chunk = BENCH.base(count, full.dtype, full.device)
+    for k in range(world):
+        full.narrow(0, k * count, count).copy_(chunk + (rank * world + k) % _A2A_MOD)
+
+
 def modes(op: str) -> tuple[bool, ...]:
     """The placements torch offers for ``op``: False = out-of-place, True = in-place."""
     if op in IN_PLACE_ONLY:
@@ -138,9 +146,7 @@ def prepare(case: Case, device: torch.device) -> Prepared:
         a2a_out = torch.empty(case.count, dtype=dt, device=device)
 
         def fill_a2a() -> None:
-            chunk = BENCH.base(c, dt, device)
-            for k in range(n):
-                full.narrow(0, k * c, c).copy_(chunk + (r * n + k) % _A2A_MOD)
+            fill_all_to_all_input(full, c, n, r)
             a2a_out.zero_()
         return Prepared(launch=lambda: dist.all_to_all_single(a2a_out, full), output=a2a_out, reset=fill_a2a)
     if op == "sendrecv":
