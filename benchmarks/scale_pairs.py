@@ -32,9 +32,11 @@ RATE = "200mbit"
 SLOW_RATE = "25mbit"
 BURST = "512kbit"  # 64 KiB bucket: 2.6 ms at RATE, 6% of a transfer; 4 KiB cost a timer wake-up per 3 packets
 CPU_BOUND_LIMIT = "200mbit"  # the slow host without emulation (the first measurement's setting)
-# 1 MiB per transfer: 42 ms at 200 Mbit/s, 336 ms at 25; 3 exchanges (+1 warm-up) per pair
-LINK_ARGS = ["--pairs-size", "1M", "--pairs-iters", "3"]
-CPU_ARGS = ["--pairs-size", "256K", "--pairs-iters", "3"]
+# 1 MiB per transfer: 42 ms at 200 Mbit/s, 336 ms at 25; a pair ramps 64K, 256K, then 3 transfers of 1 MiB:
+# ~0.15 s on a healthy link, within the 0.25 s budget; the slow host's pairs stop after the 256K (84 ms) since a
+# 1 MiB transfer would end past the budget
+LINK_ARGS = ["--pairs-size", "1M", "--pairs-iters", "3", "--pairs-seconds", "0.25"]
+CPU_ARGS = ["--pairs-size", "256K", "--pairs-iters", "3", "--pairs-seconds", "0.25"]
 CHECK_BYTES = 4 << 20
 SETTINGS = {"link": (LINK_ARGS, RATE, SLOW_RATE, BURST), "cpu": (CPU_ARGS, None, CPU_BOUND_LIMIT, "32kbit")}
 

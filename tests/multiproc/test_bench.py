@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from ddpkit.bench.busbw import OPS
-from ddpkit.errors import EXIT_CHECK_FAILED, EXIT_OK
+from ddpkit.errors import EXIT_CHECK_FAILED, EXIT_OK, EXIT_USAGE
 from tests.helpers import ROOT, ddpkit_env, run_ddpkit, run_torchrun_worker
 
 pytestmark = pytest.mark.multiproc
@@ -92,6 +92,29 @@ def test_pairs_names_the_slowed_rank(tmp_path: Path) -> None:
     assert sorted(map(sorted, pairs["slow_links"])) == sorted(sorted([n, slow[0]]) for n in pairs["names"][:2])
     assert "# slow ranks: rank 2 " in proc.stdout
     assert pairs["bandwidth_gbps"][0][1] > pairs["bandwidth_gbps"][0][2]
+
+
+def test_pairs_budget_cuts_the_slow_links_short_and_still_names_them(tmp_path: Path) -> None:
+    """Rank 2 stalls 40 ms before every transfer: with a 0.1 s budget per pair its two pairs stop after the first
+    transfers of the ramp (64 KiB, 256 KiB) instead of the 1 + 5 of 1 MiB; the healthy pair moves all of them."""
+    js = tmp_path / "pairs.json"
+    env = ddpkit_env(DDPKIT_FAULTS="slow:rank=2:ms=40")
+    proc = run_ddpkit("bench", "-n", "3", "--pairs", "ranks", "--pairs-size", "1M", "--pairs-iters", "5",
+                      "--pairs-seconds", "0.1", "--json", str(js), env=env, timeout=240)
+    assert proc.returncode == EXIT_CHECK_FAILED, proc.stdout + proc.stderr
+    pairs = json.loads(js.read_text())["pairs"]
+    slow = [n for n in pairs["names"] if n.startswith("rank 2 ")]
+    assert pairs["slow_endpoints"] == slow, proc.stdout
+    assert pairs["budget_s"] == 0.1
+    assert sorted(map(sorted, pairs["cut_short"])) == sorted(sorted([n, slow[0]]) for n in pairs["names"][:2]), \
+        proc.stdout
+    assert "2 pair(s) ran out of their 0.1 s budget" in proc.stdout
+
+
+def test_pairs_budget_must_fit_the_timeout() -> None:
+    proc = run_ddpkit("bench", "-n", "2", "--pairs", "--pairs-seconds", "100", "--timeout", "60", timeout=60)
+    assert proc.returncode == EXIT_USAGE, proc.stdout + proc.stderr
+    assert "--pairs-seconds 100 with --timeout 60" in proc.stderr and "Traceback" not in proc.stderr
 
 
 def test_slowest_rank_defines_the_time() -> None:

@@ -45,8 +45,8 @@ COMMAND_OPTIONS = {
     "env": ["--json", "--explain", "--connect", "--timeout"],
     "check": ["--timeout", "--phase-timeout", "--json", "--rank-lines"],
     "bench": ["--ops", "-b", "-e", "-f", "-i", "--dtype", "--redop", "--root", "-w", "--iters", "--min-busbw",
-              "--pairs", "--pairs-size", "--pairs-iters", "--pairs-threshold", "--json", "--csv", "--plot",
-              "--timeout"],
+              "--pairs", "--pairs-size", "--pairs-iters", "--pairs-seconds", "--pairs-threshold", "--json", "--csv",
+              "--plot", "--timeout"],
     "train": ["--model", "--width", "--depth", "--samples", "--batch-size", "--epochs", "--lr", "--seed",
               "--snapshot-path", "--save-every", "--keep", "--preempt-signal", "--drill", "--json"],
 }

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ddpkit.bench.pairs import format_pairs, judge_links, judge_round, ring_rounds, round_robin, schedule_cost
+from ddpkit.bench.pairs import _figure, format_pairs, judge_links, judge_round, ring_rounds, round_robin, schedule_cost
 from ddpkit.check import ddpsync
 from ddpkit.check.render import fold_node, rank_ranges
 
@@ -107,3 +107,15 @@ def test_ddp_sync_loss_falls_every_step_at_every_world_size(world: int) -> None:
     losses, _ = ddpsync.reference_losses(world)
     assert all(b < a for a, b in pairwise(losses)), losses
     assert losses[0] < 5.0
+
+
+def test_a_pair_cut_short_is_judged_on_its_largest_transfer_not_the_burst() -> None:
+    # a token bucket lets the first 64 KiB through at once: that transfer must not make a slow link look fast
+    ramp = [(64 << 10, 0.0001), (256 << 10, 0.08)]
+    bw, cut = _figure(ramp, 1 << 20, 5)
+    assert bw == (256 << 10) / 0.08 and cut
+    whole = [(64 << 10, 0.001), (256 << 10, 0.002), *[(1 << 20, t) for t in (0.01, 0.004, 0.005, 0.006, 0.5)]]
+    bw, cut = _figure(whole, 1 << 20, 5)
+    assert bw == (1 << 20) / 0.006 and not cut  # the median of the five whole transfers
+    alone = [(1 << 16, 0.002), *[(1 << 16, 0.001)] * 3]  # --pairs-size 64K: the first exchange is the warm-up
+    assert _figure(alone, 1 << 16, 3) == ((1 << 16) / 0.001, False)

@@ -25,6 +25,7 @@ from typing import Any
 from ddpkit import __version__
 from ddpkit.bench.busbw import OPS
 from ddpkit.bench.ops import DTYPES, REDOPS
+from ddpkit.bench.pairs import DEFAULT_SECONDS
 from ddpkit.bench.sizes import parse_size, size_sweep
 from ddpkit.errors import EXIT_CHECK_FAILED, EXIT_OK, ConfigError
 from ddpkit.inputs import output_path, seconds
@@ -62,6 +63,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                           help="measure one pair at a time (N(N-1)/2 rounds; the baseline for the round schedule)")
     p.add_argument("--pairs-size", default="4M", metavar="SIZE", help="bytes per pair transfer (default 4M)")
     p.add_argument("--pairs-iters", type=int, default=5, help="exchanges per pair, median taken (default 5)")
+    p.add_argument("--pairs-seconds", type=seconds("--pairs-seconds"), default=DEFAULT_SECONDS, metavar="S",
+                   help=f"time budget of one pair (default {DEFAULT_SECONDS:g}): a link too slow for --pairs-iters "
+                        "whole transfers in S is measured on what it moved, so a slow node does not stretch every "
+                        "round")
     p.add_argument("--pairs-threshold", type=float, default=0.5,
                    help="name links below this fraction of the reference bandwidth (default 0.5)")
     p.add_argument("--json", type=output_path("--json"), default=None, metavar="PATH",
@@ -110,6 +115,10 @@ def _options(args: argparse.Namespace) -> dict[str, Any]:
     if not 0 < args.pairs_threshold < 1:
         raise ConfigError(f"--pairs-threshold {args.pairs_threshold}", "a fraction between 0 and 1",
                           "pass --pairs-threshold 0.5")
+    if args.pairs_seconds * 2 > args.timeout:
+        raise ConfigError(f"--pairs-seconds {args.pairs_seconds:g} with --timeout {args.timeout:g}",
+                          "a pair's budget at most half the timeout (the ranks not in a pair wait for it)",
+                          f"pass --timeout {args.pairs_seconds * 4:g}, or a smaller --pairs-seconds")
     if args.plot and importlib.util.find_spec("matplotlib") is None:
         raise ConfigError("--plot needs matplotlib, which is not installed", "the ddpkit 'plots' extra",
                           "pip install 'ddpkit[plots]' (or matplotlib), or drop --plot")
@@ -194,7 +203,7 @@ def run(args: argparse.Namespace) -> int:
             schedule = "ring" if args.ring else "sequential" if args.pairs_sequential else "rounds"
             pairs = measure_pairs(mode=args.pairs, size=opts["pairs_size"], iters=args.pairs_iters,
                                   threshold=args.pairs_threshold, rank=rt.rank, world_size=rt.world_size,
-                                  device=rt.device, schedule=schedule).as_dict()
+                                  device=rt.device, schedule=schedule, seconds=args.pairs_seconds).as_dict()
             if lead:
                 print(format_pairs(pairs))
         passed, reasons = verdict(results, opts["gate"])

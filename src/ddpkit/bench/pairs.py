@@ -15,6 +15,14 @@ Each pair measures latency as half the fastest round trip of a one-element ping-
 only ever add time to a round trip this small, so the fastest is the link's), and bandwidth as ``size / time``
 for sending ``size`` bytes and receiving a one-element acknowledgement, the median over the iterations.
 
+A pair measures for a bounded time, as iperf does (``seconds``, ``--pairs-seconds``): its transfers grow from
+64 KiB, 4x each, up to ``size``, then ``iters`` transfers of ``size``; the pair stops early when its next transfer
+would end past the budget at the rate of the last one. A healthy link moves ``iters`` whole transfers within the
+budget; a slow one is measured on the largest transfer it moved in time (the pair is listed as cut short). So a
+round lasts at most about one budget even when a slow endpoint plays in every round, which is what makes rounds
+and ``--ring`` cheaper than one pair at a time on a fabric with a slow node: with transfers of a fixed size, a
+k times slower link would make each of its rounds k times longer.
+
 Judging, overall: the reference bandwidth is the median over endpoints of each endpoint's *best* measured link
 (what a healthy endpoint reaches). A link is slow when its bandwidth is below ``threshold`` x reference (or its
 latency above reference latency / threshold); an endpoint is slow when even its best link is. With three
@@ -24,7 +32,8 @@ same moment, so a round in which the whole (shared) machine slowed down does not
 slow only when it is slow both overall and within its round (rounds of one pair: overall alone). A slow link
 between two endpoints that are not slow themselves, and the best link of every slow endpoint, are measured once
 more (``confirm`` rounds, a matching of those links) and keep their better figure: a transient stall is not a
-bad cable.
+bad cable. A verdict changed by the confirmation can rest on other links measured once: those are confirmed in
+turn, up to three passes.
 """
 
 from __future__ import annotations
@@ -48,6 +57,8 @@ __all__ = ["SCHEDULES", "PairsResult", "format_pairs", "judge", "judge_links", "
 log = get_logger(__name__)
 SCHEDULES = ("rounds", "ring", "sequential")
 REFERENCES = 2  # healthy endpoints measured against the suspects in --ring mode
+CONFIRM_PASSES = 3  # re-measurements of the links a verdict rests on, at most
+DEFAULT_SECONDS = 1.0  # a pair's time budget (iperf measures for a fixed time too: its -t)
 Pair = tuple[int, int]
 Link = tuple[float, float]  # bandwidth GB/s, one-way latency us
 
@@ -119,6 +130,10 @@ class PairsResult:
     """Wall time of every round, barriers included."""
     note: str | None = None
     """Why the mode differs from the one asked for, if it does."""
+    budget_s: float = DEFAULT_SECONDS
+    """Each pair's time budget, seconds."""
+    cut: tuple[Pair, ...] = ()
+    """Pairs whose budget ran out before ``iters`` whole transfers: measured on what they moved by then."""
 
     def matrix(self, index: int) -> list[list[float | None]]:
         """Bandwidth (0) or latency (1) as a symmetric matrix; None where not measured, 0 on the diagonal."""
@@ -142,7 +157,8 @@ class PairsResult:
                         "slow": [[self.names[a], self.names[b]] for a, b in r["slow"]]} for r in self.rounds],
             "cost": {"rounds": len(self.rounds), "pairs_measured": len(self.links), "seconds": self.seconds,
                      "would_take_rounds": schedule_cost(n)},
-            "note": self.note,
+            "note": self.note, "budget_s": self.budget_s,
+            "cut_short": [[self.names[a], self.names[b]] for a, b in self.cut],
         }
 
 
@@ -202,25 +218,77 @@ def _slow_down(rank: int) -> None:
         time.sleep(float(armed.get("ms", "20")) / 1e3)
 
 
-def _pingpong(me: int, peer: int, leader: bool, payload: torch.Tensor, ack: torch.Tensor, iters: int,
-              pick: Any = statistics.median) -> float:
-    """Seconds of one exchange (``pick`` of the iterations): the leader sends ``payload`` and waits for ``ack``;
-    the peer mirrors."""
+RAMP = 64 << 10  # bytes: a pair's first transfer; each next one 4x larger, up to --pairs-size
+
+
+def _pingpong(me: int, peer: int, leader: bool, ping: torch.Tensor, ack: torch.Tensor, iters: int) -> float:
+    """Seconds of the fastest of ``iters`` one-element round trips (after one to warm the connection up): the
+    leader sends ``ping`` and waits for ``ack``; the peer mirrors."""
     import torch.distributed as dist
 
     times = []
-    for _ in range(iters + 1):  # the first exchange warms the connection up and is dropped
+    for _ in range(iters + 1):
         t0 = time.perf_counter()
         if leader:
             _slow_down(me)
-            dist.send(payload, peer)
+            dist.send(ping, peer)
             dist.recv(ack, peer)
         else:
-            dist.recv(payload, peer)
+            dist.recv(ping, peer)
             _slow_down(me)
             dist.send(ack, peer)
         times.append(time.perf_counter() - t0)
-    return float(pick(times[1:]))
+    return min(times[1:])
+
+
+def _exchanges(me: int, peer: int, leader: bool, buf: torch.Tensor, ack: torch.Tensor, header: torch.Tensor,
+               iters: int, deadline: float) -> list[tuple[int, float]]:
+    """Exchanges of growing size on one pair: the leader sends ``RAMP`` bytes of ``buf``, then 4x more each time
+    up to all of it, then ``iters`` more of all of it (the first exchange is always a warm-up), the peer answering
+    each with ``ack``. Before each, the leader sends a one-element ``header`` with its element count (0: done),
+    chosen then: when the next exchange would end past ``deadline`` (``time.perf_counter()``) at the rate of the
+    last one, the pair stops there, so a slow link is measured on the largest transfer it moved in time instead
+    of holding the whole round up. Returns the leader's (bytes, seconds of data and ack) per exchange; ``[]`` on
+    the peer."""
+    import torch.distributed as dist
+
+    if not leader:
+        while True:
+            dist.recv(header, peer)
+            n = int(header.item())
+            if n <= 0:
+                return []
+            dist.recv(buf[:n], peer)
+            _slow_down(me)
+            dist.send(ack, peer)
+    numel, size = buf.numel(), buf.numel() * buf.element_size()
+    n = min(numel, max(RAMP // buf.element_size(), 1))
+    full_left = iters + (1 if n == numel else 0)
+    out: list[tuple[int, float]] = []
+    while full_left > 0:
+        if out and time.perf_counter() + n * buf.element_size() * out[-1][1] / out[-1][0] > deadline:
+            break
+        header.fill_(n)
+        dist.send(header, peer)
+        _slow_down(me)
+        t0 = time.perf_counter()
+        dist.send(buf[:n], peer)
+        dist.recv(ack, peer)
+        out.append((n * buf.element_size(), time.perf_counter() - t0))
+        full_left -= out[-1][0] == size
+        n = min(numel, n * 4)
+    header.fill_(0)
+    dist.send(header, peer)
+    return out
+
+
+def _figure(exchanges: Sequence[tuple[int, float]], size: int, iters: int) -> tuple[float, bool]:
+    """(bytes per second, cut short) from one pair's exchanges: the median over the exchanges of the largest size
+    it reached, the pair's very first exchange (the warm-up) left out unless it is alone; cut short when that size
+    is below ``size`` or fewer than ``iters`` of them were measured."""
+    largest = max(n for n, _ in exchanges)
+    kept = [n / s for k, (n, s) in enumerate(exchanges) if n == largest and (k > 0 or len(exchanges) == 1) and s > 0]
+    return (statistics.median(kept) if kept else 0.0), largest < size or len(kept) < iters
 
 
 def _endpoints(mode: str, rank: int, world_size: int) -> tuple[str, list[str], list[int], str | None]:
@@ -243,15 +311,30 @@ def _endpoints(mode: str, rank: int, world_size: int) -> tuple[str, list[str], l
 class _Rounds:
     """Runs rounds of pairs on every rank; each pair's lower endpoint's leader keeps the figures."""
 
-    def __init__(self, leaders: Sequence[int], rank: int, size: int, iters: int, device: torch.device) -> None:
+    def __init__(self, leaders: Sequence[int], rank: int, size: int, iters: int, seconds: float,
+                 device: torch.device) -> None:
         import torch
 
-        self.leaders, self.rank, self.iters = list(leaders), rank, iters
+        self.leaders, self.rank, self.iters, self.budget = list(leaders), rank, iters, seconds
         self.payload = torch.empty(max(size // 4, 1), dtype=torch.float32, device=device).fill_(1.0)
+        self.ping = torch.zeros(1, dtype=torch.float32, device=device)
         self.ack = torch.zeros(1, dtype=torch.float32, device=device)
+        self.header = torch.zeros(1, dtype=torch.float64, device=device)  # element counts, exact up to 2**53
         self.size = self.payload.numel() * self.payload.element_size()
         self.mine: dict[Pair, Link] = {}
+        self.cut: set[Pair] = set()
         self.seconds: list[float] = []
+
+    def _pair(self, peer: int, leader: bool) -> tuple[Link, bool]:
+        """One pair's (bandwidth GB/s, one-way latency us) and whether the budget cut it short (meaningful on the
+        leader)."""
+        deadline = time.perf_counter() + self.budget  # the round trips take little; the budget is for the bytes
+        latency = _pingpong(self.rank, peer, leader, self.ping, self.ack, self.iters) / 2
+        big = _exchanges(self.rank, peer, leader, self.payload, self.ack, self.header, self.iters, deadline)
+        if not leader:
+            return (0.0, 0.0), False
+        bandwidth, cut = _figure(big, self.size, self.iters)
+        return (bandwidth / 1e9, latency * 1e6), cut
 
     def run(self, rounds: Sequence[Sequence[Pair]]) -> dict[Pair, Link]:
         """Measure ``rounds`` (collective: every rank calls it); every rank gets every pair's figures."""
@@ -262,17 +345,17 @@ class _Rounds:
             for i, j in pairs:
                 a, b = self.leaders[i], self.leaders[j]
                 if self.rank in (a, b):
-                    peer = b if self.rank == a else a
-                    small = _pingpong(self.rank, peer, self.rank == a, self.ack.clone(), self.ack, self.iters,
-                                          pick=min) / 2
-                    big = _pingpong(self.rank, peer, self.rank == a, self.payload, self.ack, self.iters)
+                    link, cut = self._pair(b if self.rank == a else a, self.rank == a)
                     if self.rank == a:
-                        self.mine[(i, j)] = (self.size / big / 1e9 if big > 0 else 0.0, small * 1e6)
+                        self.mine[(i, j)] = link
+                        self.cut.discard((i, j))
+                        self.cut.update([(i, j)] if cut else [])
             dist.barrier()
             self.seconds.append(time.perf_counter() - t0)
         everyone: list[Any] = [None] * dist.get_world_size()
-        dist.all_gather_object(everyone, self.mine)
-        return {p: link for part in everyone for p, link in part.items()}
+        dist.all_gather_object(everyone, (self.mine, self.cut))
+        self.cut = {p for _, cut in everyone for p in cut}
+        return {p: link for part, _ in everyone for p, link in part.items()}
 
 
 def _suspects(n: int, plan: Sequence[Sequence[Pair]], ring: Mapping[Pair, Link], threshold: float
@@ -298,11 +381,12 @@ def _named(plan: Sequence[Sequence[Pair]], links: Mapping[Pair, Link], overall: 
 
 
 def measure_pairs(*, mode: str, size: int, iters: int, threshold: float, rank: int, world_size: int,
-                  device: torch.device, schedule: str = "rounds") -> PairsResult:
-    """Measure pairs of endpoints on ``schedule`` and judge them; collective: every rank must call it."""
+                  device: torch.device, schedule: str = "rounds", seconds: float = DEFAULT_SECONDS) -> PairsResult:
+    """Measure pairs of endpoints on ``schedule`` and judge them; collective: every rank must call it. A pair
+    measures for at most about ``seconds`` (its latency and bandwidth exchanges together)."""
     mode, names, leaders, note = _endpoints(mode, rank, world_size)
     n = len(leaders)
-    runner = _Rounds(leaders, rank, size, iters, device)
+    runner = _Rounds(leaders, rank, size, iters, seconds, device)
     suspects: list[int] = []
     if schedule == "sequential":
         plan = [[(i, j)] for i in range(n) for j in range(i + 1, n)]
@@ -321,26 +405,33 @@ def measure_pairs(*, mode: str, size: int, iters: int, threshold: float, rank: i
         links = runner.run(plan)
     ref_bw, ref_lat, overall, slow = judge_links(n, links, threshold)
     named = _named(plan, links, overall, threshold)
-    doubtful = [p for p in named if p[0] not in slow and p[1] not in slow]
-    for e in slow:  # an endpoint is named by its best link: measure that once more too
-        best = max((p for p in links if e in p), key=lambda p: links[p][0])
-        doubtful += [best] if best not in doubtful else []
-    confirm = matchings(doubtful)
-    if confirm:  # every rank computed the same verdict from the same figures: all take part
-        for p, (bw, lat) in runner.run(confirm).items():
+    confirm: list[list[Pair]] = []
+    confirmed: set[Pair] = set()
+    for _ in range(CONFIRM_PASSES):  # a new verdict can name a link measured once: confirm until none is left
+        doubtful = [p for p in named if p[0] not in slow and p[1] not in slow and p not in confirmed]
+        for e in slow:  # an endpoint is named by its best link: measure that once more too
+            best = max((p for p in links if e in p), key=lambda p: links[p][0])
+            doubtful += [best] if best not in doubtful and best not in confirmed else []
+        if not doubtful:
+            break
+        passes = matchings(doubtful)  # every rank computed the same verdict from the same figures: all take part
+        for p, (bw, lat) in runner.run(passes).items():
             links[p] = (max(bw, links[p][0]), min(lat, links[p][1]))
+        confirm += passes
+        confirmed.update(doubtful)
         ref_bw, ref_lat, overall, slow = judge_links(n, links, threshold)
         named = _named(plan, links, overall, threshold)
     rounds = []
-    for k, (pairs, seconds) in enumerate(zip(plan + confirm, runner.seconds, strict=True)):
+    for k, (pairs, took) in enumerate(zip(plan + confirm, runner.seconds, strict=True)):
         median, in_round = judge_round(pairs, links, threshold)
-        rounds.append({"pairs": list(pairs), "seconds": round(seconds, 4), "median_bw": median, "slow": in_round,
+        rounds.append({"pairs": list(pairs), "seconds": round(took, 4), "median_bw": median, "slow": in_round,
                        "confirm": k >= len(plan)})
     slow_links = named
     return PairsResult(mode=mode, schedule=schedule, names=tuple(names), leaders=tuple(leaders), links=links,
                        rounds=tuple(rounds), size=runner.size, threshold=threshold, reference_bw=ref_bw,
                        reference_latency_us=ref_lat, slow_links=tuple(sorted(set(slow_links))),
-                       slow_endpoints=tuple(slow), suspects=tuple(suspects), seconds=sum(runner.seconds), note=note)
+                       slow_endpoints=tuple(slow), suspects=tuple(suspects), seconds=sum(runner.seconds), note=note,
+                       budget_s=seconds, cut=tuple(sorted(runner.cut)))
 
 
 def _cell(value: float | None, fmt: str) -> str:
@@ -376,6 +467,11 @@ def format_pairs(p: Mapping[str, Any], max_matrix: int = 16) -> str:
                          f"{r['median_bw']:.3f} GB/s, {r['seconds']:.2f} s; slow within the round: {slow}")
     if p["schedule"] == "ring":
         lines.append("# ring suspects: " + (", ".join(p["suspects"]) or "none (no slow ring link)"))
+    if p.get("cut_short"):
+        lines.append(f"# {len(p['cut_short'])} pair(s) ran out of their {p['budget_s']:g} s budget before "
+                     "--pairs-iters whole transfers and were measured on what they moved by then: "
+                     + ", ".join(f"{a} <-> {b}" for a, b in p["cut_short"][:8])
+                     + (", ..." if len(p["cut_short"]) > 8 else ""))
     would = cost["would_take_rounds"]
     lines.append(f"# cost: {cost['rounds']} round(s), {cost['pairs_measured']} pair(s) measured, "
                  f"{cost['seconds']:.2f} s; for {n} endpoints every pair takes {would['rounds']} rounds "
