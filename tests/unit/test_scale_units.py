@@ -10,7 +10,16 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ddpkit.bench.pairs import _figure, format_pairs, judge_links, judge_round, ring_rounds, round_robin, schedule_cost
+from ddpkit.bench.pairs import (
+    _figure,
+    format_pairs,
+    judge_links,
+    judge_round,
+    ring_rounds,
+    ring_suspects,
+    round_robin,
+    schedule_cost,
+)
 from ddpkit.check import ddpsync
 from ddpkit.check.render import fold_node, rank_ranges
 
@@ -119,3 +128,12 @@ def test_a_pair_cut_short_is_judged_on_its_largest_transfer_not_the_burst() -> N
     assert bw == (1 << 20) / 0.006 and not cut  # the median of the five whole transfers
     alone = [(1 << 16, 0.002), *[(1 << 16, 0.001)] * 3]  # --pairs-size 64K: the first exchange is the warm-up
     assert _figure(alone, 1 << 16, 3) == ((1 << 16) / 0.001, False)
+
+
+def test_ring_suspects_a_slow_host_alone_and_both_ends_of_an_unexplained_slow_link() -> None:
+    assert ring_suspects([(4, 5), (5, 6)]) == [5]  # host 5: both its ring links slow; 4 and 6 are cleared
+    assert ring_suspects([(2, 3)]) == [2, 3]  # one slow link: a cable, or either host
+    assert ring_suspects([(0, 1), (1, 2), (2, 3)]) == [1, 2]  # two slow hosts side by side
+    assert ring_suspects([(0, 1), (1, 2), (6, 7)]) == [1, 6, 7]
+    assert ring_suspects([(0, 15), (0, 1)]) == [0]  # the closing link counts like any other
+    assert ring_suspects([]) == []

@@ -6,8 +6,9 @@ Schedules (the cost of each, in rounds, is printed with the result; a round take
   (N for odd N, one endpoint sits out each round), each round a perfect matching whose pairs are measured at the
   same time. On a non-blocking fabric the pairs of a round share no link, so they do not disturb each other.
 - ``ring``: a quick pass, every endpoint against its two ring neighbours (2 rounds; 3 for odd N), which names the
-  suspects (endpoints of a slow ring link); then every pair among the suspects and a few healthy references, in
-  rounds. Cost 2 + (S+R-1) rounds for S suspects and R references, whatever N is.
+  suspects (an endpoint both of whose ring links are slow; both endpoints of a slow link no such endpoint explains);
+  then every pair among the suspects and a few healthy references, in rounds. Cost 2 + (S+R-1) rounds for S
+  suspects and R references, whatever N is.
 - ``sequential``: one pair at a time, every other rank waiting at a barrier: N(N-1)/2 rounds (the old way; kept
   as the baseline the benchmark compares with).
 
@@ -52,7 +53,7 @@ if TYPE_CHECKING:
     import torch
 
 __all__ = ["SCHEDULES", "PairsResult", "format_pairs", "judge", "judge_links", "measure_pairs", "ring_rounds",
-           "round_robin", "schedule_cost"]
+           "ring_suspects", "round_robin", "schedule_cost"]
 
 log = get_logger(__name__)
 SCHEDULES = ("rounds", "ring", "sequential")
@@ -358,12 +359,25 @@ class _Rounds:
         return {p: link for part, _ in everyone for p, link in part.items()}
 
 
+def ring_suspects(slow: Sequence[Pair]) -> list[int]:
+    """The endpoints to measure further, from the slow links of the ring pass. An endpoint both of whose ring
+    links are slow is a suspect, and it explains them: its neighbours, whose other ring link is fine, are not (a
+    slow host makes both its ring links slow; its neighbours' best links stay healthy, as in a full measurement).
+    A slow link that no such endpoint explains (a bad cable, or a slow host next to another) makes both its
+    endpoints suspects."""
+    seen: dict[int, int] = {}
+    for e in (e for p in slow for e in p):
+        seen[e] = seen.get(e, 0) + 1
+    both = {e for e, k in seen.items() if k >= 2}
+    return sorted(both | {e for p in slow if not both & set(p) for e in p})
+
+
 def _suspects(n: int, plan: Sequence[Sequence[Pair]], ring: Mapping[Pair, Link], threshold: float
               ) -> tuple[list[int], list[int]]:
-    """From the ring pass: the endpoints of slow ring links (slow overall and within their round), and up to
-    REFERENCES healthy endpoints (the fastest)."""
+    """From the ring pass: the suspects among the endpoints of slow ring links (slow overall and within their
+    round; ``ring_suspects``), and up to REFERENCES healthy endpoints (the fastest)."""
     _, _, overall, _ = judge_links(n, ring, threshold)
-    suspects = sorted({e for p in _named(plan, ring, overall, threshold) for e in p})
+    suspects = ring_suspects(_named(plan, ring, overall, threshold))
     if not suspects:
         return [], []
     best = {e: max(bw for p, (bw, _) in ring.items() if e in p) for e in range(n) if e not in suspects}
