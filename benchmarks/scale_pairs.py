@@ -42,6 +42,12 @@ CHECK_BYTES = 4 << 20
 # its link (60 s: never reached here; a budget may be at most half of bench's 120 s --timeout)
 TODAY = ["--pairs", "--pairs-sequential", "--pairs-seconds", "60"]
 SETTINGS = {"link": (LINK_ARGS, RATE, SLOW_RATE, BURST), "cpu": (CPU_ARGS, None, CPU_BOUND_LIMIT, "32kbit")}
+# 16 hosts run 8 pairs at once, and at 200 Mbit/s that was CPU-bound here (measured 2026-11-22: the ring pass's
+# rounds of 8 pairs took 0.26-0.28 s against 0.16-0.19 s for rounds of 3 pairs, median link 18 of 25 MB/s): half
+# the rate and half the transfer, the same 42 ms per transfer and the same 8x slow host; rounds of 8 pairs then
+# read 12.0 MB/s of 12.5 on every healthy link, like rounds of 3.
+LINK_ARGS_16 = ["--pairs-size", "512K", "--pairs-iters", "3", "--pairs-seconds", "0.25"]
+SETTINGS_16 = {**SETTINGS, "link": (LINK_ARGS_16, "100mbit", "12500kbit", BURST)}
 
 # receiver: accept one connection, read CHECK_BYTES, print MB/s from the first byte to the last
 _RECV = """import socket, sys, time
@@ -132,7 +138,7 @@ def pairs_costs(tmp: Path, hosts: list[int], run: Any) -> tuple[list[dict[str, A
             slow = cluster.hosts[h // 2 + 1]
             for k, (_, limited, modes) in enumerate(p for p in plan if p[0] == h):
                 for setting in ("link", "cpu") if k % 2 == 0 else ("cpu", "link"):
-                    args, rate, slow_rate, burst = SETTINGS[setting]
+                    args, rate, slow_rate, burst = (SETTINGS_16 if h >= 16 else SETTINGS)[setting]
                     for host in cluster.hosts:
                         cluster.shape(host, slow_rate if limited and host is slow else rate, burst)
                     for mode in modes:
@@ -187,8 +193,9 @@ def markdown(pairs: list[dict[str, Any]], check: list[dict[str, Any]]) -> list[s
                   "slowest of 4 / rate |", "|---|---|---|---|---|"]
         lines += [f"| {c['rate']} | {c['rate_MBps']:.1f} | {', '.join(map(str, c['alone']))} | "
                   f"{', '.join(map(str, c['4 at once']))} | {c['fraction_of_rate_4_at_once']:.2f} |" for c in check]
-    titles = {"link": f"link emulation: every host's link at {RATE} (tc tbf, both directions), the slow host at "
-                      f"{SLOW_RATE} where named, burst {BURST}; {' '.join(LINK_ARGS)}, --pairs-threshold 0.2",
+    titles = {"link": f"link emulation: every host's link limited (tc tbf, both directions, burst {BURST}), the slow "
+                      f"host 8x lower where named: 8 hosts {RATE} / {SLOW_RATE} with {' '.join(LINK_ARGS)}; 16 hosts "
+                      f"100mbit / 12500kbit with {' '.join(LINK_ARGS_16)}; --pairs-threshold 0.2",
               "cpu": f"no link emulation: CPU-bound on 2 shared cores (veth at full speed; the slow host at "
                      f"{CPU_BOUND_LIMIT} where named); {' '.join(CPU_ARGS)}, --pairs-threshold 0.2"}
     for setting in ("link", "cpu"):

@@ -12,9 +12,10 @@ Schedules (the cost of each, in rounds, is printed with the result; a round take
 - ``sequential``: one pair at a time, every other rank waiting at a barrier: N(N-1)/2 rounds (the old way; kept
   as the baseline the benchmark compares with).
 
-Each pair measures latency as half the fastest round trip of a one-element ping-pong (queueing and a busy CPU
-only ever add time to a round trip this small, so the fastest is the link's), and bandwidth as ``size / time``
-for sending ``size`` bytes and receiving a one-element acknowledgement, the median over the iterations.
+Each pair measures latency as half the fastest of ``iters`` (at least 10) round trips of a one-element ping-pong
+(queueing and a busy CPU only ever add time to a round trip this small, so the fastest is the link's), and
+bandwidth as ``size / time`` for sending ``size`` bytes and receiving a one-element acknowledgement, the median over
+the iterations.
 
 A pair measures for a bounded time, as iperf does (``seconds``, ``--pairs-seconds``): its transfers grow from
 64 KiB, 4x each, up to ``size``, then ``iters`` transfers of ``size``; the pair stops early when its next transfer
@@ -58,6 +59,8 @@ __all__ = ["SCHEDULES", "PairsResult", "format_pairs", "judge", "judge_links", "
 log = get_logger(__name__)
 SCHEDULES = ("rounds", "ring", "sequential")
 REFERENCES = 2  # healthy endpoints measured against the suspects in --ring mode
+# round trips a latency is the fastest of, at least: a busy CPU delays some (the pairs of a round start together)
+LATENCY_SAMPLES = 10
 CONFIRM_PASSES = 3  # re-measurements of the links a verdict rests on, at most
 DEFAULT_SECONDS = 1.0  # a pair's time budget (iperf measures for a fixed time too: its -t)
 Pair = tuple[int, int]
@@ -330,7 +333,7 @@ class _Rounds:
         """One pair's (bandwidth GB/s, one-way latency us) and whether the budget cut it short (meaningful on the
         leader)."""
         deadline = time.perf_counter() + self.budget  # the round trips take little; the budget is for the bytes
-        latency = _pingpong(self.rank, peer, leader, self.ping, self.ack, self.iters) / 2
+        latency = _pingpong(self.rank, peer, leader, self.ping, self.ack, max(self.iters, LATENCY_SAMPLES)) / 2
         big = _exchanges(self.rank, peer, leader, self.payload, self.ack, self.header, self.iters, deadline)
         if not leader:
             return (0.0, 0.0), False
