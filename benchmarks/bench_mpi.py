@@ -1,12 +1,15 @@
 """Gradients through MPI against gloo, on this machine, 2 ranks under ``mpirun -np 2`` (Open MPI, shared memory).
 
-    python -m benchmarks.bench_mpi            # writes benchmarks/results/bench_mpi.{json,md}
+    python -m benchmarks.bench_mpi                 # writes benchmarks/results/bench_mpi.{json,md}
+    python -m benchmarks.bench_mpi --parts floor   # only (d), the other figures kept
 
 (a) the default ``ddpkit train`` job (the seeds' Linear(20,1)): ``--grad-transport mpi`` vs ``gloo``, median step
     (the trainer's own step p50 over 320 steps); >= 5x wanted;
 (b) ``--model mlp`` (4.7M parameters): the same; >= 1.2x wanted;
 (c) small all-reduce latency through ddpkit's MPI transport (the Sum the gradient hook calls) vs raw mpi4py in the
-    same processes (benchmarks/mpi_latency.py), alternating batches: within 2x wanted.
+    same processes (benchmarks/mpi_latency.py), alternating batches: within 2x wanted;
+(d) where the default job's step goes (benchmarks/mpi_step_floor.py): no DDP, DDP with each transport, DDP's own
+    all-reduce, in the same processes.
 (a) and (b) are whole ``mpirun ... ddpkit train`` runs, alternating gloo/mpi in pairs (the order flips every pair), so
 load drift on this shared 2-core machine hits both sides alike; the ratio is taken per pair and the median reported.
 The load average is recorded around every run.
@@ -77,6 +80,32 @@ def bench_latency() -> dict[str, Any]:
     return dict(json.loads(line[len("RESULT "):]))
 
 
+def bench_floor() -> dict[str, Any]:
+    done = subprocess.run([*MPIRUN, sys.executable, "-m", "benchmarks.mpi_step_floor"], capture_output=True,
+                          text=True, timeout=900, env=_env(), cwd=ROOT)
+    line = next((x for x in done.stdout.splitlines() if x.startswith("RESULT ")), None)
+    if done.returncode != 0 or line is None:
+        raise RuntimeError(f"mpi_step_floor failed ({done.returncode}):\n{done.stdout[-2000:]}{done.stderr[-3000:]}")
+    return {"load_after": os.getloadavg()[0], **json.loads(line[len("RESULT "):])}
+
+
+FLOOR_ROWS = (("local", "no DDP, no communication: the floor"),
+              ("flat_mpi", "no DDP: flat gradient buffer, one MPI.Allreduce after backward (not run by ddpkit)"),
+              ("ddp_mpi", "DDP + ddpkit's hook, `mpi` transport (`--grad-transport mpi`)"),
+              ("ddp_gloo_gather", "DDP + ddpkit's hook, `gloo-gather` transport (`--grad-transport gloo`)"),
+              ("ddp_allreduce", "DDP's own gloo all-reduce, no hook (the issue's baseline)"))
+
+
+def _floor_markdown(f: dict[str, Any]) -> list[str]:
+    lines = ["", "## Where the default job's step goes (benchmarks/mpi_step_floor.py)", "",
+             "The seeds' Linear(20,1), batch 32, SGD, 2 ranks under `mpirun -np 2`, the same processes, variants "
+             "alternating over 15 rounds (400 steps each, 100 for the gloo ones); median over rounds of each round's "
+             f"median step; load average {f['load_after']:.1f} after the run.", "",
+             "| step | us | x the `ddp_mpi` step |", "|---|---|---|"]
+    lines += [f"| {label} | {f[key]:.0f} | {f[key] / f['ddp_mpi']:.2f} |" for key, label in FLOOR_ROWS if key in f]
+    return lines
+
+
 def _markdown(r: dict[str, Any]) -> str:
     lines = ["# Gradients through MPI vs gloo (benchmarks/bench_mpi.py)", "",
              f"{r['machine']}; {r['mpi']}; 2 ranks under `mpirun -np 2`; load average {r['load_start']:.1f} at the "
@@ -100,13 +129,30 @@ def _markdown(r: dict[str, Any]) -> str:
     lines += ["", "Each train row: whole `mpirun -np 2 python -m ddpkit train --grad-transport gloo|mpi` runs, "
               "alternating in pairs (order flipped every pair); step p50 is the trainer's own (320 steps for the "
               "default job).", ""]
+    if "floor" in r:
+        lines += [*_floor_markdown(r["floor"]), ""]
     return "\n".join(lines)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    import argparse
+
     from mpi4py import MPI
 
+    ap = argparse.ArgumentParser(prog="bench_mpi")
+    ap.add_argument("--parts", choices=["all", "floor"], default="all",
+                    help="floor: only the step breakdown (mpi_step_floor), the other figures kept")
+    parts = {"train", "latency", "floor"} if ap.parse_args(argv).parts == "all" else {"floor"}
     RESULTS.mkdir(parents=True, exist_ok=True)
+    if parts == {"floor"}:  # the step breakdown alone; the hand-written reading of the figures is kept
+        kept: dict[str, Any] = json.loads((RESULTS / "bench_mpi.json").read_text())
+        kept["floor"] = bench_floor()
+        old = (RESULTS / "bench_mpi.md").read_text()
+        reading = old[old.index("## Reading these figures"):] if "## Reading these figures" in old else ""
+        (RESULTS / "bench_mpi.json").write_text(json.dumps(kept, indent=2) + "\n")
+        (RESULTS / "bench_mpi.md").write_text(_markdown(kept) + ("\n" + reading if reading else ""))
+        print(_markdown(kept))
+        return
     result: dict[str, Any] = {"machine": f"{platform.node()} {os.cpu_count()} cores", "load_start": os.getloadavg()[0],
                               "mpi": MPI.Get_library_version().splitlines()[0].strip(), "pairs": PAIRS}
     with tempfile.TemporaryDirectory() as tmp:
@@ -115,6 +161,7 @@ def main() -> None:
         result["mlp"] = bench_train(Path(tmp), "--model", "mlp", "--epochs", "4")
         print(f"mlp: gloo/mpi median step ratio {result['mlp']['ratio_median']:.2f}x", flush=True)
     result["latency"] = bench_latency()
+    result["floor"] = bench_floor()
     result["load_end"] = os.getloadavg()[0]
     (RESULTS / "bench_mpi.json").write_text(json.dumps(result, indent=2) + "\n")
     (RESULTS / "bench_mpi.md").write_text(_markdown(result))
