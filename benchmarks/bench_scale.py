@@ -177,19 +177,31 @@ def projection(rows: list[dict[str, Any]], pairs: list[dict[str, Any]], at: tupl
             out["check"][phase] = {"a_s": a, "b_s_per_rank": b, **{str(n): max(a + b * n, 0.0) for n in at}}
     setting = "link" if any(p.get("setting") == "link" for p in pairs) else "cpu"
 
-    def per_round(mode: str, limited: bool) -> float | None:
-        row = next((p for p in pairs if p["hosts"] == 8 and p["mode"] == mode and bool(p["limited"]) == limited
-                    and p.get("setting", "cpu") == setting and p["rounds"] and p["measure_s"]), None)
-        return row["measure_s"] / row["rounds"] if row else None
+    def row(hosts: int, mode: str, limited: bool) -> dict[str, Any] | None:
+        return next((p for p in pairs if p["hosts"] == hosts and p["mode"] == mode and bool(p["limited"]) == limited
+                     and p.get("setting", "cpu") == setting and p["rounds"] and p["measure_s"]), None)
 
-    # 8 hosts: a healthy round, a healthy pair alone, a round with the slow node in it (the slow pair sets its time)
+    def per_round(mode: str, limited: bool) -> float | None:
+        r = row(8, mode, limited)
+        return r["measure_s"] / r["rounds"] if r else None
+
+    # 8 hosts: a healthy round, a healthy pair alone, a round with the slow node in it, a pair with the slow node in
+    # it measured one at a time without a budget (the old schedule: it moves all its transfers over the slow link)
     r_h, p_h = per_round("--pairs", False), per_round("--pairs --pairs-sequential", False)
-    r_s = per_round("--pairs", True)
-    if r_h and p_h and r_s:
-        out["pairs"] = {"setting": setting, "round_s": r_h, "pair_s": p_h, "slow_round_s": r_s, **{str(n): {
-            "rounds_s": (n - 1) * r_h, "sequential_s": n * (n - 1) / 2 * p_h,
-            "rounds_slow_s": (n - 1) * r_s, "sequential_slow_s": (n * (n - 1) / 2 - (n - 1)) * p_h + (n - 1) * r_s,
-            "ring_slow_s": (2 + 5) * r_s} for n in at}}
+    r_s, p_s = per_round("--pairs", True), per_round("--pairs --pairs-sequential", True)
+    old = row(8, "--pairs --pairs-sequential --pairs-seconds 60", True)
+    ring = next((p for p in pairs if p["mode"] == "--ring" and p["limited"] and p.get("setting", "cpu") == setting
+                 and p["measure_s"]), None)
+    if r_h and p_h and r_s and p_s:
+        slow_pair = (old["measure_s"] - (old["rounds"] - 7) * p_h) / 7 if old else None  # 7 slow pairs at 8 hosts
+        out["pairs"] = {"setting": setting, "round_s": r_h, "pair_s": p_h, "slow_round_s": r_s,
+                        "slow_pair_unbudgeted_s": slow_pair, "ring_s": ring["measure_s"] if ring else None,
+                        "ring_rounds": ring["rounds"] if ring else None, **{str(n): {
+                            "rounds_s": (n - 1) * r_h, "sequential_s": n * (n - 1) / 2 * p_h,
+                            "rounds_slow_s": (n - 1) * r_s, "sequential_slow_s": n * (n - 1) / 2 * p_s,
+                            "sequential_slow_unbudgeted_s": (n * (n - 1) / 2 - (n - 1)) * p_h + (n - 1) * slow_pair
+                            if slow_pair else None,
+                            "ring_slow_s": ring["measure_s"] if ring else None} for n in at}}
     return out
 
 
@@ -234,15 +246,22 @@ def write_markdown(result: dict[str, Any]) -> str:
                          f"{f['1024']:.2f} |")
     if proj.get("pairs"):
         pp = proj["pairs"]
+        slow_pair = pp.get("slow_pair_unbudgeted_s")
         lines += ["", f"bench --pairs ({pp['setting']} setting, 8 hosts): {pp['round_s']:.2f} s per healthy round, "
                   f"{pp['pair_s']:.2f} s per healthy pair alone, {pp['slow_round_s']:.2f} s per round with the slow "
-                  "node (its pair sets the round's time)", "",
+                  "node in it (within its budget)" + (f", {slow_pair:.2f} s per slow pair without a budget" if
+                                                        slow_pair else "")
+                  + (f"; --ring at 16 hosts {pp['ring_s']:.2f} s ({pp['ring_rounds']} rounds), the same at any N "
+                     "with one slow node" if pp.get("ring_s") else ""), "",
                   "| endpoints | rounds, healthy (s) | sequential, healthy (s) | rounds, 1 slow node (s) | "
-                  "sequential, 1 slow node (s) | --ring, 1 slow node (s) |", "|---|---|---|---|---|---|"]
+                  "sequential, 1 slow node (s) | sequential without a budget, 1 slow node (s) | --ring, 1 slow node "
+                  "(s) |", "|---|---|---|---|---|---|---|"]
         for n in ("256", "1024"):
             q = pp[n]
-            lines.append(f"| {n} | {q['rounds_s']:.0f} | {q['sequential_s']:.0f} | {q['rounds_slow_s']:.0f} | "
-                         f"{q['sequential_slow_s']:.0f} | {q['ring_slow_s']:.1f} |")
+            cells = [f"{q[k]:.0f}" if q.get(k) is not None else "-" for k in
+                     ("rounds_s", "sequential_s", "rounds_slow_s", "sequential_slow_s", "sequential_slow_unbudgeted_s")]
+            ring_cell = f"{q['ring_slow_s']:.1f}" if q.get("ring_slow_s") is not None else "-"
+            lines.append(f"| {n} | {' | '.join(cells)} | {ring_cell} |")
     lines += ["", "![growth](bench_scale.png)", ""]
     return "\n".join(lines)
 
