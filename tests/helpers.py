@@ -31,9 +31,10 @@ def ddpkit_env(**extra: str) -> dict[str, str]:
 
 
 def run_ddpkit(*args: str, timeout: float = 120, env: dict[str, str] | None = None,
-               cwd: str | Path | None = None) -> subprocess.CompletedProcess[str]:
-    """Run ``python -m ddpkit ARGS`` to completion (or fail the test at ``timeout``)."""
-    return subprocess.run([sys.executable, "-m", "ddpkit", *args], capture_output=True, text=True,
+               cwd: str | Path | None = None, errors: str = "strict") -> subprocess.CompletedProcess[str]:
+    """Run ``python -m ddpkit ARGS`` to completion (or fail the test at ``timeout``). ``errors``: how to decode
+    bytes that are not UTF-8 (``replace`` where a launcher relays the output, see test_jobs_local)."""
+    return subprocess.run([sys.executable, "-m", "ddpkit", *args], capture_output=True, text=True, errors=errors,
                           timeout=timeout, env=env or ddpkit_env(), cwd=cwd)
 
 

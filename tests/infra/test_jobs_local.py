@@ -28,8 +28,10 @@ def test_rendered_mpi_script_runs_the_job(flavour: str, tool: str, job: list[str
     script = tmp_path / "job dir" / "run mpi.sh"
     script.parent.mkdir()
     root = ["--allow-run-as-root"] if IS_ROOT and flavour == "openmpi" else []
+    # Open MPI's --tag-output relays the ranks' output in chunks and tags each: a chunk boundary inside one of the
+    # report's box-drawing characters leaves bytes that are not UTF-8 (seen once in 720 runs)
     res = run_ddpkit("submit", "mpi", "-j", "1x2", "--mpi", flavour, *root, "--python", sys.executable, "--port",
-                     free_port(), "-o", str(script), "--", *job, timeout=240, cwd=tmp_path)
+                     free_port(), "-o", str(script), "--", *job, timeout=240, cwd=tmp_path, errors="replace")
     assert res.returncode == 0, res.stdout + res.stderr
     assert script.read_text().count(f"{tool} -n") == 1
     if job == ["check"]:
