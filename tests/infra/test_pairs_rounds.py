@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from ddpkit.bench.pairs import schedule_cost
+from ddpkit.bench.schedules import schedule_cost
 from tests.infra.conftest import Hosts, new_run_id
 
 pytestmark = [pytest.mark.infra, pytest.mark.multiproc]

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from ddpkit.bench.busbw import OPS, algbw_gbps, busbw_factor, busbw_gbps, element_count, per_rank_count
-from ddpkit.bench.pairs import judge
 from ddpkit.bench.results import csv_text, format_table, parse_gate, verdict
+from ddpkit.bench.schedules import judge
 from ddpkit.bench.sizes import format_size, parse_size, size_sweep
 from ddpkit.errors import EXIT_USAGE, ConfigError
 from ddpkit.report import render

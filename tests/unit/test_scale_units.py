@@ -10,16 +10,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ddpkit.bench.pairs import (
-    _figure,
-    format_pairs,
-    judge_links,
-    judge_round,
-    ring_rounds,
-    ring_suspects,
-    round_robin,
-    schedule_cost,
-)
+from ddpkit.bench.pairs import _figure, format_pairs
+from ddpkit.bench.schedules import judge_links, judge_round, ring_rounds, ring_suspects, round_robin, schedule_cost
 from ddpkit.check import ddpsync
 from ddpkit.check.render import fold_node, rank_ranges
 

@@ -1,16 +1,7 @@
 """Slow-link finder: point-to-point bandwidth and latency between pairs of nodes (or ranks), measured in rounds.
 
-Schedules (the cost of each, in rounds, is printed with the result; a round takes about one pair's time):
-
-- ``rounds`` (default): every pair, as a round-robin tournament (the circle method): N-1 rounds for N endpoints
-  (N for odd N, one endpoint sits out each round), each round a perfect matching whose pairs are measured at the
-  same time. On a non-blocking fabric the pairs of a round share no link, so they do not disturb each other.
-- ``ring``: a quick pass, every endpoint against its two ring neighbours (2 rounds; 3 for odd N), which names the
-  suspects (an endpoint both of whose ring links are slow; both endpoints of a slow link no such endpoint explains);
-  then every pair among the suspects and a few healthy references, in rounds. Cost 2 + (S+R-1) rounds for S
-  suspects and R references, whatever N is.
-- ``sequential``: one pair at a time, every other rank waiting at a barrier: N(N-1)/2 rounds (the old way; kept
-  as the baseline the benchmark compares with).
+Which pairs are measured when, and how the figures are judged, is ``bench/schedules.py`` (pure logic); this module
+measures them and reports.
 
 Each pair measures latency as half the fastest of ``iters`` (at least 10) round trips of a one-element ping-pong
 (queueing and a busy CPU only ever add time to a round trip this small, so the fastest is the link's), and
@@ -24,18 +15,6 @@ budget; a slow one is measured on the largest transfer it moved in time (the pai
 round lasts at most about one budget even when a slow endpoint plays in every round, which is what makes rounds
 and ``--ring`` cheaper than one pair at a time on a fabric with a slow node: with transfers of a fixed size, a
 k times slower link would make each of its rounds k times longer.
-
-Judging, overall: the reference bandwidth is the median over endpoints of each endpoint's *best* measured link
-(what a healthy endpoint reaches). A link is slow when its bandwidth is below ``threshold`` x reference (or its
-latency above reference latency / threshold); an endpoint is slow when even its best link is. With three
-endpoints and one bad one, two of three links are bad, so a plain median of links would hide it; the best-link
-median does not. Within each round: a link is also compared with the median of its own round, measured at the
-same moment, so a round in which the whole (shared) machine slowed down does not name links; a link is named
-slow only when it is slow both overall and within its round (rounds of one pair: overall alone). A slow link
-between two endpoints that are not slow themselves, and the best link of every slow endpoint, are measured once
-more (``confirm`` rounds, a matching of those links) and keep their better figure: a transient stall is not a
-bad cable. A verdict changed by the confirmation can rest on other links measured once: those are confirmed in
-turn, up to three passes.
 """
 
 from __future__ import annotations
@@ -47,14 +26,25 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from ddpkit.bench.schedules import (
+    Link,
+    Pair,
+    judge_links,
+    judge_round,
+    matchings,
+    named_links,
+    ring_rounds,
+    ring_suspects,
+    round_robin,
+    schedule_cost,
+)
 from ddpkit.fault_injection import fault
 from ddpkit.log import get_logger
 
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["SCHEDULES", "PairsResult", "format_pairs", "judge", "judge_links", "measure_pairs", "ring_rounds",
-           "ring_suspects", "round_robin", "schedule_cost"]
+__all__ = ["DEFAULT_SECONDS", "SCHEDULES", "PairsResult", "format_pairs", "measure_pairs"]
 
 log = get_logger(__name__)
 SCHEDULES = ("rounds", "ring", "sequential")
@@ -63,41 +53,6 @@ REFERENCES = 2  # healthy endpoints measured against the suspects in --ring mode
 LATENCY_SAMPLES = 10
 CONFIRM_PASSES = 3  # re-measurements of the links a verdict rests on, at most
 DEFAULT_SECONDS = 1.0  # a pair's time budget (iperf measures for a fixed time too: its -t)
-Pair = tuple[int, int]
-Link = tuple[float, float]  # bandwidth GB/s, one-way latency us
-
-
-def round_robin(n: int) -> list[list[Pair]]:
-    """The circle method: endpoint 0 stays, the others rotate one seat per round; ``n - 1`` rounds for even ``n``,
-    ``n`` for odd ``n`` (a phantom endpoint gives one real endpoint a bye each round). Every round is a perfect
-    matching of the endpoints playing, and every pair meets exactly once."""
-    if n < 2:
-        return []
-    m = n + n % 2
-    seats = list(range(m))
-    rounds = []
-    for _ in range(m - 1):
-        pairs = [(seats[k], seats[m - 1 - k]) for k in range(m // 2)]
-        rounds.append(sorted((min(a, b), max(a, b)) for a, b in pairs if a < n and b < n))
-        seats = [seats[0], seats[-1], *seats[1:-1]]
-    return rounds
-
-
-def ring_rounds(n: int) -> list[list[Pair]]:
-    """Every endpoint against its ring neighbours: even links, then odd links (then the closing link for odd n)."""
-    if n < 2:
-        return []
-    if n == 2:
-        return [[(0, 1)]]
-    even = [(i, i + 1) for i in range(0, n - 1, 2)]
-    odd = [(i, i + 1) for i in range(1, n - 1, 2)]
-    closing = [(0, n - 1)]
-    return [even, odd + closing] if n % 2 == 0 else [even, odd, closing]
-
-
-def schedule_cost(n: int) -> dict[str, int]:
-    """Rounds each schedule takes for ``n`` endpoints (ring: its first pass; the suspects' rounds come on top)."""
-    return {"sequential": n * (n - 1) // 2, "rounds": len(round_robin(n)), "ring": len(ring_rounds(n))}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -164,55 +119,6 @@ class PairsResult:
             "note": self.note, "budget_s": self.budget_s,
             "cut_short": [[self.names[a], self.names[b]] for a, b in self.cut],
         }
-
-
-def judge_links(n: int, links: Mapping[Pair, Link], threshold: float
-                ) -> tuple[float, float, list[Pair], list[int]]:
-    """Verdict over the measured links: (reference bw, reference latency, slow links, slow endpoints)."""
-    best_bw: dict[int, float] = {}
-    best_lat: dict[int, float] = {}
-    for (a, b), (bw, lat) in links.items():
-        for e in (a, b):
-            best_bw[e] = max(best_bw.get(e, 0.0), bw)
-            best_lat[e] = min(best_lat.get(e, float("inf")), lat)
-    if n < 2 or not links:
-        return 0.0, 0.0, [], []
-    ref_bw, ref_lat = statistics.median(best_bw.values()), statistics.median(best_lat.values())
-    slow = sorted(p for p, (bw, lat) in links.items() if bw < threshold * ref_bw or lat > ref_lat / threshold)
-    endpoints = sorted(e for e in best_bw if best_bw[e] < threshold * ref_bw or best_lat[e] > ref_lat / threshold)
-    return ref_bw, ref_lat, slow, endpoints
-
-
-def judge(bandwidth: list[list[float]], latency: list[list[float]], threshold: float
-          ) -> tuple[float, float, list[Pair], list[int]]:
-    """Pure verdict over full symmetric matrices (every pair measured)."""
-    n = len(bandwidth)
-    links = {(i, j): (bandwidth[i][j], latency[i][j]) for i in range(n) for j in range(i + 1, n)}
-    return judge_links(n, links, threshold)
-
-
-def judge_round(pairs: Sequence[Pair], links: Mapping[Pair, Link], threshold: float) -> tuple[float, list[Pair]]:
-    """A round against itself: (median bandwidth of its pairs, the pairs below ``threshold`` x that median or
-    above its median latency / ``threshold``)."""
-    measured = [p for p in pairs if p in links]
-    if len(measured) < 2:
-        return (links[measured[0]][0] if measured else 0.0), []
-    bw = statistics.median(links[p][0] for p in measured)
-    lat = statistics.median(links[p][1] for p in measured)
-    return bw, [p for p in measured if links[p][0] < threshold * bw or links[p][1] > lat / threshold]
-
-
-def matchings(links: Sequence[Pair]) -> list[list[Pair]]:
-    """Greedy rounds for a few links: each link goes to the first round where neither endpoint plays yet."""
-    rounds: list[list[Pair]] = []
-    for a, b in links:
-        for r in rounds:
-            if all(a not in p and b not in p for p in r):
-                r.append((a, b))
-                break
-        else:
-            rounds.append([(a, b)])
-    return rounds
 
 
 def _slow_down(rank: int) -> None:
@@ -362,39 +268,16 @@ class _Rounds:
         return {p: link for part, _ in everyone for p, link in part.items()}
 
 
-def ring_suspects(slow: Sequence[Pair]) -> list[int]:
-    """The endpoints to measure further, from the slow links of the ring pass. An endpoint both of whose ring
-    links are slow is a suspect, and it explains them: its neighbours, whose other ring link is fine, are not (a
-    slow host makes both its ring links slow; its neighbours' best links stay healthy, as in a full measurement).
-    A slow link that no such endpoint explains (a bad cable, or a slow host next to another) makes both its
-    endpoints suspects."""
-    seen: dict[int, int] = {}
-    for e in (e for p in slow for e in p):
-        seen[e] = seen.get(e, 0) + 1
-    both = {e for e, k in seen.items() if k >= 2}
-    return sorted(both | {e for p in slow if not both & set(p) for e in p})
-
-
 def _suspects(n: int, plan: Sequence[Sequence[Pair]], ring: Mapping[Pair, Link], threshold: float
               ) -> tuple[list[int], list[int]]:
     """From the ring pass: the suspects among the endpoints of slow ring links (slow overall and within their
     round; ``ring_suspects``), and up to REFERENCES healthy endpoints (the fastest)."""
     _, _, overall, _ = judge_links(n, ring, threshold)
-    suspects = ring_suspects(_named(plan, ring, overall, threshold))
+    suspects = ring_suspects(named_links(plan, ring, overall, threshold))
     if not suspects:
         return [], []
     best = {e: max(bw for p, (bw, _) in ring.items() if e in p) for e in range(n) if e not in suspects}
     return suspects, sorted(sorted(best, key=lambda e: -best[e])[:REFERENCES])
-
-
-def _named(plan: Sequence[Sequence[Pair]], links: Mapping[Pair, Link], overall: Sequence[Pair],
-           threshold: float) -> list[Pair]:
-    """Links slow overall and within their round (overall alone in a round of one pair)."""
-    named = []
-    for pairs in plan:
-        _, in_round = judge_round(pairs, links, threshold)
-        named += [p for p in pairs if p in overall and (p in in_round or len(pairs) < 2)]
-    return sorted(set(named))
 
 
 def measure_pairs(*, mode: str, size: int, iters: int, threshold: float, rank: int, world_size: int,
@@ -421,7 +304,7 @@ def measure_pairs(*, mode: str, size: int, iters: int, threshold: float, rank: i
         plan = round_robin(n)
         links = runner.run(plan)
     ref_bw, ref_lat, overall, slow = judge_links(n, links, threshold)
-    named = _named(plan, links, overall, threshold)
+    named = named_links(plan, links, overall, threshold)
     confirm: list[list[Pair]] = []
     confirmed: set[Pair] = set()
     for _ in range(CONFIRM_PASSES):  # a new verdict can name a link measured once: confirm until none is left
@@ -437,7 +320,7 @@ def measure_pairs(*, mode: str, size: int, iters: int, threshold: float, rank: i
         confirm += passes
         confirmed.update(doubtful)
         ref_bw, ref_lat, overall, slow = judge_links(n, links, threshold)
-        named = _named(plan, links, overall, threshold)
+        named = named_links(plan, links, overall, threshold)
     rounds = []
     for k, (pairs, took) in enumerate(zip(plan + confirm, runner.seconds, strict=True)):
         median, in_round = judge_round(pairs, links, threshold)
