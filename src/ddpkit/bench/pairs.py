@@ -283,7 +283,8 @@ def _suspects(n: int, plan: Sequence[Sequence[Pair]], ring: Mapping[Pair, Link],
 def measure_pairs(*, mode: str, size: int, iters: int, threshold: float, rank: int, world_size: int,
                   device: torch.device, schedule: str = "rounds", seconds: float = DEFAULT_SECONDS) -> PairsResult:
     """Measure pairs of endpoints on ``schedule`` and judge them; collective: every rank must call it. A pair
-    measures for at most about ``seconds`` (its latency and bandwidth exchanges together)."""
+    measures for about ``seconds`` at most, counted from its start: its round trips (at least 10, one element each)
+    always complete; its transfers stop when the next would end past that."""
     mode, names, leaders, note = _endpoints(mode, rank, world_size)
     n = len(leaders)
     runner = _Rounds(leaders, rank, size, iters, seconds, device)
