@@ -193,7 +193,8 @@ def projection(rows: list[dict[str, Any]], pairs: list[dict[str, Any]], at: tupl
     ring = next((p for p in pairs if p["mode"] == "--ring" and p["limited"] and p.get("setting", "cpu") == setting
                  and p["measure_s"]), None)
     if r_h and p_h and r_s and p_s:
-        slow_pair = (old["measure_s"] - (old["rounds"] - 7) * p_h) / 7 if old else None  # 7 slow pairs at 8 hosts
+        slow_pairs = 8 - 1  # the slow node's pairs among 8 hosts
+        slow_pair = (old["measure_s"] - (old["rounds"] - slow_pairs) * p_h) / slow_pairs if old else None
         out["pairs"] = {"setting": setting, "round_s": r_h, "pair_s": p_h, "slow_round_s": r_s,
                         "slow_pair_unbudgeted_s": slow_pair, "ring_s": ring["measure_s"] if ring else None,
                         "ring_rounds": ring["rounds"] if ring else None, **{str(n): {

@@ -95,20 +95,21 @@ def test_pairs_names_the_slowed_rank(tmp_path: Path) -> None:
 
 
 def test_pairs_budget_cuts_the_slow_links_short_and_still_names_them(tmp_path: Path) -> None:
-    """Rank 2 stalls 40 ms before every transfer: with a 0.1 s budget per pair its two pairs stop after the first
-    transfers of the ramp (64 KiB, 256 KiB) instead of the 1 + 5 of 1 MiB; the healthy pair moves all of them."""
+    """Rank 2 stalls 40 ms before every answer: its pairs need over 0.4 s for their round trips alone, so with a
+    0.3 s budget they stop after the first transfer of the ramp instead of 64 KiB, 256 KiB and 5 of 1 MiB; the
+    healthy pair moves all of them in a few ms."""
     js = tmp_path / "pairs.json"
     env = ddpkit_env(DDPKIT_FAULTS="slow:rank=2:ms=40")
     proc = run_ddpkit("bench", "-n", "3", "--pairs", "ranks", "--pairs-size", "1M", "--pairs-iters", "5",
-                      "--pairs-seconds", "0.1", "--json", str(js), env=env, timeout=240)
+                      "--pairs-seconds", "0.3", "--json", str(js), env=env, timeout=240)
     assert proc.returncode == EXIT_CHECK_FAILED, proc.stdout + proc.stderr
     pairs = json.loads(js.read_text())["pairs"]
     slow = [n for n in pairs["names"] if n.startswith("rank 2 ")]
     assert pairs["slow_endpoints"] == slow, proc.stdout
-    assert pairs["budget_s"] == 0.1
+    assert pairs["budget_s"] == 0.3
     assert sorted(map(sorted, pairs["cut_short"])) == sorted(sorted([n, slow[0]]) for n in pairs["names"][:2]), \
         proc.stdout
-    assert "2 pair(s) ran out of their 0.1 s budget" in proc.stdout
+    assert "2 pair(s) ran out of their 0.3 s budget" in proc.stdout
 
 
 def test_pairs_budget_must_fit_the_timeout() -> None:

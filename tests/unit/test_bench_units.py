@@ -133,3 +133,12 @@ def test_report_tolerates_unknown_fields_and_kinds(tmp_path: Path) -> None:
     (tmp_path / "bad.json").write_text("{not json")
     with pytest.raises(ConfigError):
         render([tmp_path / "bad.json"], tmp_path / "r2.md")
+
+
+def test_pairs_budget_is_checked_against_the_timeout_only_with_pairs() -> None:
+    from ddpkit.bench.cli import _options
+    from ddpkit.cli import build_parser
+
+    _options(build_parser().parse_args(["bench", "--timeout", "1"]))  # no pairs measured: no pair budget to fit
+    with pytest.raises(ConfigError, match="--pairs-seconds 1 with --timeout 1"):
+        _options(build_parser().parse_args(["bench", "--pairs", "--timeout", "1"]))

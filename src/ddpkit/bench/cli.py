@@ -115,7 +115,7 @@ def _options(args: argparse.Namespace) -> dict[str, Any]:
     if not 0 < args.pairs_threshold < 1:
         raise ConfigError(f"--pairs-threshold {args.pairs_threshold}", "a fraction between 0 and 1",
                           "pass --pairs-threshold 0.5")
-    if args.pairs_seconds * 2 > args.timeout:
+    if (args.pairs or args.ring) and args.pairs_seconds * 2 > args.timeout:
         raise ConfigError(f"--pairs-seconds {args.pairs_seconds:g} with --timeout {args.timeout:g}",
                           "a pair's budget at most half the timeout (the ranks not in a pair wait for it)",
                           f"pass --timeout {args.pairs_seconds * 4:g}, or a smaller --pairs-seconds")

@@ -258,8 +258,7 @@ class _Rounds:
                     link, cut = self._pair(b if self.rank == a else a, self.rank == a)
                     if self.rank == a:
                         self.mine[(i, j)] = link
-                        self.cut.discard((i, j))
-                        self.cut.update([(i, j)] if cut else [])
+                        (self.cut.add if cut else self.cut.discard)((i, j))  # a re-measured pair: its latest
             dist.barrier()
             self.seconds.append(time.perf_counter() - t0)
         everyone: list[Any] = [None] * dist.get_world_size()
