@@ -8,8 +8,11 @@
 
 from __future__ import annotations
 
+import json
 import os
 import socket
+from collections import defaultdict
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING
@@ -23,8 +26,8 @@ if TYPE_CHECKING:
     import torch
     import torch.distributed as dist
 
-__all__ = ["DEFAULT_TIMEOUT", "Runtime", "export_world", "init", "interface_choice", "open_store", "share_cores",
-           "shutdown"]
+__all__ = ["DEFAULT_TIMEOUT", "Runtime", "claim_gpu", "device_identity", "export_world", "init", "interface_choice",
+           "open_store", "share_cores", "shared_gpus", "shutdown"]
 
 log = get_logger(__name__)
 DEFAULT_TIMEOUT = timedelta(seconds=60)
@@ -161,6 +164,50 @@ def pick_device(backend: str, local_rank: int) -> torch.device:
     return torch.device("cpu")
 
 
+def device_identity(device: torch.device) -> tuple[str, str | None]:
+    """The device's name (``cuda:0``) and, for a GPU, its UUID: the same on every process that sees that GPU,
+    whatever CUDA_VISIBLE_DEVICES numbers it as (None where torch does not expose it)."""
+    import torch
+
+    if device.type != "cuda":
+        return str(device), None
+    uuid = getattr(torch.cuda.get_device_properties(device), "uuid", None)
+    return f"cuda:{device.index}", str(uuid) if uuid is not None else None
+
+
+def _ranks_text(ranks: list[int]) -> str:
+    return f"ranks {', '.join(map(str, ranks[:-1]))} and {ranks[-1]}"
+
+
+def shared_gpus(claims: Iterable[tuple[int, str, str]]) -> dict[str, list[int]]:
+    """Each GPU that several ranks claim, as ``'ranks 0 and 1 share GPU <id> on <host>'`` -> those ranks.
+
+    ``claims``: (rank, host, GPU) with the GPU's UUID where known (global), else its device name (per host)."""
+    owners: dict[tuple[str, str], list[int]] = defaultdict(list)
+    for rank, host, gpu in claims:
+        owners[(gpu, host)].append(rank)
+    return {f"{_ranks_text(sorted(ranks))} share GPU {gpu} on {host}": sorted(ranks)
+            for (gpu, host), ranks in sorted(owners.items()) if len(ranks) > 1}
+
+
+def claim_gpu(store: dist.Store, info: WorldInfo, device: torch.device, timeout: timedelta) -> None:
+    """Refuse, naming them, ranks bound to one GPU (``EnvConflict``, exit 2), before NCCL starts: NCCL refuses a
+    shared device with an error that names no rank ("Duplicate GPU detected"), and other backends would share it
+    silently. Every rank posts its GPU to the store and reads everyone's, so every rank stops with the same words."""
+    name, uuid = device_identity(device)
+    store.set(f"gpu/{info.rank}", json.dumps([socket.gethostname(), uuid or name]))
+    keys = [f"gpu/{r}" for r in range(info.world_size)]
+    store.wait(keys, timeout)
+    claims = [(r, *json.loads(store.get(k))) for r, k in enumerate(keys)]
+    shared = shared_gpus(claims)
+    if shared:
+        import torch
+
+        raise EnvConflict("; ".join(shared), "one GPU per rank (NCCL refuses two ranks on one device)",
+                          f"start at most {torch.cuda.device_count()} rank(s) per node (the GPUs it shows), give "
+                          "each rank its own GPU (CUDA_VISIBLE_DEVICES), or pass --backend gloo to run on CPU")
+
+
 def open_store(info: WorldInfo, timeout: timedelta) -> dist.Store:
     """Rank 0's TCPStore (or a client of it). Under torch elastic the agent already hosts it."""
     import torch.distributed as dist
@@ -195,6 +242,9 @@ def init(
         return Runtime(world=info, backend=dist.get_backend(), device=device, interface=_interface)
     kwargs: dict[str, object] = {"backend": chosen, "timeout": timeout, "rank": info.rank,
                                  "world_size": info.world_size}
+    if device.type == "cuda" and info.world_size > 1:
+        store = store if store is not None else open_store(info, timeout)
+        claim_gpu(store, info, device, timeout)
     if store is not None:
         kwargs["store"] = dist.PrefixStore("pg/", store)
     else:

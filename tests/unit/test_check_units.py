@@ -45,7 +45,7 @@ def test_duplicate_ranks_world_size_disagreement_and_shared_gpus() -> None:
     found = _judge(records)
     assert found["unique-ranks"].bad_ranks == (1,) and "n1 pid 1001, n2 pid 77" in found["unique-ranks"].detail
     assert found["world-size"].bad_ranks == (3,) and "WORLD_SIZE=8 on ranks [3]" in found["world-size"].detail
-    assert found["one-gpu-per-rank"].bad_ranks == (0, 1) and "ranks [0, 1] on n1 share GPU-a" in \
+    assert found["one-gpu-per-rank"].bad_ranks == (0, 1) and "ranks 0 and 1 share GPU GPU-a on n1" in \
         found["one-gpu-per-rank"].detail
     assert found["roll-call"].bad_ranks == (2,)
     assert exit_code(found.values()) == 3  # a missing rank outranks the environment errors
@@ -137,3 +137,15 @@ def test_route_to_loopback_and_every_interface_address() -> None:
         for ip in ips:
             if ":" not in ip:
                 assert route_to(ip) == (name, ip)
+
+
+def test_shared_gpus_by_uuid_across_device_numbers_and_by_name_only_within_a_host() -> None:
+    from ddpkit.runtime import shared_gpus
+
+    # one GPU seen as cuda:0 by one rank and cuda:1 by another: the UUID says it is one
+    assert shared_gpus([(0, "n1", "GPU-a"), (1, "n1", "GPU-b"), (2, "n1", "GPU-a")]) == {
+        "ranks 0 and 2 share GPU GPU-a on n1": [0, 2]}
+    # without UUIDs, cuda:0 on two hosts is two GPUs; three ranks on one are named together
+    assert shared_gpus([(0, "n1", "cuda:0"), (1, "n2", "cuda:0")]) == {}
+    assert list(shared_gpus([(3, "n1", "cuda:0"), (1, "n1", "cuda:0"), (2, "n1", "cuda:0")])) == [
+        "ranks 1, 2 and 3 share GPU cuda:0 on n1"]

@@ -36,7 +36,6 @@ from ddpkit.inputs import output_path, seconds
 from ddpkit.log import get_logger
 
 if TYPE_CHECKING:
-    import torch
     import torch.distributed as dist
 
 __all__ = ["WORKER", "add_arguments", "run"]
@@ -125,15 +124,6 @@ def _consult_faults(phase: str, rank: int) -> None:
         time.sleep(float(slow.get("ms", "1000")) / 1e3)
 
 
-def _device_identity(device: torch.device) -> tuple[str, str | None]:
-    import torch
-
-    if device.type != "cuda":
-        return str(device), None
-    uuid = getattr(torch.cuda.get_device_properties(device), "uuid", None)
-    return f"cuda:{device.index}", str(uuid) if uuid is not None else None
-
-
 def _open_store(world: WorldInfo, seconds: float) -> tuple[WorldInfo, dist.Store]:
     """Export the world for torch and connect to rank 0's store; the world returned names the master chosen."""
     from ddpkit.runtime import export_world, open_store
@@ -165,7 +155,7 @@ def run(args: argparse.Namespace) -> int:
     if args.timeout <= 0 or args.phase_timeout <= 0:
         raise ConfigError(f"--timeout {args.timeout} / --phase-timeout {args.phase_timeout}", "positive seconds",
                           "pass e.g. --timeout 30 --phase-timeout 60")
-    from ddpkit.runtime import pick_backend, pick_device
+    from ddpkit.runtime import device_identity, pick_backend, pick_device
 
     world = detect()
     backend = pick_backend(args.backend)
@@ -193,7 +183,7 @@ def run(args: argparse.Namespace) -> int:
         return watchdog.phase(name, seconds or args.phase_timeout, mark=mark)
 
     try:
-        name, ident = _device_identity(device)
+        name, ident = device_identity(device)
         with phase("roll-call", args.timeout + MARGIN_S):
             t = time.monotonic()
             go = _roll_call(store, report, local_record(world, device=name, gpu_uuid=ident), args.timeout)

@@ -73,8 +73,8 @@ def fold_node(rows: Sequence[dict[str, Any]]) -> dict[str, str]:
     if dups:
         outliers.append(f"rank(s) {rank_ranges(dups)} claimed twice")
     gpus = sorted({str(r["gpu_uuid"] or r["device"]) for r in rows if _device_kind(r) != "cpu"})
-    if gpus:
-        row["device"] += f" x{len(gpus)}"
+    if gpus:  # each GPU by its UUID's first 8 digits, as nvidia-smi -L starts it (whole in --per-rank and --json)
+        row["device"] += f" x{len(gpus)} ({', '.join(g[:8] for g in gpus)})"
     pids = sorted((str(r["pid"]) for r in rows), key=lambda p: (len(p), p))  # numeric order for numbers
     row["pids"] = str(pids[0]) if len(pids) == 1 else f"{pids[0]}..{pids[-1]}"
     row["outliers"] = "; ".join(outliers) or "-"

@@ -26,6 +26,7 @@ from ddpkit.env import WorldInfo
 from ddpkit.errors import EXIT_MISSING, EXIT_USAGE
 from ddpkit.fault_injection import fault
 from ddpkit.netinfo import route_to
+from ddpkit.runtime import shared_gpus
 
 if TYPE_CHECKING:
     import torch.distributed as dist
@@ -148,15 +149,12 @@ def judge(records: Sequence[Record], *, world_size: int, hosts: Sequence[str], l
         bad = [r for s, rs in sizes.items() if s != world_size for r in rs] + outside
         out.append(failed("world-size", f"ranks disagree on the world size (rank 0 says {world_size}): {text}",
                           bad_ranks=bad, code=EXIT_USAGE))
-    gpus: dict[tuple[str, str], list[int]] = defaultdict(list)
-    for r in records:
-        if r["device"] != "cpu":
-            gpus[(r["host"], r["gpu_uuid"] or r["device"])].append(int(r["rank"]))
-    shared = {k: v for k, v in gpus.items() if len(v) > 1}
+    gpus = [(int(r["rank"]), str(r["host"]), str(r["gpu_uuid"] or r["device"])) for r in records
+            if r["device"] != "cpu"]
+    shared = shared_gpus(gpus)
     if shared:
-        text = "; ".join(f"ranks {sorted(v)} on {h} share {g}" for (h, g), v in sorted(shared.items()))
-        out.append(failed("one-gpu-per-rank", f"two ranks bound to one GPU: {text}",
-                          bad_ranks=[r for v in shared.values() for r in v], code=EXIT_USAGE))
+        out.append(failed("one-gpu-per-rank", f"two ranks bound to one GPU: {'; '.join(shared)}",
+                          bad_ranks=[r for rs in shared.values() for r in rs], code=EXIT_USAGE))
     elif gpus:
         out.append(Outcome(name="one-gpu-per-rank", status=PASS, detail=f"{len(gpus)} distinct GPUs"))
     if not out:
