@@ -199,20 +199,19 @@ def _rendezvous_failure(exc: Exception, watch: RendezvousWatch | None, options: 
 
 def _preload(modules: tuple[str, ...]) -> bool:
     """Import ``modules`` in the agent so forked workers inherit them; True when the workers will be forked."""
-    # Fork is safe here: the agent has not touched CUDA, and the preloaded modules start no threads.
-    forked = bool(modules) and os.environ.get(worker.START_METHOD, "fork") == "fork"
+    # Fork is safe where torch has no CUDA (a CPU build) and the preloaded modules start no threads. With a CUDA
+    # build, asking the driver anything (torch.cuda.is_available(); on an H100 with torch 2.11, something in torch's
+    # own start-up too) leaves forked children unable to use CUDA ("Cannot re-initialize CUDA in forked
+    # subprocess"), and torch says so only in the child: the workers start afresh instead.
+    forked = bool(modules) and os.environ.get(worker.START_METHOD, "fork") == "fork" and not _cuda_build()
     for name in modules if forked else ():
         importlib.import_module(name)
-    if forked and _cuda_initialized():  # a forked child cannot use a CUDA context its parent created
-        log.warning("CUDA was initialised while preloading %s: starting fresh rank processes instead",
-                    ", ".join(modules))
-        return False
     if forked:
         logging.getLogger("torch.distributed.elastic.multiprocessing.api").addFilter(drop_exit_tracebacks)
     return forked
 
 
-def _cuda_initialized() -> bool:
+def _cuda_build() -> bool:
     import torch
 
-    return bool(torch.cuda.is_initialized())
+    return bool(torch.backends.cuda.is_built())

@@ -47,7 +47,8 @@ PREEMPTED_MARK = "DDPKIT_PREEMPTED_MARK"
 #: (the name of a signal it received from outside the job) before it forwards that signal; a worker that lost its
 #: peers leaves ``lost.rank-R`` (its diagnosis) there. See ddpkit.launch.stops.
 STOP_DIR = "DDPKIT_STOP_DIR"
-#: ``fork`` (default: workers forked from the agent, preloaded modules inherited) or ``spawn`` (fresh processes).
+#: ``fork`` (default with a CPU build of torch: workers forked from the agent, preloaded modules inherited) or
+#: ``spawn`` (fresh processes; always with a CUDA build, see launch.agent._preload).
 START_METHOD = "DDPKIT_START_METHOD"
 
 
