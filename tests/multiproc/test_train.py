@@ -162,7 +162,10 @@ def test_preempt_drill_usr1_async_snapshot_then_rerun_resumes_exactly(baseline: 
     assert again.returncode == 0, again.stderr[-3000:]
     assert "Resuming training from snapshot at Epoch 2, step 6" in again.stdout
     assert "sending SIGUSR1" not in again.stdout  # the drill fired once, not again on the rerun
-    assert same_state(_final(tmp_path)[1], _final(baseline)[1])
+    # the loss history too: epoch 2's loss covers its 6 steps before the snapshot, as in the uninterrupted run
+    assert same_state(_final(tmp_path)[1], _final(baseline)[1], ("model", "optimizer", "rng", "loss_history"))
+    assert summary is not None and summary["loss_history"] == json.loads((baseline / "summary.json").read_text())[
+        "loss_history"]
 
 
 def test_sigterm_to_the_launcher_snapshots_exits_75_and_rerun_resumes(tmp_path: Path) -> None:

@@ -21,7 +21,7 @@ import signal
 import socket
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -106,6 +106,8 @@ class Trainer:
         """Each rank's host, ``name (address)``, gathered once at start-up."""
         self.last_snapshot = LastSnapshot(configured=self.snapdir is not None)
         """The newest snapshot this rank knows to exist (rank 0: written; the others: taken together)."""
+        self.epoch_losses: list[float] = []
+        """This rank's losses of the resumed epoch's steps before its (mid-epoch) snapshot."""
         self.summary: dict[str, Any] = {
             "job": job.name, "model": config.model if config.job is None else config.job,
             "parameters": sum(p.numel() for p in job.model.parameters()), "world_size": self.world,
@@ -167,15 +169,19 @@ class Trainer:
         box = [state["optimizer"] if state is not None else None]
         dist.broadcast_object_list(box, src=0)
         self.job.optimizer.load_state_dict(box[0])
-        rngs = state["rng"] if state is not None else None
         if header["world_size"] == self.world:
+            # each rank's RNG states and the losses of the epoch's steps before the snapshot (a mid-epoch one)
+            parts = None if state is None else list(zip(state["rng"], state.get("epoch_losses") or [[]] * self.world,
+                                                        strict=True))
             mine: list[Any] = [None]
-            dist.scatter_object_list(mine, rngs, src=0)
-            restore_rng(mine[0])
+            dist.scatter_object_list(mine, parts, src=0)
+            restore_rng(mine[0][0])
+            self.epoch_losses = list(mine[0][1])
         else:
             if self.rank == 0:
-                log.warning("snapshot from %d ranks, now %d: RNG states re-seeded (resume is not bitwise exact)",
-                            header["world_size"], self.world)
+                log.warning("snapshot from %d ranks, now %d: RNG states re-seeded (resume is not bitwise exact)%s",
+                            header["world_size"], self.world, f"; epoch {header['next_epoch']}'s loss will count "
+                            "only the steps after the snapshot" if header["next_batch"] else "")
             seed_everything(self.cfg.seed + self.rank + 7919 * header["global_step"])
         box = [state["loss_history"] if state is not None else {}]
         dist.broadcast_object_list(box, src=0)
@@ -190,13 +196,17 @@ class Trainer:
         return int(header["next_epoch"]), int(header["next_batch"]), int(header["global_step"])
 
     # ---- snapshots -----------------------------------------------------------------------------------
-    def _snapshot(self, ddp: DDP, *, epoch: int, next_epoch: int, next_batch: int, step: int, urgent: bool) -> None:
+    def _snapshot(self, ddp: DDP, *, epoch: int, next_epoch: int, next_batch: int, step: int, urgent: bool,
+                  losses: Sequence[torch.Tensor] = ()) -> None:
         """All ranks: gather RNG states to rank 0; rank 0 writes (in the background when asked and not urgent)."""
         assert self.snapdir is not None
         self.phase = f"the snapshot of step {step} (gathering RNG states to rank 0)"
         t0 = time.perf_counter()
-        rngs: list[Any] | None = [None] * self.world if self.rank == 0 else None
-        dist.gather_object(capture_rng(), rngs, dst=0)
+        # with the RNG states, each rank's losses of this epoch so far: a run resumed mid-epoch reports the epoch's
+        # loss over all its steps, as an uninterrupted run does
+        mine = (capture_rng(), torch.stack(list(losses)).tolist() if losses else [])
+        parts: list[Any] | None = [None] * self.world if self.rank == 0 else None
+        dist.gather_object(mine, parts, dst=0)
         path = self.snapdir.path_for(step)
         if self.rank != 0:  # rank 0 writes it, synchronously or in the background
             self.last_snapshot = LastSnapshot(configured=True, step=step, path=f"{path}, written by rank 0")
@@ -205,8 +215,9 @@ class Trainer:
         # buffers (e.g. BatchNorm statistics) may change in the next forward, so they are cloned now (small)
         params = {p.data_ptr() for p in ddp.module.parameters()}
         model = {k: v if v.data_ptr() in params else v.detach().clone() for k, v in ddp.module.state_dict().items()}
-        state = {"model": model, "optimizer": self.job.optimizer.state_dict(), "rng": rngs,
-                 "loss_history": dict(self.summary["loss_history"])}
+        assert parts is not None
+        state = {"model": model, "optimizer": self.job.optimizer.state_dict(), "rng": [p[0] for p in parts],
+                 "epoch_losses": [p[1] for p in parts], "loss_history": dict(self.summary["loss_history"])}
         header = {"epoch": epoch, "next_epoch": next_epoch, "next_batch": next_batch, "global_step": step,
                   "sampler_epoch": next_epoch, "world_size": self.world, "fingerprint": self.cfg.fingerprint(),
                   "config": self.cfg.as_dict(), "writer_rank": self.rank, "writer_pid": os.getpid(),
@@ -290,6 +301,8 @@ class Trainer:
                 first = start_batch if epoch == start_epoch else 0
                 progress.start(epoch, self.steps_per_epoch - first)
                 losses: list[torch.Tensor] = []
+                if epoch == start_epoch and first:  # resumed mid-epoch: the losses of the steps before the snapshot
+                    losses = list(torch.tensor(self.epoch_losses, device=device).unbind())
                 epoch_times: list[float] = []
                 t_epoch = time.perf_counter()
                 for batch, (x, y) in enumerate(self.batches.epoch(epoch, first), start=first):
@@ -312,7 +325,7 @@ class Trainer:
                     self.phase = f"the stop-flag vote after step {step} (epoch {epoch})"
                     if watch.should_stop(step):  # a preemption signal reached some rank: all stop after this step
                         return self._preempted(ddp, watch, epoch, batch + 1, step, t_start, samples,
-                                               step_times + epoch_times)
+                                               step_times + epoch_times, losses)
                 elapsed = time.perf_counter() - t_epoch
                 step_times += epoch_times
                 self.summary["epoch_s"][epoch] = elapsed
@@ -337,7 +350,7 @@ class Trainer:
         say(line)
 
     def _preempted(self, ddp: DDP, watch: PreemptionWatch, epoch: int, next_batch: int, step: int,
-                   t_start: float, samples: int, times: list[float]) -> dict[str, Any]:
+                   t_start: float, samples: int, times: list[float], losses: list[torch.Tensor]) -> dict[str, Any]:
         next_epoch, next_batch = (epoch + 1, 0) if next_batch >= self.steps_per_epoch else (epoch, next_batch)
         self.phase = f"the vote on why the ranks stop, after step {step}"
         outside, signalled = watch.agree_on_cause()
@@ -351,7 +364,8 @@ class Trainer:
             return self.summary
         self.writer.join()  # a background snapshot still being written counts once it is on disk
         if self.snapdir is not None:
-            self._snapshot(ddp, epoch=epoch, next_epoch=next_epoch, next_batch=next_batch, step=step, urgent=True)
+            self._snapshot(ddp, epoch=epoch, next_epoch=next_epoch, next_batch=next_batch, step=step, urgent=True,
+                           losses=losses if next_batch else ())
         code, line = preemption_outcome(self.last_snapshot, step)
         self.summary.update(preempted=True, signal=watch.received or "another rank's signal", exit_code=code)
         if self.rank == 0:
