@@ -174,15 +174,19 @@ def run(args: argparse.Namespace) -> int:
         if not 0 <= cfg.root < rt.world_size:
             raise ConfigError(f"--root {cfg.root}", f"a rank between 0 and {rt.world_size - 1}", "pass --root 0")
         members: list[Any] = [None] * rt.world_size
+        name, uuid = runtime.device_identity(rt.device)
         dist.all_gather_object(members, {"rank": rt.rank, "host": socket.gethostname(), "pid": os.getpid(),
-                                         "device": str(rt.device)})
+                                         "device": name, "gpu_uuid": uuid})
+        # sweep.time_launch: CUDA events around the batch on a GPU, the host's clock on CPU
+        timer = "cuda-events" if rt.device.type == "cuda" else "perf_counter"
         lead = rt.rank == 0
         if lead:
             nodes = len({m["host"] for m in members})
             print(f"# ddpkit bench {__version__}: {rt.world_size} ranks on {nodes} node(s), backend {rt.backend}, "
-                  f"dtype {cfg.dtype}, warmup {cfg.warmup}, iters {cfg.iters}")
+                  f"dtype {cfg.dtype}, warmup {cfg.warmup}, iters {cfg.iters}, timer {timer}")
             for m in members:
-                print(f"#  rank {m['rank']:>3} pid {m['pid']:>7} on {m['host']} device {m['device']}")
+                gpu = f" {m['gpu_uuid']}" if m["gpu_uuid"] else ""
+                print(f"#  rank {m['rank']:>3} pid {m['pid']:>7} on {m['host']} device {m['device']}{gpu}")
         results = [] if args.transport == "mpi" else run_sweep(cfg, rank=rt.rank, world_size=rt.world_size,
                                                                  backend=rt.backend, device=rt.device)
         if lead:
@@ -212,7 +216,7 @@ def run(args: argparse.Namespace) -> int:
                            + ", ".join(f"{a} <-> {b}" for a, b in pairs["slow_links"]))
             passed = False
         report = {"kind": "bench", "version": __version__, "backend": rt.backend, "device": rt.device.type,
-                  "dtype": cfg.dtype, "redop": cfg.redop, "warmup": cfg.warmup, "iters": cfg.iters,
+                  "timer": timer, "dtype": cfg.dtype, "redop": cfg.redop, "warmup": cfg.warmup, "iters": cfg.iters,
                   "world": {"world_size": rt.world_size, "launcher": rt.world.launcher, "members": members},
                   "gate": opts["gate"], "ops": results, "avg_busbw": avg_busbw(results), "pairs": pairs,
                   "passed": passed, "reasons": reasons}
