@@ -206,8 +206,7 @@ def _preload(modules: tuple[str, ...]) -> bool:
     forked = bool(modules) and os.environ.get(worker.START_METHOD, "fork") == "fork" and not _cuda_build()
     for name in modules if forked else ():
         importlib.import_module(name)
-    if forked:
-        logging.getLogger("torch.distributed.elastic.multiprocessing.api").addFilter(drop_exit_tracebacks)
+    logging.getLogger("torch.distributed.elastic.multiprocessing.api").addFilter(drop_exit_tracebacks)
     return forked
 
 

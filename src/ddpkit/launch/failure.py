@@ -43,7 +43,12 @@ def root_cause(exc: object) -> int:
 
 
 def drop_exit_tracebacks(record: logging.LogRecord) -> bool:
-    """Forked ranks that exit non-zero make torch log a traceback of its own join(); ``root_cause`` says it in
-    one line, so the traceback (not the user's problem, and not ddpkit's) is dropped."""
+    """torch's own lines about a failed worker group, which ``root_cause`` says in one line: the traceback of its
+    join() when forked ranks exit non-zero (not the user's problem, and not ddpkit's), and, for ranks started
+    afresh, its "failed (exitcode: N) local_rank: R ..." and "Sending process P closing signal SIGTERM" lines."""
     exc = record.exc_info[1] if record.exc_info else None
-    return type(exc).__name__ != "ProcessExitedException"
+    if type(exc).__name__ == "ProcessExitedException":
+        return False
+    text = str(record.msg)
+    closing = text.startswith("Sending process") and "closing signal" in text
+    return not (text.startswith("failed (exitcode") or closing)
