@@ -91,7 +91,9 @@ def bench_floor() -> dict[str, Any]:
 
 FLOOR_ROWS = (("local", "no DDP, no communication: the floor"),
               ("flat_mpi", "no DDP: flat gradient buffer, one MPI.Allreduce after backward (not run by ddpkit)"),
+              ("ddp_noop", "DDP + a hook that returns each bucket untouched: no transport at all"),
               ("ddp_mpi", "DDP + ddpkit's hook, `mpi` transport (`--grad-transport mpi`)"),
+              ("ddp_mpi_static", "the same with `static_graph=True`"),
               ("ddp_gloo_gather", "DDP + ddpkit's hook, `gloo-gather` transport (`--grad-transport gloo`)"),
               ("ddp_allreduce", "DDP's own gloo all-reduce, no hook (the issue's baseline)"))
 
@@ -137,7 +139,7 @@ def _markdown(r: dict[str, Any]) -> str:
 def main(argv: list[str] | None = None) -> None:
     import argparse
 
-    from mpi4py import MPI
+    from ddpkit.train.mpi_transport import library_name
 
     ap = argparse.ArgumentParser(prog="bench_mpi")
     ap.add_argument("--parts", choices=["all", "floor"], default="all",
@@ -154,7 +156,7 @@ def main(argv: list[str] | None = None) -> None:
         print(_markdown(kept))
         return
     result: dict[str, Any] = {"machine": f"{platform.node()} {os.cpu_count()} cores", "load_start": os.getloadavg()[0],
-                              "mpi": MPI.Get_library_version().splitlines()[0].strip(), "pairs": PAIRS}
+                              "mpi": library_name(), "pairs": PAIRS}
     with tempfile.TemporaryDirectory() as tmp:
         result["default"] = bench_train(Path(tmp))
         print(f"default job: gloo/mpi median step ratio {result['default']['ratio_median']:.2f}x", flush=True)

@@ -5,6 +5,9 @@ same processes, alternating rounds. The seeds' Linear(20,1), batch 32, SGD, MSE:
 - ``ddp_mpi``: DDP with ddpkit's gradient hook and the ``mpi`` transport (what ``--grad-transport mpi`` runs);
 - ``ddp_gloo_gather``: DDP with ddpkit's hook and the ``gloo-gather`` transport (``--grad-transport gloo``);
 - ``ddp_allreduce``: DDP's own gloo all-reduce, no hook (the baseline of the issue's 7.3x);
+- ``ddp_noop``: DDP with a hook that hands each bucket back untouched: DDP's reducer, a Python hook and its
+  Future with no transport at all (the floor of any transport through DDP's hook API; replicas not averaged);
+- ``ddp_mpi_static``: ``ddp_mpi`` with ``static_graph=True`` (DDP skips some per-step work for a fixed graph);
 - ``flat_mpi``: no DDP: gradients as views of one flat buffer, one ``MPI.Allreduce`` after ``backward`` (what a
   step through MPI costs without DDP's reducer; not something ddpkit runs).
 
@@ -69,6 +72,17 @@ def main() -> None:
         if transport is not None:
             register_gradient_averaging(ddp, world_size=world, transport=transport)
         steps[name] = sgd_step(ddp, ddp)
+    static = DDP(torch.nn.Linear(20, 1), gradient_as_bucket_view=True, static_graph=True)
+    register_gradient_averaging(static, world_size=world, transport="mpi")
+    steps["ddp_mpi_static"] = sgd_step(static, static)
+    noop = DDP(torch.nn.Linear(20, 1), gradient_as_bucket_view=True)
+
+    def untouched(state: object, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+        fut: torch.futures.Future[torch.Tensor] = torch.futures.Future()
+        fut.set_result(bucket.buffer())
+        return fut
+    noop.register_comm_hook(None, lambda state, bucket: untouched(state, bucket))  # DDP reads real annotations
+    steps["ddp_noop"] = sgd_step(noop, noop)
     flat_model = torch.nn.Linear(20, 1)
     flat = torch.zeros(sum(p.numel() for p in flat_model.parameters()))
     start = 0

@@ -57,6 +57,7 @@ def test_openmpi_auto_picks_mpi_and_equals_gloo_bitwise(gloo_reference: Path, tm
     assert done.returncode == 0, done.stdout + done.stderr[-3000:]
     assert summary is not None and summary["grad_transport"] == "mpi" and summary["global_step"] == 32
     assert done.stderr.count("gradients averaged through MPI (Open MPI") == 1  # said once, by rank 0
+    assert "\x00" not in done.stderr
     assert same_state(_final(tmp_path)[1], _final(gloo_reference)[1], ("model", "optimizer", "rng", "loss_history"))
 
 
@@ -120,6 +121,7 @@ def test_bench_through_mpi_verifies_every_row(tmp_path: Path) -> None:
                    "--json", str(out))
     assert done.returncode == 0, done.stdout + done.stderr[-3000:]
     assert "# through MPI: Open MPI" in done.stdout and "# Out of bounds values : 0 OK" in done.stdout
+    assert "\x00" not in done.stdout  # Open MPI's library version ends with a NUL byte
     ops = json.loads(out.read_text())["ops"]
     mpi = [r for r in ops if r.get("transport") == "mpi"]
     assert {r["op"] for r in mpi} == {r["op"] for r in ops if "transport" not in r} and len(mpi) == 7

@@ -196,9 +196,9 @@ def run(args: argparse.Namespace) -> int:
             mpi_results = run_sweep(cfg, rank=rt.rank, world_size=rt.world_size, backend=rt.backend,
                                     device=rt.device, mpi_comm=comm)
             if lead:
-                from mpi4py import MPI
+                from ddpkit.train.mpi_transport import library_name
 
-                print(f"# through MPI: {MPI.Get_library_version().splitlines()[0].strip()} (mpi4py)")
+                print(f"# through MPI: {library_name()} (mpi4py)")
                 for result in mpi_results:
                     print(format_table(result, rt.world_size))
             results += mpi_results

@@ -136,10 +136,8 @@ def plan_transport(requested: str, *, backend: str, rank: int, world_size: int,
     if comm is None:  # auto: this MPI sees a world of one (another MPI's library): gloo, as before
         return None
     if rank == 0:
-        from mpi4py import MPI
-
         log.warning("gradients averaged through MPI (%s): %s ranks started by %s; --grad-transport gloo to opt out",
-                    MPI.Get_library_version().splitlines()[0].strip(), world_size, mpi_launcher(environ))
+                    mpi_transport.library_name(), world_size, mpi_launcher(environ))
     return "mpi"
 
 

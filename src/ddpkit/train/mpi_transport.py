@@ -44,6 +44,14 @@ def mpi4py_installed() -> bool:
     return importlib.util.find_spec("mpi4py") is not None
 
 
+def library_name() -> str:
+    """The MPI library's first line, e.g. ``Open MPI v4.1.4, package: ...`` (Open MPI ends it with a NUL byte,
+    which would reach the terminal and files)."""
+    from mpi4py import MPI
+
+    return MPI.Get_library_version().replace("\x00", "").splitlines()[0].strip()
+
+
 def check_mpi_usable(option: str, environ: Mapping[str, str] | None = None) -> str:
     """The MPI launcher kind of this process; ConfigError (exit 2) when none started it or mpi4py is missing."""
     environ = os.environ if environ is None else environ
@@ -122,7 +130,7 @@ def open_mpi_world(rank: int, world_size: int, *, option: str = "--grad-transpor
         else:
             hint = "the MPI library of the launcher that started the ranks (MPI4PY_LIBMPI=libmpi.so.40 for Open MPI)"
         raise EnvConflict(
-            f"{option}: the MPI world (rank {mpi_rank} of {mpi_size}, {MPI.Get_library_version().splitlines()[0]})"
+            f"{option}: the MPI world (rank {mpi_rank} of {mpi_size}, {library_name()})"
             f" is not torch's world (rank {rank} of {world_size}, from the {launcher} launcher's variables)",
             "one MPI world with the same ranks as torch's", f"use {hint}; or --grad-transport gloo")
     _comm = comm
