@@ -224,3 +224,24 @@ def test_bad_input_exits_2_before_training(baseline: Path, tmp_path: Path) -> No
     assert done.returncode == 2, done.stderr[-2000:]
     assert "different job" in done.stderr and "lr: snapshot 0.001, this run 0.5" in done.stderr
     assert "Traceback" not in done.stderr and "Epoch" not in done.stdout
+
+
+def test_preempted_after_an_epochs_last_step_keeps_that_epochs_loss(tmp_path: Path) -> None:
+    """One step an epoch: the drill fires on an epoch's last step, so the preemption snapshot starts the next epoch
+    and the stopped run must record the finished epoch's loss before it writes (it was lost from the history)."""
+    job = ("--samples", "32", "--epochs", "3", "--seed", "5")
+
+    def train(name: str, *extra: str) -> subprocess.CompletedProcess[str]:
+        return run_ddpkit("train", *job, "--snapshot-path", str(tmp_path / name / "snap.pt"), "--json",
+                          str(tmp_path / f"{name}.json"), *extra, timeout=120)
+
+    for name in ("whole", "cut"):
+        (tmp_path / name).mkdir()
+    assert train("whole").returncode == 0
+    stopped = train("cut", "--drill", "preempt@epoch=1")
+    assert stopped.returncode == 75, stopped.stdout + stopped.stderr
+    header, _ = newest_snapshot(tmp_path / "cut")
+    assert (header["next_epoch"], header["next_batch"]) == (2, 0)
+    assert train("cut", "--drill", "preempt@epoch=1").returncode == 0
+    history = [json.loads((tmp_path / f"{name}.json").read_text())["loss_history"] for name in ("whole", "cut")]
+    assert history[1] == history[0] and len(history[0]) == 3

@@ -363,6 +363,8 @@ class Trainer:
                       "preemption, no snapshot taken; %s", step, who, self.last_snapshot)
             return self.summary
         self.writer.join()  # a background snapshot still being written counts once it is on disk
+        if next_batch == 0 and losses:  # stopped after an epoch's last step: the epoch is complete, so is its loss
+            self.summary["loss_history"][epoch] = float(torch.stack(losses).mean())
         if self.snapdir is not None:
             self._snapshot(ddp, epoch=epoch, next_epoch=next_epoch, next_batch=next_batch, step=step, urgent=True,
                            losses=losses if next_batch else ())
