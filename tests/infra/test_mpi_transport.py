@@ -114,6 +114,12 @@ def test_refusals_say_what_to_install_or_how_to_launch(tmp_path: Path) -> None:
     assert json.loads((tmp_path / "s.json").read_text())["grad_transport"] == "gloo-gather"
 
 
+def test_bench_through_mpi_refuses_gpu_buffers() -> None:
+    done = _ddpkit(OPENMPI, "bench", "--transport", "both", "--backend", "nccl")
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "--transport both with the process-group backend nccl" in done.stderr and "Traceback" not in done.stderr
+
+
 def test_bench_through_mpi_verifies_every_row(tmp_path: Path) -> None:
     require_tools("mpirun")
     out = tmp_path / "bench.json"

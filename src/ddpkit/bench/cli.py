@@ -164,6 +164,11 @@ def run(args: argparse.Namespace) -> int:
     cfg = opts["sweep"]
     comm, world = None, None
     if args.transport != "torch":  # MPI's world is checked against torch's before the process group starts
+        backend = runtime.pick_backend(args.backend)
+        if backend != "gloo":  # MPI gets numpy views of the buffers: host memory only
+            raise ConfigError(f"--transport {args.transport} with the process-group backend {backend}",
+                              "CPU tensors (backend gloo): ddpkit hands MPI numpy views of host memory",
+                              "pass --backend gloo, or --transport torch on GPUs")
         from ddpkit.env import detect
         from ddpkit.train.mpi_transport import open_mpi_world
 
