@@ -15,7 +15,7 @@ PY=${PYTHON:-python3}
 wheels() {
     local dir=${1:-.whl}
     mkdir -p "$dir"
-    # python-hostlist publishes no wheel: build one (pure Python) from its sdist
+    # no wheel of python-hostlist was found here (pip download --only-binary): pip builds one (pure Python)
     "$PY" -m pip wheel -q --no-deps -w "$dir" python-hostlist==2.3.0
     ls -l "$dir"
 }
