@@ -71,26 +71,14 @@ run() {
     step compare 0 "$PY" - "$work" "$OUTDIR" <<'PYEOF'
 import json, statistics, sys
 from pathlib import Path
-import torch
-from ddpkit.train.snapshot import SnapshotDir, read_snapshot
+from tests.helpers import newest_snapshot, same_state
 
 work, out = Path(sys.argv[1]), Path(sys.argv[2])
-def newest(name):
-    (_, path), *_ = SnapshotDir(work / name, "snap", ".pt", keep=1).candidates()
-    return read_snapshot(path)
-def equal(x, y):
-    if isinstance(x, torch.Tensor):
-        return isinstance(y, torch.Tensor) and x.dtype == y.dtype and x.device == y.device and torch.equal(x, y)
-    if isinstance(x, dict):
-        return isinstance(y, dict) and x.keys() == y.keys() and all(equal(x[k], y[k]) for k in x)
-    if isinstance(x, (list, tuple)):
-        return len(x) == len(y) and all(equal(a, b) for a, b in zip(x, y))
-    return x == y
-(hb, base), (hc, cut), (ha, asyn) = newest("base"), newest("cut"), newest("async")
+base, cut, asyn = (newest_snapshot(work / name)[1] for name in ("base", "cut", "async"))
 devices = sorted({str(t.device) for t in base["model"].values()})
 print("snapshot tensors on", devices, "| cuda RNG saved:", "cuda" in base["rng"][0])
 for name, state in (("preempted+resumed", cut), ("async", asyn)):
-    same = {k: equal(state[k], base[k]) for k in ("model", "optimizer", "rng", "loss_history")}
+    same = {k: same_state(state, base, (k,)) for k in ("model", "optimizer", "rng", "loss_history")}
     print(f"{name} vs uninterrupted, bitwise: {same}")
     assert all(same.values()), name
 for name in ("train-base", "train-async"):

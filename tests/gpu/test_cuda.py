@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 import torch
 
+from ddpkit.train.snapshot import read_snapshot
 from tests.helpers import newest_snapshot, run_ddpkit, run_torchrun_worker, same_state
 
 pytestmark = [
@@ -105,8 +106,6 @@ def test_async_snapshots_of_cuda_tensors_hold_what_sync_ones_do(baseline: Path, 
     assert summary is not None and len(summary["snapshot_stall_s"]) == 4
     for step in (32, 64, 96, 128):  # 1024 samples / batch 32 = 32 steps an epoch
         name = f"snap.{step:09d}.pt"
-        from ddpkit.train.snapshot import read_snapshot
-
         assert same_state(read_snapshot(tmp_path / name)[1], read_snapshot(baseline / name)[1],
                           ("model", "optimizer", "loss_history"))
 

@@ -326,10 +326,9 @@ def measure_pairs(*, mode: str, size: int, iters: int, threshold: float, rank: i
         median, in_round = judge_round(pairs, links, threshold)
         rounds.append({"pairs": list(pairs), "seconds": round(took, 4), "median_bw": median, "slow": in_round,
                        "confirm": k >= len(plan)})
-    slow_links = named
     return PairsResult(mode=mode, schedule=schedule, names=tuple(names), leaders=tuple(leaders), links=links,
                        rounds=tuple(rounds), size=runner.size, threshold=threshold, reference_bw=ref_bw,
-                       reference_latency_us=ref_lat, slow_links=tuple(sorted(set(slow_links))),
+                       reference_latency_us=ref_lat, slow_links=tuple(named),
                        slow_endpoints=tuple(slow), suspects=tuple(suspects), seconds=sum(runner.seconds), note=note,
                        budget_s=seconds, cut=tuple(sorted(runner.cut)))
 
