@@ -51,3 +51,19 @@ def test_program_exit_keeps_output_atexit_handlers_and_running_threads(case: str
     assert done.returncode == 0, done.stderr
     assert '"launcher"' in done.stdout and done.stdout.rstrip().endswith("atexit handler ran")
     assert ("non-daemon thread finished" in done.stdout) == (case == "thread")
+
+
+def test_a_late_rendezvous_close_is_not_a_warning_but_other_rendezvous_warnings_stay() -> None:
+    import logging
+
+    from ddpkit.launch.failure import quiet_late_rendezvous_close
+
+    def record(msg: str) -> logging.LogRecord:
+        return logging.LogRecord("torch.distributed.elastic.rendezvous.dynamic_rendezvous", logging.WARNING, __file__,
+                                 1, msg, None, None)
+
+    late = ("The node '10.0.0.2_23827_0' has failed to shutdown the rendezvous 'b6d2ca25' due to an error of type "
+            "RendezvousConnectionError.")
+    assert not quiet_late_rendezvous_close(record(late))
+    assert quiet_late_rendezvous_close(record(late.replace("RendezvousConnectionError", "RendezvousStateError")))
+    assert quiet_late_rendezvous_close(record("The node 'x' has joined round 1 of the rendezvous 'b6d2ca25'"))

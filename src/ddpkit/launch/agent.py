@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from ddpkit.errors import EXIT_PREEMPTED, DeadlineExpired
 from ddpkit.launch import worker
 from ddpkit.launch.addresses import hosts_endpoint, local_addr_towards
-from ddpkit.launch.failure import drop_exit_tracebacks, root_cause
+from ddpkit.launch.failure import drop_exit_tracebacks, quiet_late_rendezvous_close, root_cause
 from ddpkit.launch.shape import JobShape
 from ddpkit.launch.stops import FORWARDED, LostPeerBackstop, handle_outside_signals, lost_reports
 from ddpkit.log import get_logger
@@ -116,6 +116,8 @@ def launch(options: LaunchOptions, entrypoint: Entrypoint, argv: list[str]) -> i
     if options.store_timeout is not None:
         conf.setdefault("read_timeout", options.store_timeout)
     forked = _preload(options.preload)
+    logging.getLogger("torch.distributed.elastic.multiprocessing.api").addFilter(drop_exit_tracebacks)
+    logging.getLogger("torch.distributed.elastic.rendezvous.dynamic_rendezvous").addFilter(quiet_late_rendezvous_close)
     config = LaunchConfig(
         min_nodes=shape.min_nodes,
         max_nodes=shape.max_nodes,
@@ -206,7 +208,6 @@ def _preload(modules: tuple[str, ...]) -> bool:
     forked = bool(modules) and os.environ.get(worker.START_METHOD, "fork") == "fork" and not _cuda_build()
     for name in modules if forked else ():
         importlib.import_module(name)
-    logging.getLogger("torch.distributed.elastic.multiprocessing.api").addFilter(drop_exit_tracebacks)
     return forked
 
 
