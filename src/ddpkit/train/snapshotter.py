@@ -33,7 +33,8 @@ from ddpkit.log import get_logger
 from ddpkit.train.config import TrainConfig, snapshot_location
 from ddpkit.train.output import say
 from ddpkit.train.rng import capture_rng, restore_rng, seed_everything
-from ddpkit.train.snapshot import AsyncWriter, CpuShadow, SnapshotDir, read_snapshot, write_snapshot
+from ddpkit.train.snapshot import SnapshotDir, read_snapshot, write_snapshot
+from ddpkit.train.staging import AsyncWriter, CpuShadow
 from ddpkit.train.stops import LastSnapshot
 from ddpkit.train.summary import ResumedFrom
 
