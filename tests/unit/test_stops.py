@@ -11,9 +11,9 @@ from types import SimpleNamespace
 import pytest
 
 from ddpkit.errors import EXIT_PREEMPTED, EXIT_PREEMPTED_UNSAVED
+from ddpkit.launch.rendezvous import JoinedNode, describe_missing
 from ddpkit.launch.shape import parse_job_shape
 from ddpkit.launch.stops import handle_outside_signals, lost_reports
-from ddpkit.rendezvous import JoinedNode, describe_missing
 from ddpkit.stopping import signal_from_outside
 from ddpkit.train.stops import LastSnapshot, describe_lost_peer, preemption_outcome
 

@@ -28,11 +28,12 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ddpkit.comm import GRAD_TRANSPORTS
 from ddpkit.errors import ConfigError
 from ddpkit.inputs import check_output_path, output_path, seconds
 from ddpkit.log import get_logger
 from ddpkit.stopping import RunOutcome, leave_preempted_code
-from ddpkit.train.config import GRAD_TRANSPORTS, MODELS, PREEMPT_SIGNALS, TrainConfig, check_job_spec, parse_drill
+from ddpkit.train.config import MODELS, PREEMPT_SIGNALS, TrainConfig, check_job_spec, parse_drill
 from ddpkit.train.output import say
 from ddpkit.train.summary import RunSummary
 from ddpkit.worker_context import WorkerContext
@@ -165,9 +166,9 @@ def run(args: argparse.Namespace) -> int:
     from datetime import timedelta
 
     import ddpkit
+    from ddpkit.comm.gradients import plan_transport
     from ddpkit.env import detect
     from ddpkit.runtime import pick_backend
-    from ddpkit.train.gradients import plan_transport
     from ddpkit.train.jobs import load_job
     from ddpkit.train.stops import report_lost_peer
     from ddpkit.train.trainer import Trainer

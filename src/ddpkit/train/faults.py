@@ -1,7 +1,7 @@
 """Faults the trainer survives: preemption signals, Slurm requeue, and drills that inject a fault once on purpose.
 
 Preemption: the handler only sets a flag, and the flag travels with the gradients: the watch is the rider of the
-gradient averaging hook (``train/gradients.py``), which appends it to the last gradient bucket's reduction (one
+gradient averaging hook (``comm/gradients.py``), which appends it to the last gradient bucket's reduction (one
 extra number; no extra collective, no extra round trip). When backward returns, every rank holds the same sum of
 flags, so all ranks stop after the same step, even when the signal reached a single rank, and none is left waiting
 in a collective. The ranks then agree whether any signal came from outside the job (``agree_on_cause``; the
@@ -78,7 +78,7 @@ class PreemptionWatch:
         a hook for it): then ``should_stop`` reads the flags summed with the last bucket, else it votes."""
         self.piggyback = riding
 
-    # Rider (train/gradients.py): the flag goes out with the last gradient bucket, the ranks' sum comes back.
+    # Rider (comm/gradients.py): the flag goes out with the last gradient bucket, the ranks' sum comes back.
     def outgoing(self) -> torch.Tensor:
         return self._one if self.received is not None else self._zero
 

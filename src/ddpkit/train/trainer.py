@@ -30,12 +30,12 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import Dataset
 
+from ddpkit.comm.gradients import register_gradient_averaging
 from ddpkit.log import get_logger
 from ddpkit.stopping import RunOutcome, mark_outside_signal
 from ddpkit.train.config import TrainConfig
 from ddpkit.train.data import Batches
 from ddpkit.train.faults import DrillBook, PreemptionWatch, requeue_slurm_job
-from ddpkit.train.gradients import register_gradient_averaging
 from ddpkit.train.output import say
 from ddpkit.train.progress import Progress, on_terminal
 from ddpkit.train.snapshotter import Snapshotter
@@ -150,7 +150,7 @@ class Trainer:
         ddp = DDP(model, device_ids=[device.index] if device.type == "cuda" else None, gradient_as_bucket_view=True)
         watch = PreemptionWatch((signal.SIGTERM, self.cfg.preempt_signum), device, self.world,
                                 stop_dir=self.context.stop_dir).install()
-        # How gradients are averaged (train/gradients.py): small models through ddpkit's hook, with the transport
+        # How gradients are averaged (comm/gradients.py): small models through ddpkit's hook, with the transport
         # that suits the backend, the ranks' stop flags riding on the last bucket; larger ones by DDP's own C++
         # all-reduce (None), the stop flags then voted on every few steps.
         averaging = register_gradient_averaging(ddp, world_size=self.world, rider=watch, transport=self.transport)
