@@ -15,9 +15,10 @@ from ddpkit.ports import PORT_RANGE, derive_port  # defined once, shared with th
 __all__ = ["PORT_RANGE", "AgentPlan", "VarReader", "WorldInfo", "derive_port", "expand_nodelist", "is_ip_address",
            "parse_count", "present"]
 
-# ASCII digits only, and few enough of them: str.isdigit() accepts superscripts ("²") that int() refuses, and
-# int() refuses more than 4300 digits; no rank, count or port has more than 18.
-_INTEGER = re.compile(r"[+-]?[0-9]{1,18}")
+# One rule for every number a launcher sets: ASCII digits only, nothing around them, and few enough of them. A
+# launcher writes "4", never "+4", " 4", "4.0", "1e3" or "²" (str.isdigit() accepts superscripts; int() accepts
+# signs, spaces and underscores): such a value was written by hand and is refused at once (exit 2), never guessed.
+_INTEGER = re.compile(r"-?[0-9]{1,18}")  # a minus sign is read, to say "below 0"
 
 
 def present(environ: Mapping[str, str], name: str) -> bool:
@@ -27,9 +28,8 @@ def present(environ: Mapping[str, str], name: str) -> bool:
 
 
 def parse_count(raw: str) -> int | None:
-    """The integer a launcher variable holds, or None when it is not a plain decimal number."""
-    text = raw.strip()
-    return int(text) if _INTEGER.fullmatch(text) else None
+    """The integer a launcher variable holds, or None when it is not plain decimal digits (see ``_INTEGER``)."""
+    return int(raw) if _INTEGER.fullmatch(raw) else None
 
 
 @dataclass(frozen=True, kw_only=True)
