@@ -70,7 +70,11 @@ class WorldInfo:
     world_size: int
     """Number of processes in the world."""
     local_world_size: int
-    """Number of processes on this node."""
+    """Number of processes on this node; where ``local_world_known`` is False, only a lower bound (local rank + 1)
+    until ``ddpkit.runtime.init`` counts the ranks on this host."""
+    local_world_known: bool = True
+    """False where the launcher gives no local world size (a hand-exported RANK/WORLD_SIZE/MASTER_* world, as torch's
+    env:// accepts): commands count it at start-up; ``ddpkit run`` leaves LOCAL_WORLD_SIZE unset, as it was."""
     node_rank: int
     """Index of this node, 0 <= node_rank < num_nodes."""
     num_nodes: int
@@ -100,7 +104,7 @@ class WorldInfo:
             "rank": self.rank,
             "local_rank": self.local_rank,
             "world_size": self.world_size,
-            "local_world_size": self.local_world_size,
+            "local_world_size": self.local_world_size if self.local_world_known else None,
             "node_rank": self.node_rank,
             "num_nodes": self.num_nodes,
             "master_addr": self.master_addr,
