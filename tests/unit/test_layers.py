@@ -7,6 +7,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+import pytest
+
 SRC = Path(__file__).resolve().parents[2] / "src" / "ddpkit"
 
 #: Bottom first. A module belongs to the layer of its longest listed prefix.
@@ -19,7 +21,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     # 2: the process group, and the collectives that check, bench and train share
     ("ddpkit.runtime", "ddpkit.comm"),
     # 3: the commands and the launcher, side by side
-    ("ddpkit.check", "ddpkit.bench", "ddpkit.train", "ddpkit.env.cli", "ddpkit.jobs", "ddpkit.launch"),
+    ("ddpkit.check", "ddpkit.bench", "ddpkit.train", "ddpkit.script", "ddpkit.env.cli", "ddpkit.jobs",
+     "ddpkit.launch"),
     # 4: what check and bench wrote -> one report
     ("ddpkit.report",),
     # 5: argv -> a command (and the package's public entry points, which load lazily)
@@ -35,7 +38,10 @@ def _owner(module: str, table: tuple[str, ...]) -> str | None:
 
 
 def layer(module: str) -> int:
-    found = [(len(p), i) for i, names in enumerate(LAYERS) for p in names if module == p or module.startswith(p + ".")]
+    # "ddpkit" itself (``import ddpkit``, ``from ddpkit import __version__``) is exact: a new top-level module must
+    # be placed in a layer by hand
+    found = [(len(p), i) for i, names in enumerate(LAYERS) for p in names
+             if module == p or (p != "ddpkit" and module.startswith(p + "."))]
     if not found:
         raise AssertionError(f"{module} is in no layer of tests/unit/test_layers.py: add it where it belongs")
     return max(found)[1]
@@ -99,5 +105,7 @@ def test_an_upward_or_sideways_import_is_caught() -> None:
     assert violations("ddpkit.env.slurm", "from ddpkit import runtime\n")
     assert violations("ddpkit.train.cli", "from ..launch import worker\n")  # relative
     assert violations("ddpkit.stopping", "from ddpkit.launch import stops\n")
+    with pytest.raises(AssertionError, match="in no layer"):  # a new module must be placed
+        violations("ddpkit.newthing", "import os\n")
     assert not violations("ddpkit.train.trainer", "from ddpkit.comm.gradients import register_gradient_averaging\n"
                           "from ddpkit.train.config import TrainConfig\nimport ddpkit\n")

@@ -38,9 +38,8 @@ from ddpkit.train.output import say
 from ddpkit.train.summary import RunSummary
 from ddpkit.worker_context import WorkerContext
 
-__all__ = ["PRELOAD", "WORKER", "add_arguments", "config_from_args", "run"]
+__all__ = ["PRELOAD", "add_arguments", "config_from_args", "run"]
 
-WORKER = True
 # Under `ddpkit train -n N` the agent imports these once and forks the ranks (ddpkit.launch.agent), as `check` does:
 # torch and torch._dynamo (which DDP's constructor imports) cost each fresh rank 3-8 s on a loaded 2-core machine.
 PRELOAD = ("torch.nn.parallel", "torch._dynamo", "ddpkit.runtime", "ddpkit.train.jobs", "ddpkit.train.trainer")
