@@ -159,10 +159,12 @@ def write_snapshot(path: Path, state: Mapping[str, Any], header: Mapping[str, An
                    phases: dict[str, float] | None = None) -> int:
     """Serialise ``state`` and write it atomically to ``path``; returns the bytes written.
 
-    One pass over the bytes: torch.save writes straight into the file while a helper thread checksums the same
-    chunks; the header line (written first, with room for the length) gets the checksum and length at the end.
+    One pass over the bytes: torch.save writes straight into the file (without the zip's own CRC32 of each record,
+    which the SHA-256 makes redundant) while a helper thread checksums the same chunks; the header line (written
+    first, with room for the length) gets the checksum and length at the end.
     ``phases``, when given, receives the seconds of each phase: serialise_write (serialising, writing and most
-    of the checksum, overlapped), checksum (what was left of it), header, fsync, rename (with the directory's fsync).
+    of the checksum, overlapped), fsync (of the payload; the checksum goes on meanwhile), checksum (what was left of
+    it), header (written and fdatasync'd), rename (with the directory's fsync).
     """
     t = time.perf_counter()
     storages = _storages(dict(state), [])
@@ -187,21 +189,29 @@ def write_snapshot(path: Path, state: Mapping[str, Any], header: Mapping[str, An
         with open(tmp, "wb") as f:
             f.write(MAGIC + b" " * (width - 1) + b"\n")
             sink = _HashingSink(f, storages)
+            # The zip's CRC32 of each record would be another pass over every byte, and the payload's SHA-256 already
+            # covers them: off for this save (torch.load does not need it; `unzip -t` would then complain)
+            crc32 = torch.serialization.get_crc32_options()
+            torch.serialization.set_crc32_options(False)
             try:
                 torch.save(dict(state), cast(IO[bytes], sink))  # torch needs only write (and flush)
             except RuntimeError:
                 if sink.error is not None:
                     raise sink.error from None
                 raise
+            finally:
+                torch.serialization.set_crc32_options(crc32)
+            f.flush()
             lap("serialise_write")
+            os.fsync(f.fileno())  # the payload goes to disk while the helper thread finishes the checksum
+            lap("fsync")
             digest = sink.hexdigest()
             lap("checksum")
             f.seek(len(MAGIC))
             f.write(_header_line(header, digest, sink.length, width))
             f.flush()
+            os.fdatasync(f.fileno())  # the header's page (the file's size and blocks are already durable)
             lap("header")
-            os.fsync(f.fileno())
-            lap("fsync")
         os.replace(tmp, path)
     except OSError as exc:
         if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
