@@ -135,7 +135,7 @@ def test_drills_parse_and_fire_once(tmp_path: Path) -> None:
     again = DrillBook(tmp_path / "d.json", (drill,))  # the restarted attempt
     assert again.due(3, 4, 8) is None
     (report,) = again.report(resumed_step=24, interval_steps=8)
-    assert report["lost_steps"] == 4 and report["within_interval"]
+    assert report.lost_steps == 4 and report.within_interval
 
 
 @pytest.mark.parametrize("kwargs", [{"save_every": 0}, {"samples": -1}, {"batch_size": 0}, {"epochs": 0},

@@ -149,9 +149,9 @@ def _report(summary: RunSummary) -> None:
         + (f" (resumed at epoch {resumed.epoch}, step {resumed.global_step})" if resumed else "")
         + f"; restarts: {summary.restarts}")
     for d in summary.drills:
-        say(f"Drill {d['drill']}: injected {d['injected']}; restarted {summary.restarts} time(s); resumed "
-            f"{'at step ' + str(resumed.global_step) if resumed else 'no'}; lost {d['lost_steps']} steps "
-            f"({'within' if d['within_interval'] else 'BEYOND'} the snapshot interval)")
+        say(f"Drill {d.drill}: injected {d.injected}; restarted {summary.restarts} time(s); resumed "
+            f"{'at step ' + str(resumed.global_step) if resumed else 'no'}; lost {d.lost_steps} steps "
+            f"({'within' if d.within_interval else 'BEYOND'} the snapshot interval)")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -31,6 +31,7 @@ import torch.distributed as dist
 from ddpkit.log import get_logger
 from ddpkit.stopping import signal_from_outside
 from ddpkit.train.config import Drill
+from ddpkit.train.summary import DrillResult
 
 __all__ = ["DrillBook", "PreemptionWatch", "requeue_slurm_job"]
 
@@ -163,7 +164,7 @@ class DrillBook:
             os.fsync(f.fileno())
         os.replace(tmp, self.path)
 
-    def report(self, resumed_step: int | None, interval_steps: int) -> list[dict[str, Any]]:
+    def report(self, resumed_step: int | None, interval_steps: int) -> list[DrillResult]:
         """For each fired drill: what was injected, and what was lost (steps re-done after the resume)."""
         out = []
         asked = {str(d) for d in self.drills}
@@ -174,7 +175,7 @@ class DrillBook:
                 lost: int | None = 0
             else:
                 lost = None if resumed_step is None else max(0, rec["global_step"] - resumed_step)
-            out.append({"drill": name, "injected": f"{rec['kind']} of rank {rec['rank']} at epoch {rec['epoch']} "
-                        f"(global step {rec['global_step']})", "fired_at_step": rec["global_step"],
-                        "lost_steps": lost, "within_interval": lost is not None and lost <= interval_steps})
+            out.append(DrillResult(drill=name, injected=f"{rec['kind']} of rank {rec['rank']} at epoch {rec['epoch']} "
+                                   f"(global step {rec['global_step']})", fired_at_step=rec["global_step"],
+                                   lost_steps=lost, within_interval=lost is not None and lost <= interval_steps))
         return out

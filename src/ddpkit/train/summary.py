@@ -12,7 +12,7 @@ from typing import Any
 from ddpkit.stopping import RunOutcome
 from ddpkit.train.timeline import phases
 
-__all__ = ["ResumedFrom", "RunSummary", "percentile"]
+__all__ = ["DrillResult", "ResumedFrom", "RunSummary", "percentile"]
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -34,6 +34,21 @@ class ResumedFrom:
     """The batch of that epoch it continued at (0: the epoch's start)."""
     global_step: int
     """The snapshot's global step: training continued at the next."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class DrillResult:
+    """A drill that fired in this run: what was injected, and what it cost."""
+
+    drill: str
+    """As given: ``kill-worker@epoch=2,rank=1``."""
+    injected: str
+    """What was done, in words."""
+    fired_at_step: int
+    lost_steps: int | None
+    """Steps done again after the resume (None: the run did not resume)."""
+    within_interval: bool
+    """The loss is within one snapshot interval."""
 
 
 @dataclass(kw_only=True)
@@ -75,7 +90,7 @@ class RunSummary:
     step_ms_p95: float = math.nan
     first_loss: float | None = None
     final_loss: float | None = None
-    drills: list[dict[str, Any]] = field(default_factory=list)
+    drills: list[DrillResult] = field(default_factory=list)
     requeue: str | None = None
     """What --requeue did, in words."""
     marks: dict[str, float] = field(default_factory=dict)
@@ -108,7 +123,7 @@ class RunSummary:
             "outcome": self.outcome.value, "grad_transport": self.grad_transport, "stop_flags": self.stop_flags,
             "global_step": self.global_step, "wall_s": self.wall_s, "samples_per_s": self.samples_per_s,
             "step_ms_p50": self.step_ms_p50, "step_ms_p95": self.step_ms_p95, "first_loss": self.first_loss,
-            "final_loss": self.final_loss, "drills": self.drills}
+            "final_loss": self.final_loss, "drills": [vars(d).copy() for d in self.drills]}
         if self.outcome is not RunOutcome.COMPLETED:
             out.update(signal=self.signal, exit_code=self.exit_code)
         if self.requeue is not None:
