@@ -168,8 +168,8 @@ def run(args: argparse.Namespace) -> int:
             raise ConfigError(f"--transport {args.transport} with the process-group backend {backend}",
                               "CPU tensors (backend gloo): ddpkit hands MPI numpy views of host memory",
                               "pass --backend gloo, or --transport torch on GPUs")
+        from ddpkit.comm.mpi_transport import open_mpi_world
         from ddpkit.env import detect
-        from ddpkit.train.mpi_transport import open_mpi_world
 
         world = detect()
         comm = open_mpi_world(world.rank, world.world_size, option=f"--transport {args.transport}")
@@ -200,7 +200,7 @@ def run(args: argparse.Namespace) -> int:
             mpi_results = run_sweep(cfg, rank=rt.rank, world_size=rt.world_size, backend=rt.backend,
                                     device=rt.device, mpi_comm=comm)
             if lead:
-                from ddpkit.train.mpi_transport import library_name
+                from ddpkit.comm.mpi_transport import library_name
 
                 print(f"# through MPI: {library_name()} (mpi4py)")
                 for result in mpi_results:

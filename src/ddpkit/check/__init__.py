@@ -164,7 +164,7 @@ def run(args: argparse.Namespace) -> int:
     world = detect()
     backend = pick_backend(args.backend)
     device = pick_device(backend, world.local_rank)
-    from ddpkit.train.gradients import plan_transport
+    from ddpkit.comm.gradients import plan_transport
 
     # DDP-sync verifies the gradient path train would use here (MPI's world checked before any store or group)
     transport = plan_transport(args.grad_transport, backend=backend, rank=world.rank, world_size=world.world_size)

@@ -71,7 +71,7 @@ def _command(spec: JobSpec) -> list[str]:
 
 def _plain(spec: JobSpec) -> bool:
     """A fixed shape on c10d: Master + Workers, no elasticPolicy (an elastic shape or etcd needs the policy)."""
-    return spec.shape.min_nodes == spec.shape.max_nodes and spec.k8s_rdzv == "c10d"
+    return not spec.shape.is_elastic and spec.k8s_rdzv == "c10d"
 
 
 def pytorchjob(spec: JobSpec) -> Manifest:
@@ -110,7 +110,7 @@ def pytorchjob(spec: JobSpec) -> Manifest:
 
 def trainjob(spec: JobSpec) -> Manifest:
     s = spec.shape
-    if s.min_nodes != s.max_nodes:
+    if s.is_elastic:
         raise ConfigError(f"an elastic shape {s} for a TrainJob", "a fixed shape such as -j 2x4 (Trainer v2 "
                           "TrainJobs have a fixed numNodes)", "use -j NNODESxNPROC or --k8s-kind pytorchjob")
     volumes, mounts = _volumes(spec)

@@ -313,12 +313,12 @@ def _check_combinations(spec: JobSpec) -> None:
         if given:
             raise clash(f"{', '.join(given)} only apply to the slurm backend, not {spec.backend}",
                         f"drop {', '.join(given)} or use ddpkit submit slurm")
-    if spec.tasks_per_rank and spec.shape.min_nodes != spec.shape.max_nodes:
+    if spec.tasks_per_rank and spec.shape.is_elastic:
         raise clash(f"--tasks-per-rank with an elastic shape {spec.shape}", "drop --tasks-per-rank: elastic "
                     "jobs need a torchrun agent per node")
     if spec.static and spec.backend != "torchrun":
         raise clash(f"--static with the {spec.backend} backend", "drop --static: it is a torchrun rendezvous")
-    if spec.static and spec.shape.min_nodes != spec.shape.max_nodes:
+    if spec.static and spec.shape.is_elastic:
         raise clash(f"--static with an elastic shape {spec.shape}", "use c10d (drop --static) for elastic jobs")
     if spec.tasks_per_rank and spec.max_restarts:
         raise clash("--tasks-per-rank with --max-restarts", "drop one: restarts are torchrun's (one agent per node)")
@@ -331,7 +331,7 @@ def _check_combinations(spec: JobSpec) -> None:
         raise clash("the job asks for MPI (--grad-transport/--transport mpi) but each Slurm task would be a "
                     "torchrun agent, not an MPI rank", "add --tasks-per-rank: srun then starts every rank as one "
                     "MPI world (--mpi=pmix for Open MPI, --mpi=pmi2 with --mpi mpich)")
-    if spec.backend == "mpi" and spec.shape.min_nodes != spec.shape.max_nodes:
+    if spec.backend == "mpi" and spec.shape.is_elastic:
         raise clash(f"mpi with an elastic shape {spec.shape}", "use a fixed shape such as -j 2x4")
     if spec.backend == "mpi" and spec.hosts and len(spec.hosts) != spec.shape.max_nodes:
         raise clash(f"--hosts names {len(spec.hosts)} host(s) but -j asks for {spec.shape.max_nodes} node(s)",
