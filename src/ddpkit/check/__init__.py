@@ -23,8 +23,8 @@ from dataclasses import replace
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
-from ddpkit.check import collectives, ddpsync, render
 from ddpkit.baseline import baseline_path
+from ddpkit.check import collectives, ddpsync, render
 from ddpkit.check.consistency import judge_consistency, judge_network
 from ddpkit.check.nodes import bad_hosts, judge_nodes, node_facts
 from ddpkit.check.outcome import FAIL, Outcome, exit_code, failed

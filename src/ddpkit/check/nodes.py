@@ -126,7 +126,7 @@ def judge_nodes(records: Sequence[Record]) -> list[Outcome]:
         notes += [f"{host}: {t}" for t in alone_notes]
         bad[host] += alone_fails
     out = []
-    data = {"bad_hosts": {h: rs for h, rs in bad.items() if rs}}
+    data: dict[str, object] = {"bad_hosts": {h: rs for h, rs in bad.items() if rs}}
     if fails:
         out.append(failed("node-facts", "nodes differ where it breaks collectives or throughput: " + "; ".join(fails),
                           data=data))
@@ -175,7 +175,7 @@ def compare_to_baseline(records: Sequence[Record], baseline: Mapping[str, Mappin
         notes.append(f"in the baseline but not in this run: {', '.join(missing)}")
     if fails:
         return failed("baseline-facts", "facts changed since the baseline: " + "; ".join(fails + notes),
-                      data={"bad_hosts": dict(bad)})
+                      data={"bad_hosts": dict(bad)})  # host -> reasons
     if notes:
         return Outcome(name="baseline-facts", status=WARN, detail="; ".join(notes))
     return Outcome(name="baseline-facts", status=PASS,
@@ -196,8 +196,8 @@ def bad_hosts(outcomes: Sequence[Outcome], records: Sequence[Record], *, hosts: 
     for o in outcomes:
         if o.status != FAIL:
             continue
-        named = o.data.get("bad_hosts") if isinstance(o.data.get("bad_hosts"), dict) else None
-        if named:
+        named = o.data.get("bad_hosts")
+        if isinstance(named, dict) and named:
             for label, reasons in named.items():
                 host = label.split(" (node ")[0]
                 entries += [(host, by_host.get(host), f"{o.name}: {reason}") for reason in reasons]
