@@ -33,9 +33,8 @@ from ddpkit.inputs import output_path, seconds
 from ddpkit.log import get_logger
 from ddpkit.remedy import add_on_fail_argument
 
-__all__ = ["WORKER", "add_arguments", "run"]
+__all__ = ["add_arguments", "run"]
 
-WORKER = True
 log = get_logger(__name__)
 
 

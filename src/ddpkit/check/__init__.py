@@ -41,9 +41,8 @@ from ddpkit.remedy import add_on_fail_argument, drain, report_lines
 if TYPE_CHECKING:
     import torch.distributed as dist
 
-__all__ = ["WORKER", "add_arguments", "run"]
+__all__ = ["add_arguments", "run"]
 
-WORKER = True
 # Under `ddpkit check -n N` the agent imports these once and forks the ranks (ddpkit.launch.agent): DDP's first use
 # imports torch._dynamo, 1.5-2.5 s per rank, most of the check's cost over a bare hello world.
 PRELOAD = ("torch.nn.parallel", "torch._dynamo", "ddpkit.check.ddpsync", "ddpkit.runtime", "rich.table")
