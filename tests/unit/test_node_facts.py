@@ -229,3 +229,17 @@ def test_this_machines_facts_are_read() -> None:
     assert facts["nic"]["mtu"] == int(Path("/sys/class/net/lo/mtu").read_text())
     assert facts["memory_gib"] > 0 and facts["kernel"] == os.uname().release
     assert facts["gpus"] is None or isinstance(facts["gpus"], list)
+
+
+def test_report_shows_a_run_beside_its_baseline(tmp_path: Path) -> None:
+    from ddpkit.report import render
+
+    base = tmp_path / "base.json"
+    baseline.save(base, baseline.from_bench(_bench(1.31, _links()), argv=["bench"], facts={"h1": FACTS}))
+    run = tmp_path / "bench.json"
+    run.write_text(json.dumps({**_bench(0.82, _links(0.7)), "kind": "bench", "bad_hosts": [
+        {"host": "h3", "slurm_node": None, "reasons": ["baseline: fastest link 0.7 GB/s"]}]}))
+    text = render([run], tmp_path / "r.md", plots=False, baseline=str(base), tolerance=20)
+    assert f"#### beside the baseline {base}" in text and "tolerance 20%" in text
+    assert "| all_reduce 16 MiB | 0.820 | 1.310 | -37.4% | **regression** |" in text
+    assert "| h3 |  | baseline: fastest link 0.7 GB/s |" in text

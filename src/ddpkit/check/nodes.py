@@ -28,11 +28,12 @@ MEMORY_TOLERANCE = 0.05  # identical machines differ by the kernel's reservation
 def node_facts(records: Sequence[Record]) -> list[dict[str, Any]]:
     """One entry per node (group rank, host): its ranks, Slurm node name, and the facts its local rank 0 read."""
     nodes: dict[tuple[int, str], dict[str, Any]] = {}
-    for r in sorted(records, key=lambda r: int(r["rank"])):
-        key = (int(r["group_rank"]), str(r["host"]))
+    # tolerant of older reports (report --baseline reads them): no group rank -> grouped by host
+    for r in sorted(records, key=lambda r: int(r.get("rank", 0))):
+        key = (int(r.get("group_rank", -1)), str(r["host"]))
         node = nodes.setdefault(key, {"node": key[0], "host": key[1], "slurm_node": r.get("slurm_node"),
                                       "ranks": [], "facts": None})
-        node["ranks"].append(int(r["rank"]))
+        node["ranks"].append(int(r.get("rank", 0)))
         if r.get("facts") and node["facts"] is None:
             node["facts"] = r["facts"]
     return [nodes[k] for k in sorted(nodes)]
