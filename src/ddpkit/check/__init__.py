@@ -45,7 +45,8 @@ __all__ = ["add_arguments", "run"]
 
 # Under `ddpkit check -n N` the agent imports these once and forks the ranks (ddpkit.launch.agent): DDP's first use
 # imports torch._dynamo, 1.5-2.5 s per rank, most of the check's cost over a bare hello world.
-PRELOAD = ("torch.nn.parallel", "torch._dynamo", "ddpkit.check.ddpsync", "ddpkit.runtime", "rich.table")
+PRELOAD = ("torch.nn.parallel", "torch._dynamo", "ddpkit.check.ddpsync", "ddpkit.runtime", "rich.table",
+           "ddpkit.nodefacts", "psutil")
 log = get_logger(__name__)
 MARGIN_S = 5.0  # gloo's own timeout and the other ranks' store waits trail the watchdog's deadline by this much
 
