@@ -3,12 +3,12 @@
     python -m benchmarks.bench_facts           # writes benchmarks/results/bench_facts.{json,md}
     FACTS_RANKS=16 FACTS_ROUNDS=1 python -m benchmarks.bench_facts
 
-Each round runs ``ddpkit check -n FACTS_RANKS --json`` twice, alternating: as shipped, and with
-``ddpkit.nodefacts.gather`` replaced by a function that reads nothing (patched in the agent before it forks the
-ranks, so every rank sees it). The figure is the check's own ``roll-call`` timing (bench_scale's roll-call
-column): rank 0's wait from its check-in until every record arrived. Also: how many records carry facts (once per
-node: one at 64 local ranks) and ``facts_seconds``, the read itself on the rank that made it; and the median of 50
-reads in this process. Target: facts add < 0.5 s to the roll-call at 64 ranks.
+Each round runs ``ddpkit check -n FACTS_RANKS --json`` twice, alternating, both through ``python -c`` calling
+``ddpkit.cli.main``: as shipped, and with ``ddpkit.nodefacts.gather`` replaced by a function that reads nothing
+(patched in the agent before it forks the ranks, so every rank sees it). The figure is the check's own ``roll-call``
+timing (bench_scale's roll-call column): rank 0's wait from its check-in until every record arrived. Also: how many
+records carry facts (once per node: one at 64 local ranks) and ``facts_seconds``, the read itself on the rank that
+made it; and the median of 50 reads in this process. Target: facts add < 0.5 s to the roll-call at 64 ranks.
 """
 
 from __future__ import annotations
@@ -30,8 +30,9 @@ RESULTS = ROOT / "benchmarks" / "results"
 RANKS = int(os.environ.get("FACTS_RANKS", "64"))
 ROUNDS = int(os.environ.get("FACTS_ROUNDS", "2"))
 TARGET_S = 0.5
-_WITHOUT = ("import sys, ddpkit.nodefacts as f; f.gather = lambda **kw: None; from ddpkit.cli import main; "
-            "sys.exit(main(sys.argv[1:]))")
+# Both variants start the same way (python -c calling ddpkit.cli.main), so only the facts differ.
+_START = "import sys; from ddpkit.cli import main; sys.exit(main(sys.argv[1:]))"
+_WITHOUT = "import ddpkit.nodefacts as f; f.gather = lambda **kw: None; " + _START
 
 
 def _check(with_facts: bool) -> dict[str, Any]:
@@ -41,7 +42,7 @@ def _check(with_facts: bool) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "check.json"
         args = ["check", "-n", str(RANKS), "--json", str(out), "--timeout", "300", "--phase-timeout", "300"]
-        cmd = [sys.executable, "-m", "ddpkit", *args] if with_facts else [sys.executable, "-c", _WITHOUT, *args]
+        cmd = [sys.executable, "-c", _START if with_facts else _WITHOUT, *args]
         start = time.perf_counter()
         proc = subprocess.run(cmd, capture_output=True, text=True, env=ddpkit_env(), timeout=900, cwd=ROOT)
         wall = time.perf_counter() - start

@@ -193,6 +193,8 @@ def bad_hosts(outcomes: Sequence[Outcome], records: Sequence[Record], *, hosts: 
 
     by_rank = {int(r["rank"]): r for r in records}
     by_host = {str(r["host"]): r.get("slurm_node") for r in records}
+    nodes = [n for n in node_facts(records) if n["facts"]]
+    by_label = {_label(n, nodes): n.get("slurm_node") for n in nodes}  # several slurmd on one host: by node
     entries: list[tuple[str, str | None, str]] = []
     for o in outcomes:
         if o.status != FAIL:
@@ -201,7 +203,8 @@ def bad_hosts(outcomes: Sequence[Outcome], records: Sequence[Record], *, hosts: 
         if isinstance(named, dict) and named:
             for label, reasons in named.items():
                 host = label.split(" (node ")[0]
-                entries += [(host, by_host.get(host), f"{o.name}: {reason}") for reason in reasons]
+                node = by_label.get(label) or by_host.get(host)
+                entries += [(host, node, f"{o.name}: {reason}") for reason in reasons]
             continue
         per_host: dict[str, list[int]] = defaultdict(list)
         for rank in o.bad_ranks:
