@@ -65,6 +65,8 @@ COMMANDS: tuple[Command, ...] = (
     Command("report", "ddpkit.report", "render check and bench JSON files into one Markdown report with plots"),
     Command("train", "ddpkit.train.cli",
             "the reference DDP job: trains, snapshots safely, resumes exactly, survives faults", worker=True),
+    Command("run", "ddpkit.script", "run your own DDP script, unchanged, under any launcher (or start -n ranks)",
+            worker=True),
 )
 _BY_NAME = {c.name: c for c in COMMANDS}
 #: Packages a command may need that a login node may lack: a missing one is a usage error, not a traceback.
