@@ -107,6 +107,8 @@ def gpu_facts() -> tuple[list[dict[str, Any]] | None, str]:
                 "remapped_rows_failed": _remap_failed(pynvml, h),
             })
         return gpus, f"NVML (driver {driver})"
+    except pynvml.NVMLError as exc:  # a GPU fallen off the bus answers the basic queries with errors
+        return None, f"NVML error: {exc}"
     finally:
         pynvml.nvmlShutdown()
 
