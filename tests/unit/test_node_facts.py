@@ -99,6 +99,8 @@ def test_gpu_facts_narrow_pcie_ecc_and_a_missing_gpu() -> None:
     assert set(facts.data["bad_hosts"]) == {"n2", "n3"}  # type: ignore[arg-type]
     ecc = judge_nodes(_records(_with(gpus=[GPU]), _with(gpus=[{**GPU, "ecc_uncorrected": 3}])))[0]
     assert ecc.status == FAIL and "n2: GPU 0 (NVIDIA H100 80GB HBM3) 3 uncorrected ECC error(s)" in ecc.detail
+    lost = judge_nodes(_records(_with(gpus=[GPU]), _with(gpu_source="NVML error: GPU is lost")))[0]
+    assert lost.status == FAIL and "n2: NVML error: GPU is lost" in lost.detail
 
 
 def test_nodes_without_facts_are_not_compared() -> None:

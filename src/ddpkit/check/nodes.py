@@ -79,6 +79,8 @@ def _alone(facts: Mapping[str, Any]) -> tuple[list[str], list[str]]:
     nic = facts.get("nic") or {}
     if nic.get("up") is False:
         fails.append(f"interface {nic.get('name')} is down")
+    if str(facts.get("gpu_source", "")).startswith("NVML error"):
+        fails.append(str(facts["gpu_source"]))
     for g in facts.get("gpus") or ():
         gpu = f"GPU {g['index']} ({g.get('model')})"
         width, widest = g.get("pcie_width"), g.get("pcie_width_max")
