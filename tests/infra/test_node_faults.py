@@ -1,6 +1,6 @@
-"""Issue 28 on three namespace hosts x one rank: a host whose interface runs another MTU is named by `check`
-(host and field), a host whose link is limited with tc tbf by `bench --pairs`, and a host slowed by 30% against a
-saved baseline; a healthy set is named by none of them."""
+"""Issue 28 on three namespace hosts x one rank: a host whose interface runs another MTU is named by `check` (host and
+field; against a healthy run's report as its baseline too), a host whose link is limited with tc tbf by `bench
+--pairs`, and a host slowed by 30% against a saved baseline; a healthy set is named by none of them."""
 
 from __future__ import annotations
 
@@ -53,20 +53,24 @@ def test_check_names_the_host_with_another_mtu_and_nothing_on_a_healthy_set(
         assert n["facts"]["nic"]["name"] == "eth0" and n["facts"]["nic"]["mtu"] == 1500, n
     assert next(c for c in report["checks"] if c["name"] == "node-facts")["status"] == "PASS"
 
+    healthy = Path(hosts.cluster.workdir) / "healthy-check.json"
+    healthy.write_text(json.dumps(report))
     slow = hosts[2]
     _set_mtu(hosts, 2, 1400)
-    code, report, stdout = _run(hosts, "check", "--timeout", "120")
+    code, report, stdout = _run(hosts, "check", "--timeout", "120", "--baseline", str(healthy))
     assert code == 1, stdout
+    changed = next(c for c in report["checks"] if c["name"] == "baseline-facts")
+    assert changed["status"] == "FAIL" and f"{slow.hostname} nic.mtu 1400 (baseline 1500)" in changed["detail"]
     facts = next(c for c in report["checks"] if c["name"] == "node-facts")
     assert facts["status"] == "FAIL"
     others = ", ".join(sorted(h.hostname for h in hosts.hosts[:2]))
     assert f"nic.mtu: 1400 on {slow.hostname} (1500 on {others})" in facts["detail"]
-    assert report["bad_hosts"] == [{"host": slow.hostname, "slurm_node": None,
-                                    "reasons": ["node-facts: nic.mtu 1400 (others 1500)"]}]
+    assert report["bad_hosts"] == [{"host": slow.hostname, "slurm_node": None, "reasons": [
+        "node-facts: nic.mtu 1400 (others 1500)", "baseline-facts: nic.mtu 1400 (baseline 1500)"]}]
     # the text: the differing field and host, and the exact commands (print is the default: nothing run)
     assert f"nic.mtu: 1400 on {slow.hostname}" in stdout
     assert f"scontrol update NodeName={slow.hostname} State=DRAIN 'Reason=ddpkit check: node-facts: nic.mtu 1400 " \
-           "(others 1500)'" in stdout
+           "(others 1500); baseline-facts: nic.mtu 1400 (baseline 1500)'" in stdout
     assert f"kubectl cordon {slow.hostname}" in stdout
     assert hosts.leftover() == {}
 
