@@ -199,7 +199,12 @@ def judge_bench(report: Mapping[str, Any], baseline: Mapping[str, Any], toleranc
             bad.setdefault(node.split(" (")[-1].rstrip(")") if node.startswith("rank ") else node, []).append(
                 f"fastest link {value:.3g} GB/s, baseline {then['best_link_gbps']:.3g} GB/s "
                 f"({_change(value, then['best_link_gbps']):+.0f}%)")
-    hosts_now = sorted({str(m["host"]) for m in report["world"]["members"]})
+    members = report["world"]["members"]
+    for key, then in (baseline.get("versions") or {}).items():
+        now = sorted({str(m.get(key)) for m in members})
+        if now != then:  # a figure measured under other versions may differ for that reason alone
+            notes.append(f"{key} {', '.join(now)}; baseline measured with {', '.join(then)}")
+    hosts_now = sorted({str(m["host"]) for m in members})
     if hosts_now != baseline.get("hosts"):
         notes.append(f"hosts {', '.join(hosts_now)}; baseline on {', '.join(baseline.get('hosts') or [])}")
     return {"regressions": regressions, "notes": notes, "bad_hosts": bad, "compared": compared,

@@ -168,7 +168,8 @@ def _bench(busbw: float, links: list[list[float | None]] | None = None) -> dict[
     row = {"size": 16 << 20, "out_of_place": {"busbw": busbw, "time_us": 1000.0, "wrong": 0, "algbw": busbw}}
     small = {"size": 1024, "out_of_place": {"busbw": busbw / 100, "time_us": 10.0, "wrong": 0, "algbw": 0.0}}
     return {"version": "0.1.0", "backend": "gloo", "device": "cpu", "dtype": "float32",
-            "world": {"world_size": 3, "members": [{"host": h, "facts": FACTS} for h in names]},
+            "world": {"world_size": 3, "members": [{"host": h, "facts": FACTS, "python": "3.11.7", "torch": "2.13.0",
+                                                    "cuda": "none"} for h in names]},
             "ops": [{"op": "all_reduce", "supported": True, "rows": [small, row]}], "pairs": pairs}
 
 
@@ -192,6 +193,10 @@ def test_bench_against_its_baseline_names_regressions_and_the_slow_node() -> Non
     # latency-bound sizes are recorded, not judged; a tolerance above the change forgives it
     assert not any("1 KiB" in r for r in worse["regressions"])
     assert baseline.judge_bench(_bench(0.82, _links(0.7)), base, 40)["regressions"] == []
+    newer = _bench(1.31, _links())
+    for m in newer["world"]["members"]:
+        m["torch"] = "2.14.0"
+    assert "torch 2.14.0; baseline measured with 2.13.0" in baseline.judge_bench(newer, base, 20)["notes"]
 
 
 def test_median_of_repeats_takes_each_rows_middle_time() -> None:
