@@ -173,7 +173,7 @@ def _against(data: dict[str, Any], base: Mapping[str, Any] | None, path: str | N
     if base is None or data.get("baseline"):
         return
     from ddpkit.baseline import facts_of, judge_bench
-    from ddpkit.check.nodes import compare_to_baseline
+    from ddpkit.nodejudge import compare_to_baseline
 
     if data.get("kind") == "bench" and isinstance(data.get("world"), Mapping):
         result = judge_bench(data, base, tolerance)

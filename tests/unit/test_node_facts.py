@@ -14,10 +14,10 @@ import pytest
 
 from ddpkit import baseline
 from ddpkit.bench.judged import slow_hosts
-from ddpkit.check.nodes import bad_hosts, compare_to_baseline, judge_nodes, node_facts
-from ddpkit.check.outcome import FAIL, PASS, WARN, failed
 from ddpkit.errors import ConfigError
 from ddpkit.nodefacts import gather
+from ddpkit.nodejudge import bad_hosts, compare_to_baseline, judge_nodes, node_facts
+from ddpkit.outcome import FAIL, PASS, WARN, failed
 from ddpkit.remedy import commands, drain, report_lines
 
 FACTS = {"cores": 8, "memory_gib": 62.8, "numa_nodes": 1, "kernel": "6.1.0", "os": "Linux",

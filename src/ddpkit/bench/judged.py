@@ -30,7 +30,7 @@ def judge(args: argparse.Namespace, report: dict[str, Any]) -> None:
     entries = slow_hosts(report.get("pairs"))
     if args.baseline:
         from ddpkit.baseline import facts_of, judge_bench, load
-        from ddpkit.check.nodes import compare_to_baseline
+        from ddpkit.nodejudge import compare_to_baseline
 
         base = load(args.baseline)
         result = judge_bench(report, base, args.tolerance)

@@ -26,8 +26,6 @@ from typing import TYPE_CHECKING, Any
 from ddpkit.baseline import baseline_path
 from ddpkit.check import collectives, ddpsync, render
 from ddpkit.check.consistency import judge_consistency, judge_network
-from ddpkit.check.nodes import bad_hosts, judge_nodes, node_facts
-from ddpkit.check.outcome import FAIL, Outcome, exit_code, failed
 from ddpkit.check.rollcall import check_in, collect, judge, local_record, read_all
 from ddpkit.check.watchdog import Watchdog
 from ddpkit.env import WorldInfo, detect
@@ -36,6 +34,8 @@ from ddpkit.errors import EXIT_MISSING, ConfigError, DeadlineExpired
 from ddpkit.fault_injection import fault
 from ddpkit.inputs import output_path, seconds
 from ddpkit.log import get_logger
+from ddpkit.nodejudge import bad_hosts, judge_nodes, node_facts
+from ddpkit.outcome import FAIL, Outcome, exit_code, failed
 from ddpkit.remedy import add_on_fail_argument, drain, report_lines
 
 if TYPE_CHECKING:
@@ -233,7 +233,7 @@ def _roll_call(store: dist.Store, report: Report, record: dict[str, Any], timeou
     report.outcomes += found + judge_consistency(records) + [judge_network(records)] + judge_nodes(records)
     if report.args.baseline:
         from ddpkit.baseline import facts_of, load
-        from ddpkit.check.nodes import compare_to_baseline
+        from ddpkit.nodejudge import compare_to_baseline
 
         report.outcomes.append(compare_to_baseline(records, facts_of(load(report.args.baseline))))
     fatal = exit_code(found)

@@ -21,11 +21,11 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ddpkit import __version__
-from ddpkit.check.outcome import PASS, Outcome, failed
 from ddpkit.env import WorldInfo
 from ddpkit.errors import EXIT_MISSING, EXIT_USAGE
 from ddpkit.fault_injection import fault
 from ddpkit.netinfo import route_to
+from ddpkit.outcome import PASS, Outcome, failed
 from ddpkit.runtime import shared_gpus
 
 if TYPE_CHECKING:

@@ -14,7 +14,7 @@ from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ddpkit.check.outcome import PASS, WARN, Outcome, failed
+from ddpkit.outcome import PASS, WARN, Outcome, failed
 
 __all__ = ["FAIL_FIELDS", "compare_to_baseline", "flatten", "judge_nodes", "node_facts"]
 
@@ -190,7 +190,7 @@ def bad_hosts(outcomes: Sequence[Outcome], records: Sequence[Record], *, hosts: 
               local_world_size: int) -> list[dict[str, Any]]:
     """Every host a failed check names, with the reasons: the hosts an outcome names itself (node facts), else
     the hosts of its bad ranks (a missing rank's host from the launcher's host list, where it gives one)."""
-    from ddpkit.check.outcome import FAIL
+    from ddpkit.outcome import FAIL
     from ddpkit.remedy import merge
 
     by_rank = {int(r["rank"]): r for r in records}
