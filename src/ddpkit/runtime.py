@@ -57,7 +57,7 @@ class Runtime:
         return self.world.local_rank
 
 
-def _set_env(name: str, value: str) -> None:
+def set_env(name: str, value: str) -> None:
     """Export a variable torch reads; warn when that changes a value the user set."""
     old = os.environ.get(name)
     if old is not None and old != value:
@@ -113,11 +113,13 @@ def export_world(info: WorldInfo) -> WorldInfo:
         raise EnvConflict(f"{info.launcher} gives no master {'address' if addr is None else 'port'}",
                           "MASTER_ADDR and MASTER_PORT", "export MASTER_ADDR and MASTER_PORT on every rank")
     exports = [("MASTER_ADDR", addr), ("MASTER_PORT", str(port)), ("RANK", str(info.rank)),
-               ("WORLD_SIZE", str(info.world_size)), ("LOCAL_RANK", str(info.local_rank))]
+               ("WORLD_SIZE", str(info.world_size))]
     if info.local_world_known:  # else counted once the store is up (count_local_world), never guessed here
-        exports.append(("LOCAL_WORLD_SIZE", str(info.local_world_size)))
+        exports += [("LOCAL_RANK", str(info.local_rank)), ("LOCAL_WORLD_SIZE", str(info.local_world_size))]
+    elif "assumed" not in info.sources.get("local_rank", ""):
+        exports.append(("LOCAL_RANK", str(info.local_rank)))
     for name, value in exports:
-        _set_env(name, value)
+        set_env(name, value)
     if info.world_size > 1:
         _export_interface(info, addr)
     if info.local_world_known:
@@ -146,13 +148,18 @@ def count_local_world(store: dist.Store, info: WorldInfo, timeout: timedelta) ->
     if "assumed" in info.sources.get("local_rank", ""):  # LOCAL_RANK unset too: this rank's place on its host
         local_rank = hosts[:info.rank].count(host)
         sources["local_rank"] = "ranks before this one on its host, counted at start-up"
-        _set_env("LOCAL_RANK", str(local_rank))
+        set_env("LOCAL_RANK", str(local_rank))
+    node_rank, num_nodes = info.node_rank, info.num_nodes
+    distinct = list(dict.fromkeys(hosts))  # hosts in the order of their first rank
+    if info.sources.get("node_rank", "").startswith("unknown"):  # GROUP_RANK unset too
+        node_rank, num_nodes = distinct.index(host), len(distinct)
+        sources["node_rank"] = "this host's place among the ranks' hosts, counted at start-up"
     counted = replace(info, local_world_size=hosts.count(host), local_world_known=True, local_rank=local_rank,
-                      sources=sources)
+                      node_rank=node_rank, num_nodes=max(num_nodes, node_rank + 1), sources=sources)
     if hosts.index(host) == info.rank:  # the first rank on this host says it
         log.warning("LOCAL_WORLD_SIZE was not set: %d rank(s) of %d run on %s (counted at start-up)",
                     counted.local_world_size, info.world_size, host)
-    _set_env("LOCAL_WORLD_SIZE", str(counted.local_world_size))
+    set_env("LOCAL_WORLD_SIZE", str(counted.local_world_size))
     _share_threads(counted)
     return counted
 

@@ -57,22 +57,16 @@ def _target(args: argparse.Namespace) -> list[str]:
 def run(args: argparse.Namespace) -> int:
     """In a rank: export torch's variables for the world the launcher made, then run the script."""
     from ddpkit.env import detect
-    from ddpkit.runtime import export_world
+    from ddpkit.runtime import export_world, set_env
 
     words = _target(args)
     _check_target(words[0], args.module)
     world = export_world(detect())
-    _export("GROUP_RANK", str(world.node_rank))
+    if not world.sources.get("node_rank", "").startswith("unknown"):
+        set_env("GROUP_RANK", str(world.node_rank))
     if not world.local_world_known:
         log.info("LOCAL_WORLD_SIZE left unset: %s gives none (torch's env:// does not need it)", world.launcher)
     return run_target(words[0], words[1:], module=args.module)
-
-
-def _export(name: str, value: str) -> None:
-    old = os.environ.get(name)
-    if old is not None and old != value:
-        log.warning("overriding %s=%s with %s (from the launcher's variables)", name, old, value)
-    os.environ[name] = value
 
 
 def _check_target(target: str, module: bool) -> None:
