@@ -123,3 +123,12 @@ def test_a_launcher_contradiction_stops_before_the_script(script: Path) -> None:
                          timeout=60, env=env)
     assert res.returncode == 2, res.stderr
     assert res.stderr.startswith("ddpkit: error:") and "RESULT" not in res.stdout
+
+
+def test_a_script_that_destroys_its_group_and_exits_ends_every_time(script: Path) -> None:
+    """The script's DDP model must not be freed before the process exits: its Reducer then drops the destroyed
+    process group's last reference and the join of gloo's threads hung (3 runs in 10 of `run -n 2`)."""
+    for _ in range(4):
+        res = run_ddpkit("run", "-n", "2", "--", str(script), timeout=90)
+        assert res.returncode == 0, res.stdout + res.stderr
+        assert_replicas_identical(res.stdout, 2)
