@@ -1,0 +1,76 @@
+"""Run an unchanged DDP script under the watch, in this rank's process (what ``ddpkit run`` does in each rank)::
+
+    torchrun --standalone --nproc-per-node 2 -m ddpkit.watch --hang-after 30 -- train.py --epochs 3
+    mpirun -np 2 -x MASTER_ADDR=127.0.0.1 -x MASTER_PORT=29500 python -m ddpkit.watch -- train.py
+
+Under a launcher that sets no RANK / WORLD_SIZE (mpirun, srun), the world is exported from its variables first
+(``runtime.export_world``), so the script's ``init_process_group()`` with env:// finds it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import runpy
+import sys
+from pathlib import Path
+
+from ddpkit.errors import DdpkitError
+from ddpkit.watch import WatchOptions, install
+from ddpkit.watch.options import ON_HANG
+
+__all__ = ["add_arguments", "main", "options_from_args"]
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The watch's options, for ``ddpkit run`` and this runner."""
+    parser.add_argument("--hang-after", type=float, default=None, metavar="S",
+                        help="seconds with no progress on any rank before the hang report (default: adaptive, "
+                             "at least 60 s and twice the slowest stretch seen; x5 until the first step ends)")
+    parser.add_argument("--on-hang", choices=ON_HANG, default="abort",
+                        help="abort: report, then every rank stops (exit 3); report: report and keep waiting")
+    parser.add_argument("--report-every", type=float, default=60.0, metavar="S",
+                        help="seconds between straggler checks (default 60)")
+    parser.add_argument("--events", type=Path, default=None, metavar="PATH",
+                        help="append one JSON line per report (hang, straggler, summary) to PATH")
+
+
+def options_from_args(args: argparse.Namespace) -> WatchOptions:
+    return WatchOptions(hang_after=args.hang_after, on_hang=args.on_hang, report_every=args.report_every,
+                        events=args.events)
+
+
+def _export_world() -> None:
+    if "RANK" in os.environ:
+        return
+    from ddpkit.env import detect
+    from ddpkit.runtime import export_world
+
+    info = detect()
+    if info.world_size > 1:
+        export_world(info)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m ddpkit.watch", description=__doc__.splitlines()[0])
+    add_arguments(parser)
+    parser.add_argument("script", help="the user's Python script")
+    parser.add_argument("args", nargs=argparse.REMAINDER, help="its arguments")
+    args = parser.parse_args(argv)
+    try:
+        options = options_from_args(args)
+        if not Path(args.script).is_file():
+            parser.error(f"script {args.script!r} not found (expected a Python file; check the path)")
+        _export_world()
+        install(options)
+    except DdpkitError as exc:
+        print(f"ddpkit: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    sys.argv = [args.script, *args.args]
+    sys.path.insert(0, str(Path(args.script).resolve().parent))
+    runpy.run_path(args.script, run_name="__main__")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
