@@ -12,6 +12,7 @@ with the faults the watch's tests inject:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import signal
 import time
@@ -33,11 +34,14 @@ def parse() -> argparse.Namespace:
     p.add_argument("--slow-ms", type=float, default=0.0)
     p.add_argument("--checkpoint-at", type=int)
     p.add_argument("--checkpoint-s", type=float, default=0.0)
+    p.add_argument("--no-phase", action="store_true", help="the checkpoint left unmarked")
     p.add_argument("--first-step-s", type=float, default=0.0)
+    p.add_argument("--tag", default="", help="ignored: lets a test find this job's processes")
     return p.parse_args()
 
 
 def fault(kind: str) -> None:
+    print(f"FAULT {kind} {time.time():.3f}", flush=True)
     if kind == "sleep":
         time.sleep(3600)
     elif kind == "stop":
@@ -69,7 +73,7 @@ def main() -> None:
         if step == args.checkpoint_at:
             import ddpkit.watch
 
-            with ddpkit.watch.phase("checkpoint"):
+            with contextlib.nullcontext() if args.no_phase else ddpkit.watch.phase("checkpoint"):
                 if rank == 0:
                     time.sleep(args.checkpoint_s)
                 dist.barrier()

@@ -54,21 +54,28 @@ def _export_world() -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m ddpkit.watch", description=__doc__.splitlines()[0])
     add_arguments(parser)
-    parser.add_argument("script", help="the user's Python script")
-    parser.add_argument("args", nargs=argparse.REMAINDER, help="its arguments")
+    parser.add_argument("-m", dest="module", metavar="MODULE", help="run a module (as python -m) instead of a script")
+    parser.add_argument("args", nargs=argparse.REMAINDER, help="SCRIPT and its arguments (or the module's)")
     args = parser.parse_args(argv)
+    rest = args.args[1:] if args.args[:1] == ["--"] else args.args
+    if args.module is None and not rest:
+        parser.error("no script given (expected: python -m ddpkit.watch [options] -- SCRIPT [ARGS])")
     try:
         options = options_from_args(args)
-        if not Path(args.script).is_file():
-            parser.error(f"script {args.script!r} not found (expected a Python file; check the path)")
+        if args.module is None and not Path(rest[0]).is_file():
+            parser.error(f"script {rest[0]!r} not found (expected a Python file; check the path)")
         _export_world()
         install(options)
     except DdpkitError as exc:
         print(f"ddpkit: error: {exc}", file=sys.stderr)
         return exc.exit_code
-    sys.argv = [args.script, *args.args]
-    sys.path.insert(0, str(Path(args.script).resolve().parent))
-    runpy.run_path(args.script, run_name="__main__")
+    if args.module is not None:
+        sys.argv = [args.module, *rest]
+        runpy.run_module(args.module, run_name="__main__", alter_sys=True)
+        return 0
+    sys.argv = list(rest)
+    sys.path.insert(0, str(Path(rest[0]).resolve().parent))
+    runpy.run_path(rest[0], run_name="__main__")
     return 0
 
 
