@@ -35,8 +35,9 @@ if TYPE_CHECKING:
 __all__ = ["Monitor", "python_stacks"]
 
 log = get_logger(__name__)
-#: A heartbeat unchanged this long (and at least 10 heartbeats) means the rank stopped answering.
-STALE_S = 5.0
+#: A heartbeat unchanged this long (and at least 6 heartbeats) means the rank stopped answering. No hang is
+#: reported before a stop could be told (the report waits at least this long past the last progress).
+STALE_S = 3.0
 #: How long the reporter waits for the live ranks' stacks, and for the others to see the abort.
 STACK_WAIT_S = 3.0
 #: How long rank 0 waits for the other ranks' last records before printing the summary.
@@ -162,7 +163,7 @@ class Monitor:
             if rec is not None and (r not in self._seen or self._seen[r][0] != rec["beat"]):
                 self._seen[r] = (rec["beat"], now)
         stale = {r: now - at for r, (_, at) in self._seen.items()
-                 if now - at > max(STALE_S, 10 * self.options.heartbeat) and not (records[r] or {}).get("final")}
+                 if now - at > max(STALE_S, 6 * self.options.heartbeat) and not (records[r] or {}).get("final")}
         alive = {r: rec for r, rec in records.items() if rec is not None}
         if self.rank == 0 and now >= self._next_straggler:
             self._next_straggler = now + self.options.report_every
@@ -183,7 +184,7 @@ class Monitor:
         first_done = len(alive) == self.world and all(rec["first_step_done"] for rec in alive.values())
         deadline = hang_deadline(self.options, slowest_gap=self._slowest_gap, first_step_done=first_done)
         waiting = any(rec.get("waiting") for r, rec in alive.items() if r not in stale)
-        if idle > deadline and (waiting or stale) and not claim:
+        if idle > max(deadline, STALE_S + 1) and (waiting or stale) and not claim:
             self._claim(records, stale, idle, deadline)
 
     # -- the report -------------------------------------------------------------------------------------------
