@@ -94,7 +94,8 @@ def _watch_store(init_args: dict[str, Any]) -> dist.Store:
     if method.startswith("tcp://"):
         host, _, port = method[len("tcp://"):].split("?")[0].rpartition(":")
     run = os.environ.get("TORCHELASTIC_RUN_ID", "run")
-    prefix = f"ddpkit-watch/{run}/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/"
+    # one namespace per restart of the job, and per watch in this process (every rank installs as many)
+    prefix = f"ddpkit-watch/{run}/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/{_installs}/"
     if init_args.get("store") is None and host and port:
         try:
             store: dist.Store = dist.TCPStore(host.strip("[]"), int(port), is_master=False, timeout=STORE_TIMEOUT,
@@ -106,6 +107,7 @@ def _watch_store(init_args: dict[str, Any]) -> dist.Store:
 
 
 _session: Session | None = None
+_installs = 0
 
 
 def active() -> Session | None:
@@ -115,8 +117,9 @@ def active() -> Session | None:
 
 def install(options: WatchOptions | None = None) -> Session:
     """Watch this rank: call before the process group exists (or after: it starts at once). Idempotent."""
-    global _session
+    global _session, _installs
     if _session is None:
+        _installs += 1
         _session = Session(options or WatchOptions())
         _session.hooks.install()
         atexit.register(_at_exit)

@@ -167,8 +167,15 @@ class Hooks:
                 raise
             finally:
                 _inside.depth = False
-            fut.add_done_callback(lambda f: rec.complete(seq, gradient=True, error=_error(f)))
-            return fut
+
+
+            def completed(f: Any) -> Any:
+                # in a ``then`` (not a done-callback): DDP sees a failure only after the watch has said which
+                # rank is gone, and the launcher may end this process a moment later
+                rec.complete(seq, gradient=True, error=_error(f))
+                return f.value()
+
+            return fut.then(completed)
 
         return watched_hook
 

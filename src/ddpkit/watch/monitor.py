@@ -97,8 +97,8 @@ class Monitor:
         self.keys = [f"rec/{r}" for r in range(self.world)]
         self.beat = 0
         self._stop = threading.Event()
-        self._wake = threading.Event()  # a collective failed on this rank: report at once
-        recorder.on_failure = self._wake.set
+        recorder.on_failure = self._failure_now  # a collective failed on this rank: report at once
+        self._failure_lock = threading.Lock()
         self._failure_reported = False
         self._thread = threading.Thread(target=self._loop, name="ddpkit-watch", daemon=True)
         # observations, on this rank's clock
@@ -119,15 +119,8 @@ class Monitor:
     # -- the loop ---------------------------------------------------------------------------------------------
     def _loop(self) -> None:
         poll_every = max(1, round(1.0 / self.options.heartbeat))
-        while True:
-            self._wake.wait(self.options.heartbeat)
-            self._wake.clear()
-            if self._stop.is_set():
-                return
+        while not self._stop.wait(self.options.heartbeat):
             try:
-                if self.rec.failed is not None and not self._failure_reported:
-                    self._failure_reported = True
-                    self._failure_report(self.rec.failed)
                 self._publish()
                 if self.beat % poll_every == 0:
                     self._poll()
@@ -226,9 +219,22 @@ class Monitor:
                 time.sleep(0.05)
             self._abort(json.loads(self.store.get("abort").decode()))
 
+    def _failure_now(self) -> None:
+        """Called on the thread that saw the failure, before the error reaches the user's code."""
+        with self._failure_lock:
+            if self._failure_reported or self.rec.failed is None:
+                return
+            self._failure_reported = True
+        try:
+            self._failure_report(self.rec.failed)
+        except Exception as exc:  # the store may be gone too: the backend's own error still follows
+            log.debug("watch: no failure report (%s)", exc)
+
     def _failure_report(self, failed: dict[str, Any]) -> None:
         """A collective failed on this rank (gloo: "Connection reset by peer [addr]", an address, no rank): name
         the ranks that are gone or stopped, from their records. Quick: the launcher may end this rank any moment."""
+        if self.store.compare_set("failed", "", str(self.rank)).decode() != str(self.rank):
+            return  # another rank's failure report says it (one report per job)
         records = self._read()
         now = time.monotonic()
         error = failed["error"].splitlines()[0] if failed["error"] else "(no message)"
