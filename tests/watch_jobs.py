@@ -24,9 +24,10 @@ def torchrun(n: int) -> list[str]:
     return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(n)]
 
 
-def mpirun(n: int) -> list[str]:
+def mpirun(n: int, *options: str) -> list[str]:
+    """Open MPI's mpirun with ``options`` (before the program), ending with this Python."""
     return ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", str(n), "-x", "MASTER_ADDR=127.0.0.1",
-            "-x", f"MASTER_PORT={free_port()}", sys.executable]
+            "-x", f"MASTER_PORT={free_port()}", *options, sys.executable]
 
 
 @dataclass

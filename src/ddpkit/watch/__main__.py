@@ -3,8 +3,9 @@
     torchrun --standalone --nproc-per-node 2 -m ddpkit.watch --hang-after 30 -- train.py --epochs 3
     mpirun -np 2 -x MASTER_ADDR=127.0.0.1 -x MASTER_PORT=29500 python -m ddpkit.watch -- train.py
 
-Under a launcher that sets no RANK / WORLD_SIZE (mpirun, srun), the world is exported from its variables first
-(``runtime.export_world``), so the script's ``init_process_group()`` with env:// finds it.
+Under a launcher that sets no RANK / WORLD_SIZE (mpirun, srun), the world is exported from its variables before a
+script runs (``runtime.export_world``), so its ``init_process_group()`` with env:// finds it; a module (``-m``)
+is left to read its launcher itself.
 """
 
 from __future__ import annotations
@@ -40,6 +41,26 @@ def options_from_args(args: argparse.Namespace) -> WatchOptions:
                         events=args.events)
 
 
+def _split(argv: list[str]) -> tuple[list[str], list[str]]:
+    """(the watch's own arguments, the script and its arguments / the module's arguments): everything after
+    ``--``, after ``-m MODULE``, or from the first word that is not an option of ours, belongs to the program."""
+    valued = {"--hang-after", "--on-hang", "--report-every", "--events"}
+    i = 0
+    while i < len(argv):
+        word = argv[i]
+        if word == "--":
+            return argv[:i], argv[i + 1:]
+        if word == "-m":
+            return argv[:i + 2], argv[i + 2:]
+        if word in valued:
+            i += 2
+        elif word.startswith("-"):
+            i += 1
+        else:
+            return argv[:i], argv[i:]
+    return argv, []
+
+
 def _export_world() -> None:
     if "RANK" in os.environ:
         return
@@ -55,16 +76,18 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m ddpkit.watch", description=__doc__.splitlines()[0])
     add_arguments(parser)
     parser.add_argument("-m", dest="module", metavar="MODULE", help="run a module (as python -m) instead of a script")
-    parser.add_argument("args", nargs=argparse.REMAINDER, help="SCRIPT and its arguments (or the module's)")
-    args = parser.parse_args(argv)
-    rest = args.args[1:] if args.args[:1] == ["--"] else args.args
+    parser.add_argument("target", nargs="?", metavar="[--] SCRIPT ARGS", help="the script and its arguments")
+    argv = list(sys.argv[1:] if argv is None else argv)
+    ours, rest = _split(argv)
+    args = parser.parse_args(ours)
     if args.module is None and not rest:
         parser.error("no script given (expected: python -m ddpkit.watch [options] -- SCRIPT [ARGS])")
     try:
         options = options_from_args(args)
         if args.module is None and not Path(rest[0]).is_file():
             parser.error(f"script {rest[0]!r} not found (expected a Python file; check the path)")
-        _export_world()
+        if args.module is None:  # a module such as ddpkit reads its launcher itself
+            _export_world()
         install(options)
     except DdpkitError as exc:
         print(f"ddpkit: error: {exc}", file=sys.stderr)

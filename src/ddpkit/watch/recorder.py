@@ -23,7 +23,7 @@ __all__ = ["Recorder", "call_site"]
 WINDOW = 256
 #: Collectives kept in a record's ``recent`` list, to name a desync between ranks one or two calls apart.
 RECENT = 8
-_SKIP = (os.path.dirname(os.path.dirname(os.path.dirname(__file__))),)  # ddpkit's own files
+_SKIP = (os.path.dirname(__file__),)  # the watch's own files (ddpkit train's are a caller like any other)
 
 
 def _torch_dir() -> str:
@@ -33,7 +33,7 @@ def _torch_dir() -> str:
 
 
 def call_site(skip: tuple[str, ...]) -> str:
-    """``file:line (function)`` of the first frame outside torch and ddpkit: the user's line that started the
+    """``file:line (function)`` of the first frame outside torch and the watch: the user's line that started the
     collective (for DDP's gradient buckets, the line that called ``backward``)."""
     frame = sys._getframe(1)
     while frame is not None:
