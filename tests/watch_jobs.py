@@ -53,14 +53,18 @@ class WatchedRun:
 
 def run_watched(launcher: list[str], tmp: Path, *job_args: str, watch: tuple[str, ...] = ("--hang-after", "4"),
                 module: bool = True, timeout: float = 150, env: dict[str, str] | None = None) -> WatchedRun:
-    """``LAUNCHER [python] -m ddpkit.watch WATCH --events F -- watch_user_job.py JOB_ARGS --tag T``."""
+    """``LAUNCHER [python] -m ddpkit.watch WATCH --events F -- watch_user_job.py JOB_ARGS --tag T`` (``module``
+    False: ``LAUNCHER watch_user_job.py ...``, the script watching itself)."""
     tag = uuid.uuid4().hex[:12]
     events = tmp / f"events-{tag}.jsonl"
-    python = ["-m", "ddpkit.watch"] if module else []
-    argv = [*launcher, *python, *watch, "--events", str(events), "--", str(JOB), *job_args, "--tag", tag]
+    job = [str(JOB), *job_args, "--tag", tag]
+    # without the runner, the script watches itself and finds the events file in WATCH_EVENTS
+    argv = [*launcher, "-m", "ddpkit.watch", *watch, "--events", str(events), "--", *job] if module else \
+        [*launcher, *job]
+    env = {"WATCH_EVENTS": str(events), **(env or {})}
     started = time.monotonic()
     proc = subprocess.run(argv, capture_output=True, text=True, errors="replace", timeout=timeout,
-                          env=ddpkit_env(**(env or {})), cwd=ROOT)
+                          env=ddpkit_env(**env), cwd=ROOT)
     seconds = time.monotonic() - started
     lines = events.read_text().splitlines() if events.exists() else []
     return WatchedRun(proc=proc, events=[json.loads(x) for x in lines], tag=tag, seconds=seconds)

@@ -98,3 +98,13 @@ def test_straggler_named_with_its_host_and_none_in_a_clean_run(tmp_path: Path) -
     clean = run_watched(torchrun(2), tmp_path, "--steps", "150", watch=("--report-every", "2"))
     assert clean.proc.returncode == 0, clean.output[-6000:]
     assert [e for e in clean.events if e["event"] == "straggler"] == [], clean.events
+
+
+@pytest.mark.parametrize("how", ["init", "with"])
+def test_watch_from_the_users_own_code(how: str, tmp_path: Path) -> None:
+    """``ddpkit.init(watch=WatchOptions(...))`` and ``with ddpkit.watch(...)`` in the script, under plain torchrun."""
+    run = run_watched(torchrun(2), tmp_path, "--fault", "sleep", "--steps", "400", "--watch-in-code", how,
+                      module=False)
+    assert run.proc.returncode != 0 and "exitcode  : 3" in run.output, run.output[-4000:]
+    assert [e["event"] for e in run.events] == ["hang"] and run.events[0]["behind"] == [1], run.output[-4000:]
+    assert leftover(run.tag) == []

@@ -16,6 +16,7 @@ import contextlib
 import os
 import signal
 import time
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -37,6 +38,8 @@ def parse() -> argparse.Namespace:
     p.add_argument("--no-phase", action="store_true", help="the checkpoint left unmarked")
     p.add_argument("--first-step-s", type=float, default=0.0)
     p.add_argument("--tag", default="", help="ignored: lets a test find this job's processes")
+    p.add_argument("--watch-in-code", choices=("init", "with"),
+                   help="watch from the script itself: ddpkit.init(watch=...) or with ddpkit.watch(...)")
     return p.parse_args()
 
 
@@ -54,7 +57,24 @@ def fault(kind: str) -> None:
 
 def main() -> None:
     args = parse()
-    dist.init_process_group("gloo")
+    if args.watch_in_code == "init":
+        import ddpkit
+        from ddpkit.watch import WatchOptions
+
+        ddpkit.init(backend="gloo", watch=WatchOptions(hang_after=4, events=Path(os.environ["WATCH_EVENTS"])))
+        train(args)
+    elif args.watch_in_code == "with":
+        import ddpkit
+
+        with ddpkit.watch(hang_after=4, events=Path(os.environ["WATCH_EVENTS"])):
+            dist.init_process_group("gloo")
+            train(args)
+    else:
+        dist.init_process_group("gloo")
+        train(args)
+
+
+def train(args: argparse.Namespace) -> None:
     rank = dist.get_rank()
     torch.manual_seed(0)
     model = DDP(torch.nn.Sequential(torch.nn.Linear(32, args.width), torch.nn.ReLU(), torch.nn.Linear(args.width, 1)))

@@ -151,14 +151,22 @@ class Hooks:
 
     # -- DDP --------------------------------------------------------------------------------------------------
     def _wrap_hook(self, hook: Callable[[Any, Any], Any]) -> Callable[[Any, Any], Any]:
+        # per bucket: its op name, size and call site, found once (the site is the line that calls backward, the
+        # same every step; walking the stack per bucket cost more than a small MPI all-reduce)
+        known: dict[int, tuple[str, int, str]] = {}
+
         @functools.wraps(hook)
         def watched_hook(state: Any, bucket: Any) -> Any:
             rec = self.recorder()
             if rec is None:
                 return hook(state, bucket)
-            buffer = bucket.buffer()
-            seq = rec.enter(f"DDP gradient all-reduce (bucket {bucket.index()})",
-                            buffer.numel() * buffer.element_size(), call_site(rec.skip), gradient=True)
+            index = bucket.index()
+            about = known.get(index)
+            if about is None:
+                buffer = bucket.buffer()
+                about = known[index] = (f"DDP gradient all-reduce (bucket {index})",
+                                        buffer.numel() * buffer.element_size(), call_site(rec.skip))
+            seq = rec.enter(*about, gradient=True)
             _inside.depth = True
             try:
                 fut = hook(state, bucket)
@@ -167,7 +175,9 @@ class Hooks:
                 raise
             finally:
                 _inside.depth = False
-
+            if fut.done():  # a transport that completes in the hook (MPI): no second Future
+                rec.complete(seq, gradient=True, error=_error(fut))
+                return fut
 
             def completed(f: Any) -> Any:
                 # in a ``then`` (not a done-callback): DDP sees a failure only after the watch has said which

@@ -42,6 +42,8 @@ STALE_S = 3.0
 STACK_WAIT_S = 3.0
 #: How long rank 0 waits for the other ranks' last records before printing the summary.
 FINAL_WAIT_S = 3.0
+#: How long a failure report waits for a peer on this host whose connection broke to be gone (it is exiting).
+GONE_WAIT_S = 0.3
 #: Frames of the runner (runpy, ``python -m ddpkit.watch``) that only say how the script was started.
 _LAUNCH = ("<frozen runpy>", os.path.join(os.path.dirname(__file__), "__main__.py"))
 
@@ -240,11 +242,17 @@ class Monitor:
         error = failed["error"].splitlines()[0] if failed["error"] else "(no message)"
         lines = [f"ddpkit watch: rank {self.rank} on host {self.rec.host}: {failed['op']} #{failed['seq']} (called "
                  f"at {failed['site']}) failed: {error[:300]}"]
+        local = {r: rec["pid"] for r, rec in records.items() if rec and r != self.rank and rec["host"] == self.rec.host}
+        until = time.monotonic() + GONE_WAIT_S  # a killed peer's sockets close before its process is gone
+        states = {r: _process_state(pid) for r, pid in local.items()}
+        while local and "gone" not in states.values() and time.monotonic() < until:
+            time.sleep(0.02)
+            states = {r: _process_state(pid) for r, pid in local.items()}
         gone = []
         for r, rec in sorted(records.items()):
             if rec is None or r == self.rank:
                 continue
-            state = _process_state(rec["pid"]) if rec["host"] == self.rec.host else None
+            state = states.get(r)
             if state in ("gone", "stopped"):
                 gone.append(r)
                 lines.append(f"  rank {r} on host {rec['host']} (pid {rec['pid']}) is {state} "
