@@ -17,9 +17,9 @@ import sys
 import threading
 import time
 from collections.abc import Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from types import ModuleType
-from typing import TYPE_CHECKING, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from ddpkit import __version__
 from ddpkit.errors import EXIT_USAGE, ConfigError, DdpkitError
@@ -29,34 +29,77 @@ from ddpkit.log import configure, get_logger
 if TYPE_CHECKING:
     from ddpkit.env import WorldInfo
     from ddpkit.launch.agent import LaunchOptions
+    from ddpkit.launch.shape import JobShape
 
 __all__ = ["main", "program"]
 
 log = get_logger(__name__)
 
-# name -> (module, one-line help). Modules load lazily so `ddpkit env` never imports torch.
-# A module provides add_arguments(parser), run(args) -> int, and WORKER = True when it runs on every rank.
-COMMANDS: dict[str, tuple[str, str]] = {
-    "env": ("ddpkit.env.cli", "show who this process is, in which world, and from which launcher"),
-    "check": ("ddpkit.check", "prove the cluster is ready for PyTorch distributed, and name what is broken"),
-    "submit": ("ddpkit.jobs.cli", "render a job for torchrun, slurm, mpi or k8s, and submit it"),
-    "status": ("ddpkit.jobs.status", "show a Slurm job's state and exit code"),
-    "logs": ("ddpkit.jobs.logs", "print (or follow, -f) a Slurm job's output"),
-    "recipe": ("ddpkit.jobs.recipe", "an environment for the cluster: venv, conda, docker or enroot"),
-    "bench": ("ddpkit.bench.cli", "benchmark every collective (nccl-tests conventions), verified, gated; --pairs"),
-    "report": ("ddpkit.report", "render check and bench JSON files into one Markdown report with plots"),
-    "train": ("ddpkit.train.cli", "the reference DDP job: trains, snapshots safely, resumes exactly, survives faults"),
-}
+@dataclass(frozen=True)
+class Command:
+    """One ``ddpkit`` command. Its module loads only when the command runs (or its own ``--help`` is asked), so
+    ``ddpkit --help``, ``env`` and ``submit`` never import torch; a module's ``add_arguments`` must not either."""
+
+    name: str
+    module: str
+    """Provides ``add_arguments(parser)`` and ``run(args) -> int`` (and, for a worker, optional ``PRELOAD`` and
+    ``VERDICT``)."""
+    help: str
+    """The one line ``ddpkit --help`` shows."""
+    worker: bool = False
+    """Runs on every rank: takes the launch options (-n, -j, --rdzv-*) and becomes an agent where no launcher
+    started it."""
+
+
+COMMANDS: tuple[Command, ...] = (
+    Command("env", "ddpkit.env.cli", "show who this process is, in which world, and from which launcher",
+            worker=True),
+    Command("check", "ddpkit.check", "prove the cluster is ready for PyTorch distributed, and name what is broken",
+            worker=True),
+    Command("submit", "ddpkit.jobs.cli", "render a job for torchrun, slurm, mpi or k8s, and submit it"),
+    Command("status", "ddpkit.jobs.status", "show a Slurm job's state and exit code"),
+    Command("logs", "ddpkit.jobs.logs", "print (or follow, -f) a Slurm job's output"),
+    Command("recipe", "ddpkit.jobs.recipe", "an environment for the cluster: venv, conda, docker or enroot"),
+    Command("bench", "ddpkit.bench.cli",
+            "benchmark every collective (nccl-tests conventions), verified, gated; --pairs", worker=True),
+    Command("report", "ddpkit.report", "render check and bench JSON files into one Markdown report with plots"),
+    Command("train", "ddpkit.train.cli",
+            "the reference DDP job: trains, snapshots safely, resumes exactly, survives faults", worker=True),
+    Command("run", "ddpkit.script", "run your own DDP script, unchanged, under any launcher (or start -n ranks)",
+            worker=True),
+)
+_BY_NAME = {c.name: c for c in COMMANDS}
+#: Packages a command may need that a login node may lack: a missing one is a usage error, not a traceback.
+NEEDS_INSTALL = {"torch": "torch", "numpy": "numpy", "mpi4py": "mpi4py", "matplotlib": "matplotlib",
+                 "yaml": "pyyaml", "etcd": "python-etcd"}
 
 
 def _load(name: str) -> ModuleType:
-    return importlib.import_module(COMMANDS[name][0])
+    return importlib.import_module(_BY_NAME[name].module)
+
+
+def _chosen(argv: Sequence[str]) -> Command | None:
+    """The command argv names: its first word that is not one of the top-level options (-v, -h, --version)."""
+    for word in argv:
+        if word == "--":
+            return None
+        if not word.startswith("-"):
+            return _BY_NAME.get(word)
+    return None
 
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # type: ignore[override]
         self.print_usage(sys.stderr)
         raise ConfigError(message, f"valid options for '{self.prog}'", f"see '{self.prog} --help'")
+
+    def _get_values(self, action: argparse.Action, arg_strings: list[str]) -> Any:
+        # One rule for every option: `--opt=--` is refused with the option named (argparse would strip the `--` and
+        # hand the option an empty list); any other value, `-x` included, is the option's value as written.
+        if action.option_strings and arg_strings == ["--"] and action.nargs in (None, argparse.OPTIONAL):
+            self.error(f"argument {'/'.join(action.option_strings)}: '--' is not a value (it ends the options); "
+                       f"give {action.option_strings[-1]} a value, or leave it out")
+        return super()._get_values(action, arg_strings)
 
 
 def add_worker_arguments(p: argparse.ArgumentParser) -> None:
@@ -78,22 +121,28 @@ def add_worker_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--backend", default=None, help="process-group backend (default: nccl with CUDA, else gloo)")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
+    """The parser: every command listed; only the one argv names gets its arguments (its module is loaded)."""
     parser = _Parser(prog="ddpkit", description="Prove a cluster runs PyTorch DistributedDataParallel.")
     parser.add_argument("--version", action="version", version=f"ddpkit {__version__}")
     parser.add_argument("-v", "--verbose", action="count", default=0, help="more log output (-vv for debug)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
-    for name, (_, help_text) in COMMANDS.items():
-        module = _load(name)
-        p = sub.add_parser(name, help=help_text, description=(module.__doc__ or help_text).strip().split("\n")[0])
+    chosen = _chosen(argv)
+    for command in COMMANDS:
+        if command is not chosen:
+            sub.add_parser(command.name, help=command.help, description=command.help)
+            continue
+        module = _load(command.name)
+        p = sub.add_parser(command.name, help=command.help,
+                           description=(module.__doc__ or command.help).strip().split("\n")[0])
         module.add_arguments(p)
-        if getattr(module, "WORKER", False):
+        if command.worker:
             add_worker_arguments(p)
     return parser
 
 
-def _launch_options(args: argparse.Namespace) -> LaunchOptions:
-    from ddpkit.launch.agent import LaunchOptions
+def _launch_shape(args: argparse.Namespace) -> JobShape:
+    """The local ranks -n/-j ask for (1x1 when neither): checked here, before any launcher module loads."""
     from ddpkit.launch.shape import JobShape, parse_job_shape
 
     if args.job and args.nproc_per_node:
@@ -101,6 +150,13 @@ def _launch_options(args: argparse.Namespace) -> LaunchOptions:
     shape = parse_job_shape(args.job) if args.job else JobShape(min_nodes=1, max_nodes=1,
                                                                 nproc_per_node=args.nproc_per_node or 1)
     check_local_ranks(shape.nproc_per_node, "-j" if args.job else "-n")
+    return shape
+
+
+def _launch_options(args: argparse.Namespace, shape: JobShape | None = None) -> LaunchOptions:
+    from ddpkit.launch.agent import LaunchOptions
+
+    shape = shape or _launch_shape(args)
     if shape.max_nodes > 1 and not args.rdzv_endpoint:
         raise ConfigError(f"-j {args.job} spans several nodes but no --rdzv-endpoint was given",
                           "HOST:PORT of the rendezvous on the first node",
@@ -135,8 +191,9 @@ def _run_worker(module: ModuleType, args: argparse.Namespace, argv: list[str]) -
     if world.is_agent:  # a Kubeflow pod asked for several processes: be its agent, as torchrun would be
         return _launch(argv, _kubeflow_agent_options(world))
     if world.launcher == "none":
-        options = _launch_options(args)
-        if options.shape.max_nodes * options.shape.nproc_per_node > 1:
+        shape = _launch_shape(args)
+        if shape.max_nodes * shape.nproc_per_node > 1:
+            options = _launch_options(args, shape)
             return _launch(argv, replace(options, preload=tuple(getattr(module, "PRELOAD", ()))))
     elif (args.nproc_per_node or args.job) and worker.LAUNCHED not in os.environ:
         log.warning("started by %s: -n/-j are ignored (the launcher decides the ranks)", world.launcher)
@@ -191,15 +248,16 @@ def _launch(argv: list[str], options: LaunchOptions) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
-        parser = build_parser()
+        parser = build_parser(argv)
         args = parser.parse_args(argv)
         configure(args.verbose)
         if args.command is None:
             parser.print_help()
             return EXIT_USAGE
         args.ddpkit_argv = argv  # the command line as given, for the header of generated files
-        module = _load(args.command)
-        if getattr(module, "WORKER", False):
+        command = _BY_NAME[args.command]
+        module = _load(command.name)
+        if command.worker:
             return _run_worker(module, args, argv)
         return int(module.run(args))
     except DdpkitError as exc:
@@ -208,6 +266,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("ddpkit: interrupted", file=sys.stderr)
         return 130
+    except ModuleNotFoundError as exc:
+        if exc.name is None or exc.name.split(".")[0] not in NEEDS_INSTALL:
+            raise
+        what = NEEDS_INSTALL[exc.name.split(".")[0]]
+        print(f"ddpkit: error: 'ddpkit {argv[0] if argv else ''}' needs {what}, which this Python "
+              f"({sys.executable}) lacks.\n  Fix: pip install {what} (rendering jobs, env and recipe need none).",
+              file=sys.stderr)
+        return EXIT_USAGE
 
 
 def program() -> NoReturn:

@@ -13,7 +13,7 @@ import os
 import socket
 from collections import defaultdict
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import timedelta
 from typing import TYPE_CHECKING
 
@@ -59,7 +59,7 @@ class Runtime:
         return self.world.local_rank
 
 
-def _set_env(name: str, value: str) -> None:
+def set_env(name: str, value: str) -> None:
     """Export a variable torch reads; warn when that changes a value the user set."""
     old = os.environ.get(name)
     if old is not None and old != value:
@@ -114,18 +114,56 @@ def export_world(info: WorldInfo) -> WorldInfo:
     if addr is None or port is None:
         raise EnvConflict(f"{info.launcher} gives no master {'address' if addr is None else 'port'}",
                           "MASTER_ADDR and MASTER_PORT", "export MASTER_ADDR and MASTER_PORT on every rank")
-    for name, value in (("MASTER_ADDR", addr), ("MASTER_PORT", str(port)), ("RANK", str(info.rank)),
-                        ("WORLD_SIZE", str(info.world_size)), ("LOCAL_RANK", str(info.local_rank)),
-                        ("LOCAL_WORLD_SIZE", str(info.local_world_size))):
-        _set_env(name, value)
+    exports = [("MASTER_ADDR", addr), ("MASTER_PORT", str(port)), ("RANK", str(info.rank)),
+               ("WORLD_SIZE", str(info.world_size))]
+    if info.local_world_known:  # else counted once the store is up (count_local_world), never guessed here
+        exports += [("LOCAL_RANK", str(info.local_rank)), ("LOCAL_WORLD_SIZE", str(info.local_world_size))]
+    elif "assumed" not in info.sources.get("local_rank", ""):
+        exports.append(("LOCAL_RANK", str(info.local_rank)))
+    for name, value in exports:
+        set_env(name, value)
     if info.world_size > 1:
         _export_interface(info, addr)
+    if info.local_world_known:
+        _share_threads(info)
+    return info
+
+
+def _share_threads(info: WorldInfo) -> None:
     threads = share_cores(info.local_world_size, announce=info.local_rank == 0)
     if threads is not None:
         import torch
 
         torch.set_num_threads(threads)
-    return info
+
+
+def count_local_world(store: dist.Store, info: WorldInfo, timeout: timedelta) -> WorldInfo:
+    """A world whose launcher gave no local world size: every rank posts its host to the store, and the ranks on
+    this host are counted (a roll-call); exports LOCAL_WORLD_SIZE and shares the cores among them."""
+    host = socket.gethostname()
+    store.set(f"host/{info.rank}", host)
+    keys = [f"host/{r}" for r in range(info.world_size)]
+    store.wait(keys, timeout)
+    hosts = [store.get(k).decode() for k in keys]
+    sources = {**info.sources, "local_world_size": "ranks on this host, counted at start-up"}
+    local_rank = info.local_rank
+    if "assumed" in info.sources.get("local_rank", ""):  # LOCAL_RANK unset too: this rank's place on its host
+        local_rank = hosts[:info.rank].count(host)
+        sources["local_rank"] = "ranks before this one on its host, counted at start-up"
+        set_env("LOCAL_RANK", str(local_rank))
+    node_rank, num_nodes = info.node_rank, info.num_nodes
+    distinct = list(dict.fromkeys(hosts))  # hosts in the order of their first rank
+    if info.sources.get("node_rank", "").startswith("unknown"):  # GROUP_RANK unset too
+        node_rank, num_nodes = distinct.index(host), len(distinct)
+        sources["node_rank"] = "this host's place among the ranks' hosts, counted at start-up"
+    counted = replace(info, local_world_size=hosts.count(host), local_world_known=True, local_rank=local_rank,
+                      node_rank=node_rank, num_nodes=max(num_nodes, node_rank + 1), sources=sources)
+    if hosts.index(host) == info.rank:  # the first rank on this host says it
+        log.warning("LOCAL_WORLD_SIZE was not set: %d rank(s) of %d run on %s (counted at start-up)",
+                    counted.local_world_size, info.world_size, host)
+    set_env("LOCAL_WORLD_SIZE", str(counted.local_world_size))
+    _share_threads(counted)
+    return counted
 
 
 def share_cores(local_ranks: int, *, announce: bool) -> int | None:
@@ -251,6 +289,9 @@ def init(
         return Runtime(world=info, backend=dist.get_backend(), device=device, interface=_interface)
     kwargs: dict[str, object] = {"backend": chosen, "timeout": timeout, "rank": info.rank,
                                  "world_size": info.world_size}
+    if not info.local_world_known and info.world_size > 1:
+        store = store if store is not None else open_store(info, timeout)
+        info = count_local_world(store, info, timeout)
     if device.type == "cuda" and info.world_size > 1:
         store = store if store is not None else open_store(info, timeout)
         claim_gpu(store, info, device, timeout)

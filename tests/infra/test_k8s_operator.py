@@ -182,3 +182,49 @@ def test_pod_environments_are_the_operators() -> None:
     assert {k: v for k, v in node1.env.items() if k.startswith("PET_")} == {
         "PET_NNODES": "2", "PET_NPROC_PER_NODE": "2", "PET_NODE_RANK": "1",
         "PET_MASTER_ADDR": "ddpkit-check-node-0-0.ddpkit-check", "PET_MASTER_PORT": "29400"}
+
+
+def _user_script(tmp: Path) -> Path:
+    import shutil
+
+    from tests.multiproc.test_run import SCRIPT
+
+    target = tmp / "ddp_user.py"
+    shutil.copy(SCRIPT, target)
+    return target
+
+
+def _ranks_agree(op: Operator, world: int) -> None:
+    from tests.multiproc.test_run import assert_replicas_identical
+
+    rows = assert_replicas_identical("".join(p.log() for p in op.job), world)
+    assert len({r["host"] for r in rows.values()}) == 2, op.logs()
+
+
+def test_pytorchjob_runs_a_users_script_unchanged(operator: Callable[..., Operator], tmp_path: Path) -> None:
+    """A user's torchrun-style script as the job's command: the operator's pods run it through torchrun."""
+    script = _user_script(tmp_path)
+    op = _finish(operator(render("-j", "2x2", "--run-id", new_run_id(), "--", str(script))))
+    assert all(p.succeeded for p in op.job), op.logs()
+    _ranks_agree(op, 4)
+
+
+def test_elastic_pods_whose_command_is_ddpkit_run(operator: Callable[..., Operator], tmp_path: Path) -> None:
+    """A PyTorchJob written by hand with `python -m ddpkit run -- script.py` as the command (no torchrun): in each
+    elastic pod (PET_* variables, no MASTER_ADDR) ddpkit is the agent, as torchrun would be, and the script runs
+    unchanged on every rank."""
+    import sys
+
+    script = _user_script(tmp_path)
+    objects = render("-j", "1:2x2", "--run-id", new_run_id(), "--", str(script))
+    replaced = 0
+    for obj in objects:
+        for spec in obj.get("spec", {}).get("pytorchReplicaSpecs", {}).values():
+            for container in spec["template"]["spec"]["containers"]:
+                assert container["command"][0] == "torchrun", container["command"]
+                container["command"] = [sys.executable, "-m", "ddpkit", "run", "--", str(script)]
+                replaced += 1
+    assert replaced
+    op = _finish(operator(objects))
+    assert all(p.succeeded for p in op.job), op.logs()
+    _ranks_agree(op, 4)

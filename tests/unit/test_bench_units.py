@@ -139,6 +139,7 @@ def test_pairs_budget_is_checked_against_the_timeout_only_with_pairs() -> None:
     from ddpkit.bench.cli import _options
     from ddpkit.cli import build_parser
 
-    _options(build_parser().parse_args(["bench", "--timeout", "1"]))  # no pairs measured: no pair budget to fit
+    # no pairs measured: no pair budget to fit
+    _options(build_parser(["bench"]).parse_args(["bench", "--timeout", "1"]))
     with pytest.raises(ConfigError, match="--pairs-seconds 1 with --timeout 1"):
-        _options(build_parser().parse_args(["bench", "--pairs", "--timeout", "1"]))
+        _options(build_parser(["bench"]).parse_args(["bench", "--pairs", "--timeout", "1"]))

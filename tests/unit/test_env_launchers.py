@@ -107,11 +107,46 @@ def test_mpich_under_srun_pmi2_takes_the_local_size_from_the_step() -> None:
     assert (w.launcher, w.local_rank, w.local_world_size, w.master_addr) == ("mpich", 1, 2, "gpu1")
 
 
-def test_hand_exports_across_nodes_without_local_world_size_are_refused() -> None:
-    _conflict({"RANK": "3", "LOCAL_RANK": "1", "WORLD_SIZE": "4", "MASTER_ADDR": "node-a", "MASTER_PORT": "1"},
-              "LOCAL_RANK=1 but LOCAL_WORLD_SIZE is not set")
+def test_worlds_torch_starts_are_read_with_the_local_world_left_unknown() -> None:
+    """torch's env:// needs RANK, WORLD_SIZE and the master: such a world is read, its local world counted later."""
+    w = detect({"RANK": "1", "WORLD_SIZE": "20", "LOCAL_RANK": "2", "GROUP_RANK": "3", "MASTER_ADDR": "1.2.3.4",
+                "MASTER_PORT": "500"})  # Lightning's own fixture
+    assert (w.launcher, w.rank, w.world_size, w.local_rank, w.node_rank) == ("env", 1, 20, 2, 3)
+    assert not w.local_world_known and w.as_dict()["local_world_size"] is None
+    assert any("LOCAL_WORLD_SIZE is not set" in n for n in w.notes)
     w = detect({"RANK": "2", "WORLD_SIZE": "4", "MASTER_ADDR": "node-a", "MASTER_PORT": "1"})
-    assert w.local_world_size == 1 and any("one rank per node" in n for n in w.notes)
+    assert (w.rank, w.world_size, w.local_world_known) == (2, 4, False)
+
+
+def test_a_one_task_slurm_step_on_a_multi_node_allocation_is_a_world_of_one() -> None:
+    w = detect({"SLURM_JOB_ID": "5", "SLURM_STEP_ID": "0", "SLURM_PROCID": "0", "SLURM_LOCALID": "0",
+                "SLURM_NODEID": "0", "SLURM_NTASKS": "1", "SLURM_JOB_NUM_NODES": "3",
+                "SLURM_JOB_NODELIST": "n[1-3]"})
+    assert (w.launcher, w.world_size, w.local_world_size, w.num_nodes) == ("slurm", 1, 1, 1)
+
+
+@pytest.mark.parametrize("env", [
+    {"SLURM_JOB_ID": "5", "SLURM_STEP_ID": "0", "SLURM_NTASKS": "4", "SLURM_STEP_NODELIST": "n[1-2]"},
+    {"SLURM_JOB_ID": "5", "SLURM_STEP_ID": "0", "SLURM_STEP_NUM_NODES": "2"},
+    {"SLURM_JOB_ID": "5", "SLURM_STEP_ID": "0", "SLURM_NTASKS": "4"},
+    {"GROUP_RANK": "1"},
+    {"GROUP_WORLD_SIZE": "2"},
+    {"OMPI_COMM_WORLD_NODE_RANK": "1"},
+    {"FLUX_JOB_NNODES": "2"},
+])
+def test_a_partial_launcher_set_that_shows_a_larger_world_is_refused(env: dict[str, str]) -> None:
+    with pytest.raises(EnvConflict) as exc:
+        detect(env)
+    assert exc.value.exit_code == 2
+
+
+@pytest.mark.parametrize("value", ["+2", "1e3", " 2", "2 ", "²", "2.0", "0x2", "2_0"])
+def test_numbers_in_launcher_variables_are_plain_digits(value: str) -> None:
+    with pytest.raises(EnvConflict, match="not a whole number"):
+        detect({"RANK": "0", "WORLD_SIZE": value, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"})
+    with pytest.raises(EnvConflict, match="PET_NNODES"):
+        detect({"RANK": "0", "WORLD_SIZE": "2", "PET_NNODES": value, "PET_NPROC_PER_NODE": "2",
+                "PET_RDZV_ENDPOINT": "h:29400", "PET_RDZV_BACKEND": "c10d"})
 
 
 @pytest.mark.parametrize(("nodelist", "hosts"), [

@@ -9,6 +9,7 @@ drawn command lines also go through the real CLI in a subprocess, under a timeou
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import io
 import re
@@ -17,6 +18,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+import pytest
 import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -67,7 +69,7 @@ def _validate_worker(argv: list[str]) -> int:
     err = io.StringIO()
     try:
         with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
-            args = build_parser().parse_args(argv)
+            args = build_parser(argv).parse_args(argv)
             _launch_options(args)
             module = _load(args.command)
             if args.command == "bench":
@@ -194,3 +196,65 @@ def test_the_real_cli_answers_bad_lines_without_a_traceback(argv: list[str]) -> 
                          env=ddpkit_env())
     assert res.returncode == 2, res.stderr
     assert "Traceback" not in res.stderr and "ddpkit: error:" in res.stderr
+
+
+# ---- one rule for an option's value of `--` or `-...` ------------------------------------------------------------
+
+def _value_options() -> list[tuple[str, str]]:
+    """(command, option) for every option that takes one value, read from the real parsers."""
+    from ddpkit.cli import COMMANDS
+
+    found = []
+    for command in COMMANDS:
+        parser = build_parser([command.name])
+        sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+        for action in sub.choices[command.name]._actions:
+            if action.option_strings and action.nargs in (None, "?") and action.const is None:
+                found.append((command.name, action.option_strings[-1]))
+    return found
+
+
+VALUE_OPTIONS = _value_options()
+
+
+#: What each command needs beside the option under test (its positionals), so only that option can be refused.
+POSITIONALS = {"recipe": ["venv"], "status": ["12"], "logs": ["12"], "report": ["x.json"]}
+
+
+def _line(command: str, option: str, value: str) -> list[str]:
+    if command == "submit":
+        return ["submit", "slurm", *([] if option == "-j" else ["-j", "1x1"]), f"{option}={value}", "--", "check"]
+    return [command, f"{option}={value}", *POSITIONALS.get(command, [])]
+
+
+def test_every_value_option_was_found() -> None:
+    assert len(VALUE_OPTIONS) > 60 and ("submit", "--time") in VALUE_OPTIONS and ("submit", "--hosts") in VALUE_OPTIONS
+
+
+@pytest.mark.parametrize(("command", "option"), VALUE_OPTIONS)
+def test_an_option_whose_value_is_double_dash_is_refused_naming_it(command: str, option: str) -> None:
+    code, err = _run(_line(command, option, "--"))
+    assert code == 2, err
+    assert f"argument {option}" in err or option in err.split("error:", 1)[-1], err
+    assert "Traceback" not in err
+
+
+@FUZZ
+@given(st.sampled_from(VALUE_OPTIONS), st.sampled_from(["-", "-x", "--", "---", "-1", "--help", "-- x", "-n"]))
+def test_a_value_starting_with_a_dash_is_the_value_or_refused_naming_the_option(
+        case: tuple[str, str], value: str) -> None:
+    command, option = case
+    argv = _line(command, option, value)
+    parser = build_parser(argv)
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    action = next(a for a in sub.choices[command]._actions if option in a.option_strings)
+    try:
+        with contextlib.redirect_stderr(io.StringIO()):
+            args = parser.parse_args(argv)
+    except DdpkitError as exc:
+        assert exc.exit_code == 2
+        assert any(o in exc.message() for o in action.option_strings), exc.message()
+        return
+    assert value != "--"
+    taken = getattr(args, action.dest)
+    assert taken == value or (isinstance(taken, list) and value in taken) or action.type is not None

@@ -166,7 +166,7 @@ def test_manifest_values_stay_scalars(tmp_path: Path, backend: str, value: str) 
     code, text, err = submit(tmp_path, BACKENDS[backend], opts, ["train", "--json", value])
     assert code == 0 and text is not None, err
     spec_argv = ["submit", *BACKENDS[backend], *opts, "--", "train", "--json", value]
-    intended_docs = k8s.manifests(build_spec(build_parser().parse_args(spec_argv), spec_argv))
+    intended_docs = k8s.manifests(build_spec(build_parser(spec_argv).parse_args(spec_argv), spec_argv))
     assert list(yaml.safe_load_all(text)) == intended_docs
 
 

@@ -49,6 +49,8 @@ CASES: dict[str, list[str]] = {
     "mpi_openmpi.sh": ["mpi", "-j", "2x2", "--hosts", "n1,n2", "--allow-run-as-root", "--env", "X=a b'c", "--",
                        "check"],
     "mpi_mpich.sh": ["mpi", "-j", "1x2", "--mpi", "mpich", "--venv", "/v w", "--", "check"],
+    "mpi_script.sh": ["mpi", "-j", "2x2", "--hosts", "n1,n2", "--venv", HOSTILE, "--", "my dir/ddp's.py", "3", "1",
+                      "--data", "$HOME/a b"],
     "k8s_pytorchjob_etcd_train.yaml": ["k8s", "-j", "1:3x2", "--image", "reg/ddpkit:cpu", "--k8s-rdzv", "etcd",
                                        "--run-id", "r3", "--namespace", "ml", "--", "train", "--snapshot-path",
                                        "/snapshots/it's $x.pt"],

@@ -31,9 +31,8 @@ from ddpkit.errors import EXIT_CHECK_FAILED, EXIT_OK, ConfigError
 from ddpkit.inputs import output_path, seconds
 from ddpkit.log import get_logger
 
-__all__ = ["WORKER", "add_arguments", "run"]
+__all__ = ["add_arguments", "run"]
 
-WORKER = True
 log = get_logger(__name__)
 
 

@@ -38,9 +38,8 @@ from ddpkit.log import get_logger
 if TYPE_CHECKING:
     import torch.distributed as dist
 
-__all__ = ["WORKER", "add_arguments", "run"]
+__all__ = ["add_arguments", "run"]
 
-WORKER = True
 # Under `ddpkit check -n N` the agent imports these once and forks the ranks (ddpkit.launch.agent): DDP's first use
 # imports torch._dynamo, 1.5-2.5 s per rank, most of the check's cost over a bare hello world.
 PRELOAD = ("torch.nn.parallel", "torch._dynamo", "ddpkit.check.ddpsync", "ddpkit.runtime", "rich.table")
@@ -132,7 +131,12 @@ def _open_store(world: WorldInfo, seconds: float) -> tuple[WorldInfo, dist.Store
     # a single process picks a free port: keep it, so init() exports the same one
     world = replace(world, master_addr=os.environ["MASTER_ADDR"], master_port=int(os.environ["MASTER_PORT"]))
     try:
-        return world, open_store(world, timedelta(seconds=seconds))
+        store = open_store(world, timedelta(seconds=seconds))
+        if not world.local_world_known:  # the launcher gave no local world: count it before the roll-call
+            from ddpkit.runtime import count_local_world
+
+            world = count_local_world(store, world, timedelta(seconds=seconds))
+        return world, store
     except Exception as exc:  # DistStoreError / RuntimeError: rank 0's store never answered
         where = f"{os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT')}"
         raise DeadlineExpired(f"rank {world.rank} could not reach rank 0's store at {where} within {seconds:g} s "

@@ -79,30 +79,29 @@ def _env_read(environ: Mapping[str, str]) -> WorldInfo:
     local_world = r.integer("local_world_size", "LOCAL_WORLD_SIZE", minimum=1)
     master = r.address("master_addr", "MASTER_ADDR")
     notes: list[str] = []
+    known = True
     if local_world is None:
         if world == 1 or (master is not None and _is_loopback(master)):
             local_world = world  # a loopback master: every rank runs on this host
             r.derived("local_world_size", "WORLD_SIZE (MASTER_ADDR is loopback: every rank on this host)")
-        elif local_rank:
-            raise EnvConflict(f"LOCAL_RANK={local_rank} but LOCAL_WORLD_SIZE is not set (RANK={rank}, "
-                              f"WORLD_SIZE={world}, MASTER_ADDR={master})", "LOCAL_WORLD_SIZE beside LOCAL_RANK",
-                              "export LOCAL_WORLD_SIZE (ranks on this node); ddpkit sizes threads from it")
-        else:
-            local_world = 1
-            r.derived("local_world_size", "1: LOCAL_WORLD_SIZE unset, one rank per node assumed")
-            notes.append("LOCAL_WORLD_SIZE is not set: ddpkit assumes one rank per node; export it if several "
-                         "ranks share a node (it sets the thread count)")
+        else:  # torch's env:// needs no more: count it at start-up rather than guess (it sizes threads)
+            known = False
+            local_world = (local_rank or 0) + 1
+            r.derived("local_world_size", "unknown (LOCAL_WORLD_SIZE unset): counted at start-up")
+            notes.append("LOCAL_WORLD_SIZE is not set: ddpkit counts the ranks on this host when the process group "
+                         "starts (it sizes each rank's threads from it); export it to skip the count")
     if local_rank is None:
         local_rank = rank if local_world == world else 0
         r.derived("local_rank", "RANK (every rank on this host)" if local_world == world else "0 (assumed)")
     node_rank = r.integer("node_rank", "GROUP_RANK")
     if node_rank is None:
-        node_rank = rank // local_world
-        r.derived("node_rank", "RANK // local world size")
-    addr, port = resolve_master(r, hosts=(), job_id=None, single_host=local_world == world,
+        node_rank = rank // local_world if known else rank
+        r.derived("node_rank", "RANK // local world size" if known else "unknown (GROUP_RANK unset): RANK")
+    num_nodes = max(1, -(-world // local_world)) if known else world
+    addr, port = resolve_master(r, hosts=(), job_id=None, single_host=known and local_world == world,
                                 hint="export MASTER_ADDR and MASTER_PORT beside RANK and WORLD_SIZE")
     return WorldInfo(launcher="env", rank=rank, local_rank=local_rank, world_size=world,
-                     local_world_size=local_world, node_rank=node_rank, num_nodes=max(1, -(-world // local_world)),
+                     local_world_size=local_world, local_world_known=known, node_rank=node_rank, num_nodes=num_nodes,
                      master_addr=addr, master_port=port, sources=r.sources, notes=tuple(notes))
 
 

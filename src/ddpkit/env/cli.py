@@ -11,7 +11,6 @@ from datetime import timedelta
 from ddpkit.env import LAUNCHERS, WorldInfo, detect, explain
 from ddpkit.inputs import seconds
 
-WORKER = True  # `ddpkit env -n 2 --connect` starts a local 2-rank world and explains each rank
 _FIELDS = ("launcher", "rank", "local_rank", "world_size", "local_world_size", "node_rank", "num_nodes",
            "master_addr", "master_port", "hosts", "restart_count", "run_id")
 

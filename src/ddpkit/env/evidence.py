@@ -40,7 +40,7 @@ FAMILIES: tuple[Family, ...] = (
            ("JSM_NAMESPACE_SIZE", "JSM_NAMESPACE_LOCAL_SIZE"), ("JSM_NAMESPACE_RANK", "JSM_NAMESPACE_LOCAL_RANK")),
     Family("pals", pals.FAMILY, ("PALS_RANKID", "PMI_SIZE"), ("PALS_LOCAL_SIZE",),
            ("PALS_RANKID", "PALS_LOCAL_RANKID", "PALS_NODEID")),
-    Family("flux", flux.FAMILY, ("FLUX_TASK_RANK", "FLUX_JOB_SIZE"), ("FLUX_JOB_SIZE",),
+    Family("flux", flux.FAMILY, ("FLUX_TASK_RANK", "FLUX_JOB_SIZE"), ("FLUX_JOB_SIZE", "FLUX_JOB_NNODES"),
            ("FLUX_TASK_RANK", "FLUX_TASK_LOCAL_ID")),
     Family("mvapich2", ("MV2_COMM_WORLD_RANK", "MV2_COMM_WORLD_SIZE", "MV2_COMM_WORLD_LOCAL_RANK",
                         "MV2_COMM_WORLD_LOCAL_SIZE"), ("MV2_COMM_WORLD_RANK", "MV2_COMM_WORLD_SIZE"),
@@ -48,14 +48,19 @@ FAMILIES: tuple[Family, ...] = (
     Family("openmpi", ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
                        "OMPI_COMM_WORLD_LOCAL_SIZE"), ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"),
            ("OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE"),
-           ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_LOCAL_RANK")),
+           ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_NODE_RANK")),
     Family("mpich", ("PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS"), ("PMI_RANK", "PMI_SIZE"),
            ("PMI_SIZE", "MPI_LOCALNRANKS"), ("PMI_RANK", "MPI_LOCALRANKID")),
-    Family("slurm", (*slurm.STEP_VARS, "SLURM_STEP_NUM_TASKS"),
+    # inside a step (only there do Slurm's variables count: see visible_families) the job's task and node counts
+    # describe the step's world too: a step without SLURM_PROCID that shows them is a task set that does not add up
+    Family("slurm", (*slurm.STEP_VARS, "SLURM_STEP_NUM_TASKS", "SLURM_STEP_NODELIST", "SLURM_STEP_TASKS_PER_NODE",
+                     "SLURM_STEP_NUM_NODES"),
            ("SLURM_JOB_ID", "SLURM_STEP_ID", "SLURM_PROCID", "SLURM_LOCALID", "SLURM_NODEID"),
-           ("SLURM_STEP_NUM_TASKS",), ("SLURM_PROCID", "SLURM_LOCALID")),
-    Family("env", ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"), ("RANK", "WORLD_SIZE"),
-           ("WORLD_SIZE", "LOCAL_WORLD_SIZE"), ("RANK", "LOCAL_RANK")),
+           ("SLURM_STEP_NUM_TASKS", "SLURM_NTASKS", "SLURM_NPROCS", "SLURM_STEP_NUM_NODES"),
+           ("SLURM_PROCID", "SLURM_LOCALID", "SLURM_NODEID")),
+    Family("env", ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE"),
+           ("RANK", "WORLD_SIZE"), ("WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_WORLD_SIZE"),
+           ("RANK", "LOCAL_RANK", "GROUP_RANK")),
 )
 
 

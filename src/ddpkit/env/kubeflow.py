@@ -137,7 +137,7 @@ def _nnodes(r: VarReader) -> tuple[int, int]:
     var = r.first("PET_NNODES")
     if var is None:
         return 1, 1
-    raw = r.environ[var].strip()
+    raw = r.environ[var]
     low_raw, sep, high_raw = raw.partition(":")
     low, high = parse_count(low_raw), parse_count(high_raw if sep else low_raw)
     if low is None or high is None or low < 1 or high < low:

@@ -15,9 +15,10 @@ from ddpkit.ports import PORT_RANGE, derive_port  # defined once, shared with th
 __all__ = ["PORT_RANGE", "AgentPlan", "VarReader", "WorldInfo", "derive_port", "expand_nodelist", "is_ip_address",
            "parse_count", "present"]
 
-# ASCII digits only, and few enough of them: str.isdigit() accepts superscripts ("²") that int() refuses, and
-# int() refuses more than 4300 digits; no rank, count or port has more than 18.
-_INTEGER = re.compile(r"[+-]?[0-9]{1,18}")
+# One rule for every number a launcher sets: ASCII digits only, nothing around them, and few enough of them. A
+# launcher writes "4", never "+4", " 4", "4.0", "1e3" or "²" (str.isdigit() accepts superscripts; int() accepts
+# signs, spaces and underscores): such a value was written by hand and is refused at once (exit 2), never guessed.
+_INTEGER = re.compile(r"-?[0-9]{1,18}")  # a minus sign is read, to say "below 0"
 
 
 def present(environ: Mapping[str, str], name: str) -> bool:
@@ -27,9 +28,8 @@ def present(environ: Mapping[str, str], name: str) -> bool:
 
 
 def parse_count(raw: str) -> int | None:
-    """The integer a launcher variable holds, or None when it is not a plain decimal number."""
-    text = raw.strip()
-    return int(text) if _INTEGER.fullmatch(text) else None
+    """The integer a launcher variable holds, or None when it is not plain decimal digits (see ``_INTEGER``)."""
+    return int(raw) if _INTEGER.fullmatch(raw) else None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -70,7 +70,11 @@ class WorldInfo:
     world_size: int
     """Number of processes in the world."""
     local_world_size: int
-    """Number of processes on this node."""
+    """Number of processes on this node; where ``local_world_known`` is False, only a lower bound (local rank + 1)
+    until ``ddpkit.runtime.init`` counts the ranks on this host."""
+    local_world_known: bool = True
+    """False where the launcher gives no local world size (a hand-exported RANK/WORLD_SIZE/MASTER_* world, as torch's
+    env:// accepts): commands count it at start-up; ``ddpkit run`` leaves LOCAL_WORLD_SIZE unset, as it was."""
     node_rank: int
     """Index of this node, 0 <= node_rank < num_nodes."""
     num_nodes: int
@@ -100,7 +104,7 @@ class WorldInfo:
             "rank": self.rank,
             "local_rank": self.local_rank,
             "world_size": self.world_size,
-            "local_world_size": self.local_world_size,
+            "local_world_size": self.local_world_size if self.local_world_known else None,
             "node_rank": self.node_rank,
             "num_nodes": self.num_nodes,
             "master_addr": self.master_addr,

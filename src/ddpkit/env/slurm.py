@@ -94,6 +94,10 @@ def read(environ: Mapping[str, str]) -> WorldInfo:
     if num_nodes is None:
         num_nodes = len(hosts) or 1
         r.derived("num_nodes", "length of the node list")
+    if world == 1 and (num_nodes > 1 or node_rank > 0):  # one task: one node, whatever the allocation spans
+        num_nodes, node_rank = 1, 0
+        r.derived("num_nodes", "1: a step of one task")
+        r.derived("node_rank", "0: a step of one task")
     local_world = _local_world_size(r, node_rank, num_nodes, world)
     if rank >= world:
         raise EnvConflict(f"SLURM_PROCID={rank} is not below the task count {world}",
@@ -133,6 +137,9 @@ def _het_world(r: VarReader) -> int:
 def _local_world_size(r: VarReader, node_rank: int, num_nodes: int, world: int) -> int:
     var = r.first("SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE")
     if var is None:  # srun always sets it; a hand-made set without it is derived only where it cannot be wrong
+        if world == 1:
+            r.derived("local_world_size", "1: a step of one task")
+            return 1
         if num_nodes == 1 or world % num_nodes == 0:
             r.derived("local_world_size", "SLURM_NTASKS / number of nodes (an even spread)")
             return max(1, world // num_nodes)

@@ -31,7 +31,7 @@ output is opened in append mode, so the requeued run's log follows the first run
 from __future__ import annotations
 
 from ddpkit.jobs.shell import Raw, preamble, wrap
-from ddpkit.jobs.spec import JobSpec, asks_for_mpi, python_argv
+from ddpkit.jobs.spec import DDPKIT_COMMANDS, JobSpec, asks_for_mpi, python_argv
 from ddpkit.jobs.torchrun import RESTART_FIX, torchrun_argv
 from ddpkit.ports import derive_port_shell
 
@@ -77,7 +77,9 @@ def render(spec: JobSpec) -> str:
     if spec.tasks_per_rank:
         lines += ['echo "ddpkit: job $SLURM_JOB_ID on $SLURM_JOB_NODELIST, one task per rank, restart '
                   '${SLURM_RESTART_COUNT:-0}"',
-                  "# Each task is a rank: ddpkit reads SLURM_PROCID, SLURM_NTASKS and the node list itself.",
+                  "# Each task is a rank: ddpkit reads SLURM_PROCID, SLURM_NTASKS and the node list itself"
+                  + ("." if spec.command[0] in DDPKIT_COMMANDS else
+                     " (ddpkit run hands them to the script as torch's RANK, WORLD_SIZE, ...)."),
                   wrap([*srun, *python_argv(spec)]), ""]
         return "\n".join(lines)
     port = str(spec.port) if spec.port else derive_port_shell("SLURM_JOB_ID")

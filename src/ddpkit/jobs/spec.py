@@ -186,10 +186,13 @@ class JobSpec:
 
 
 def python_argv(spec: JobSpec, python: str | None = None) -> list[str]:
-    """The rank's program: ``PYTHON -m ddpkit CMD ARGS`` or ``PYTHON SCRIPT.py ARGS`` (job_interpreter's)."""
+    """The program of a rank that mpirun or srun (one task per rank) starts, with job_interpreter's Python:
+    ``PYTHON -m ddpkit CMD ARGS``, or for a script ``PYTHON -m ddpkit run -- SCRIPT.py ARGS``. Those launchers set
+    no RANK, WORLD_SIZE or MASTER_ADDR, so a torchrun-style script could not start ("environment variable RANK
+    expected"); ``ddpkit run`` exports them from the launcher's own variables, then runs the script unchanged."""
     cmd = spec.job_command()
     py = python or job_interpreter(spec).path
-    return [py, "-m", "ddpkit", *cmd] if cmd[0] in DDPKIT_COMMANDS else [py, *cmd]
+    return [py, "-m", "ddpkit", *cmd] if cmd[0] in DDPKIT_COMMANDS else [py, "-m", "ddpkit", "run", "--", *cmd]
 
 
 def torchrun_entry(spec: JobSpec) -> list[str]:

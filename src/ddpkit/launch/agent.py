@@ -136,6 +136,8 @@ def launch(options: LaunchOptions, entrypoint: Entrypoint, argv: list[str]) -> i
     watch = RendezvousWatch(endpoint, config.run_id) if endpoint and options.rdzv_backend == "c10d" else None
     backstop = LostPeerBackstop(stop_dir, cleanup=lambda: shutil.rmtree(mark_dir, ignore_errors=True))
     try:
+        if endpoint and options.rdzv_backend == "c10d" and not _hosts_store(endpoint, conf):
+            await_endpoint(endpoint, float(conf["join_timeout"]))  # type: ignore[arg-type]
         with watch or contextlib.nullcontext(), backstop:
             if forked:
                 elastic_launch(config, entrypoint=worker.forked_worker(entrypoint.main))(argv)
@@ -156,6 +158,69 @@ def launch(options: LaunchOptions, entrypoint: Entrypoint, argv: list[str]) -> i
         os.environ.pop(worker.RESULT_DIR, None)  # this agent's own exit code is not a worker's result
         shutil.rmtree(mark_dir, ignore_errors=True)
     return code
+
+
+def _hosts_store(endpoint: str, conf: dict[str, object]) -> bool:
+    """Whether this agent's rendezvous hosts the c10d store: is_host as given, else torch's own rule (the endpoint
+    names this machine's hostname)."""
+    if "is_host" in conf:
+        return str(conf["is_host"]).strip().lower() in ("1", "true", "yes", "y", "on")
+    from torch.distributed.elastic.rendezvous.utils import _matches_machine_hostname
+
+    return bool(_matches_machine_hostname(endpoint.rpartition(":")[0].strip("[]")))
+
+
+def await_endpoint(endpoint: str, timeout: float, poll: float = 1.0) -> None:
+    """Wait, in Python, until the rendezvous host resolves and its port accepts a connection, at most ``timeout``
+    seconds; then torch's store connects at once. torch's own client retries inside C++ (a signal waits until it
+    returns: 68 s after SIGTERM was seen here) and logs every retry with a page of C++ frames; here a name lookup
+    runs in a thread joined with a timeout, so SIGTERM/SIGINT stop the wait within ``poll`` seconds, and one line
+    says what is awaited, where, and until when. Raises DeadlineExpired (exit 3) at the deadline."""
+    import socket
+    import threading
+    import time
+
+    host, _, port_text = endpoint.rpartition(":")
+    host, port = host.strip("[]"), int(port_text)
+    deadline = time.monotonic() + timeout
+    said = ""
+    while True:
+        found: list[object] = []
+
+        def lookup(found: list[object] = found) -> None:
+            try:
+                found.append(socket.getaddrinfo(host, port, type=socket.SOCK_STREAM))
+            except OSError as exc:
+                found.append(exc)
+
+        threading.Thread(target=lookup, daemon=True, name="ddpkit-rdzv-lookup").start()
+        patience = max(0.5, min(5.0, deadline - time.monotonic()))  # a lookup may block for 40 s and more
+        waited = time.monotonic()
+        while not found and time.monotonic() - waited < patience:
+            time.sleep(0.02)
+        result = found[0] if found else TimeoutError(f"the name lookup of {host} took over {patience:.1f} s")
+        if not isinstance(result, Exception):
+            for family, kind, proto, _, addr in result:  # type: ignore[attr-defined]
+                try:
+                    with socket.socket(family, kind, proto) as sock:
+                        sock.settimeout(poll)
+                        sock.connect(addr)
+                    return
+                except OSError as exc:
+                    result = exc
+        why = (f"{host} does not resolve ({result})" if not isinstance(result, ConnectionRefusedError | TimeoutError)
+               or "lookup" in str(result) else f"nothing listens there yet ({result})")
+        if why != said:
+            until = time.strftime("%H:%M:%S", time.localtime(time.time() + deadline - time.monotonic()))
+            log.warning("waiting for the rendezvous store at %s: %s; waiting until %s (join timeout %d s)",
+                        endpoint, why, until, timeout)
+            said = why
+        if time.monotonic() >= deadline:
+            raise DeadlineExpired(f"the rendezvous store at {endpoint} could not be reached within {timeout:.0f} s: "
+                                  f"{why}", "the first node's agent listening at --rdzv-endpoint",
+                                  "start ddpkit on the first node (it hosts the store), check the name and port "
+                                  "from this host, or give it longer with --timeout")
+        time.sleep(min(poll, max(0.0, deadline - time.monotonic())))
 
 
 def _forward(sig: object) -> None:

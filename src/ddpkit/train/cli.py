@@ -32,14 +32,12 @@ from ddpkit.errors import EXIT_MISSING, EXIT_OK, EXIT_PREEMPTED, ConfigError
 from ddpkit.inputs import check_output_path, output_path, seconds
 from ddpkit.launch.worker import PREEMPTED_MARK, command_started_at
 from ddpkit.log import get_logger
-from ddpkit.train.config import MODELS, PREEMPT_SIGNALS, TrainConfig, check_job_spec, parse_drill
-from ddpkit.train.gradients import GRAD_TRANSPORTS
+from ddpkit.train.config import GRAD_TRANSPORTS, MODELS, PREEMPT_SIGNALS, TrainConfig, check_job_spec, parse_drill
 from ddpkit.train.output import say
 from ddpkit.train.timeline import phases
 
-__all__ = ["PRELOAD", "WORKER", "add_arguments", "config_from_args", "run"]
+__all__ = ["PRELOAD", "add_arguments", "config_from_args", "run"]
 
-WORKER = True
 # Under `ddpkit train -n N` the agent imports these once and forks the ranks (ddpkit.launch.agent), as `check` does:
 # torch and torch._dynamo (which DDP's constructor imports) cost each fresh rank 3-8 s on a loaded 2-core machine.
 PRELOAD = ("torch.nn.parallel", "torch._dynamo", "ddpkit.runtime", "ddpkit.train.jobs", "ddpkit.train.trainer")

@@ -37,13 +37,13 @@ import torch.distributed as dist
 from ddpkit.errors import ConfigError
 from ddpkit.log import get_logger
 from ddpkit.torch_compat import all_gather_single
+from ddpkit.train.config import GRAD_TRANSPORTS
 
 __all__ = ["GRAD_TRANSPORTS", "PYTHON_HOOK_MAX_PARAMS", "TRANSPORTS", "GradientAveraging", "Rider", "choose_transport",
            "plan_transport", "register_gradient_averaging"]
 
 log = get_logger(__name__)
 #: What ``--grad-transport`` accepts.
-GRAD_TRANSPORTS = ("auto", "gloo", "mpi", "nccl")
 
 #: Models up to this many parameters average through the Python hook (their single, small bucket carries the rider).
 PYTHON_HOOK_MAX_PARAMS = 1 << 18

@@ -1,0 +1,165 @@
+"""``ddpkit run``: your own DDP script, unchanged, under any launcher ddpkit reads.
+
+    ddpkit run -n 2 -- train.py --lr 0.1              # no launcher: two local ranks, as torchrun would start them
+    mpirun -np 8 ddpkit run -- train.py               # Open MPI, MPICH, MVAPICH2, srun, jsrun, PALS, Flux, Kubeflow
+    srun --ntasks-per-node=4 ddpkit run -- train.py
+    ddpkit run -n 2 -m -- mypackage.train --epochs 3  # a module, as python -m runs it
+
+A script written for torchrun reads RANK, LOCAL_RANK, WORLD_SIZE, ... and calls ``init_process_group()`` with
+torch's ``env://``. Other launchers set other variables (OMPI_COMM_WORLD_RANK, PMI_RANK, SLURM_PROCID, ...), and
+seed 004 hand-translates them. Here the launcher is detected (``ddpkit.env.detect``), torch's variables are exported
+as ``ddpkit.init()`` exports them (the master, GLOO_SOCKET_IFNAME where the master is on another host, the threads:
+``ddpkit.runtime.export_world``; a value the user set that differs is overridden with a warning), and the script
+runs as ``__main__`` in this very process: ``sys.argv``, ``sys.path[0]`` and ``__file__`` as Python sets them, the
+script's exit code and traceback are the command's. Where no launcher started ddpkit, ``-n``/``-j`` start the ranks
+through the same elastic agent as every other command (restarts, the first failure named).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import runpy
+import sys
+import traceback
+from pathlib import Path
+from types import TracebackType
+
+from ddpkit.errors import ConfigError
+from ddpkit.log import get_logger
+
+__all__ = ["PRELOAD", "add_arguments", "run", "run_target"]
+
+log = get_logger(__name__)
+
+# imported once by ddpkit's agent, so forked ranks start with them (a DDP script's first DistributedDataParallel
+# call imports torch._dynamo: 1.5 s per rank here)
+PRELOAD = ("torch", "torch.distributed", "torch.nn.parallel", "torch._dynamo")
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("-m", "--module", action="store_true",
+                   help="the target is a module, run as python -m runs it (sys.path[0] is the working directory)")
+    p.add_argument("target", nargs=argparse.REMAINDER, metavar="-- SCRIPT.py [ARGS ...]",
+                   help="the script (or, with -m, the module) and its arguments, after --")
+
+
+def _target(args: argparse.Namespace) -> list[str]:
+    words = list(args.target)
+    if words[:1] == ["--"]:
+        words = words[1:]
+    if not words:
+        raise ConfigError("no script to run", "ddpkit run [options] -- SCRIPT.py [ARGS ...] (or -m -- MODULE ...)",
+                          "name the script after --, e.g. ddpkit run -n 2 -- train.py")
+    return words
+
+
+def run(args: argparse.Namespace) -> int:
+    """In a rank: export torch's variables for the world the launcher made, then run the script."""
+    from ddpkit.env import detect
+    from ddpkit.runtime import export_world, set_env
+
+    words = _target(args)
+    _check_target(words[0], args.module)
+    world = export_world(detect())
+    if not world.sources.get("node_rank", "").startswith("unknown"):
+        set_env("GROUP_RANK", str(world.node_rank))
+    if not world.local_world_known:
+        log.info("LOCAL_WORLD_SIZE left unset: %s gives none (torch's env:// does not need it)", world.launcher)
+    return run_target(words[0], words[1:], module=args.module)
+
+
+def _check_target(target: str, module: bool) -> None:
+    if module:
+        import importlib.util
+
+        try:
+            found = importlib.util.find_spec(target)
+        except (ImportError, ValueError):
+            found = None
+        if found is None:
+            raise ConfigError(f"no module named {target!r} (working directory {os.getcwd()})",
+                              "an importable module, as python -m would find it",
+                              "check the name, or install the package that holds it")
+        return
+    path = Path(target)
+    if not path.is_file():
+        raise ConfigError(f"no script at {target!r} (working directory {os.getcwd()})",
+                          "the path of a Python script every rank can read",
+                          "check the path; with -m, name a module instead")
+
+
+def run_target(target: str, argv: list[str], *, module: bool = False) -> int:
+    """Run a script (or module) as ``__main__`` with ``argv``, as ``python SCRIPT ARGV`` would; returns its exit
+    code. An exception it raises is printed as Python prints it, without ddpkit's frames, and gives exit code 1."""
+    saved_argv, saved_path0 = sys.argv, (sys.path[0] if sys.path else None)
+    try:
+        if module:
+            sys.argv = [target, *argv]  # runpy puts the module's file in argv[0], as python -m does
+            sys.path.insert(0, os.getcwd())
+            runpy.run_module(target, run_name="__main__", alter_sys=True)
+        else:
+            path = os.path.abspath(target)
+            sys.argv = [target, *argv]
+            sys.path.insert(0, os.path.dirname(path))
+            _exec_script(path)
+        return 0
+    except SystemExit as exc:
+        return _exit_code(exc.code)
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:  # the script's own failure: its traceback, as Python would print it
+        _print_user_traceback(exc, os.path.abspath(target) if not module else None)
+        return 1
+    finally:
+        sys.argv = saved_argv
+        if saved_path0 is not None and sys.path and sys.path[0] != saved_path0:
+            sys.path.pop(0)
+        sys.stdout.flush()
+        sys.stderr.flush()
+
+
+def _exec_script(path: str) -> None:
+    """Run a script file as ``python PATH`` does: a fresh ``__main__`` module (so pickling and multiprocessing in
+    the script find its functions), ``__file__`` absolute, ``sys.argv[0]`` as written (runpy.run_path would
+    rewrite argv[0] with the path it is given)."""
+    import builtins
+    import importlib.machinery
+    import types
+
+    with open(path, "rb") as f:
+        code = compile(f.read(), path, "exec", dont_inherit=True)
+    main = types.ModuleType("__main__")
+    main.__dict__.update(__file__=path, __builtins__=builtins, __cached__=None, __spec__=None, __package__=None,
+                         __loader__=importlib.machinery.SourceFileLoader("__main__", path))
+    saved = sys.modules["__main__"]
+    sys.modules["__main__"] = main
+    try:
+        exec(code, main.__dict__)
+    finally:
+        sys.modules["__main__"] = saved
+
+
+def _exit_code(code: object) -> int:
+    """What Python's exit does with sys.exit's argument: None is 0, an int is itself, anything else is printed
+    and gives 1."""
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code
+    print(code, file=sys.stderr)
+    return 1
+
+
+def _print_user_traceback(exc: BaseException, script: str | None) -> None:
+    tb = exc.__traceback__
+    ours = (os.path.dirname(os.path.abspath(__file__)), os.path.dirname(runpy.__file__ or ""))
+    first = tb
+    while first is not None:  # drop ddpkit's and runpy's frames: the traceback starts in the user's code
+        name = first.tb_frame.f_code.co_filename
+        if (script and os.path.abspath(name) == script) or (not script and not name.startswith(ours)
+                                                             and not name.startswith("<frozen")):
+            break
+        first = first.tb_next
+    trimmed: TracebackType | None = first if first is not None else tb
+    sys.stderr.write("".join(traceback.format_exception(type(exc), exc, trimmed)))

@@ -1,0 +1,78 @@
+"""`ddpkit run` under the real launchers: the same torchrun-style script (tests/workers/ddp_user.py, it reads RANK
+and calls init_process_group("gloo")), unchanged, ends with identical replicas under mpirun (Open MPI), mpiexec
+(MPICH), srun with two tasks on each of the test cluster's two namespace nodes, and the jobs `ddpkit submit mpi`
+and `ddpkit submit slurm --tasks-per-rank` render (which used to fail: "environment variable RANK expected")."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.helpers import IS_ROOT, ddpkit_env, free_port, require_tools, run_ddpkit
+from tests.infra.slurm_fixture import in_cluster, slurm_cluster_fixture  # noqa: F401 (the fixture)
+from tests.infra.test_jobs_slurm import VENV, _job_id
+from tests.multiproc.test_run import SCRIPT, assert_replicas_identical
+
+pytestmark = [pytest.mark.infra, pytest.mark.multiproc]
+RUN = [sys.executable, "-m", "ddpkit", "run", "--"]
+
+
+def _script(tmp_path: Path) -> Path:
+    target = tmp_path / "user's dir" / "ddp_user.py"
+    target.parent.mkdir(exist_ok=True)
+    shutil.copy(SCRIPT, target)
+    return target
+
+
+@pytest.mark.parametrize(("tool", "argv"), [
+    ("mpirun", ["mpirun", "-np", "2", "--oversubscribe", *(["--allow-run-as-root"] if IS_ROOT else [])]),
+    ("mpiexec.mpich", ["mpiexec.mpich", "-n", "2"]),
+])
+def test_mpi_launchers_run_the_script_unchanged(tool: str, argv: list[str], tmp_path: Path) -> None:
+    require_tools(tool)
+    script = _script(tmp_path)
+    res = subprocess.run([*argv, *RUN, str(script), "--flag"], capture_output=True, text=True, errors="replace",
+                         timeout=240, env=ddpkit_env(MASTER_PORT=free_port()))
+    assert res.returncode == 0, res.stdout + res.stderr
+    rows = assert_replicas_identical(res.stdout, 2)
+    assert {r["argv"] for r in rows.values()} == {f"[{str(script)!r}, '--flag']"}
+
+
+def test_srun_two_tasks_on_each_of_two_nodes(slurm_cluster: Any, tmp_path: Path) -> None:
+    script = _script(tmp_path)
+    res = subprocess.run([*slurm_cluster.client_prefix(), "srun", "-N", "2", "--ntasks-per-node=2", *RUN,
+                          str(script)], capture_output=True, text=True, timeout=300, cwd=tmp_path,
+                         env=ddpkit_env(SLURM_CONF=str(slurm_cluster.conf)))
+    assert res.returncode == 0, res.stdout + res.stderr[-3000:]
+    rows = assert_replicas_identical(res.stdout, 4)
+    assert len({r["host"] for r in rows.values()}) == 2, rows  # two namespace hosts, two ranks each
+    assert sorted(r["local"] for r in rows.values()) == ["0", "0", "1", "1"]
+
+
+def test_submit_slurm_tasks_per_rank_runs_a_script(slurm_cluster: Any, tmp_path: Path) -> None:
+    script = _script(tmp_path)
+    res = in_cluster(slurm_cluster, "submit", "slurm", "--wait", "-j", "2x1", "--tasks-per-rank", "--venv", VENV,
+                     "--no-exclusive", "-o", str(tmp_path / "job.sbatch"), "--", str(script), cwd=tmp_path)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "-m ddpkit run" in (tmp_path / "job.sbatch").read_text()
+    log = in_cluster(slurm_cluster, "logs", _job_id(res), cwd=tmp_path).stdout
+    rows = assert_replicas_identical(log, 2)
+    assert len({r["host"] for r in rows.values()}) == 2, log
+
+
+@pytest.mark.parametrize(("flavour", "tool"), [("openmpi", "mpirun"), ("mpich", "mpiexec.mpich")])
+def test_submit_mpi_runs_a_script(flavour: str, tool: str, tmp_path: Path) -> None:
+    require_tools(tool)
+    script = _script(tmp_path)
+    root = ["--allow-run-as-root"] if IS_ROOT and flavour == "openmpi" else []
+    res = run_ddpkit("submit", "mpi", "-j", "1x2", "--mpi", flavour, *root, "--python", sys.executable, "--port",
+                     free_port(), "-o", str(tmp_path / "job.sh"), "--", str(script), "3", "1", timeout=240,
+                     cwd=tmp_path, errors="replace")
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "-m ddpkit run" in (tmp_path / "job.sh").read_text()
+    assert_replicas_identical(res.stdout, 2)

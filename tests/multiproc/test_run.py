@@ -1,0 +1,125 @@
+"""`ddpkit run`: a torchrun-style script (tests/workers/ddp_user.py), unchanged, with ranks ddpkit starts (-n 2) or
+torchrun starts; the script's traceback and exit code are the command's; -m runs a module; failures before the
+script starts are one error line, exit 2. (mpirun, MPICH and srun: tests/infra/test_run_launchers.py.)"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import ddpkit_env, run_ddpkit
+
+pytestmark = pytest.mark.multiproc
+SCRIPT = Path(__file__).resolve().parents[1] / "workers" / "ddp_user.py"
+
+
+def results(stdout: str) -> dict[int, dict[str, str]]:
+    """The script's RESULT lines by rank: every key=value it printed (argv as its repr)."""
+    rows = {}
+    for line in stdout.splitlines():
+        m = re.search(r"RESULT rank=(\d+) local=(\d+) world=(\d+) same=(\w+) host=(\S+) main=(\S+) argv=(\[.*\]) "
+                      r"file=(.*)$", line)
+        if m:
+            rows[int(m[1])] = dict(zip(("rank", "local", "world", "same", "host", "main", "argv", "file"),
+                                       m.groups(), strict=True))
+    return rows
+
+
+def assert_replicas_identical(stdout: str, world: int) -> dict[int, dict[str, str]]:
+    rows = results(stdout)
+    assert sorted(rows) == list(range(world)), stdout
+    assert all(r["same"] == "True" and r["world"] == str(world) and r["main"] == "__main__" for r in rows.values())
+    return rows
+
+
+@pytest.fixture
+def script(tmp_path: Path) -> Path:
+    """The script in a directory with a space, run by a relative path (argv[0] as written)."""
+    target = tmp_path / "my dir" / "ddp_user.py"
+    target.parent.mkdir()
+    shutil.copy(SCRIPT, target)
+    return target
+
+
+def test_two_local_ranks_run_the_script_unchanged(script: Path) -> None:
+    res = run_ddpkit("run", "-n", "2", "--", "my dir/ddp_user.py", "a", "--lr", "1", timeout=180, cwd=script.parents[1])
+    assert res.returncode == 0, res.stdout + res.stderr
+    rows = assert_replicas_identical(res.stdout, 2)
+    for rank, row in rows.items():
+        assert row["argv"] == "['my dir/ddp_user.py', 'a', '--lr', '1']"  # sys.argv as `python SCRIPT ARGS` sets it
+        assert row["file"] == str(script)  # __file__ absolute, as Python 3.9+ sets it
+        assert row["local"] == str(rank)
+
+
+def test_under_torchrun_the_variables_are_torchruns(script: Path) -> None:
+    torchrun = Path(sys.executable).parent / "torchrun"
+    res = subprocess.run([str(torchrun), "--standalone", "--nproc-per-node", "2", "-m", "ddpkit", "run", "--",
+                          str(script)], capture_output=True, text=True, timeout=180, env=ddpkit_env())
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert_replicas_identical(res.stdout, 2)
+    assert "overriding" not in res.stderr  # torchrun's own values, re-exported unchanged
+
+
+def test_one_process_without_launcher_is_a_world_of_one(script: Path) -> None:
+    res = run_ddpkit("run", "--", str(script), timeout=120)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert_replicas_identical(res.stdout, 1)
+
+
+def test_a_script_that_raises_keeps_its_traceback_and_exit_code(tmp_path: Path) -> None:
+    boom = tmp_path / "boom.py"
+    boom.write_text("import sys\n\ndef f():\n    raise ValueError('boom from the script')\n\nf()\n")
+    res = run_ddpkit("run", "--", str(boom), timeout=60)
+    assert res.returncode == 1
+    assert res.stderr.startswith("Traceback (most recent call last):\n"), res.stderr
+    assert f'File "{boom}", line 6, in <module>' in res.stderr
+    assert res.stderr.rstrip().endswith("ValueError: boom from the script")
+    assert "ddpkit" not in res.stderr.replace(str(tmp_path), "")  # none of ddpkit's frames or words
+    exits = tmp_path / "exits.py"
+    exits.write_text("import sys\nprint('bye')\nsys.exit(5)\n")
+    res = run_ddpkit("run", "--", str(exits), timeout=60)
+    assert (res.returncode, res.stdout, res.stderr) == (5, "bye\n", "")
+
+
+def test_with_ranks_started_by_ddpkit_the_first_failure_is_named(tmp_path: Path) -> None:
+    boom = tmp_path / "boom.py"
+    boom.write_text("import os, sys\nif os.environ['RANK'] == '1':\n    raise SystemExit(4)\n")
+    res = run_ddpkit("run", "-n", "2", "--", str(boom), timeout=120)
+    assert res.returncode == 4, res.stderr
+    assert "rank 1" in res.stderr and "exit code 4" in res.stderr
+
+
+def test_a_module_runs_as_python_m_runs_it(tmp_path: Path) -> None:
+    pkg = tmp_path / "mypkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "job.py").write_text("import os, sys\nprint('MOD', __name__, sys.argv[1:], os.path.basename(sys.argv[0]),"
+                                " os.environ['RANK'], os.environ['WORLD_SIZE'])\n")
+    res = run_ddpkit("run", "-m", "--", "mypkg.job", "x", "--y", timeout=60, cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.strip() == "MOD __main__ ['x', '--y'] job.py 0 1"
+
+
+@pytest.mark.parametrize(("argv", "needle"), [
+    (["run", "--", "no such script.py"], "no script at 'no such script.py'"),
+    (["run"], "no script to run"),
+    (["run", "-m", "--", "no_such_module_here"], "no module named 'no_such_module_here'"),
+])
+def test_failures_before_the_script_are_one_error_line(argv: list[str], needle: str) -> None:
+    res = run_ddpkit(*argv, timeout=60)
+    assert res.returncode == 2
+    assert res.stderr.startswith(f"ddpkit: error: {needle}"), res.stderr
+    assert "Traceback" not in res.stderr
+
+
+def test_a_launcher_contradiction_stops_before_the_script(script: Path) -> None:
+    env = ddpkit_env(OMPI_COMM_WORLD_RANK="1", OMPI_COMM_WORLD_SIZE="2", RANK="0", WORLD_SIZE="2")
+    res = subprocess.run([sys.executable, "-m", "ddpkit", "run", "--", str(script)], capture_output=True, text=True,
+                         timeout=60, env=env)
+    assert res.returncode == 2, res.stderr
+    assert res.stderr.startswith("ddpkit: error:") and "RESULT" not in res.stdout
