@@ -54,7 +54,8 @@ class Session:
         self.options = options
         self.recorder: Recorder | None = None
         self.monitor: Monitor | None = None
-        self.hooks: Hooks = Hooks(lambda: self.recorder, self._begin, self.finish)
+        # the current watch's recorder, not this one's: a hook wrapped under an earlier watch reports to a later one
+        self.hooks: Hooks = Hooks(_current_recorder, self._begin, self.finish)
 
     def _begin(self, init_args: dict[str, Any]) -> None:
         import torch.distributed as dist
@@ -108,6 +109,10 @@ def _watch_store(init_args: dict[str, Any]) -> dist.Store:
 
 _session: Session | None = None
 _installs = 0
+
+
+def _current_recorder() -> Recorder | None:
+    return _session.recorder if _session is not None else None
 
 
 def active() -> Session | None:
