@@ -176,7 +176,9 @@ class Monitor:
                 self._reported = None
             return
         idle = now - self._progress_at
-        first_done = len(alive) == self.world and all(rec["first_step_done"] for rec in alive.values())
+        # a silent rank's record may predate its first step by any amount: the live ranks say how far the job got
+        answering = [rec for r, rec in alive.items() if r not in stale]
+        first_done = len(alive) == self.world and bool(answering) and all(rec["first_step_done"] for rec in answering)
         deadline = hang_deadline(self.options, slowest_gap=self._slowest_gap, first_step_done=first_done)
         waiting = any(rec.get("waiting") for r, rec in alive.items() if r not in stale)
         if idle > max(deadline, STALE_S + 1) and (waiting or stale) and not claim:
