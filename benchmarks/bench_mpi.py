@@ -139,7 +139,7 @@ def _markdown(r: dict[str, Any]) -> str:
 def main(argv: list[str] | None = None) -> None:
     import argparse
 
-    from ddpkit.train.mpi_transport import library_name
+    from ddpkit.comm.mpi_transport import library_name
 
     ap = argparse.ArgumentParser(prog="bench_mpi")
     ap.add_argument("--parts", choices=["all", "floor"], default="all",

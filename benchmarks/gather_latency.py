@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from ddpkit.torch_compat import all_gather_single
+from ddpkit.comm.torch_compat import all_gather_single
 
 COUNTS = (23, 1024, 16384, 65536, 262144)
 

@@ -11,8 +11,8 @@ import time
 
 import torch
 
-from ddpkit.train.gradients import TRANSPORTS
-from ddpkit.train.mpi_transport import open_mpi_world
+from ddpkit.comm.gradients import TRANSPORTS
+from ddpkit.comm.mpi_transport import open_mpi_world
 
 ROUNDS, ITERS = 41, 200
 

@@ -26,8 +26,8 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from ddpkit.train.gradients import register_gradient_averaging
-from ddpkit.train.mpi_transport import open_mpi_world
+from ddpkit.comm.gradients import register_gradient_averaging
+from ddpkit.comm.mpi_transport import open_mpi_world
 
 ROUNDS, STEPS, GLOO_STEPS = 15, 400, 100
 

@@ -46,7 +46,7 @@ def _seed_block(model: torch.nn.Module, loader: DataLoader, epochs: int) -> list
 def _ddpkit_block(rt: ddpkit.Runtime, epochs: int) -> list[float]:
     config = TrainConfig(epochs=epochs, progress=False)
     summary = Trainer(builtin_job(config), config, rt).fit()
-    return [summary["epoch_s"][e] for e in sorted(summary["epoch_s"])]
+    return [summary.epoch_s[e] for e in sorted(summary.epoch_s)]
 
 
 def main() -> None:

@@ -170,6 +170,9 @@ class SlurmCluster:
         self.conf.write_text("\n".join(conf) + "\n")
 
     def _network(self) -> None:
+        if len(self.nodes) > 2:
+            self._bridged_network()
+            return
         a, b = self.nodes[0], self.nodes[1] if len(self.nodes) > 1 else None
         for node in self.nodes:
             _sh("ip", "netns", "add", node.netns)
@@ -185,6 +188,26 @@ class SlurmCluster:
             _sh("ip", "-n", a.netns, "link", "add", a.veth, "type", "dummy")
             _sh("ip", "-n", a.netns, "addr", "add", f"{a.ip}/24", "dev", a.veth)
             _sh("ip", "-n", a.netns, "link", "set", a.veth, "up")
+
+    def _bridged_network(self) -> None:
+        """Three nodes or more: a bridge in the first node's namespace (its address on the bridge), every other node
+        plugged in by a veth pair (its end ``vj<id><letter>``, the bridge's ``pj<id><letter>``)."""
+        a, bridge = self.nodes[0], f"bj{self.run_id}"
+        for node in self.nodes:
+            _sh("ip", "netns", "add", node.netns)
+            _sh("ip", "-n", node.netns, "link", "set", "lo", "up")
+        _sh("ip", "-n", a.netns, "link", "add", bridge, "type", "bridge")
+        _sh("ip", "-n", a.netns, "addr", "add", f"{a.ip}/24", "dev", bridge)
+        _sh("ip", "-n", a.netns, "link", "set", bridge, "up")
+        for node in self.nodes[1:]:
+            port = "p" + node.veth[1:]
+            _sh("ip", "link", "add", node.veth, "type", "veth", "peer", "name", port)
+            _sh("ip", "link", "set", node.veth, "netns", node.netns)
+            _sh("ip", "link", "set", port, "netns", a.netns)
+            _sh("ip", "-n", a.netns, "link", "set", port, "master", bridge)
+            _sh("ip", "-n", a.netns, "link", "set", port, "up")
+            _sh("ip", "-n", node.netns, "addr", "add", f"{node.ip}/24", "dev", node.veth)
+            _sh("ip", "-n", node.netns, "link", "set", node.veth, "up")
 
     def _munged(self) -> None:
         munge_dir = self.root / "munge"

@@ -10,19 +10,14 @@ otherwise; when the host name resolves to loopback, ranks advertise 127.0.0.1 an
 
 from __future__ import annotations
 
-import fcntl
 import ipaddress
 import shutil
 import socket
-import struct
 import subprocess
 from collections.abc import Mapping
 from dataclasses import dataclass
 
 __all__ = ["InterfaceChoice", "gloo_interface", "interface_addresses", "is_local_address", "resolve", "route_to"]
-
-_SIOCGIFADDR = 0x8915  # Linux ioctl: an interface's IPv4 address
-
 
 def route_to(addr: str, port: int = 9) -> tuple[str | None, str]:
     """Return ``(interface name, local IP)`` the kernel would use to send to ``addr`` (a host name or IP).
@@ -40,32 +35,16 @@ def route_to(addr: str, port: int = 9) -> tuple[str | None, str]:
 
 
 def interface_addresses() -> dict[str, list[str]]:
-    """Every interface's IPv4 and IPv6 addresses, by interface name (from ioctl and /proc/net/if_inet6)."""
+    """Every interface's IPv4 and IPv6 addresses, by interface name (psutil: portable beyond Linux); an IPv6
+    address without its ``%scope`` suffix; interfaces without an address are left out."""
+    import psutil
+
     out: dict[str, list[str]] = {}
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        for _, name in socket.if_nameindex():
-            try:
-                raw = fcntl.ioctl(s.fileno(), _SIOCGIFADDR, struct.pack("256s", name[:15].encode()))
-            except OSError:  # no IPv4 address on this interface
-                continue
-            out.setdefault(name, []).append(socket.inet_ntoa(raw[20:24]))
-    for name, ip in _ipv6_addresses():
-        out.setdefault(name, []).append(ip)
+    for name, addrs in psutil.net_if_addrs().items():
+        ips = [a.address.split("%", 1)[0] for a in addrs if a.family in (socket.AF_INET, socket.AF_INET6)]
+        if ips:
+            out[name] = ips
     return out
-
-
-def _ipv6_addresses() -> list[tuple[str, str]]:
-    try:
-        with open("/proc/net/if_inet6") as f:
-            lines = f.read().splitlines()
-    except OSError:
-        return []
-    found = []
-    for line in lines:
-        fields = line.split()
-        if len(fields) >= 6:
-            found.append((fields[5], str(ipaddress.IPv6Address(bytes.fromhex(fields[0])))))
-    return found
 
 
 def _interface_of(local_ip: str) -> str | None:

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from ddpkit import __version__
+from ddpkit.baseline import DEFAULT_TOLERANCE, baseline_path
 from ddpkit.errors import EXIT_OK, ConfigError
 from ddpkit.log import get_logger
 
@@ -33,6 +34,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("-o", "--output", default="report.md", help="Markdown file to write (default report.md)")
     p.add_argument("--title", default="ddpkit report", help="first heading of the report")
     p.add_argument("--no-plots", action="store_true", help="do not draw the bench plots")
+    p.add_argument("--baseline", type=baseline_path, default=None, metavar="FILE",
+                   help="show each bench run beside this baseline (bench --save-baseline) where the run was not "
+                        "judged against one already; check runs: node facts that changed")
+    p.add_argument("--tolerance", type=float, default=DEFAULT_TOLERANCE, metavar="PCT",
+                   help=f"with --baseline: a figure more than PCT percent worse is a regression "
+                        f"(default {DEFAULT_TOLERANCE:g})")
 
 
 def _cell(value: Any) -> str:
@@ -138,6 +145,45 @@ def _bench_section(data: Mapping[str, Any], plot: str | None) -> list[str]:
     return [*lines, ""]
 
 
+def _baseline_section(base: Mapping[str, Any]) -> list[str]:
+    """A run beside its baseline: every figure compared, regressions first."""
+    lines = [f"#### beside the baseline {_cell(base.get('file'))} (made {_cell(base.get('made'))}, tolerance "
+             f"{float(base.get('tolerance_pct') or 0):g}%)", ""]
+    compared = sorted(base.get("compared") or [], key=lambda c: (not c.get("regressed"), c.get("change_pct", 0)))
+    rows = [[c.get("what"), c.get("now"), c.get("baseline"), f"{c.get('change_pct', 0):+.1f}%",
+             "**regression**" if c.get("regressed") else "ok"] for c in compared]
+    lines += _table(["figure", "now", "baseline", "change", "verdict"], rows) if rows else ["Nothing comparable.", ""]
+    lines += [f"- note: {_cell(n)}" for n in base.get("notes") or []]
+    facts = base.get("facts")
+    if isinstance(facts, Mapping):
+        lines.append(f"- node facts: {_cell(facts.get('status'))}: {_cell(facts.get('detail'))}")
+    return [*lines, ""]
+
+
+def _bad_hosts_section(data: Mapping[str, Any]) -> list[str]:
+    bad = [b for b in data.get("bad_hosts") or [] if isinstance(b, Mapping)]
+    if not bad:
+        return []
+    return ["#### bad hosts", "", *_table(["host", "Slurm node", "reasons"], [
+        [b.get("host"), b.get("slurm_node") or "", "; ".join(map(str, b.get("reasons") or []))] for b in bad])]
+
+
+def _against(data: dict[str, Any], base: Mapping[str, Any] | None, path: str | None, tolerance: float) -> None:
+    """A run not judged at run time, judged now against ``base`` (``report --baseline``)."""
+    if base is None or data.get("baseline"):
+        return
+    from ddpkit.baseline import facts_of, judge_bench
+    from ddpkit.nodejudge import compare_to_baseline
+
+    if data.get("kind") == "bench" and isinstance(data.get("world"), Mapping):
+        result = judge_bench(data, base, tolerance)
+        result["facts"] = compare_to_baseline(data["world"].get("members") or [], facts_of(base)).as_dict()
+        data["baseline"] = {"file": path, "made": base.get("made"), **result}
+    elif data.get("kind") == "check" and data.get("ranks"):
+        outcome = compare_to_baseline(data["ranks"], facts_of(base))
+        data.setdefault("checks", []).append(outcome.as_dict())
+
+
 def _other_section(data: Mapping[str, Any]) -> list[str]:
     scalars = [[k, v] for k, v in data.items() if isinstance(v, (str, int, float, bool)) or v is None]
     return _table(["field", "value"], scalars) if scalars else ["(no top-level values)", ""]
@@ -157,9 +203,17 @@ def _load(path: Path) -> dict[str, Any]:
     return data
 
 
-def render(files: list[Path], output: Path, *, title: str = "ddpkit report", plots: bool = True) -> str:
-    """Write the Markdown report (and its plots beside it); returns the Markdown."""
+def render(files: list[Path], output: Path, *, title: str = "ddpkit report", plots: bool = True,
+           baseline: str | None = None, tolerance: float = DEFAULT_TOLERANCE) -> str:
+    """Write the Markdown report (and its plots beside it); returns the Markdown. ``baseline``: a baseline file
+    the runs are shown beside (runs judged against one at run time keep theirs)."""
     loaded = [(f, _load(f)) for f in files]
+    if baseline is not None:
+        from ddpkit.baseline import load
+
+        base = load(baseline)
+        for _, data in loaded:
+            _against(data, base, baseline, tolerance)
     draw = plots and any(d.get("kind") == "bench" for _, d in loaded)
     if draw and importlib.util.find_spec("matplotlib") is None:
         log.warning("matplotlib is not installed: the report has no plots (pip install 'ddpkit[plots]')")
@@ -181,8 +235,11 @@ def render(files: list[Path], output: Path, *, title: str = "ddpkit report", plo
                 png = plot_busbw(data["ops"], assets / f"{index}-{f.stem}-busbw.png", title=f"{f.name}: bus bandwidth")
                 plot_ref = png.relative_to(output.parent).as_posix()
             lines += _bench_section(data, plot_ref)
+            if isinstance(data.get("baseline"), Mapping):
+                lines += _baseline_section(data["baseline"])
         else:
             lines += _other_section(data)
+        lines += _bad_hosts_section(data)
     text = "\n".join(lines).rstrip() + "\n"
     output.parent.mkdir(parents=True, exist_ok=True)
     output.write_text(text)
@@ -191,6 +248,7 @@ def render(files: list[Path], output: Path, *, title: str = "ddpkit report", plo
 
 def run(args: argparse.Namespace) -> int:
     output = Path(args.output)
-    render([Path(f) for f in args.files], output, title=args.title, plots=not args.no_plots)
+    render([Path(f) for f in args.files], output, title=args.title, plots=not args.no_plots,
+           baseline=args.baseline, tolerance=args.tolerance)
     print(f"wrote {output}")
     return EXIT_OK

@@ -6,10 +6,10 @@ from typing import Any
 
 from ddpkit.check import collectives, ddpsync
 from ddpkit.check.consistency import judge_consistency, judge_network
-from ddpkit.check.outcome import FAIL, PASS, SKIP, WARN, exit_code, failed
 from ddpkit.check.rollcall import distributed_env, judge
 from ddpkit.check.watchdog import diagnose
 from ddpkit.netinfo import interface_addresses, route_to
+from ddpkit.outcome import FAIL, PASS, SKIP, WARN, exit_code, failed
 
 
 def _rec(rank: int, *, host: str = "n1", world: int = 4, lws: int = 2, device: str = "cpu",

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ddpkit.closed_form import BENCH, CHECK, Pattern, mismatches
+from ddpkit.comm.closed_form import BENCH, CHECK, Pattern, mismatches
 
 
 @pytest.mark.parametrize("pattern", [CHECK, BENCH])

@@ -22,7 +22,7 @@ print(json.dumps(sorted(sys.modules)))
 """
 
 #: Modules that rendering must leave unloaded: the heavy or launcher-side parts.
-FORBIDDEN = ("torch", "ddpkit.launch.agent", "ddpkit.launch.addresses", "ddpkit.rendezvous", "ddpkit.netinfo",
+FORBIDDEN = ("torch", "ddpkit.launch.agent", "ddpkit.launch.addresses", "ddpkit.launch.rendezvous", "ddpkit.netinfo",
              "ddpkit.cli", "ddpkit.runtime", "ddpkit.env")
 
 

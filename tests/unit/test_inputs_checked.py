@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from ddpkit.check import render
-from ddpkit.check.outcome import Outcome
 from ddpkit.cli import main
 from ddpkit.inputs import local_rank_limit
+from ddpkit.outcome import Outcome
 
 
 def ddpkit(*argv: str) -> tuple[int, str, str]:

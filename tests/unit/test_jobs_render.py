@@ -28,6 +28,8 @@ from tests.helpers import SHARED, ddpkit_env, require_tools, run_ddpkit
 GOLDEN = Path(__file__).resolve().parents[1] / "golden" / "jobs"
 
 HOSTILE = "/opt/my envs/it's $HOME"
+#: A check report naming two bad hosts (--exclude-from); its path is normalised in the golden files.
+BAD_HOSTS = str(GOLDEN / "bad_hosts.json")
 #: The interpreter that "ran ddpkit submit" in the golden files (never this machine's venv path).
 SUBMITTER = "/opt/ddpkit venv/it's $HOME/bin/python"
 CASES: dict[str, list[str]] = {
@@ -58,11 +60,18 @@ CASES: dict[str, list[str]] = {
                                  "--", "check"],
     "k8s_trainjob.yaml": ["k8s", "-j", "2x2", "--image", "reg/ddpkit:cpu", "--k8s-kind", "trainjob", "--run-id",
                           "r5", "--", "train"],
+    # issue 28: the hosts a report named bad, kept out of the next job
+    "slurm_exclude.sbatch": ["slurm", "-j", "2x2", "--exclude-from", BAD_HOSTS, "--", "check"],
+    "mpi_exclude.sh": ["mpi", "-j", "2x2", "--hosts", "n1,n2,n3", "--exclude-from", BAD_HOSTS, "--", "check"],
+    "k8s_pytorchjob_exclude.yaml": ["k8s", "-j", "2x2", "--image", "reg/ddpkit:cpu", "--run-id", "r6",
+                                    "--exclude-from", BAD_HOSTS, "--", "check"],
+    "k8s_trainjob_exclude.yaml": ["k8s", "-j", "2x2", "--image", "reg/ddpkit:cpu", "--k8s-kind", "trainjob",
+                                  "--run-id", "r7", "--exclude-from", BAD_HOSTS, "--", "check"],
 }
 
 
 def _normalise(text: str) -> str:
-    return text.replace(f"ddpkit {__version__}", "ddpkit VERSION")
+    return text.replace(f"ddpkit {__version__}", "ddpkit VERSION").replace(BAD_HOSTS, "bad_hosts.json")
 
 
 def _cli(*full: str) -> tuple[int, str]:

@@ -20,3 +20,8 @@ def test_bad_shapes_are_usage_errors(bad: str) -> None:
     with pytest.raises(ConfigError) as exc:
         parse_job_shape(bad)
     assert exc.value.exit_code == 2
+
+
+def test_a_shape_is_elastic_when_its_node_count_may_vary() -> None:
+    assert parse_job_shape("1:2x2").is_elastic and str(parse_job_shape("1:2x2")) == "1:2x2"
+    assert not parse_job_shape("2x4").is_elastic and parse_job_shape("2x4").nodes_text("-") == "2"

@@ -11,11 +11,11 @@ from unittest import mock
 import pytest
 
 from ddpkit.cli import main
+from ddpkit.comm.gradients import plan_transport
+from ddpkit.comm.mpi_transport import check_mpi_usable, mpi_library
 from ddpkit.env.mpi import mpi_launcher
 from ddpkit.errors import ConfigError
 from ddpkit.jobs.spec import asks_for_mpi
-from ddpkit.train.gradients import plan_transport
-from ddpkit.train.mpi_transport import check_mpi_usable, mpi_library
 
 
 @pytest.mark.parametrize(("environ", "kind"), [
@@ -79,7 +79,7 @@ def test_plan_transport_refusals_and_defaults() -> None:
     with pytest.raises(ConfigError, match="host memory"):
         plan_transport("mpi", backend="nccl", rank=0, world_size=2, environ={"OMPI_COMM_WORLD_RANK": "0"})
     with pytest.raises(ConfigError, match="pip install 'ddpkit\\[mpi\\]'"), \
-            mock.patch("ddpkit.train.mpi_transport.mpi4py_installed", return_value=False):
+            mock.patch("ddpkit.comm.mpi_transport.mpi4py_installed", return_value=False):
         check_mpi_usable("--grad-transport mpi", {"OMPI_COMM_WORLD_RANK": "0"})
 
 

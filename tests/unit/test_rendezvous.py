@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from ddpkit.launch.rendezvous import JoinedNode, describe_missing
 from ddpkit.launch.shape import parse_job_shape
-from ddpkit.rendezvous import JoinedNode, describe_missing
 
 
 def test_one_of_two_nodes() -> None:

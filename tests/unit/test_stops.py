@@ -11,10 +11,11 @@ from types import SimpleNamespace
 import pytest
 
 from ddpkit.errors import EXIT_PREEMPTED, EXIT_PREEMPTED_UNSAVED
+from ddpkit.launch.rendezvous import JoinedNode, describe_missing
 from ddpkit.launch.shape import parse_job_shape
 from ddpkit.launch.stops import handle_outside_signals, lost_reports
-from ddpkit.rendezvous import JoinedNode, describe_missing
-from ddpkit.train.stops import LastSnapshot, describe_lost_peer, preemption_outcome, signal_from_outside
+from ddpkit.stopping import signal_from_outside
+from ddpkit.train.stops import LastSnapshot, describe_lost_peer, preemption_outcome
 
 HOSTS = ["h1 (10.0.0.1)", "h2 (10.0.0.2)"]
 
@@ -43,12 +44,15 @@ def test_the_agent_marks_a_signal_it_receives_before_forwarding_it(tmp_path: Pat
 
 
 def test_a_preemption_claims_a_snapshot_only_when_one_exists() -> None:
-    code, line = preemption_outcome(LastSnapshot(configured=True, step=42, path="d/snap.000000042.pt"), 42)
+    outcome, line = preemption_outcome(LastSnapshot(configured=True, step=42, path="d/snap.000000042.pt"), 42)
+    code = outcome.exit_code
     assert code == EXIT_PREEMPTED and "snapshot written at step 42" in line
-    code, line = preemption_outcome(LastSnapshot(configured=False), 42)
+    outcome, line = preemption_outcome(LastSnapshot(configured=False), 42)
+    code = outcome.exit_code
     assert code == EXIT_PREEMPTED_UNSAVED and "snapshot written" not in line
     assert "no --snapshot-path was given" in line and "42 steps done are lost" in line
-    code, _ = preemption_outcome(LastSnapshot(configured=True), 42)
+    outcome, _ = preemption_outcome(LastSnapshot(configured=True), 42)
+    code = outcome.exit_code
     assert code == EXIT_PREEMPTED_UNSAVED
 
 

@@ -17,7 +17,8 @@ from ddpkit.train.config import TrainConfig, parse_drill, snapshot_location
 from ddpkit.train.data import Batches, make_dataset
 from ddpkit.train.faults import DrillBook
 from ddpkit.train.rng import capture_rng, restore_rng
-from ddpkit.train.snapshot import AsyncWriter, SnapshotDir, read_snapshot, write_snapshot
+from ddpkit.train.snapshot import SnapshotDir, read_snapshot, write_snapshot
+from ddpkit.train.staging import AsyncWriter
 from ddpkit.train.timeline import MARKS, phases
 
 
@@ -47,6 +48,33 @@ def test_snapshot_round_trip_and_fallback_past_truncated_and_corrupt(tmp_path: P
     info, skipped = snaps.newest_valid()
     assert info is not None and info.global_step == 10
     assert len(skipped) == 2 and "truncated" in skipped[0] and "corrupt" in skipped[1]
+
+
+def test_a_large_state_is_checksummed_in_one_pass_and_a_flipped_bit_in_its_tensors_is_caught(tmp_path: Path) -> None:
+    """Tensors of a MiB and more take write_snapshot's direct path (their storage hashed in place on a helper thread,
+    no copy); a view saves its whole storage. The header's SHA-256 and length are those of the bytes on disk."""
+    import hashlib
+
+    from ddpkit.train.snapshot import MAGIC
+
+    big = torch.arange(1 << 20, dtype=torch.float32)
+    state = {"model": {"w": big.view(1024, 1024), "half": big[::2], "b": torch.ones(7)}, "step": 3}
+    path = tmp_path / "snap.000000003.pt"
+    phases: dict[str, float] = {}
+    written = write_snapshot(path, state, {"global_step": 3}, phases)
+    data = path.read_bytes()
+    end = data.index(b"\n", len(MAGIC)) + 1
+    header, loaded = read_snapshot(path)
+    assert written == len(data) and header["length"] == len(data) - end
+    assert header["sha256"] == hashlib.sha256(data[end:]).hexdigest()
+    assert torch.equal(loaded["model"]["w"], big.view(1024, 1024)) and torch.equal(loaded["model"]["half"], big[::2])
+    assert set(phases) == {"serialise_write", "checksum", "header", "fsync", "rename"}
+    assert torch.serialization.get_crc32_options()  # off for the snapshot's save only: the user's saves keep it
+    flipped = bytearray(data)
+    flipped[end + len(flipped[end:]) // 2] ^= 0x01  # inside the tensor data
+    path.write_bytes(bytes(flipped))
+    info, skipped = SnapshotDir(tmp_path, "snap", ".pt", keep=1).newest_valid()
+    assert info is None and "corrupt" in skipped[0]
 
 
 def test_prune_keeps_the_newest_and_stale_temp_files_go(tmp_path: Path) -> None:

@@ -15,9 +15,9 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from ddpkit import runtime
+from ddpkit.comm.gradients import register_gradient_averaging
 from ddpkit.train.data import make_model
 from ddpkit.train.faults import PreemptionWatch
-from ddpkit.train.gradients import register_gradient_averaging
 
 rt = runtime.init(backend="gloo")
 world = rt.world_size

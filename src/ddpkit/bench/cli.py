@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from ddpkit import __version__
+from ddpkit.baseline import DEFAULT_TOLERANCE, baseline_path
 from ddpkit.bench.busbw import OPS
 from ddpkit.bench.ops import DTYPES, REDOPS
 from ddpkit.bench.pairs import DEFAULT_SECONDS
@@ -30,6 +31,7 @@ from ddpkit.bench.sizes import parse_size, size_sweep
 from ddpkit.errors import EXIT_CHECK_FAILED, EXIT_OK, ConfigError
 from ddpkit.inputs import output_path, seconds
 from ddpkit.log import get_logger
+from ddpkit.remedy import add_on_fail_argument
 
 __all__ = ["add_arguments", "run"]
 
@@ -75,6 +77,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="plot busbw against size (needs matplotlib)")
     p.add_argument("--timeout", type=seconds("--timeout"), default=120.0,
                    help="seconds to wait for every rank (default 120)")
+    p.add_argument("--save-baseline", type=output_path("--save-baseline"), default=None, metavar="FILE",
+                   help="keep this run as the baseline: per op and size busbw and time, per link (--pairs) "
+                        "bandwidth and latency, the hosts, versions and node facts")
+    p.add_argument("--baseline", type=baseline_path, default=None, metavar="FILE",
+                   help="judge each op, link and node against FILE; a regression fails the run (exit 1)")
+    p.add_argument("--tolerance", type=float, default=DEFAULT_TOLERANCE, metavar="PCT",
+                   help=f"a figure more than PCT percent worse than its baseline is a regression "
+                        f"(default {DEFAULT_TOLERANCE:g})")
+    p.add_argument("--repeat", type=int, default=None, metavar="N",
+                   help="run the sweep N times and keep each row's median (default 3 with --baseline or "
+                        "--save-baseline, else 1)")
+    add_on_fail_argument(p)
     p.add_argument("--transport", choices=["torch", "mpi", "both"], default="torch",
                    help="run the ops through torch's process group (default), through MPI (mpi4py, ddpkit[mpi]; "
                         "ranks started by mpirun, mpiexec or srun --mpi=pmix), or both, side by side")
@@ -111,6 +125,12 @@ def _options(args: argparse.Namespace) -> dict[str, Any]:
         if getattr(args, name) < (0 if name == "warmup" else 1):
             raise ConfigError(f"--{name.replace('_', '-')} {getattr(args, name)}", "a positive count",
                               f"pass --{name.replace('_', '-')} 5")
+    if not 0 < args.tolerance < 100:
+        raise ConfigError(f"--tolerance {args.tolerance:g}", "a percentage between 0 and 100", "pass --tolerance 20")
+    if args.repeat is None:
+        args.repeat = 3 if args.baseline or args.save_baseline else 1
+    if args.repeat < 1:
+        raise ConfigError(f"--repeat {args.repeat}", "a positive count", "pass --repeat 3")
     if not 0 < args.pairs_threshold < 1:
         raise ConfigError(f"--pairs-threshold {args.pairs_threshold}", "a fraction between 0 and 1",
                           "pass --pairs-threshold 0.5")
@@ -147,6 +167,23 @@ def _write_outputs(args: argparse.Namespace, report: dict[str, Any]) -> None:
         print(f"# wrote {args.plot}")
 
 
+def _member(rt: Any, device: str, gpu_uuid: str | None) -> dict[str, Any]:
+    """This rank in the world's list: where it runs, on what; the node's facts from its local rank 0."""
+    import platform
+
+    import torch
+
+    facts = None
+    if rt.world.local_rank == 0:
+        from ddpkit.nodefacts import gather
+
+        facts = gather(master=os.environ.get("MASTER_ADDR"), rank=rt.rank)
+    return {"rank": rt.rank, "host": socket.gethostname(), "pid": os.getpid(), "device": device,
+            "gpu_uuid": gpu_uuid, "group_rank": rt.world.node_rank,
+            "slurm_node": os.environ.get("SLURMD_NODENAME") or None, "python": platform.python_version(),
+            "torch": torch.__version__, "cuda": torch.version.cuda or "none", "facts": facts}
+
+
 #: Its exit code is a verdict: under ddpkit's launcher the workers hand it to the agent (launch.worker).
 VERDICT = True
 
@@ -155,6 +192,8 @@ def run(args: argparse.Namespace) -> int:
     import torch.distributed as dist
 
     from ddpkit import runtime
+    from ddpkit.baseline import median_rows
+    from ddpkit.bench import judged
     from ddpkit.bench.pairs import format_pairs, measure_pairs
     from ddpkit.bench.results import avg_busbw, format_table, total_wrong, verdict
     from ddpkit.bench.sweep import run_sweep
@@ -168,8 +207,8 @@ def run(args: argparse.Namespace) -> int:
             raise ConfigError(f"--transport {args.transport} with the process-group backend {backend}",
                               "CPU tensors (backend gloo): ddpkit hands MPI numpy views of host memory",
                               "pass --backend gloo, or --transport torch on GPUs")
+        from ddpkit.comm.mpi_transport import open_mpi_world
         from ddpkit.env import detect
-        from ddpkit.train.mpi_transport import open_mpi_world
 
         world = detect()
         comm = open_mpi_world(world.rank, world.world_size, option=f"--transport {args.transport}")
@@ -179,8 +218,7 @@ def run(args: argparse.Namespace) -> int:
             raise ConfigError(f"--root {cfg.root}", f"a rank between 0 and {rt.world_size - 1}", "pass --root 0")
         members: list[Any] = [None] * rt.world_size
         name, uuid = runtime.device_identity(rt.device)
-        dist.all_gather_object(members, {"rank": rt.rank, "host": socket.gethostname(), "pid": os.getpid(),
-                                         "device": name, "gpu_uuid": uuid})
+        dist.all_gather_object(members, _member(rt, name, uuid))
         # sweep.time_launch: CUDA events around the batch on a GPU, the host's clock on CPU
         timer = "cuda-events" if rt.device.type == "cuda" else "perf_counter"
         lead = rt.rank == 0
@@ -191,8 +229,9 @@ def run(args: argparse.Namespace) -> int:
             for m in members:
                 gpu = f" {m['gpu_uuid']}" if m["gpu_uuid"] else ""
                 print(f"#  rank {m['rank']:>3} pid {m['pid']:>7} on {m['host']} device {m['device']}{gpu}")
-        results = [] if args.transport == "mpi" else run_sweep(cfg, rank=rt.rank, world_size=rt.world_size,
-                                                                 backend=rt.backend, device=rt.device)
+        results = [] if args.transport == "mpi" else median_rows([
+            run_sweep(cfg, rank=rt.rank, world_size=rt.world_size, backend=rt.backend, device=rt.device)
+            for _ in range(args.repeat)])
         if lead:
             for result in results:
                 print(format_table(result, rt.world_size))
@@ -200,7 +239,7 @@ def run(args: argparse.Namespace) -> int:
             mpi_results = run_sweep(cfg, rank=rt.rank, world_size=rt.world_size, backend=rt.backend,
                                     device=rt.device, mpi_comm=comm)
             if lead:
-                from ddpkit.train.mpi_transport import library_name
+                from ddpkit.comm.mpi_transport import library_name
 
                 print(f"# through MPI: {library_name()} (mpi4py)")
                 for result in mpi_results:
@@ -223,8 +262,9 @@ def run(args: argparse.Namespace) -> int:
                   "timer": timer, "dtype": cfg.dtype, "redop": cfg.redop, "warmup": cfg.warmup, "iters": cfg.iters,
                   "world": {"world_size": rt.world_size, "launcher": rt.world.launcher, "members": members},
                   "gate": opts["gate"], "ops": results, "avg_busbw": avg_busbw(results), "pairs": pairs,
-                  "passed": passed, "reasons": reasons}
+                  "passed": passed, "reasons": reasons, "repeat": args.repeat}
         if lead:
+            judged.judge(args, report)
             avg = report["avg_busbw"]
             unsupported = [f"{r['op']} ({r['reason']})" for r in results if not r["supported"]]
             wrong = total_wrong(results)
@@ -233,10 +273,14 @@ def run(args: argparse.Namespace) -> int:
                 print(f"# Avg bus bandwidth    : {avg:.4f} GB/s" if avg is not None else "# Avg bus bandwidth    : -")
             if unsupported:
                 print("# unsupported here: " + "; ".join(unsupported))
+            passed = report["passed"]
             print("# verdict: PASS" if passed else "# verdict: FAIL\n" + "\n".join(f"#   {r}" for r in reasons))
+            judged.act(args, report)
             _write_outputs(args, report)
-        # Leave together: a rank that exits with 1 while rank 0 still writes gets rank 0 killed by the agent.
-        dist.barrier()
-        return EXIT_OK if passed else EXIT_CHECK_FAILED
+        # Leave together (a rank that exits with 1 while rank 0 still writes gets rank 0 killed by the agent),
+        # with rank 0's verdict: only it judged the baseline.
+        verdict_of_lead = [passed]
+        dist.broadcast_object_list(verdict_of_lead, src=0)
+        return EXIT_OK if verdict_of_lead[0] else EXIT_CHECK_FAILED
     finally:
         runtime.shutdown()

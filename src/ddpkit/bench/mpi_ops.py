@@ -3,7 +3,7 @@
 Same inputs, same closed-form results, same #wrong count as ``bench/ops.py``, so a user sees side by side what the
 process group and the system's MPI give on this cluster. MPI's in-place reduce_scatter leaves a rank's block at the
 start of the buffer (torch's leaves it at the rank's offset): the output is taken from there. mpi4py is imported
-lazily; ``train.mpi_transport.open_mpi_world`` has checked the MPI world is torch's before anything runs here.
+lazily; ``comm.mpi_transport.open_mpi_world`` has checked the MPI world is torch's before anything runs here.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from ddpkit.bench.busbw import per_rank_count
 from ddpkit.bench.ops import Case, Prepared, _torch_dtype, fill_all_to_all_input
-from ddpkit.closed_form import BENCH
+from ddpkit.comm.closed_form import BENCH
 
 if TYPE_CHECKING:
     import torch

@@ -1,6 +1,6 @@
 """Each collective: its buffers, how to launch it, and the closed-form result every rank must see.
 
-Inputs follow a fixed pattern so that each result is known without a reference run (``ddpkit.closed_form.BENCH``):
+Inputs follow a fixed pattern so that each result is known without a reference run (``ddpkit.comm.closed_form.BENCH``):
 ``p[j] = j mod 7``, and rank ``r`` adds ``(r mod 4) + 1`` (all_to_all adds a value per destination chunk). Every
 value stays a small integer, exact in every float type for the rank counts ddpkit targets; half precisions are
 compared with a tolerance.
@@ -13,9 +13,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ddpkit.bench.busbw import per_rank_count
-from ddpkit.closed_form import BENCH, mismatches
+from ddpkit.comm.closed_form import BENCH, mismatches
+from ddpkit.comm.torch_compat import all_gather_single, reduce_scatter_single
 from ddpkit.fault_injection import fault
-from ddpkit.torch_compat import all_gather_single, reduce_scatter_single
 
 if TYPE_CHECKING:
     import torch

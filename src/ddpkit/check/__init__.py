@@ -23,9 +23,9 @@ from dataclasses import replace
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
+from ddpkit.baseline import baseline_path
 from ddpkit.check import collectives, ddpsync, render
 from ddpkit.check.consistency import judge_consistency, judge_network
-from ddpkit.check.outcome import FAIL, Outcome, exit_code, failed
 from ddpkit.check.rollcall import check_in, collect, judge, local_record, read_all
 from ddpkit.check.watchdog import Watchdog
 from ddpkit.env import WorldInfo, detect
@@ -34,6 +34,9 @@ from ddpkit.errors import EXIT_MISSING, ConfigError, DeadlineExpired
 from ddpkit.fault_injection import fault
 from ddpkit.inputs import output_path, seconds
 from ddpkit.log import get_logger
+from ddpkit.nodejudge import bad_hosts, judge_nodes, node_facts
+from ddpkit.outcome import FAIL, Outcome, exit_code, failed
+from ddpkit.remedy import add_on_fail_argument, drain, report_lines
 
 if TYPE_CHECKING:
     import torch.distributed as dist
@@ -42,7 +45,8 @@ __all__ = ["add_arguments", "run"]
 
 # Under `ddpkit check -n N` the agent imports these once and forks the ranks (ddpkit.launch.agent): DDP's first use
 # imports torch._dynamo, 1.5-2.5 s per rank, most of the check's cost over a bare hello world.
-PRELOAD = ("torch.nn.parallel", "torch._dynamo", "ddpkit.check.ddpsync", "ddpkit.runtime", "rich.table")
+PRELOAD = ("torch.nn.parallel", "torch._dynamo", "ddpkit.check.ddpsync", "ddpkit.runtime", "rich.table",
+           "ddpkit.nodefacts", "psutil")
 log = get_logger(__name__)
 MARGIN_S = 5.0  # gloo's own timeout and the other ranks' store waits trail the watchdog's deadline by this much
 
@@ -61,6 +65,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "where an MPI launcher started the ranks and mpi4py is installed)")
     p.add_argument("--rank-lines", action="store_true",
                    help="also print the seeds' per-rank lines (hello from rank N, host: rank of size, NCCL_*)")
+    p.add_argument("--baseline", type=baseline_path, default=None, metavar="FILE",
+                   help="flag nodes whose facts changed since FILE (bench --save-baseline, or a check --json)")
+    add_on_fail_argument(p)
 
 
 class Report:
@@ -97,6 +104,13 @@ class Report:
             render.print_verdict(verdict)
             if self.args.rank_lines and self.records:
                 render.print_rank_lines(self.records)
+            bad = bad_hosts(outcomes, self.records, hosts=self.world.hosts,
+                            local_world_size=self.world.local_world_size)
+            lines = report_lines("check", bad)
+            if bad and getattr(self.args, "on_fail", "print") == "drain":
+                lines += drain("check", bad)
+            if lines:
+                print("\n".join(lines), flush=True)
             self.timings["report"] = time.monotonic() - self.start - seconds
             # wall clock (one host's clock for the local ranks): where a run's time goes, outside the phases too
             arrivals = [float(r["checked_in_at"]) for r in self.records if "checked_in_at" in r]
@@ -109,6 +123,7 @@ class Report:
                     "world": self.world.as_dict(), "seconds": round(seconds, 3), "timings": self.timings,
                     "clock": clock,
                     "checks": [o.as_dict() for o in outcomes], "ranks": self.records, "deadline": deadline,
+                    "nodes": node_facts(self.records), "bad_hosts": bad,
                 })
             return code
 
@@ -164,7 +179,7 @@ def run(args: argparse.Namespace) -> int:
     world = detect()
     backend = pick_backend(args.backend)
     device = pick_device(backend, world.local_rank)
-    from ddpkit.train.gradients import plan_transport
+    from ddpkit.comm.gradients import plan_transport
 
     # DDP-sync verifies the gradient path train would use here (MPI's world checked before any store or group)
     transport = plan_transport(args.grad_transport, backend=backend, rank=world.rank, world_size=world.world_size)
@@ -215,7 +230,12 @@ def _roll_call(store: dist.Store, report: Report, record: dict[str, Any], timeou
     report.records = records
     found = judge(records, world_size=world.world_size, hosts=world.hosts,
                   local_world_size=world.local_world_size, timeout=timeout, waited=waited)
-    report.outcomes += found + judge_consistency(records) + [judge_network(records)]
+    report.outcomes += found + judge_consistency(records) + [judge_network(records)] + judge_nodes(records)
+    if report.args.baseline:
+        from ddpkit.baseline import facts_of, load
+        from ddpkit.nodejudge import compare_to_baseline
+
+        report.outcomes.append(compare_to_baseline(records, facts_of(load(report.args.baseline))))
     fatal = exit_code(found)
     verdict = "go" if fatal == 0 else str(fatal)
     store.set("rollcall/verdict", verdict)

@@ -1,6 +1,6 @@
 """Verified collectives: each result is compared, element by element, with its closed-form expected value.
 
-Rank ``r`` contributes ``(i % 7) + (r % 13 + 1)`` at element ``i`` (``ddpkit.closed_form.CHECK``: small
+Rank ``r`` contributes ``(i % 7) + (r % 13 + 1)`` at element ``i`` (``ddpkit.comm.closed_form.CHECK``: small
 integers, exact in float32 for any world size that fits a cluster), so every expected result is a sum, a max or a
 copy of known integers. An op the backend does not implement is reported as "not supported by <backend>", never a crash.
 Each op returns this rank's ``OpResult``; rank 0 combines them across ranks (``combine``).
@@ -14,9 +14,9 @@ from dataclasses import asdict, dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
-from ddpkit.check.outcome import PASS, SKIP, Outcome, failed
-from ddpkit.closed_form import CHECK, mismatches
+from ddpkit.comm.closed_form import CHECK, mismatches
 from ddpkit.fault_injection import fault
+from ddpkit.outcome import PASS, SKIP, Outcome, failed
 
 if TYPE_CHECKING:
     import torch
@@ -150,7 +150,7 @@ def _received(dst: int, world: int) -> torch.Tensor:
 def _reduce_scatter(rank: int, world: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     import torch
 
-    from ddpkit.torch_compat import reduce_scatter_single
+    from ddpkit.comm.torch_compat import reduce_scatter_single
 
     out = torch.zeros(COUNT, device=device)
     # the flat-tensor form, as FSDP calls it: gloo's list form took 1.0 s at 16 ranks, 6.6 s at 32 and 41 s at 64

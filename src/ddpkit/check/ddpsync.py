@@ -18,8 +18,8 @@ from dataclasses import asdict, dataclass
 from itertools import pairwise
 from typing import TYPE_CHECKING, Any
 
-from ddpkit.check.outcome import PASS, Outcome, failed
 from ddpkit.fault_injection import fault
+from ddpkit.outcome import PASS, Outcome, failed
 
 if TYPE_CHECKING:
     import torch
@@ -118,7 +118,7 @@ def run_ddp(rank: int, world: int, device: torch.device, transport: str | None =
     model = _model().to(device)
     ddp = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
     if transport is not None:  # the gradient path train uses (e.g. "mpi"): verify that one
-        from ddpkit.train.gradients import register_gradient_averaging
+        from ddpkit.comm.gradients import register_gradient_averaging
 
         register_gradient_averaging(ddp, world_size=world, transport=transport)
     losses = _train(ddp, [_batch(rank)] * STEPS, device)

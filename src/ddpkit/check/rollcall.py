@@ -21,11 +21,11 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ddpkit import __version__
-from ddpkit.check.outcome import PASS, Outcome, failed
 from ddpkit.env import WorldInfo
 from ddpkit.errors import EXIT_MISSING, EXIT_USAGE
 from ddpkit.fault_injection import fault
 from ddpkit.netinfo import route_to
+from ddpkit.outcome import PASS, Outcome, failed
 from ddpkit.runtime import shared_gpus
 
 if TYPE_CHECKING:
@@ -57,6 +57,13 @@ def local_record(world: WorldInfo, *, device: str, gpu_uuid: str | None) -> Reco
     from ddpkit.runtime import interface_choice
 
     choice = interface_choice()
+    facts, facts_s = None, None
+    if world.local_rank == 0:  # once per node: its other ranks share the machine
+        from ddpkit.nodefacts import gather
+
+        t = time.perf_counter()
+        facts = gather(master=master, rank=world.rank)
+        facts_s = round(time.perf_counter() - t, 4)
     record: Record = {
         "host": socket.gethostname(), "ip": ip, "iface": iface,
         "iface_why": choice.reason if choice and choice.chosen_by_ddpkit else None,
@@ -67,7 +74,8 @@ def local_record(world: WorldInfo, *, device: str, gpu_uuid: str | None) -> Reco
         "device": device, "gpu_uuid": gpu_uuid, "threads": torch.get_num_threads(),
         "python": platform.python_version(), "torch": torch.__version__, "ddpkit": __version__,
         "cuda": torch.version.cuda or getattr(torch.version, "hip", None) or "none",
-        "env": distributed_env(),
+        "env": distributed_env(), "slurm_node": os.environ.get("SLURMD_NODENAME") or None,
+        "facts": facts, "facts_seconds": facts_s,
     }
     forged = fault("version", rank=world.rank)  # test hook: pretend this rank runs other versions
     if forged:

@@ -51,6 +51,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--venv", help="virtual environment to activate first")
     p.add_argument("--conda-env", help="conda environment to activate first")
     p.add_argument("--env", action="append", default=[], metavar="NAME=VALUE", help="variable for the ranks")
+    p.add_argument("--exclude-from", metavar="FILE.json", help="keep the hosts a check or bench --json report named "
+                   "in bad_hosts out of the job (Slurm --exclude, the mpi host list, a k8s nodeAffinity NotIn)")
     g = p.add_argument_group("slurm")
     g.add_argument("--partition")
     g.add_argument("--time", help="time limit, e.g. 01:00:00")
@@ -93,6 +95,11 @@ def build_spec(args: argparse.Namespace, argv: list[str]) -> JobSpec:
             raise ConfigError(f"--env {item!r}", "NAME=VALUE", "write --env NCCL_DEBUG=INFO")
         env.append((key, value))
     run_id = args.run_id or (f"ddpkit-{uuid.uuid4().hex[:8]}" if args.backend != "slurm" else "")
+    exclude: tuple[str, ...] = ()
+    if args.exclude_from:
+        from ddpkit.jobs.exclude import bad_host_names
+
+        exclude = bad_host_names(args.exclude_from, backend=args.backend)
     return JobSpec(
         backend=args.backend, shape=parse_job_shape(args.job), command=tuple(command), argv=tuple(argv),
         name=args.name, run_id=run_id, rdzv_endpoint=args.rdzv_endpoint, static=args.static, port=args.port,
@@ -103,6 +110,7 @@ def build_spec(args: argparse.Namespace, argv: list[str]) -> JobSpec:
         mpi_flavour=args.mpi_flavour, hosts=tuple(h for h in args.hosts.split(",") if h),
         allow_run_as_root=args.allow_run_as_root, image=args.image, k8s_kind=args.k8s_kind, k8s_rdzv=args.k8s_rdzv,
         namespace=args.namespace, cpu=args.cpu, memory=args.memory, gpus=args.gpus, snapshot_size=args.snapshot_size,
+        exclude=exclude,
     )
 
 

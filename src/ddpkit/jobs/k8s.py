@@ -71,7 +71,7 @@ def _command(spec: JobSpec) -> list[str]:
 
 def _plain(spec: JobSpec) -> bool:
     """A fixed shape on c10d: Master + Workers, no elasticPolicy (an elastic shape or etcd needs the policy)."""
-    return spec.shape.min_nodes == spec.shape.max_nodes and spec.k8s_rdzv == "c10d"
+    return not spec.shape.is_elastic and spec.k8s_rdzv == "c10d"
 
 
 def pytorchjob(spec: JobSpec) -> Manifest:
@@ -89,7 +89,7 @@ def pytorchjob(spec: JobSpec) -> Manifest:
 
     def replica(count: int) -> Manifest:
         return {"replicas": count, "restartPolicy": "OnFailure",
-                "template": {"spec": {"containers": [container], "volumes": volumes}}}
+                "template": {"spec": {"containers": [container], "volumes": volumes, **_affinity(spec)}}}
 
     job_spec: Manifest = {}
     if _plain(spec):
@@ -110,11 +110,11 @@ def pytorchjob(spec: JobSpec) -> Manifest:
 
 def trainjob(spec: JobSpec) -> Manifest:
     s = spec.shape
-    if s.min_nodes != s.max_nodes:
+    if s.is_elastic:
         raise ConfigError(f"an elastic shape {s} for a TrainJob", "a fixed shape such as -j 2x4 (Trainer v2 "
                           "TrainJobs have a fixed numNodes)", "use -j NNODESxNPROC or --k8s-kind pytorchjob")
     volumes, mounts = _volumes(spec)
-    patch_pod = {"volumes": volumes, "containers": [{"name": "node", "volumeMounts": mounts}]}
+    patch_pod = {"volumes": volumes, "containers": [{"name": "node", "volumeMounts": mounts}], **_affinity(spec)}
     patch = {"manager": "ddpkit", "trainingRuntimeSpec": {"template": {"spec": {"replicatedJobs": [
         {"name": "node", "template": {"spec": {"template": {"spec": patch_pod}}}}]}}}}
     return {"apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "TrainJob", "metadata": _meta(spec, spec.job_name),
@@ -123,6 +123,16 @@ def trainjob(spec: JobSpec) -> Manifest:
                                  "numNodes": s.max_nodes, "numProcPerNode": s.nproc_per_node,
                                  "resourcesPerNode": _resources(spec)},
                      "runtimePatches": [patch]}}
+
+
+def _affinity(spec: JobSpec) -> Manifest:
+    """Pods kept off the nodes a report named bad (``--exclude-from``): a required nodeAffinity ``NotIn`` rule on
+    the well-known ``kubernetes.io/hostname`` label; nothing without exclusions (the manifest stays as it was)."""
+    if not spec.exclude:
+        return {}
+    term = {"matchExpressions": [{"key": "kubernetes.io/hostname", "operator": "NotIn", "values": list(spec.exclude)}]}
+    return {"affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+        "nodeSelectorTerms": [term]}}}}
 
 
 def _etcd_name(spec: JobSpec) -> str:

@@ -19,8 +19,8 @@ __all__ = ["master_address", "render"]
 
 
 def master_address(spec: JobSpec) -> str:
-    if spec.hosts:
-        return spec.hosts[0]
+    if spec.kept_hosts:
+        return spec.kept_hosts[0]
     return "127.0.0.1" if spec.shape.max_nodes == 1 else "$(hostname)"
 
 
@@ -30,6 +30,8 @@ def render(spec: JobSpec) -> str:
     port = str(spec.port or 29500)
     addr = master_address(spec)
     lines = preamble(spec)
+    if spec.exclude:
+        lines.append(f"# Left out (--exclude-from, the report's bad hosts): {', '.join(spec.exclude)}")
     lines += ["# MPI gives each rank its rank and size but no master: rank 0's host and a port, for every rank."]
     if addr == "$(hostname)":
         lines.append("# No --hosts given: mpirun's own host (the allocation's first) runs rank 0.")
@@ -41,7 +43,7 @@ def render(spec: JobSpec) -> str:
         argv: list[str] = ["mpirun", "-np", str(total), "--map-by", f"ppr:{s.nproc_per_node}:node",
                            "--bind-to", "none"]
         if spec.hosts:
-            argv += ["--host", ",".join(f"{h}:{s.nproc_per_node}" for h in spec.hosts)]
+            argv += ["--host", ",".join(f"{h}:{s.nproc_per_node}" for h in spec.kept_hosts)]
         if spec.allow_run_as_root:
             argv.append("--allow-run-as-root")
         for var in ("MASTER_ADDR", "MASTER_PORT", "PATH", *(k for k, _ in spec.env)):
@@ -50,7 +52,7 @@ def render(spec: JobSpec) -> str:
     else:
         argv = ["mpiexec.mpich", "-n", str(total), "-ppn", str(s.nproc_per_node)]
         if spec.hosts:
-            argv += ["-hosts", ",".join(spec.hosts)]
+            argv += ["-hosts", ",".join(spec.kept_hosts)]
         argv += ["-genv", "MASTER_ADDR", Raw('"$MASTER_ADDR"'), "-genv", "MASTER_PORT", Raw('"$MASTER_PORT"'),
                  "-prepend-rank"]
     lines += [wrap([*argv, *python_argv(spec)]), ""]

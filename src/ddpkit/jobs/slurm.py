@@ -54,6 +54,8 @@ def directives(spec: JobSpec) -> list[str]:
         d.append(f"--signal={spec.signal}")
     if spec.requeue:
         d += ["--requeue", "--open-mode=append"]
+    if spec.exclude:  # the hosts a check or bench report named bad (--exclude-from)
+        d.append(f"--exclude={','.join(spec.exclude)}")
     return [f"#SBATCH {x}" for x in d]
 
 

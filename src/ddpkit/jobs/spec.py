@@ -123,6 +123,13 @@ class JobSpec:
     """GPUs per pod (``nvidia.com/gpu``)."""
     snapshot_size: str = "10Gi"
     """Size of the shared snapshot volume (PVC, ReadWriteMany)."""
+    exclude: tuple[str, ...] = ()
+    """Hosts kept out of the job (``--exclude-from``, a report's bad hosts): Slurm node names for slurm."""
+
+    @property
+    def kept_hosts(self) -> tuple[str, ...]:
+        """``hosts`` without the excluded ones, in their order."""
+        return tuple(h for h in self.hosts if h not in self.exclude)
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
@@ -256,7 +263,8 @@ def _check_printable(spec: JobSpec) -> None:
         ("--container-image", spec.container_image), ("--container-mounts", spec.container_mounts),
         ("--signal", spec.signal), ("--image", spec.image), ("--namespace", spec.namespace), ("--cpu", spec.cpu),
         ("--memory", spec.memory), ("--snapshot-size", spec.snapshot_size),
-        *(("--env", f"{k}={v}") for k, v in spec.env), *(("--hosts", h) for h in spec.hosts)]
+        *(("--env", f"{k}={v}") for k, v in spec.env), *(("--hosts", h) for h in spec.hosts),
+        *(("--exclude-from", h) for h in spec.exclude)]
     for word in spec.command:
         try:
             word.encode("utf-8")
@@ -313,12 +321,12 @@ def _check_combinations(spec: JobSpec) -> None:
         if given:
             raise clash(f"{', '.join(given)} only apply to the slurm backend, not {spec.backend}",
                         f"drop {', '.join(given)} or use ddpkit submit slurm")
-    if spec.tasks_per_rank and spec.shape.min_nodes != spec.shape.max_nodes:
+    if spec.tasks_per_rank and spec.shape.is_elastic:
         raise clash(f"--tasks-per-rank with an elastic shape {spec.shape}", "drop --tasks-per-rank: elastic "
                     "jobs need a torchrun agent per node")
     if spec.static and spec.backend != "torchrun":
         raise clash(f"--static with the {spec.backend} backend", "drop --static: it is a torchrun rendezvous")
-    if spec.static and spec.shape.min_nodes != spec.shape.max_nodes:
+    if spec.static and spec.shape.is_elastic:
         raise clash(f"--static with an elastic shape {spec.shape}", "use c10d (drop --static) for elastic jobs")
     if spec.tasks_per_rank and spec.max_restarts:
         raise clash("--tasks-per-rank with --max-restarts", "drop one: restarts are torchrun's (one agent per node)")
@@ -331,10 +339,15 @@ def _check_combinations(spec: JobSpec) -> None:
         raise clash("the job asks for MPI (--grad-transport/--transport mpi) but each Slurm task would be a "
                     "torchrun agent, not an MPI rank", "add --tasks-per-rank: srun then starts every rank as one "
                     "MPI world (--mpi=pmix for Open MPI, --mpi=pmi2 with --mpi mpich)")
-    if spec.backend == "mpi" and spec.shape.min_nodes != spec.shape.max_nodes:
+    if spec.backend == "mpi" and spec.shape.is_elastic:
         raise clash(f"mpi with an elastic shape {spec.shape}", "use a fixed shape such as -j 2x4")
-    if spec.backend == "mpi" and spec.hosts and len(spec.hosts) != spec.shape.max_nodes:
-        raise clash(f"--hosts names {len(spec.hosts)} host(s) but -j asks for {spec.shape.max_nodes} node(s)",
+    if spec.backend == "mpi" and spec.exclude and not spec.hosts:
+        raise clash(f"--exclude-from names {', '.join(spec.exclude)} but mpi has no --hosts to remove them from",
+                    "pass --hosts with the candidate hosts: the job runs on those the report did not name")
+    kept = spec.kept_hosts
+    if spec.backend == "mpi" and spec.hosts and len(kept) != spec.shape.max_nodes:
+        left = f" ({len(kept)} left after --exclude-from)" if len(kept) != len(spec.hosts) else ""
+        raise clash(f"--hosts names {len(spec.hosts)} host(s){left} but -j asks for {spec.shape.max_nodes} node(s)",
                     "one host per node")
     if spec.backend == "torchrun" and spec.shape.max_nodes > 1 and not spec.rdzv_endpoint:
         raise ConfigError(f"-j {spec.shape} spans several nodes but no --rdzv-endpoint was given",
@@ -389,3 +402,8 @@ def _check_values(spec: JobSpec) -> None:
     for host in spec.hosts:
         if not host or _DIRECTIVE_UNSAFE.search(host) or "," in host or host.startswith("-"):
             raise ConfigError(f"--hosts entry {host!r}", "host names separated by commas", "write --hosts a,b")
+    for host in spec.exclude:
+        if not host or _DIRECTIVE_UNSAFE.search(host) or "," in host or host.startswith("-"):
+            raise ConfigError(f"--exclude-from names the host {host!r}", "host names (they go into an #SBATCH "
+                              "line, a host list or a node name)",
+                              "edit the report's bad_hosts, or drop --exclude-from")

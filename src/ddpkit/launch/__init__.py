@@ -11,6 +11,8 @@ Modules, each importing only those listed before it:
   die_with_agent, the body of a forked worker.
 - ``addresses``: this node's address towards the rendezvous host, and whether this node hosts the store.
 - ``failure``: the root cause of a failed worker group, in one line.
+- ``rendezvous``: who joined a c10d rendezvous, so a timeout names the missing hosts.
+- ``stops``: the agent's half of ``ddpkit.stopping`` (signals from outside marked, the lost-peer backstop).
 - ``agent``: LaunchOptions and launch(options, entrypoint, argv): the elastic agent itself.
 
 This ``__init__`` imports only ``shape``, so ``from ddpkit.launch import JobShape`` stays torch-free.

@@ -21,10 +21,10 @@ from ddpkit.errors import EXIT_PREEMPTED, DeadlineExpired
 from ddpkit.launch import worker
 from ddpkit.launch.addresses import hosts_endpoint, local_addr_towards
 from ddpkit.launch.failure import drop_exit_tracebacks, quiet_late_rendezvous_close, root_cause
+from ddpkit.launch.rendezvous import RendezvousWatch, describe_missing
 from ddpkit.launch.shape import JobShape
 from ddpkit.launch.stops import FORWARDED, LostPeerBackstop, handle_outside_signals, lost_reports
 from ddpkit.log import get_logger
-from ddpkit.rendezvous import RendezvousWatch, describe_missing
 from ddpkit.runtime import share_cores
 
 __all__ = ["Entrypoint", "LaunchOptions", "launch"]

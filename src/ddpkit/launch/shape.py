@@ -25,10 +25,15 @@ class JobShape:
     max_nodes: int
     nproc_per_node: int
 
+    @property
+    def is_elastic(self) -> bool:
+        """The node count may vary between ``min_nodes`` and ``max_nodes`` (``1:2x4``)."""
+        return self.min_nodes != self.max_nodes
+
     def nodes_text(self, between: str = ":") -> str:
         """The node count: ``N``, or ``MIN:MAX`` when elastic (torchrun's --nnodes; ``between="-"`` gives Slurm's
         --nodes=MIN-MAX, ``" to "`` a sentence)."""
-        return f"{self.min_nodes}{between}{self.max_nodes}" if self.min_nodes != self.max_nodes else str(self.max_nodes)
+        return f"{self.min_nodes}{between}{self.max_nodes}" if self.is_elastic else str(self.max_nodes)
 
     def __str__(self) -> str:
         return f"{self.nodes_text()}x{self.nproc_per_node}"

@@ -6,7 +6,8 @@ a preemption, a scancel, a Ctrl-C), or it stops the group itself (``_stop_worker
 a restart, and ``_shutdown`` in ``run``'s ``finally`` when the rendezvous store is lost). The workers cannot tell the
 two apart from the signal (Python's handlers do not see the sender), so the agent says so: it handles the
 signals itself and, before torch forwards one, writes its name to ``STOP_DIR/signal``. A SIGTERM with no such
-mark comes from the agent: a failure, reported as one (ddpkit.train.stops).
+mark comes from the agent: a failure, reported as one (ddpkit.train.stops). Both halves of that protocol, and the
+state machine they make, are written down once in ddpkit.stopping; this module is the agent's use of it.
 
 The mark is written in the agent's signal handler, before the SignalException that makes torch forward the signal is
 raised: it exists before any worker gets the forwarded signal. When the signal reaches the workers directly as
@@ -24,11 +25,11 @@ import signal
 import sys
 import threading
 from collections.abc import Callable
-from pathlib import Path
 from types import FrameType
 
 from ddpkit.errors import EXIT_MISSING
 from ddpkit.log import get_logger
+from ddpkit.stopping import OUTSIDE_MARK_GRACE_S, final_lost_report, lost_reports, mark_outside_signal
 
 __all__ = ["BACKSTOP_S", "FORWARDED", "OUTSIDE_MARK_GRACE_S", "LostPeerBackstop", "handle_outside_signals",
            "lost_reports"]
@@ -37,8 +38,6 @@ log = get_logger(__name__)
 
 #: Signals the agent takes from outside and forwards to its workers (USR1/USR2: Slurm's --signal before a preemption).
 FORWARDED = ("SIGTERM", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2")
-#: Seconds a worker that got a signal waits for its agent's mark (the signal may reach both at once).
-OUTSIDE_MARK_GRACE_S = 2.0
 #: Seconds the agent may still take, after a worker reported a lost peer with no restart left, before it exits 3.
 BACKSTOP_S = 20.0
 
@@ -53,28 +52,11 @@ def handle_outside_signals(stop_dir: str, names: list[str], raise_forward: Calla
     def on_signal(signum: int, frame: FrameType | None) -> None:
         sig = signal.Signals(signum)
         if os.getpid() == agent:
-            try:
-                fd = os.open(os.path.join(stop_dir, "signal"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-                os.write(fd, sig.name.encode())
-                os.close(fd)
-            except OSError:  # the directory is gone: the agent is already leaving
-                pass
+            mark_outside_signal(stop_dir, sig.name)
         raise_forward(sig)
 
     for name in names:
         signal.signal(getattr(signal, name), on_signal)
-
-
-def lost_reports(stop_dir: str) -> list[str]:
-    """The diagnoses the workers left (``lost.rank-R``), in rank order."""
-    found = sorted(Path(stop_dir).glob("lost.rank-*"), key=lambda p: int(p.name.rsplit("-", 1)[1]))
-    out = []
-    for path in found:
-        try:
-            out.append(path.read_text().partition("\n")[2].strip())
-        except OSError:
-            continue
-    return [text for text in out if text]
 
 
 class LostPeerBackstop:
@@ -95,22 +77,12 @@ class LostPeerBackstop:
     def __exit__(self, *exc: object) -> None:
         self._done.set()
 
-    def _final_report(self) -> str | None:
-        for path in Path(self.stop_dir).glob("lost.rank-*"):
-            try:
-                first, _, text = path.read_text().partition("\n")
-            except OSError:
-                continue
-            if first == "final":
-                return text.strip()
-        return None
-
     def _watch(self) -> None:
         report = None
         while report is None:
             if self._done.wait(0.5):
                 return
-            report = self._final_report()
+            report = final_lost_report(self.stop_dir)
         if self._done.wait(self.grace):
             return
         log.error("%s\nthis agent could not close the rendezvous within %.0f s after that (its store is "

@@ -1,7 +1,7 @@
 """The worker side of ddpkit's launcher: what the agent tells its workers, and what they hand back.
 
-The agent exports the variables named here before it starts the workers; the workers (``ddpkit.cli`` on every rank,
-``ddpkit.train.cli`` on a preemption) read them. Each name is defined here once. No torch import at module level.
+The agent exports the variables named in ``ddpkit.worker_context`` (re-exported here) before it starts the workers;
+the workers read them through ``WorkerContext.from_environ()``. No torch import at module level.
 """
 
 from __future__ import annotations
@@ -10,11 +10,23 @@ import logging
 import os
 import signal
 import sys
-import time
 from collections.abc import Callable
 
 from ddpkit.errors import EXIT_PREEMPTED
 from ddpkit.log import get_logger
+
+# the names the agent and its workers share are defined once, in the bottom layer (train reads them there too)
+from ddpkit.worker_context import (
+    LAUNCHED,
+    LAUNCHED_AT,
+    PREEMPTED_MARK,
+    RESULT_DIR,
+    START_METHOD,
+    STOP_DIR,
+    command_started_at,
+    launched_by_ddpkit,
+    process_started_at,
+)
 
 __all__ = [
     "LAUNCHED",
@@ -34,48 +46,6 @@ __all__ = [
 ]
 
 log = get_logger(__name__)
-
-#: "1" in every worker of ddpkit's launcher: its -n/-j were already honoured.
-LAUNCHED = "DDPKIT_LAUNCHED"
-#: When the agent process started (epoch seconds): the command's start, as its workers report it.
-LAUNCHED_AT = "DDPKIT_LAUNCHED_AT"
-#: A directory where verdict commands' workers leave their exit code (verdict_exit_code, read_verdict).
-RESULT_DIR = "DDPKIT_RESULT_DIR"
-#: A path a worker that stopped cleanly after a preemption signal creates, so the agent can say so.
-PREEMPTED_MARK = "DDPKIT_PREEMPTED_MARK"
-#: A directory shared by the agent and its workers about why the workers stop: the agent leaves ``signal`` there
-#: (the name of a signal it received from outside the job) before it forwards that signal; a worker that lost its
-#: peers leaves ``lost.rank-R`` (its diagnosis) there. See ddpkit.launch.stops.
-STOP_DIR = "DDPKIT_STOP_DIR"
-#: ``fork`` (default with a CPU build of torch: workers forked from the agent, preloaded modules inherited) or
-#: ``spawn`` (fresh processes; always with a CUDA build, see launch.agent._preload).
-START_METHOD = "DDPKIT_START_METHOD"
-
-
-def launched_by_ddpkit() -> bool:
-    """True in a worker that ddpkit's own launcher started."""
-    return os.environ.get(LAUNCHED) == "1"
-
-
-def command_started_at() -> float:
-    """When the command started, in epoch seconds: its agent's start in a worker of ddpkit's launcher, else this
-    process's start (under another launcher, the rank's own start: the launcher's is not known)."""
-    try:
-        return float(os.environ.get(LAUNCHED_AT, ""))
-    except ValueError:
-        return process_started_at()
-
-
-def process_started_at() -> float:
-    """When this process started, in epoch seconds (from /proc, to 10 ms, on Linux; elsewhere the time of the call)."""
-    try:
-        with open("/proc/self/stat") as f:
-            ticks = int(f.read().rsplit(")", 1)[1].split()[19])  # field 22, starttime, in clock ticks since boot
-        age = time.clock_gettime(time.CLOCK_BOOTTIME) - ticks / os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError, IndexError, AttributeError):  # not Linux: the time of this call
-        return time.time()
-    return time.time() - max(0.0, age)
-
 
 def verdict_exit_code(code: int) -> int:
     """The exit code for a worker of ddpkit's launcher whose verdict command (check, bench, env) returned ``code``.

@@ -8,9 +8,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from ddpkit.stopping import RunOutcome
 from ddpkit.train.config import Drill, TrainConfig
+from ddpkit.train.summary import RunSummary
 
-__all__ = ["Drill", "TrainConfig", "TrainJob", "Trainer"]
+__all__ = ["Drill", "RunOutcome", "RunSummary", "TrainConfig", "TrainJob", "Trainer"]
 
 
 def __getattr__(name: str) -> Any:

@@ -28,13 +28,15 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ddpkit.errors import EXIT_MISSING, EXIT_OK, EXIT_PREEMPTED, ConfigError
+from ddpkit.comm import GRAD_TRANSPORTS
+from ddpkit.errors import ConfigError
 from ddpkit.inputs import check_output_path, output_path, seconds
-from ddpkit.launch.worker import PREEMPTED_MARK, command_started_at
 from ddpkit.log import get_logger
-from ddpkit.train.config import GRAD_TRANSPORTS, MODELS, PREEMPT_SIGNALS, TrainConfig, check_job_spec, parse_drill
+from ddpkit.stopping import RunOutcome, leave_preempted_code
+from ddpkit.train.config import MODELS, PREEMPT_SIGNALS, TrainConfig, check_job_spec, parse_drill
 from ddpkit.train.output import say
-from ddpkit.train.timeline import phases
+from ddpkit.train.summary import RunSummary
+from ddpkit.worker_context import WorkerContext
 
 __all__ = ["PRELOAD", "add_arguments", "config_from_args", "run"]
 
@@ -119,13 +121,11 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
                        collective_timeout=args.collective_timeout)
 
 
-def _check_restartable(config: TrainConfig) -> None:
-    if any(d.kind == "kill-worker" for d in config.drills):
-        restarts = int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0") or 0)
-        if restarts < 1:
-            raise ConfigError("--drill kill-worker needs an elastic agent that restarts workers, and none allows "
-                              "a restart here", "torch elastic with --max-restarts 1 or more",
-                              "add --max-restarts 3 (with -n N), or torchrun --max-restarts 3")
+def _check_restartable(config: TrainConfig, context: WorkerContext) -> None:
+    if any(d.kind == "kill-worker" for d in config.drills) and context.max_restarts < 1:
+        raise ConfigError("--drill kill-worker needs an elastic agent that restarts workers, and none allows "
+                          "a restart here", "torch elastic with --max-restarts 1 or more",
+                          "add --max-restarts 3 (with -n N), or torchrun --max-restarts 3")
 
 
 def _deterministic() -> None:
@@ -136,37 +136,38 @@ def _deterministic() -> None:
     torch.backends.cudnn.benchmark = False
 
 
-def _report(summary: dict[str, Any]) -> None:
-    history = summary["loss_history"]
-    if history and summary["step_ms_p50"] == summary["step_ms_p50"]:  # not NaN: steps ran in this attempt
-        verb = "stopped by a preemption signal after" if summary["preempted"] else "finished at"
-        say(f"Training {verb} epoch {max(history)} of {summary['epochs']}: {summary['global_step']} steps, "
-              f"loss {summary['final_loss']:.4f} (epoch {min(history)}: {summary['first_loss']:.4f}), "
-              f"{summary['samples_per_s']:,.0f} samples/s, step p50 {summary['step_ms_p50']:.2f} ms "
-              f"p95 {summary['step_ms_p95']:.2f} ms")
-    resumed = summary["resumed_from"]
-    say(f"Snapshots: {summary['snapshots_written']} written, {summary['snapshots_loaded']} loaded"
-          + (f" (resumed at epoch {resumed['epoch']}, step {resumed['global_step']})" if resumed else "")
-          + f"; restarts: {summary['restarts']}")
-    for d in summary["drills"]:
-        say(f"Drill {d['drill']}: injected {d['injected']}; restarted {summary['restarts']} time(s); resumed "
-              f"{'at step ' + str(resumed['global_step']) if resumed else 'no'}; lost {d['lost_steps']} steps "
-              f"({'within' if d['within_interval'] else 'BEYOND'} the snapshot interval)")
+def _report(summary: RunSummary) -> None:
+    history = summary.loss_history
+    if history and summary.steps_ran:
+        verb = "stopped by a preemption signal after" if summary.preempted else "finished at"
+        say(f"Training {verb} epoch {max(history)} of {summary.epochs}: {summary.global_step} steps, "
+            f"loss {summary.final_loss:.4f} (epoch {min(history)}: {summary.first_loss:.4f}), "
+            f"{summary.samples_per_s:,.0f} samples/s, step p50 {summary.step_ms_p50:.2f} ms "
+            f"p95 {summary.step_ms_p95:.2f} ms")
+    resumed = summary.resumed_from
+    say(f"Snapshots: {summary.snapshots_written} written, {summary.snapshots_loaded} loaded"
+        + (f" (resumed at epoch {resumed.epoch}, step {resumed.global_step})" if resumed else "")
+        + f"; restarts: {summary.restarts}")
+    for d in summary.drills:
+        say(f"Drill {d['drill']}: injected {d['injected']}; restarted {summary.restarts} time(s); resumed "
+            f"{'at step ' + str(resumed.global_step) if resumed else 'no'}; lost {d['lost_steps']} steps "
+            f"({'within' if d['within_interval'] else 'BEYOND'} the snapshot interval)")
 
 
 def run(args: argparse.Namespace) -> int:
-    marks = {"launched": command_started_at(), "worker": time.time()}
+    context = WorkerContext.from_environ()
+    marks = {"launched": context.started_at, "worker": time.time()}
     config = config_from_args(args)
-    _check_restartable(config)
+    _check_restartable(config, context)
     if config.deterministic:
         _deterministic()
 
     from datetime import timedelta
 
     import ddpkit
+    from ddpkit.comm.gradients import plan_transport
     from ddpkit.env import detect
     from ddpkit.runtime import pick_backend
-    from ddpkit.train.gradients import plan_transport
     from ddpkit.train.jobs import load_job
     from ddpkit.train.stops import report_lost_peer
     from ddpkit.train.trainer import Trainer
@@ -179,7 +180,7 @@ def run(args: argparse.Namespace) -> int:
                                world_size=world.world_size)
     rt = ddpkit.init(backend=args.backend, timeout=timedelta(seconds=config.collective_timeout), world=world)
     marks["group"] = time.time()
-    trainer = Trainer(job, config, rt, transport=transport)
+    trainer = Trainer(job, config, rt, transport=transport, context=context)
     try:
         summary = trainer.fit()
     except RuntimeError as exc:  # torch's DistBackendError and gloo's timeouts are RuntimeErrors
@@ -189,31 +190,24 @@ def run(args: argparse.Namespace) -> int:
         if not isinstance(exc, dist.DistBackendError) and not any(word in str(exc) for word in lost):
             raise
         # a peer died mid-collective (a killed worker, a lost host): name it; the agent restarts the group or exits 3
-        report_lost_peer(trainer.lost_peer(exc), rt.rank)
-        return EXIT_MISSING
+        report_lost_peer(trainer.lost_peer(exc), rt.rank, context)
+        return RunOutcome.PEER_LOST.exit_code
     finally:
         ddpkit.shutdown()
-    if summary.get("stopped_by_agent"):
-        if summary.get("signal"):  # end as the agent's SIGTERM asked: the agent reports the failure behind it
+    if summary.outcome is RunOutcome.STOPPED_BY_AGENT:
+        if summary.signal:  # end as the agent's SIGTERM asked: the agent reports the failure behind it
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
             os.kill(os.getpid(), signal.SIGTERM)
-        return EXIT_MISSING
-    marks.update(finished=time.time(), **{k[:-3]: summary.pop(k) for k in ("loop_at", "loop_end_at") if k in summary})
-    if "first_step_at" in summary:
-        marks["first_step"] = summary["first_step_at"]
-    summary.update(phases(marks))
+        return summary.exit_code
+    summary.marks.update(marks, finished=time.time())
     if rt.rank == 0:
+        timeline = summary.as_json()
         log.info("phases (s): %s; startup %.2f, teardown %.2f", ", ".join(
-            f"{name} {value:.2f}" for name, value in summary["phases_s"].items() if value is not None),
-            summary["startup_s"], summary["teardown_s"])
+            f"{name} {value:.2f}" for name, value in timeline["phases_s"].items() if value is not None),
+            timeline["startup_s"], timeline["teardown_s"])
         _report(summary)
         if config.json_path:
-            Path(config.json_path).write_text(json.dumps(summary, indent=2, default=str) + "\n")
-    if summary["preempted"]:
-        code = int(summary.get("exit_code", EXIT_PREEMPTED))
-        # ddpkit's launcher only sees that it was signalled: this file tells it how the workers ended (75 or 76)
-        mark = os.environ.get(PREEMPTED_MARK)
-        if mark:
-            Path(mark).write_text(str(code))
-        return code
-    return EXIT_OK
+            Path(config.json_path).write_text(json.dumps(timeline, indent=2, default=str) + "\n")
+    # ddpkit's launcher only sees that it was signalled: this file tells it how the workers ended (75 or 76)
+    leave_preempted_code(context.preempted_mark, summary.outcome)
+    return summary.exit_code

@@ -15,11 +15,10 @@ from pathlib import Path
 
 from ddpkit.errors import ConfigError
 
-__all__ = ["MODELS", "PREEMPT_SIGNALS", "Drill", "TrainConfig", "check_job_spec", "parse_drill", "snapshot_location"]
+__all__ = ["MODELS", "PREEMPT_SIGNALS", "Drill", "TrainConfig", "check_job_spec", "parse_drill",
+           "snapshot_location"]
 
 MODELS = ("linear", "toy", "mlp")
-#: How DDP averages gradients (train --grad-transport); ddpkit.train.gradients implements each.
-GRAD_TRANSPORTS = ("auto", "gloo", "mpi", "nccl")
 PREEMPT_SIGNALS = {"TERM": signal.SIGTERM, "USR1": signal.SIGUSR1, "USR2": signal.SIGUSR2}
 _DRILL = re.compile(r"^(?P<kind>kill-worker|preempt)@(?P<params>[a-z]+=\d+(?:,[a-z]+=\d+)*)$")
 

@@ -1,11 +1,11 @@
 """Faults the trainer survives: preemption signals, Slurm requeue, and drills that inject a fault once on purpose.
 
 Preemption: the handler only sets a flag, and the flag travels with the gradients: the watch is the rider of the
-gradient averaging hook (``train/gradients.py``), which appends it to the last gradient bucket's reduction (one
+gradient averaging hook (``comm/gradients.py``), which appends it to the last gradient bucket's reduction (one
 extra number; no extra collective, no extra round trip). When backward returns, every rank holds the same sum of
 flags, so all ranks stop after the same step, even when the signal reached a single rank, and none is left waiting
 in a collective. The ranks then agree whether any signal came from outside the job (``agree_on_cause``; the
-agent's own SIGTERMs are no preemption, see train/stops.py); if one did, rank 0 writes a snapshot and all exit
+agent's own SIGTERMs are no preemption, see ddpkit/stopping.py); if one did, rank 0 writes a snapshot and all exit
 with 75 (EXIT_PREEMPTED), or 76 when no --snapshot-path leaves nothing to resume from. Models too large for that
 hook keep DDP's C++ all-reduce, and the watch votes on the flags every VOTE_EVERY steps instead.
 
@@ -29,6 +29,7 @@ import torch
 import torch.distributed as dist
 
 from ddpkit.log import get_logger
+from ddpkit.stopping import signal_from_outside
 from ddpkit.train.config import Drill
 
 __all__ = ["DrillBook", "PreemptionWatch", "requeue_slurm_job"]
@@ -42,8 +43,10 @@ class PreemptionWatch:
     #: Where the flags do not ride with the gradients: a vote on them every this many steps.
     VOTE_EVERY = 4
 
-    def __init__(self, signals: tuple[signal.Signals, ...], device: torch.device, world_size: int = 1) -> None:
+    def __init__(self, signals: tuple[signal.Signals, ...], device: torch.device, world_size: int = 1, *,
+                 stop_dir: str | None = None) -> None:
         self.signals = tuple(dict.fromkeys(signals))
+        self.stop_dir = stop_dir  # the agent's (WorkerContext.stop_dir): where it marks signals from outside
         self.world_size = world_size
         self.received: str | None = None
         self.piggyback = False  # True once the flags ride with the gradients (rides_gradients); else a vote
@@ -75,7 +78,7 @@ class PreemptionWatch:
         a hook for it): then ``should_stop`` reads the flags summed with the last bucket, else it votes."""
         self.piggyback = riding
 
-    # Rider (train/gradients.py): the flag goes out with the last gradient bucket, the ranks' sum comes back.
+    # Rider (comm/gradients.py): the flag goes out with the last gradient bucket, the ranks' sum comes back.
     def outgoing(self) -> torch.Tensor:
         return self._one if self.received is not None else self._zero
 
@@ -103,9 +106,7 @@ class PreemptionWatch:
     def agree_on_cause(self) -> tuple[int, int]:
         """After every rank stopped: (ranks that got a signal from outside the job, ranks that got any stop
         signal), the same on every rank. One small all-reduce, only when stopping."""
-        from ddpkit.train.stops import signal_from_outside
-
-        outside = signal_from_outside(self.received)
+        outside = signal_from_outside(self.received, self.stop_dir)
         counts = torch.tensor([float(outside), float(self.received is not None)], device=self._one.device)
         if self.world_size > 1:
             dist.all_reduce(counts)

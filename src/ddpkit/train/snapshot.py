@@ -6,8 +6,11 @@ A snapshot file is ``DIR/NAME.<global step>.EXT``::
     {"sha256": ..., "length": N, "epoch": ..., "global_step": ..., ...}\\n     one JSON header line
     <N bytes: torch.save of the state>                                          model, optimizer, RNG, ...
 
-It is written to a temporary file in the same directory, flushed and fsync'd, renamed over its final name
-(``os.replace``, atomic on POSIX), and the directory is fsync'd so the rename itself survives a power loss.
+The header line is padded with spaces (JSON allows them): it is written first, with room for the length, and
+filled in once the payload is written, so that the payload goes from torch.save to the file in one pass while a
+helper thread checksums it. All of it goes to a temporary file in the same directory, flushed and fsync'd,
+renamed over its final name (``os.replace``, atomic on POSIX), and the directory is fsync'd so the rename itself
+survives a power loss.
 A reader checks the magic, the length and the SHA-256 of the payload; a truncated or corrupt file is reported
 and the next older one is used. Payloads load with ``weights_only=True``: only tensors and plain data.
 """
@@ -22,21 +25,20 @@ import json
 import os
 import re
 import shutil
-import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import IO, Any, cast
 
+import numpy as np
 import torch
 
 from ddpkit.errors import DiskFull
 from ddpkit.log import get_logger
 
-__all__ = ["MAGIC", "AsyncWriter", "CpuShadow", "SnapshotDir", "SnapshotInfo", "copy_to_cpu", "read_header",
-           "read_snapshot",
-           "write_snapshot"]
+__all__ = ["MAGIC", "SnapshotDir", "SnapshotInfo", "read_header", "read_snapshot", "write_snapshot"]
 
 log = get_logger(__name__)
 MAGIC = b"DDPKIT-SNAPSHOT 1\n"
@@ -65,26 +67,151 @@ def _fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
-def write_snapshot(path: Path, state: Mapping[str, Any], header: Mapping[str, Any]) -> int:
-    """Serialise ``state`` and write it atomically to ``path``; returns the bytes written."""
-    buffer = io.BytesIO()
-    torch.save(dict(state), buffer)
-    payload = buffer.getbuffer()
-    head = dict(header, sha256=hashlib.sha256(payload).hexdigest(), length=len(payload))
-    head_line = json.dumps(head, sort_keys=True).encode() + b"\n"
-    needed = len(MAGIC) + len(head_line) + len(payload)
+#: Spaces reserved in the header line for the payload's length, written once the payload is (JSON allows them).
+_LENGTH_ROOM = 24
+#: Chunks torch.save hands over that are at least this large and lie in the state's tensor storage are hashed on
+#: the helper thread without a copy; anything else (zip headers, the pickle) is copied first.
+_DIRECT_BYTES = 64 << 10
+
+
+class _HashingSink:
+    """A file object for ``torch.save``: each chunk goes to the file and to SHA-256 in one pass over the bytes.
+
+    The hashing runs on a helper thread (``hashlib`` releases the GIL for large buffers), in order, while this thread
+    serialises and writes. torch hands each chunk as a memoryview that is valid only during ``write``: a chunk that
+    lies in a tensor storage of the state (alive and unchanged until ``write_snapshot`` returns: the training thread
+    waits, or works on other tensors than the shadow copy) is hashed in place; others are copied (they are small).
+    """
+
+    def __init__(self, f: Any, storages: list[tuple[int, int]]) -> None:
+        self.f = f
+        self.digest = hashlib.sha256()
+        self.length = 0
+        self.error: OSError | None = None
+        self._storages = storages
+        self._small = bytearray()
+        self._hasher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ddpkit-snapshot-sha256")
+        self._pending: list[Future[None]] = []
+
+    def _in_storage(self, chunk: memoryview) -> bool:
+        start = int(np.frombuffer(chunk, dtype=np.uint8).ctypes.data)
+        end = start + chunk.nbytes
+        return any(lo <= start and end <= hi for lo, hi in self._storages)
+
+    def _flush_small(self) -> None:
+        if self._small:
+            self._pending.append(self._hasher.submit(self.digest.update, bytes(self._small)))
+            self._small.clear()
+
+    def write(self, data: Any) -> int:
+        chunk = memoryview(data).cast("B")
+        if chunk.nbytes >= _DIRECT_BYTES and self._in_storage(chunk):
+            self._flush_small()
+            self._pending.append(self._hasher.submit(self.digest.update, chunk))
+        else:
+            self._small += chunk
+            if len(self._small) >= _DIRECT_BYTES:
+                self._flush_small()
+        try:
+            self.f.write(chunk)
+        except OSError as exc:  # torch turns it into a RuntimeError about its stream; keep the cause
+            self.error = exc
+            raise
+        self.length += chunk.nbytes
+        return chunk.nbytes
+
+    def flush(self) -> None:
+        self.f.flush()
+
+    def hexdigest(self) -> str:
+        """The SHA-256 of everything written, once the helper thread has hashed it all."""
+        self._flush_small()
+        for pending in self._pending:
+            pending.result()
+        self._pending.clear()
+        return self.digest.hexdigest()
+
+    def close(self) -> None:
+        self._hasher.shutdown(wait=True)
+
+
+def _storages(obj: Any, out: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """The [start, end) address range of every CPU tensor storage in ``obj`` (tensors in dicts, lists, tuples)."""
+    if isinstance(obj, torch.Tensor):
+        if obj.device.type == "cpu":
+            storage = obj.untyped_storage()
+            out.append((storage.data_ptr(), storage.data_ptr() + storage.nbytes()))
+    elif isinstance(obj, dict):
+        for v in obj.values():
+            _storages(v, out)
+    elif isinstance(obj, list | tuple):
+        for v in obj:
+            _storages(v, out)
+    return out
+
+
+def _header_line(header: Mapping[str, Any], sha256: str, length: int, width: int = 0) -> bytes:
+    line = json.dumps(dict(header, sha256=sha256, length=length), sort_keys=True).encode()
+    return line.ljust(width - 1) + b"\n"
+
+
+def write_snapshot(path: Path, state: Mapping[str, Any], header: Mapping[str, Any],
+                   phases: dict[str, float] | None = None) -> int:
+    """Serialise ``state`` and write it atomically to ``path``; returns the bytes written.
+
+    One pass over the bytes: torch.save writes straight into the file (without the zip's own CRC32 of each record,
+    which the SHA-256 makes redundant) while a helper thread checksums the same chunks; the header line (written
+    first, with room for the length) gets the checksum and length at the end.
+    ``phases``, when given, receives the seconds of each phase: serialise_write (serialising, writing and most
+    of the checksum, overlapped), fsync (of the payload; the checksum goes on meanwhile), checksum (what was left of
+    it), header (written and fdatasync'd), rename (with the directory's fsync).
+    """
+    t = time.perf_counter()
+    storages = _storages(dict(state), [])
+    head = _header_line(header, "0" * 64, 0)
+    width = len(head) + _LENGTH_ROOM
+    needed = len(MAGIC) + width + sum(hi - lo for lo, hi in storages)  # a lower bound: the pickle comes on top
     free = shutil.disk_usage(path.parent).free
     if free < needed:
-        log.warning("%s has %s bytes free, this snapshot needs %s: the write will probably fail (the previous "
-                    "snapshot stays intact)", path.parent, f"{free:,}", f"{needed:,}")
+        log.warning("%s has %s bytes free, this snapshot needs at least %s: the write will probably fail (the "
+                    "previous snapshot stays intact)", path.parent, f"{free:,}", f"{needed:,}")
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    spent: dict[str, float] = {}
+
+    def lap(name: str) -> None:
+        nonlocal t
+        now = time.perf_counter()
+        spent[name] = now - t
+        t = now
+
+    sink: _HashingSink | None = None
     try:
         with open(tmp, "wb") as f:
-            f.write(MAGIC)
-            f.write(head_line)
-            f.write(payload)
+            f.write(MAGIC + b" " * (width - 1) + b"\n")
+            sink = _HashingSink(f, storages)
+            # The zip's CRC32 of each record would be another pass over every byte, and the payload's SHA-256 already
+            # covers them: off for this save (torch.load does not need it; `unzip -t` would then complain)
+            crc32 = torch.serialization.get_crc32_options()
+            torch.serialization.set_crc32_options(False)
+            try:
+                torch.save(dict(state), cast(IO[bytes], sink))  # torch needs only write (and flush)
+            except RuntimeError:
+                if sink.error is not None:
+                    raise sink.error from None
+                raise
+            finally:
+                torch.serialization.set_crc32_options(crc32)
             f.flush()
-            os.fsync(f.fileno())
+            lap("serialise_write")
+            os.fsync(f.fileno())  # the payload goes to disk while the helper thread finishes the checksum
+            lap("fsync")
+            digest = sink.hexdigest()
+            lap("checksum")
+            f.seek(len(MAGIC))
+            f.write(_header_line(header, digest, sink.length, width))
+            f.flush()
+            os.fdatasync(f.fileno())  # the header's page (the file's size and blocks are already durable)
+            lap("header")
         os.replace(tmp, path)
     except OSError as exc:
         if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
@@ -93,10 +220,15 @@ def write_snapshot(path: Path, state: Mapping[str, Any], header: Mapping[str, An
             tmp.unlink()  # first, so that the free space reported is what the user really has
         raise _disk_full(path, needed, exc) from None
     finally:
+        if sink is not None:
+            sink.close()
         with contextlib.suppress(FileNotFoundError):
             tmp.unlink()
     _fsync_dir(path.parent)
-    return needed
+    lap("rename")
+    if phases is not None:
+        phases.update(spent)
+    return len(MAGIC) + width + sink.length
 
 
 def _disk_full(path: Path, needed: int, exc: OSError) -> DiskFull:
@@ -109,7 +241,7 @@ def _disk_full(path: Path, needed: int, exc: OSError) -> DiskFull:
         intact, _ = SnapshotDir(path.parent, m["name"], m["ext"] or "", keep=1).newest_valid()
     resume = (f"the next run resumes from {intact.path} (intact, verified, global step {intact.global_step})"
               if intact else "no intact snapshot exists yet, so the next run starts from the beginning")
-    return DiskFull(f"snapshot {path} was not written: {exc.strerror} ({needed:,} bytes needed, {free:,} free "
+    return DiskFull(f"snapshot {path} was not written: {exc.strerror} (at least {needed:,} bytes needed, {free:,} free "
                     f"in {path.parent}); {resume}",
                     "room for the snapshots kept (--keep) plus one being written",
                     f"free space in {path.parent}, lower --keep, or point --snapshot-path at a larger filesystem; "
@@ -198,95 +330,3 @@ class SnapshotDir:
             with contextlib.suppress(FileNotFoundError):
                 entry.unlink()
                 log.info("removed stale temporary file %s", entry)
-
-
-def copy_to_cpu(obj: Any) -> Any:
-    """A deep copy with every tensor cloned to CPU memory: a consistent image while training goes on."""
-    if isinstance(obj, torch.Tensor):
-        return obj.detach().to("cpu", copy=True)
-    if isinstance(obj, dict):
-        return {k: copy_to_cpu(v) for k, v in obj.items()}
-    if isinstance(obj, list):
-        return [copy_to_cpu(v) for v in obj]
-    if isinstance(obj, tuple):
-        return tuple(copy_to_cpu(v) for v in obj)
-    return obj
-
-
-class CpuShadow:
-    """Reusable CPU buffers for snapshot copies: after the first snapshot, a copy is a memcpy, not an allocation
-    (fresh pages cost more than the copy itself). A buffer is reused only after the writer has joined."""
-
-    def __init__(self) -> None:
-        self._buffers: dict[str, torch.Tensor] = {}
-
-    def copy(self, obj: Any, key: str = "") -> Any:
-        if isinstance(obj, torch.Tensor):
-            buf = self._buffers.get(key)
-            if buf is None or buf.shape != obj.shape or buf.dtype != obj.dtype:
-                buf = self._buffers[key] = torch.empty_like(obj, device="cpu")
-            return buf.copy_(obj.detach())
-        if isinstance(obj, dict):
-            return {k: self.copy(v, f"{key}/{k}") for k, v in obj.items()}
-        if isinstance(obj, list | tuple):
-            items = [self.copy(v, f"{key}/{i}") for i, v in enumerate(obj)]
-            return items if isinstance(obj, list) else tuple(items)
-        return obj
-
-
-class AsyncWriter:
-    """Copies and writes snapshots on one background thread.
-
-    ``submit(make_state, ...)`` returns at once; the thread first calls ``make_state()`` (the in-memory copy of
-    the live tensors), then serialises, checksums, writes, fsyncs and renames. The caller must not change
-    those tensors in place until ``wait_copied()`` returns; ``join()`` waits for the whole write and re-raises
-    the writer's failure.
-    """
-
-    def __init__(self) -> None:
-        self._thread: threading.Thread | None = None
-        self._error: BaseException | None = None
-        self._copied = threading.Event()
-        self._copied.set()
-        self.last_write_s = 0.0
-
-    @property
-    def copying(self) -> bool:
-        """True while the in-memory copy of the last submitted state is still running."""
-        return not self._copied.is_set()
-
-    def submit(self, path: Path, make_state: Callable[[], Mapping[str, Any]], header: Mapping[str, Any],
-               after: Callable[[], None] | None = None) -> None:
-        self.join()
-        self._copied.clear()
-
-        def work() -> None:
-            try:
-                t0 = time.perf_counter()
-                try:
-                    state = make_state()
-                finally:
-                    self._copied.set()  # on failure too: the training thread must never wait forever
-                write_snapshot(path, state, header)
-                self.last_write_s = time.perf_counter() - t0
-                if after is not None:
-                    after()
-            except BaseException as exc:  # surfaced on the training thread at the next join
-                self._error = exc
-
-        self._thread = threading.Thread(target=work, name="ddpkit-snapshot-writer", daemon=False)
-        self._thread.start()
-
-    def wait_copied(self) -> float:
-        """Block until the submitted state is copied (the live tensors may change again); returns seconds waited."""
-        t0 = time.perf_counter()
-        self._copied.wait()
-        return time.perf_counter() - t0
-
-    def join(self) -> None:
-        if self._thread is not None:
-            self._thread.join()
-            self._thread = None
-        if self._error is not None:
-            error, self._error = self._error, None
-            raise error

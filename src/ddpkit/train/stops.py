@@ -1,7 +1,7 @@
-"""How a training run stops, told truly: a preemption from outside, a stop by the job's own agent, or a lost peer.
+"""How a training run stops, told truly: the worker's half of ``ddpkit.stopping``'s state machine.
 
 - A preemption is a signal from outside the job (Slurm, a scancel, a user). Under ddpkit's launcher the agent
-  marks the signals it received (ddpkit.launch.stops); a SIGTERM without that mark is the agent stopping its
+  marks the signals it received (``ddpkit.stopping``); a SIGTERM without that mark is the agent stopping its
   workers after a failure, a lost rendezvous store or a membership change: not a preemption, and never reported as
   one. Under other launchers (srun, mpirun, torchrun) every signal counts as from outside: they leave no mark
   (torchrun's own stops look like preemptions there, but a stop after a lost peer still fails as below).
@@ -15,56 +15,26 @@
 
 from __future__ import annotations
 
-import contextlib
-import os
 import socket
 import time
 from dataclasses import dataclass
 from datetime import timedelta
-from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ddpkit.errors import EXIT_PREEMPTED, EXIT_PREEMPTED_UNSAVED
-from ddpkit.launch.stops import OUTSIDE_MARK_GRACE_S
-from ddpkit.launch.worker import STOP_DIR
 from ddpkit.log import get_logger
+from ddpkit.stopping import RunOutcome, leave_lost_report
+from ddpkit.worker_context import WorkerContext
 
 if TYPE_CHECKING:
     from ddpkit.runtime import Runtime
 
-__all__ = ["PROBE_S", "LastSnapshot", "describe_lost_peer", "host_table", "mark_outside_signal", "preemption_outcome",
-           "probe_answering", "report_lost_peer", "signal_from_outside", "silent_ranks"]
+__all__ = ["PROBE_S", "LastSnapshot", "describe_lost_peer", "host_table", "preemption_outcome", "probe_answering",
+           "report_lost_peer", "silent_ranks"]
 
 log = get_logger(__name__)
 
 #: Seconds the ranks that can still reach the store wait for each other's keys after a collective failed.
 PROBE_S = 5.0
-
-
-def signal_from_outside(received: str | None, stop_dir: str | None = None, grace: float = OUTSIDE_MARK_GRACE_S
-                        ) -> bool:
-    """Did the stop signal this rank ``received`` come from outside the job? With no agent's directory (another
-    launcher), yes; else only if the agent marked a signal it received, waiting up to ``grace`` s for the mark."""
-    if received is None:
-        return False
-    directory = stop_dir if stop_dir is not None else os.environ.get(STOP_DIR)
-    if not directory:
-        return True
-    mark = Path(directory) / "signal"
-    deadline = time.monotonic() + grace
-    while not mark.exists():
-        if time.monotonic() >= deadline:
-            return False
-        time.sleep(0.05)
-    return True
-
-
-def mark_outside_signal(name: str) -> None:
-    """Leave the agent's mark for a signal from outside (for a drill that sends one itself)."""
-    directory = os.environ.get(STOP_DIR)
-    if directory:
-        with contextlib.suppress(OSError):
-            Path(directory, "signal").write_text(name)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -88,15 +58,15 @@ class LastSnapshot:
         return f"the next run resumes from the snapshot of step {self.step} ({self.path})"
 
 
-def preemption_outcome(snapshot: LastSnapshot, step: int) -> tuple[int, str]:
-    """The exit code and the one line rank 0 prints after a preemption stopped training after ``step``."""
+def preemption_outcome(snapshot: LastSnapshot, step: int) -> tuple[RunOutcome, str]:
+    """The outcome and the one line rank 0 prints after a preemption stopped training after ``step``."""
+    saved, unsaved = RunOutcome.PREEMPTED_SAVED, RunOutcome.PREEMPTED_UNSAVED
     if snapshot.step == step:
-        return EXIT_PREEMPTED, f"snapshot written at step {step}; exiting with {EXIT_PREEMPTED}"
+        return saved, f"snapshot written at step {step}; exiting with {saved.exit_code}"
     if snapshot.step is not None:
-        return EXIT_PREEMPTED, (f"no snapshot written now; steps {snapshot.step + 1}-{step} are lost and "
-                                f"{snapshot}; exiting with {EXIT_PREEMPTED}")
-    return EXIT_PREEMPTED_UNSAVED, (f"no snapshot: {snapshot}, the {step} steps done are lost; exiting with "
-                                    f"{EXIT_PREEMPTED_UNSAVED}")
+        return saved, (f"no snapshot written now; steps {snapshot.step + 1}-{step} are lost and {snapshot}; "
+                       f"exiting with {saved.exit_code}")
+    return unsaved, f"no snapshot: {snapshot}, the {step} steps done are lost; exiting with {unsaved.exit_code}"
 
 
 def silent_ranks(world_size: int, answered: set[int]) -> list[int]:
@@ -141,15 +111,15 @@ def host_table(rt: Runtime) -> list[str]:
     return [str(h) for h in table]
 
 
-def probe_answering(rank: int, world_size: int, attempt: str, wait: float = PROBE_S) -> set[int] | None:
+def probe_answering(rank: int, world_size: int, context: WorkerContext, wait: float = PROBE_S) -> set[int] | None:
     """Leave this rank's key in the workers' store (rank 0's, at MASTER_ADDR:MASTER_PORT) and return the ranks
     whose keys are there after ``wait`` s; None when the store cannot be reached."""
     import torch.distributed as dist
 
-    host, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT", "")
-    if not host or not port.isdigit():
+    if context.master is None:
         return None
-    prefix = f"ddpkit/lost/{os.environ.get('TORCHELASTIC_RUN_ID', 'run')}/{attempt}/"
+    host, port = context.master
+    prefix = f"ddpkit/lost/{context.run_id}/{context.restart_count}/"
     deadline = time.monotonic() + wait
     try:  # a plain connection first: a TCPStore that cannot connect prints a C++ stack trace
         socket.create_connection((host, int(port)), timeout=max(1.0, wait / 2)).close()
@@ -168,14 +138,8 @@ def probe_answering(rank: int, world_size: int, attempt: str, wait: float = PROB
     return answered
 
 
-def report_lost_peer(message: str, rank: int) -> None:
+def report_lost_peer(message: str, rank: int, context: WorkerContext) -> None:
     """Log the diagnosis and leave it for ddpkit's agent (which bounds its own exit once no restart is left)."""
     log.error("%s", message)
-    directory = os.environ.get(STOP_DIR)
-    if not directory:
-        return
-    restarts = int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0") or 0)
-    attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
-    first = "final" if attempt >= restarts else "restartable"
-    with contextlib.suppress(OSError):
-        Path(directory, f"lost.rank-{rank}").write_text(f"{first}\n{message} (on {socket.gethostname()})\n")
+    leave_lost_report(context.stop_dir, rank, f"{message} (on {socket.gethostname()})",
+                      restartable=context.restartable)

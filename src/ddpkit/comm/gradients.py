@@ -14,7 +14,7 @@ Transports, by name (``TRANSPORTS``; ``choose_transport`` picks one for the proc
   (benchmarks/results/bench_train.md): 23 floats 0.5-0.8 ms instead of 1.4-2.1 ms, 64 Ki floats 1.4-2.4x faster,
   256 Ki about even (1.0-1.3x), hence the 512 KiB bound. Every rank sums the same gathered rows in the same order,
   so the ranks stay bitwise identical (the same as the all-reduce on 2 ranks, where a + b == b + a).
-- ``mpi``: ``MPI.Allreduce`` in place on the bucket's flat CPU buffer (``train/mpi_transport.py``, mpi4py imported
+- ``mpi``: ``MPI.Allreduce`` in place on the bucket's flat CPU buffer (``comm/mpi_transport.py``, mpi4py imported
   lazily), for ranks started by an MPI launcher. MPI's latency is microseconds, so the hook pays for itself at any
   model size: with ``mpi`` every model averages through the hook, and the rider always rides.
 
@@ -34,16 +34,15 @@ from typing import Any, Protocol
 import torch
 import torch.distributed as dist
 
+from ddpkit.comm import GRAD_TRANSPORTS
+from ddpkit.comm.torch_compat import all_gather_single
 from ddpkit.errors import ConfigError
 from ddpkit.log import get_logger
-from ddpkit.torch_compat import all_gather_single
-from ddpkit.train.config import GRAD_TRANSPORTS
 
 __all__ = ["GRAD_TRANSPORTS", "PYTHON_HOOK_MAX_PARAMS", "TRANSPORTS", "GradientAveraging", "Rider", "choose_transport",
            "plan_transport", "register_gradient_averaging"]
 
 log = get_logger(__name__)
-#: What ``--grad-transport`` accepts.
 
 #: Models up to this many parameters average through the Python hook (their single, small bucket carries the rider).
 PYTHON_HOOK_MAX_PARAMS = 1 << 18
@@ -87,8 +86,8 @@ def gloo_gather_sum(world_size: int) -> Sum:
 
 
 def mpi_sum(world_size: int) -> Sum:
-    """``MPI.Allreduce`` in place (``train/mpi_transport.py``; ``open_mpi_world`` must have checked the world)."""
-    from ddpkit.train.mpi_transport import mpi_allreduce_sum
+    """``MPI.Allreduce`` in place (``comm/mpi_transport.py``; ``open_mpi_world`` must have checked the world)."""
+    from ddpkit.comm.mpi_transport import mpi_allreduce_sum
 
     return mpi_allreduce_sum(world_size)
 
@@ -112,8 +111,8 @@ def plan_transport(requested: str, *, backend: str, rank: int, world_size: int,
     mpi4py is installed, and says so once; otherwise it is the process group's own. ConfigError / EnvConflict
     (exit 2) for what cannot work here.
     """
+    from ddpkit.comm import mpi_transport
     from ddpkit.env.mpi import mpi_launcher
-    from ddpkit.train import mpi_transport
 
     environ = os.environ if environ is None else environ
     option = f"--grad-transport {requested}"
@@ -186,7 +185,7 @@ def register_gradient_averaging(ddp: Any, *, world_size: int, rider: Rider | Non
     must send its values another way). One rank: no hook is registered (nothing to average).
     """
     if transport == "mpi":
-        from ddpkit.train.mpi_transport import MPI_DTYPES
+        from ddpkit.comm.mpi_transport import MPI_DTYPES
 
         odd = sorted({str(p.dtype) for p in ddp.module.parameters() if p.dtype not in MPI_DTYPES})
         if odd:

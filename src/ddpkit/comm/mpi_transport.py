@@ -1,4 +1,4 @@
-"""Gradients averaged through MPI: the transport ``mpi`` of ``train/gradients.py``, and the checks before it is used.
+"""Gradients averaged through MPI: the transport ``mpi`` of ``comm/gradients.py``, and the checks before it is used.
 
 PyTorch's wheels have no MPI backend (``torch.distributed.is_mpi_available()`` is False), so MPI reaches DDP here
 as a communication hook: each gradient bucket's flat CPU buffer is handed to ``MPI.Allreduce`` in place, through a
