@@ -27,8 +27,8 @@ import torch.distributed as dist
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import ddpkit
+from ddpkit.comm.gradients import plan_transport
 from ddpkit.train.config import TrainConfig
-from ddpkit.train.gradients import plan_transport
 from ddpkit.train.jobs import builtin_job
 from ddpkit.train.trainer import Trainer
 from ddpkit.watch import WatchOptions, install, uninstall
