@@ -43,7 +43,7 @@ def _block(rt: ddpkit.Runtime, config: TrainConfig, transport: str | None, watch
     finally:
         if watched:
             uninstall()
-    return [summary["epoch_s"][e] for e in sorted(summary["epoch_s"])]
+    return [summary.epoch_s[e] for e in sorted(summary.epoch_s)]
 
 
 def main() -> None:
