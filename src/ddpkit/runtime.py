@@ -26,6 +26,8 @@ if TYPE_CHECKING:
     import torch
     import torch.distributed as dist
 
+    from ddpkit.watch.options import WatchOptions
+
 __all__ = ["DEFAULT_TIMEOUT", "Runtime", "claim_gpu", "device_identity", "export_world", "init", "interface_choice",
            "open_store", "share_cores", "shared_gpus", "shutdown"]
 
@@ -265,14 +267,21 @@ def init(
     timeout: timedelta = DEFAULT_TIMEOUT,
     store: dist.Store | None = None,
     world: WorldInfo | None = None,
+    watch: bool | WatchOptions = False,
 ) -> Runtime:
     """Start the default process group from whatever launcher started this process.
 
     Picks NCCL when CUDA devices are present, else gloo (``backend`` or DDPKIT_BACKEND override), binds the
     device from the local rank, and initialises with ``timeout`` so a missing rank fails instead of hanging.
+    ``watch`` (True or ``WatchOptions``) watches this rank from the moment the group exists: a hung or slow rank
+    named live, with its host and every rank's stack (``ddpkit.watch``, docs/watch.md).
     """
     import torch.distributed as dist
 
+    if watch:
+        from ddpkit.watch import install
+
+        install(watch if not isinstance(watch, bool) else None)
     info = export_world(world or detect())
     chosen = pick_backend(backend)
     device = pick_device(chosen, info.local_rank)

@@ -19,8 +19,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
      "ddpkit.baseline", "ddpkit.remedy", "ddpkit.outcome", "ddpkit.nodejudge"),
     # 1: who am I in which world
     ("ddpkit.env",),
-    # 2: the process group, and the collectives that check, bench and train share
-    ("ddpkit.runtime", "ddpkit.comm"),
+    # 2: the process group, and the collectives that check, bench and train share; the watch over them
+    ("ddpkit.runtime", "ddpkit.comm", "ddpkit.watch"),
     # 3: the commands and the launcher, side by side
     ("ddpkit.check", "ddpkit.bench", "ddpkit.train", "ddpkit.script", "ddpkit.env.cli", "ddpkit.jobs",
      "ddpkit.launch"),

@@ -1,0 +1,181 @@
+"""The watch: a hung or slow rank in a DDP job, named live with its host, and every rank's Python stack.
+
+In a rank's process, before the user's script (``ddpkit run`` does this)::
+
+    from ddpkit.watch import WatchOptions, install
+    install(WatchOptions(hang_after=120, on_hang="abort", report_every=60, events=Path("events.jsonl")))
+    runpy.run_path(script, run_name="__main__")
+
+In the user's own code::
+
+    rt = ddpkit.init(watch=True)                 # or: with ddpkit.watch(): ...
+    with ddpkit.watch.phase("checkpoint"):       # a known long phase: no alarm while a rank is inside
+        save(...)
+
+The watch begins when the default process group exists (``init_process_group`` is wrapped) and ends when it is
+destroyed (rank 0 prints the summary). Which modules do what: ``hooks.py`` (where collectives are seen),
+``recorder.py`` (one rank's progress), ``monitor.py`` (the thread: store, deadline, report, abort),
+``diagnose.py`` (the words, pure), ``options.py`` (the options and the deadline rule). docs/watch.md is the guide.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import sys
+import types
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
+
+from ddpkit.log import get_logger
+from ddpkit.watch.options import WatchOptions
+
+if TYPE_CHECKING:
+    import torch.distributed as dist
+
+    from ddpkit.watch.hooks import Hooks
+    from ddpkit.watch.monitor import Monitor
+    from ddpkit.watch.recorder import Recorder
+
+__all__ = ["Session", "WatchOptions", "active", "install", "phase", "uninstall", "watch"]
+
+log = get_logger(__name__)
+STORE_TIMEOUT = timedelta(seconds=10)
+
+
+class Session:
+    """One installed watch: the patches, and once the group exists, this rank's recorder and monitor."""
+
+    def __init__(self, options: WatchOptions) -> None:
+        from ddpkit.watch.hooks import Hooks
+
+        self.options = options
+        self.recorder: Recorder | None = None
+        self.monitor: Monitor | None = None
+        # the current watch's recorder, not this one's: a hook wrapped under an earlier watch reports to a later one
+        self.hooks: Hooks = Hooks(_current_recorder, self._begin, self.finish)
+
+    def _begin(self, init_args: dict[str, Any]) -> None:
+        import torch.distributed as dist
+
+        from ddpkit.watch.monitor import Monitor
+        from ddpkit.watch.recorder import Recorder
+
+        if self.recorder is not None or not dist.is_initialized():
+            return
+        rank, world = dist.get_rank(), dist.get_world_size()
+        recorder = Recorder(rank, world)
+        self.monitor = Monitor(recorder, self.options, _watch_store(init_args)).start()
+        self.recorder = recorder
+        log.info("watch: rank %d of %d watched", rank, world)
+
+    def begin_if_ready(self) -> None:
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            self._begin({})
+
+    def finish(self) -> None:
+        """The group is going: stop watching, summary on rank 0. Safe to call twice."""
+        monitor, self.monitor, self.recorder = self.monitor, None, None
+        if monitor is not None:
+            monitor.finish()
+
+
+def _watch_store(init_args: dict[str, Any]) -> dist.Store:
+    """A store connection of the watch's own (the rank's main thread may be blocked on the group's): the job's
+    TCPStore at MASTER_ADDR:MASTER_PORT (torchrun's agent, or rank 0 under env:// and tcp://), else the group's."""
+    import torch.distributed as dist
+    import torch.distributed.distributed_c10d as c10d
+
+    method = str(init_args.get("init_method") or "")
+    host, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")
+    if method.startswith("tcp://"):
+        host, _, port = method[len("tcp://"):].split("?")[0].rpartition(":")
+    run = os.environ.get("TORCHELASTIC_RUN_ID", "run")
+    # one namespace per restart of the job, and per watch in this process (every rank installs as many)
+    prefix = f"ddpkit-watch/{run}/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/{_installs}/"
+    if init_args.get("store") is None and host and port:
+        try:
+            store: dist.Store = dist.TCPStore(host.strip("[]"), int(port), is_master=False, timeout=STORE_TIMEOUT,
+                                              wait_for_workers=False)
+            return dist.PrefixStore(prefix, store)
+        except (RuntimeError, ValueError) as exc:
+            log.info("watch: no own connection to %s:%s (%s); sharing the group's store", host, port, exc)
+    return dist.PrefixStore(prefix, c10d._get_default_store())
+
+
+_session: Session | None = None
+_installs = 0
+
+
+def _current_recorder() -> Recorder | None:
+    return _session.recorder if _session is not None else None
+
+
+def active() -> Session | None:
+    """The installed watch, or None."""
+    return _session
+
+
+def install(options: WatchOptions | None = None) -> Session:
+    """Watch this rank: call before the process group exists (or after: it starts at once). Idempotent."""
+    global _session, _installs
+    if _session is None:
+        _installs += 1
+        _session = Session(options or WatchOptions())
+        _session.hooks.install()
+        atexit.register(_at_exit)
+    _session.begin_if_ready()
+    return _session
+
+
+def uninstall() -> None:
+    """Stop watching (summary on rank 0 if the group still exists) and restore torch's functions."""
+    global _session
+    session, _session = _session, None
+    if session is not None:
+        session.finish()
+        session.hooks.uninstall()
+
+
+def _at_exit() -> None:
+    if _session is not None:
+        _session.finish()
+
+
+@contextmanager
+def watch(options: WatchOptions | None = None, **fields: Any) -> Iterator[Session]:
+    """``with ddpkit.watch(hang_after=60): ...``: watch the body (keyword arguments: WatchOptions' fields)."""
+    session = install(options or WatchOptions(**fields))
+    try:
+        yield session
+    finally:
+        uninstall()
+
+
+@contextmanager
+def phase(name: str) -> Iterator[None]:
+    """A known long phase on this rank (a checkpoint, an evaluation): while any rank is inside one, no hang is
+    reported, however long the others wait. Does nothing when no watch is installed."""
+    recorder = _session.recorder if _session is not None else None
+    if recorder is None:
+        yield
+        return
+    recorder.phase_begin(name)
+    try:
+        yield
+    finally:
+        recorder.phase_end()
+
+
+class _CallableModule(types.ModuleType):
+    """``ddpkit.watch`` is this package and also ``with ddpkit.watch(): ...``."""
+
+    def __call__(self, options: WatchOptions | None = None, **fields: Any) -> Any:
+        return watch(options, **fields)
+
+
+sys.modules[__name__].__class__ = _CallableModule

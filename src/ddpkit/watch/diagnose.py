@@ -1,0 +1,187 @@
+"""From every rank's published progress to the words of a report (pure: no torch, no store, no processes).
+
+A record is what ``Recorder.record`` published (see there); ``stale`` maps the ranks whose heartbeat stopped
+changing to how long ago it last changed, as the reporting rank observed it (its own clock only: no clock sync).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["Hang", "diagnose_hang", "find_desync", "rank_list", "straggler", "summary_lines"]
+
+Record = Mapping[str, Any]
+#: Fewer steps than this on any rank: no straggler verdict (too little to compare).
+MIN_STEPS = 5
+
+
+def rank_list(ranks: list[int]) -> str:
+    ranks = sorted(ranks)
+    if len(ranks) == 1:
+        return f"rank {ranks[0]}"
+    return f"ranks {', '.join(map(str, ranks[:-1]))} and {ranks[-1]}" if len(ranks) < 4 else \
+        f"ranks {', '.join(map(str, ranks))}"
+
+
+def _size(nbytes: int | None) -> str:
+    if nbytes is None:
+        return "size unknown"
+    for unit, scale in (("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if nbytes >= scale:
+            return f"{nbytes / scale:.4g} {unit}"
+    return f"{nbytes} B"
+
+
+def _where(rec: Record) -> str:
+    return f"rank {rec['rank']} on host {rec['host']}"
+
+
+def _calls(rec: Record) -> dict[int, tuple[str, int | None, str]]:
+    """The collectives this record names: seq -> (op, bytes, call site)."""
+    calls = {seq: (op, nbytes, site) for seq, op, nbytes, site in rec.get("recent", [])}
+    waiting = rec.get("waiting")
+    if waiting:
+        calls[waiting["seq"]] = (waiting["op"], waiting["bytes"], waiting["site"])
+    return calls
+
+
+def find_desync(records: Mapping[int, Record]) -> dict[str, Any] | None:
+    """The lowest sequence number at which ranks called *different* collectives (op or size), with each group's
+    ranks and call site; None when every rank called the same thing at every number both report."""
+    calls = {rank: _calls(rec) for rank, rec in records.items()}
+    seqs = sorted({s for c in calls.values() for s in c})
+    for seq in seqs:
+        groups: dict[tuple[str, int | None], list[tuple[int, str]]] = defaultdict(list)
+        for rank, c in sorted(calls.items()):
+            if seq in c:
+                op, nbytes, site = c[seq]
+                groups[(op, nbytes)].append((rank, site))
+        if len(groups) > 1:
+            return {"seq": seq, "calls": [
+                {"op": op, "bytes": nbytes, "ranks": [r for r, _ in members],
+                 "hosts": sorted({records[r]["host"] for r, _ in members}), "site": members[0][1]}
+                for (op, nbytes), members in sorted(groups.items(), key=lambda g: g[1][0][0])]}
+    return None
+
+
+@dataclass
+class Hang:
+    """One hang report: ``lines`` for a person (hosts and ranks first), ``event`` for a log pipeline."""
+
+    lines: list[str]
+    event: dict[str, Any] = field(default_factory=dict)
+    behind: list[int] = field(default_factory=list)
+    stopped: list[int] = field(default_factory=list)
+
+
+def diagnose_hang(records: Mapping[int, Record | None], stale: Mapping[int, float], *, idle: float,
+                  deadline: float, reporter: int) -> Hang:
+    """Which ranks are behind (have not entered the collective the others wait in), which stopped answering,
+    which sit in different collectives at one sequence number (desync)."""
+    alive = {r: rec for r, rec in records.items() if rec is not None}
+    never = sorted(r for r, rec in records.items() if rec is None)
+    stopped = sorted(r for r in alive if r in stale)
+    lines = [f"ddpkit watch: HANG: no rank has made progress for {idle:.0f} s (deadline {deadline:g} s); "
+             f"reported by rank {reporter} on host {alive[reporter]['host'] if reporter in alive else '?'}"]
+    event: dict[str, Any] = {"event": "hang", "idle_s": round(idle, 1), "deadline_s": deadline,
+                             "reporter": reporter, "hosts": {str(r): rec["host"] for r, rec in alive.items()}}
+    # a rank that stopped answering published its last record some time before: where it waited then is history
+    waiting = {r: rec["waiting"] for r, rec in alive.items() if rec.get("waiting") and r not in stale}
+    behind: list[int] = []
+    if waiting:
+        seq = min(w["seq"] for w in waiting.values())
+        target = next(w for w in waiting.values() if w["seq"] == seq)
+        inside = sorted(r for r, w in waiting.items() if w["seq"] == seq)
+        behind = sorted(r for r, rec in alive.items() if rec["entered"] < seq)
+        step = alive[inside[0]]["step"] - 1
+        waited = min(waiting[r]["for"] for r in inside)
+        what = f"{target['op']} #{seq} ({_size(target['bytes'])}, step {step}, called at {target['site']})"
+        for r in behind:
+            rec = alive[r]
+            state = "it stopped answering" if r in stale else (
+                f"in marked phase '{rec['phase']['name']}' for {rec['phase']['for']:.0f} s" if rec.get("phase")
+                else f"last entered #{rec['entered']}, step {rec['step'] - 1}")
+            lines.append(f"  {_where(rec)} has not entered {what}; {state}")
+        lines.append(f"  {rank_list(inside)} on {', '.join(sorted({alive[r]['host'] for r in inside}))} "
+                     f"{'has' if len(inside) == 1 else 'have'} waited {waited:.0f} s in "
+                     + ("it" if behind else what))
+        event.update(collective={"seq": seq, "op": target["op"], "bytes": target["bytes"], "step": step,
+                                 "site": target["site"]}, behind=behind, waiting=inside, waited_s=waited)
+    for r in stopped:
+        rec = alive[r]
+        lines.append(f"  {_where(rec)} (pid {rec['pid']}) stopped answering: no heartbeat for {stale[r]:.0f} s "
+                     f"(stopped, killed, or its host lost); last seen at collective #{rec['entered']}, "
+                     f"step {rec['step'] - 1}")
+    for r in never:
+        lines.append(f"  rank {r} never reported to the watch (it did not reach init_process_group)")
+    desync = find_desync(alive)
+    if desync is not None:
+        parts = [f"{rank_list(c['ranks'])} on {', '.join(c['hosts'])} in {c['op']} ({_size(c['bytes'])}) "
+                 f"called at {c['site']}" for c in desync["calls"]]
+        lines.append(f"  DESYNC at collective #{desync['seq']}: " + "; ".join(parts))
+    event.update(stopped=stopped, never_reported=never, desync=desync)
+    if not behind and not stopped and not never and desync is None:
+        lines.append("  every rank waits in a collective it entered; no rank is behind (a backend-level hang)")
+    return Hang(lines=lines, event=event, behind=behind, stopped=stopped)
+
+
+def straggler(records: Mapping[int, Record], share: float) -> tuple[str, dict[str, Any]] | None:
+    """The rank (or host) the others wait for, when they wait more than ``share`` of a step for it.
+
+    In synchronous DDP the slow rank arrives last at each gradient all-reduce, so it waits least there: the others'
+    extra time in gradient sync, beyond the least-waiting rank's, is time spent waiting for it."""
+    timings = {r: rec["timings"] for r, rec in records.items()}
+    if len(timings) < 2 or any(t.get("steps", 0) < MIN_STEPS for t in timings.values()):
+        return None
+    step = sorted(t["step_mean"] for t in timings.values())[len(timings) // 2]
+    if step <= 0:
+        return None
+    slow = min(timings, key=lambda r: timings[r]["sync_mean"])
+    extra = {r: (t["sync_mean"] - timings[slow]["sync_mean"]) / step for r, t in timings.items()}
+    host = records[slow]["host"]
+    on_host = [r for r in records if records[r]["host"] == host]
+    others = [r for r in records if records[r]["host"] != host]
+    if len(on_host) > 1 and others and all(extra[r] < share / 2 for r in on_host):
+        waiting_share = sum(extra[r] for r in others) / len(others)
+        if waiting_share > share:
+            return (f"ddpkit watch: host {host} ({rank_list(on_host)}) is the slowest: the ranks on other hosts wait "
+                    f"{waiting_share:.0%} of each step for it",
+                    {"event": "straggler", "host": host, "ranks": on_host, "wait_share": round(waiting_share, 4)})
+    rest = [r for r in records if r != slow]
+    waiting_share = sum(extra[r] for r in rest) / len(rest)
+    if waiting_share <= share:
+        return None
+    return (f"ddpkit watch: rank {slow} on {host} is the slowest: the others wait {waiting_share:.0%} of each "
+            "step for it",
+            {"event": "straggler", "rank": slow, "host": host, "wait_share": round(waiting_share, 4)})
+
+
+def summary_lines(records: Mapping[int, Record]) -> tuple[list[str], dict[str, Any]]:
+    """Per rank and per host: steps, step time p50/p99 (ms) and the share of a step spent in gradient sync.
+    A host's p50 is the median of its ranks' p50s, its p99 the largest of their p99s."""
+    rows = {r: rec["timings"] for r, rec in sorted(records.items()) if rec["timings"].get("steps", 0) > 0}
+    if not rows:
+        return [], {}
+    lines = ["ddpkit watch: summary (step = one DDP forward to the next; wait = time in gradient sync)",
+             f"  {'rank':>4}  {'host':<16} {'steps':>6} {'p50 ms':>9} {'p99 ms':>9} {'wait':>6}"]
+    event: dict[str, Any] = {"event": "summary", "ranks": {}, "hosts": {}}
+    hosts: dict[str, list[int]] = defaultdict(list)
+    for r, t in rows.items():
+        host = records[r]["host"]
+        hosts[host].append(r)
+        wait = t["sync_mean"] / t["step_mean"] if t["step_mean"] > 0 else 0.0
+        lines.append(f"  {r:>4}  {host:<16} {t['steps']:>6} {t['step_p50'] * 1e3:>9.2f} {t['step_p99'] * 1e3:>9.2f} "
+                     f"{wait:>6.1%}")
+        event["ranks"][str(r)] = {"host": host, "steps": t["steps"], "step_p50_s": t["step_p50"],
+                                  "step_p99_s": t["step_p99"], "wait_share": round(wait, 4)}
+    for host, ranks in sorted(hosts.items()):
+        p50 = sorted(rows[r]["step_p50"] for r in ranks)[len(ranks) // 2]
+        p99 = max(rows[r]["step_p99"] for r in ranks)
+        wait = sum(event["ranks"][str(r)]["wait_share"] for r in ranks) / len(ranks)
+        lines.append(f"  host {host}: {rank_list(ranks)}, step p50 {p50 * 1e3:.2f} ms, p99 {p99 * 1e3:.2f} ms, "
+                     f"wait {wait:.1%}")
+        event["hosts"][host] = {"ranks": ranks, "step_p50_s": p50, "step_p99_s": p99, "wait_share": round(wait, 4)}
+    return lines, event

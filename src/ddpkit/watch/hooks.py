@@ -1,0 +1,243 @@
+"""Where the watch sees a rank's collectives, without a change to the user's script.
+
+- ``torch.distributed``'s collectives (``all_reduce``, ``barrier``, ``all_gather_object``, ...) are wrapped in the
+  module (and in ``distributed_c10d``, where torch's own helpers look them up). Only calls on the default group are
+  counted, and a collective called from inside another (``all_gather_object`` runs two ``all_gather``) counts once,
+  so every rank numbers the same calls the same way.
+- DDP's gradient all-reduces come from its C++ Reducer, which no Python wrapper sees; a communication hook does
+  (pytorch/pytorch#71303 suggests exactly this for straggler detection). ``register_comm_hook`` is wrapped so the
+  user's hook (or ddpkit train's) is itself wrapped; a DDP model with no hook gets torch's own ``allreduce_hook``
+  (the same averaging as DDP's default) at its first forward, which also marks a step.
+- ``init_process_group`` starts the watch once the group exists; ``destroy_process_group`` ends it (summary).
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from ddpkit.watch.recorder import Recorder, call_site
+
+__all__ = ["COLLECTIVES", "Hooks"]
+
+COLLECTIVES = ("all_gather", "all_gather_into_tensor", "all_gather_object", "all_gather_single", "all_reduce",
+               "all_reduce_coalesced", "all_to_all", "all_to_all_single", "barrier", "broadcast",
+               "broadcast_object_list", "gather", "gather_object", "monitored_barrier", "reduce", "reduce_scatter",
+               "reduce_scatter_single", "reduce_scatter_tensor", "scatter", "scatter_object_list")
+_inside = threading.local()
+
+
+def _nbytes(value: Any) -> int | None:
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return value.numel() * value.element_size()
+    if isinstance(value, list | tuple) and value and all(isinstance(v, torch.Tensor) for v in value):
+        return sum(v.numel() * v.element_size() for v in value)
+    return None
+
+
+def _position(fn: Callable[..., Any], name: str) -> int | None:
+    try:
+        params = list(inspect.signature(fn).parameters)
+    except (TypeError, ValueError):
+        return None
+    return params.index(name) if name in params else None
+
+
+class Hooks:
+    """The patches for one watch. ``recorder()`` returns the live Recorder (None before the group exists)."""
+
+    def __init__(self, recorder: Callable[[], Recorder | None], on_init: Callable[[dict[str, Any]], None],
+                 on_destroy: Callable[[], None]) -> None:
+        self.recorder = recorder
+        self.on_init = on_init
+        self.on_destroy = on_destroy
+        self._saved: list[tuple[object, str, Any]] = []
+
+    def _set(self, owner: object, name: str, value: Any) -> None:
+        self._saved.append((owner, name, getattr(owner, name)))
+        setattr(owner, name, value)
+
+    def install(self) -> None:
+        import torch.distributed as dist
+        import torch.distributed.distributed_c10d as c10d
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+        for name in COLLECTIVES:
+            original = getattr(c10d, name, None)
+            if original is None:
+                continue
+            wrapped = self._collective(name, original)
+            for module in (dist, c10d):
+                if getattr(module, name, None) is original:
+                    self._set(module, name, wrapped)
+        init, destroy = c10d.init_process_group, c10d.destroy_process_group
+        for module in (dist, c10d):
+            self._set(module, "init_process_group", self._init(init))
+            self._set(module, "destroy_process_group", self._destroy(destroy))
+        self._set(DDP, "register_comm_hook", self._register(DDP.register_comm_hook))
+        self._set(DDP, "_register_builtin_comm_hook", self._builtin(DDP._register_builtin_comm_hook))
+        self._set(DDP, "forward", self._forward(DDP.forward))
+
+    def uninstall(self) -> None:
+        for owner, name, value in reversed(self._saved):
+            setattr(owner, name, value)
+        self._saved.clear()
+
+    # -- process group ----------------------------------------------------------------------------------------
+    def _init(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        params = _params(original)
+
+        @functools.wraps(original)
+        def init_process_group(*args: Any, **kwargs: Any) -> Any:
+            out = original(*args, **kwargs)
+            self.on_init({**dict(zip(params, args, strict=False)), **kwargs})
+            return out
+
+        return init_process_group
+
+    def _destroy(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(original)
+        def destroy_process_group(group: Any = None) -> Any:
+            import torch.distributed as dist
+
+            if group is None or group is dist.GroupMember.WORLD:
+                self.on_destroy()
+            return original(group)
+
+        return destroy_process_group
+
+    # -- torch.distributed collectives ------------------------------------------------------------------------
+    def _collective(self, name: str, original: Callable[..., Any]) -> Callable[..., Any]:
+        group_at, async_at = _position(original, "group"), _position(original, "async_op")
+
+        @functools.wraps(original)
+        def collective(*args: Any, **kwargs: Any) -> Any:
+            rec = self.recorder()
+            if rec is None or getattr(_inside, "depth", False):
+                return original(*args, **kwargs)
+            group = kwargs.get("group", args[group_at] if group_at is not None and len(args) > group_at else None)
+            if group is not None:
+                import torch.distributed as dist
+
+                if group is not dist.GroupMember.WORLD:
+                    return original(*args, **kwargs)
+            is_async = kwargs.get("async_op", args[async_at] if async_at is not None and len(args) > async_at
+                                  else False)
+            seq = rec.enter(name, _nbytes(args[0] if args else next(iter(kwargs.values()), None)),
+                            call_site(rec.skip))
+            _inside.depth = True
+            try:
+                out = original(*args, **kwargs)
+            except BaseException as exc:
+                rec.complete(seq, error=exc)
+                raise
+            finally:
+                _inside.depth = False
+            if is_async and out is not None:
+                try:
+                    out.get_future().add_done_callback(lambda f: rec.complete(seq, error=_error(f)))
+                except RuntimeError:  # a Work without a future: counted done once issued
+                    rec.complete(seq)
+            else:
+                rec.complete(seq)
+            return out
+
+        return collective
+
+    # -- DDP --------------------------------------------------------------------------------------------------
+    def _wrap_hook(self, hook: Callable[[Any, Any], Any]) -> Callable[[Any, Any], Any]:
+        # per bucket: its op name, size and call site, found once (the site is the line that calls backward, the
+        # same every step; walking the stack per bucket cost more than a small MPI all-reduce)
+        known: dict[int, tuple[str, int, str]] = {}
+
+        @functools.wraps(hook)
+        def watched_hook(state: Any, bucket: Any) -> Any:
+            rec = self.recorder()
+            if rec is None:
+                return hook(state, bucket)
+            index = bucket.index()
+            about = known.get(index)
+            if about is None:
+                buffer = bucket.buffer()
+                about = known[index] = (f"DDP gradient all-reduce (bucket {index})",
+                                        buffer.numel() * buffer.element_size(), call_site(rec.skip))
+            seq = rec.enter(*about, gradient=True)
+            _inside.depth = True
+            try:
+                fut = hook(state, bucket)
+            except BaseException as exc:
+                rec.complete(seq, gradient=True, error=exc)
+                raise
+            finally:
+                _inside.depth = False
+            if fut.done():  # a transport that completes in the hook (MPI): no second Future
+                rec.complete(seq, gradient=True, error=_error(fut))
+                return fut
+
+            def completed(f: Any) -> Any:
+                # in a ``then`` (not a done-callback): DDP sees a failure only after the watch has said which
+                # rank is gone, and the launcher may end this process a moment later
+                rec.complete(seq, gradient=True, error=_error(f))
+                return f.value()
+
+            return fut.then(completed)
+
+        return watched_hook
+
+    def _register(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(original)
+        def register_comm_hook(model: Any, state: object, hook: Callable[..., Any]) -> Any:
+            model._ddpkit_watched = True
+            return original(model, state, self._wrap_hook(hook))
+
+        return register_comm_hook
+
+    def _builtin(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(original)
+        def _register_builtin_comm_hook(model: Any, comm_hook_type: Any) -> Any:
+            model._ddpkit_watched = True  # a C++ hook: its all-reduces stay unseen (documented)
+            return original(model, comm_hook_type)
+
+        return _register_builtin_comm_hook
+
+    def _forward(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(original)
+        def forward(model: Any, *args: Any, **kwargs: Any) -> Any:
+            rec = self.recorder()
+            if rec is not None:
+                if not getattr(model, "_ddpkit_watched", False):
+                    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+
+                    model.register_comm_hook(model.process_group, allreduce_hook)
+                if model.training and _grad_enabled():
+                    rec.step()
+            return original(model, *args, **kwargs)
+
+        return forward
+
+
+def _error(fut: Any) -> BaseException | None:
+    """The error a completed Future holds, or None (``value()`` raises it)."""
+    try:
+        fut.value()
+    except Exception as exc:  # whatever the backend raised is what the report quotes
+        return exc
+    return None
+
+
+def _grad_enabled() -> bool:
+    import torch
+
+    return torch.is_grad_enabled()
+
+
+def _params(fn: Callable[..., Any]) -> list[str]:
+    try:
+        return list(inspect.signature(fn).parameters)
+    except (TypeError, ValueError):
+        return []

@@ -1,0 +1,340 @@
+"""The watch's thread on every rank: publish this rank's progress in the job's store, watch everyone's, and when no
+rank has progressed past the deadline, report once (first rank to claim it) with every live rank's stacks.
+
+Store keys (under a prefix per job and restart): ``rec/<rank>`` (this rank's record, every heartbeat),
+``claim`` (the hang being reported: ``<reporter>:<collective>``, first writer wins), ``stacks/<claim>/<rank>``
+(each live rank's Python stacks, posted when it sees a claim), ``abort`` (the ranks to stop, set by the reporter
+under ``--on-hang abort``), ``final/<rank>`` (the last record, for the exit summary).
+
+The thread runs while the rank's main thread sits in a collective (the backends release the GIL there), so a rank
+blocked in gloo, MPI or NCCL still answers; a rank that is stopped (SIGSTOP), killed, or on a lost host does not,
+and its heartbeat stops changing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import sys
+import threading
+import time
+import traceback
+from typing import TYPE_CHECKING, Any
+
+from ddpkit.errors import EXIT_MISSING
+from ddpkit.log import get_logger
+from ddpkit.watch.diagnose import diagnose_hang, straggler, summary_lines
+from ddpkit.watch.options import WatchOptions, hang_deadline
+from ddpkit.watch.recorder import Recorder
+
+if TYPE_CHECKING:
+    import torch.distributed as dist
+
+__all__ = ["Monitor", "python_stacks"]
+
+log = get_logger(__name__)
+#: A heartbeat unchanged this long (and at least 6 heartbeats) means the rank stopped answering. No hang is
+#: reported before a stop could be told (the report waits at least this long past the last progress).
+STALE_S = 3.0
+#: How long the reporter waits for the live ranks' stacks, and for the others to see the abort.
+STACK_WAIT_S = 3.0
+#: How long rank 0 waits for the other ranks' last records before printing the summary.
+FINAL_WAIT_S = 3.0
+#: How long a failure report waits for a peer on this host whose connection broke to be gone (it is exiting).
+GONE_WAIT_S = 0.3
+#: Frames of the runner (runpy, ``python -m ddpkit.watch``) that only say how the script was started.
+_LAUNCH = ("<frozen runpy>", os.path.join(os.path.dirname(__file__), "__main__.py"))
+
+
+def _process_state(pid: int) -> str:
+    """``gone``, ``stopped`` or ``running``, for a process on this host (from /proc: no signal sent)."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as f:
+            state = f.read().rpartition(")")[2].split()[0]
+    except OSError:
+        return "gone"
+    return {"Z": "gone", "X": "gone", "T": "stopped", "t": "stopped"}.get(state, "running")
+
+
+def python_stacks() -> str:
+    """Every thread's Python stack in this process but the watch's own (``sys._current_frames``: it needs the GIL,
+    which a rank waiting in a collective has released)."""
+    names = {t.ident: t.name for t in threading.enumerate()}
+    me = threading.get_ident()
+    parts = []
+    for ident, frame in sys._current_frames().items():
+        if ident == me:
+            continue
+        frames = [f for f in traceback.extract_stack(frame) if not f.filename.startswith(_LAUNCH)]
+        parts.append(f"  Thread {names.get(ident, '?')} ({ident:#x}), most recent call last:\n"
+                     + "".join("    " + line for line in "".join(traceback.format_list(frames)).splitlines(True)))
+    return "".join(parts)
+
+
+def _end_stopped(pids: list[int]) -> None:
+    """Stopped ranks on this host: SIGCONT (each then sees the abort and exits 3 itself), SIGKILL after
+    STACK_WAIT_S for any still there (as NVRx's rank monitor does: SIGCONT, then SIGKILL)."""
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGCONT)
+    until = time.monotonic() + STACK_WAIT_S
+    while time.monotonic() < until and any(_process_state(p) != "gone" for p in pids):
+        time.sleep(0.1)
+    for pid in pids:
+        if _process_state(pid) != "gone":
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+
+
+class Monitor:
+    """The watch thread of one rank. ``start()`` once the process group exists; ``finish()`` before it goes."""
+
+    def __init__(self, recorder: Recorder, options: WatchOptions, store: dist.Store) -> None:
+        self.rec = recorder
+        self.options = options
+        self.store = store
+        self.rank, self.world = recorder.rank, recorder.world_size
+        self.keys = [f"rec/{r}" for r in range(self.world)]
+        self.beat = 0
+        self._stop = threading.Event()
+        recorder.on_failure = self._failure_now  # a collective failed on this rank: report at once
+        self._failure_lock = threading.Lock()
+        self._failure_reported = False
+        self._thread = threading.Thread(target=self._loop, name="ddpkit-watch", daemon=True)
+        # observations, on this rank's clock
+        self._seen: dict[int, tuple[Any, float]] = {}  # rank -> (heartbeat, when it last changed)
+        self._progress: tuple[Any, ...] | None = None
+        self._progress_at = time.monotonic()
+        self._slowest_gap = 0.0
+        self._answered: set[str] = set()
+        self._reported: str | None = None
+        self._next_straggler = time.monotonic() + options.report_every
+        self._store_failed_at: float | None = None
+
+    def start(self) -> Monitor:
+        self._publish()
+        self._thread.start()
+        return self
+
+    # -- the loop ---------------------------------------------------------------------------------------------
+    def _loop(self) -> None:
+        poll_every = max(1, round(1.0 / self.options.heartbeat))
+        while not self._stop.wait(self.options.heartbeat):
+            try:
+                self._publish()
+                if self.beat % poll_every == 0:
+                    self._poll()
+                self._store_failed_at = None
+            except Exception as exc:  # the store is the only thing that can fail here
+                if self._stop.is_set():
+                    return
+                self._store_trouble(exc)
+
+    def _publish(self) -> None:
+        self.beat += 1
+        self.store.set(self.keys[self.rank], json.dumps(self.rec.record(self.beat)))
+
+    def _read(self) -> dict[int, dict[str, Any] | None]:
+        present = [r for r in range(self.world) if self.store.check([self.keys[r]])] \
+            if len(self._seen) < self.world else list(range(self.world))
+        values = self.store.multi_get([self.keys[r] for r in present]) if present else []
+        out: dict[int, dict[str, Any] | None] = dict.fromkeys(range(self.world))
+        for r, raw in zip(present, values, strict=True):
+            out[r] = json.loads(bytes(raw).decode())
+        return out
+
+    def _poll(self) -> None:
+        now = time.monotonic()
+        claim = self.store.get("claim").decode() if self.store.check(["claim"]) else ""
+        if claim and claim not in self._answered:
+            self._answered.add(claim)
+            self.store.set(f"stacks/{claim}/{self.rank}", python_stacks())
+        if self.store.check(["abort"]):
+            self._abort(json.loads(self.store.get("abort").decode()))
+        records = self._read()
+        for r, rec in records.items():
+            if rec is not None and (r not in self._seen or self._seen[r][0] != rec["beat"]):
+                self._seen[r] = (rec["beat"], now)
+        stale = {r: now - at for r, (_, at) in self._seen.items()
+                 if now - at > max(STALE_S, 6 * self.options.heartbeat) and not (records[r] or {}).get("final")}
+        alive = {r: rec for r, rec in records.items() if rec is not None}
+        if self.rank == 0 and now >= self._next_straggler:
+            self._next_straggler = now + self.options.report_every
+            found = straggler(alive, self.options.straggler_share) if len(alive) == self.world else None
+            if found is not None:
+                self._emit([found[0]], found[1])
+        progress = tuple((r, rec["entered"], rec["completed"]) for r, rec in sorted(alive.items()))
+        in_phase = any(rec.get("phase") for r, rec in alive.items() if r not in stale)
+        if progress != self._progress or in_phase:
+            if progress != self._progress and not in_phase:
+                self._slowest_gap = max(self._slowest_gap, now - self._progress_at)
+            self._progress, self._progress_at = progress, now
+            if self._reported and self._reported == claim and self.options.on_hang == "report":
+                self.store.compare_set("claim", claim, "")  # progress again: a later hang gets its own report
+                self._reported = None
+            return
+        idle = now - self._progress_at
+        # a silent rank's record may predate its first step by any amount: the live ranks say how far the job got
+        answering = [rec for r, rec in alive.items() if r not in stale]
+        first_done = len(alive) == self.world and bool(answering) and all(rec["first_step_done"] for rec in answering)
+        deadline = hang_deadline(self.options, slowest_gap=self._slowest_gap, first_step_done=first_done)
+        waiting = any(rec.get("waiting") for r, rec in alive.items() if r not in stale)
+        if idle > max(deadline, STALE_S + 1) and (waiting or stale) and not claim:
+            self._claim(records, stale, idle, deadline)
+
+    # -- the report -------------------------------------------------------------------------------------------
+    def _claim(self, records: dict[int, dict[str, Any] | None], stale: dict[int, float], idle: float,
+               deadline: float) -> None:
+        waiting = [rec["waiting"]["seq"] for rec in records.values() if rec and rec.get("waiting")]
+        mine = f"{self.rank}:{min(waiting) if waiting else 0}"
+        if self.store.compare_set("claim", "", mine).decode() != mine:
+            return  # another rank reports this one
+        self._reported = mine
+        self._answered.add(mine)
+        self.store.set(f"stacks/{mine}/{self.rank}", python_stacks())
+        live = [r for r in range(self.world) if records[r] is not None and r not in stale]
+        keys = {r: f"stacks/{mine}/{r}" for r in live}
+        until = time.monotonic() + STACK_WAIT_S
+        while time.monotonic() < until and not self.store.check(list(keys.values())):
+            time.sleep(0.05)
+        stacks = {r: self.store.get(k).decode() for r, k in keys.items() if self.store.check([k])}
+        hang = diagnose_hang(self._read(), stale, idle=idle, deadline=deadline, reporter=self.rank)
+        lines = list(hang.lines)
+        for r in sorted(stacks):
+            rec = records[r] or {}
+            lines.append(f"--- rank {r} on host {rec.get('host')} (pid {rec.get('pid')}): Python stacks")
+            lines.append(stacks[r].rstrip("\n"))
+        silent = [r for r in live if r not in stacks]
+        if silent:
+            lines.append(f"--- no stacks from ranks {silent} within {STACK_WAIT_S:g} s")
+        hang.event["stacks"] = {str(r): s for r, s in stacks.items()}
+        hang.event["on_hang"] = self.options.on_hang
+        self._emit(lines, hang.event)
+        if self.options.on_hang == "abort":
+            hosts = {r: rec["host"] for r, rec in records.items() if rec is not None}
+            doomed = [{"rank": r, "host": hosts[r], "pid": records[r]["pid"],  # type: ignore[index]
+                       "by": min((q for q in live if hosts[q] == hosts[r]), default=None)}
+                      for r in stale if r in hosts]
+            self.store.set("abort", json.dumps({"reporter": self.rank, "stopped": doomed}))
+            until = time.monotonic() + STACK_WAIT_S
+            while time.monotonic() < until and int(self.store.add("abort/seen", 0)) < len(live) - 1:
+                time.sleep(0.05)
+            self._abort(json.loads(self.store.get("abort").decode()))
+
+    def _failure_now(self) -> None:
+        """Called on the thread that saw the failure, before the error reaches the user's code."""
+        with self._failure_lock:
+            if self._failure_reported or self.rec.failed is None:
+                return
+            self._failure_reported = True
+        try:
+            self._failure_report(self.rec.failed)
+        except Exception as exc:  # the store may be gone too: the backend's own error still follows
+            log.debug("watch: no failure report (%s)", exc)
+
+    def _failure_report(self, failed: dict[str, Any]) -> None:
+        """A collective failed on this rank (gloo: "Connection reset by peer [addr]", an address, no rank): name
+        the ranks that are gone or stopped, from their records. Quick: the launcher may end this rank any moment."""
+        if self.store.compare_set("failed", "", str(self.rank)).decode() != str(self.rank):
+            return  # another rank's failure report says it (one report per job)
+        records = self._read()
+        now = time.monotonic()
+        error = failed["error"].splitlines()[0] if failed["error"] else "(no message)"
+        lines = [f"ddpkit watch: rank {self.rank} on host {self.rec.host}: {failed['op']} #{failed['seq']} (called "
+                 f"at {failed['site']}) failed: {error[:300]}"]
+        local = {r: rec["pid"] for r, rec in records.items() if rec and r != self.rank and rec["host"] == self.rec.host}
+        until = time.monotonic() + GONE_WAIT_S  # a killed peer's sockets close before its process is gone
+        states = {r: _process_state(pid) for r, pid in local.items()}
+        while local and "gone" not in states.values() and time.monotonic() < until:
+            time.sleep(0.02)
+            states = {r: _process_state(pid) for r, pid in local.items()}
+        gone = []
+        for r, rec in sorted(records.items()):
+            if rec is None or r == self.rank:
+                continue
+            state = states.get(r)
+            if state in ("gone", "stopped"):
+                gone.append(r)
+                lines.append(f"  rank {r} on host {rec['host']} (pid {rec['pid']}) is {state} "
+                             f"({'its process no longer runs' if state == 'gone' else 'SIGSTOP'})")
+            elif rec["host"] != self.rec.host and r in self._seen:
+                lines.append(f"  rank {r} on host {rec['host']}: last heartbeat seen {now - self._seen[r][1]:.1f} s "
+                             "ago")
+        if not gone:
+            lines.append("  no rank on this host is gone; the failed peer is on another host (see its lines)")
+        self._emit(lines, {"event": "collective-failed", "reporter": self.rank, "failed": failed, "gone": gone,
+                           "hosts": {str(r): rec["host"] for r, rec in records.items() if rec}})
+
+    def _emit(self, lines: list[str], event: dict[str, Any]) -> None:
+        sys.stdout.flush()
+        print("\n".join(lines), file=sys.stderr, flush=True)
+        if self.options.events is not None:
+            event = {"time": round(time.time(), 3), **event}
+            with open(self.options.events, "a", encoding="utf-8") as f:
+                f.write(json.dumps(event) + "\n")
+
+    def _abort(self, order: dict[str, Any]) -> None:
+        """Stop this rank (exit 3); first stop the ranks that stopped answering on this host (SIGCONT, SIGKILL),
+        which no signal of their own can end. ``os._exit``: a thread blocked in C cannot hold the process."""
+        host = self.rec.host
+        mine = [d["pid"] for d in order.get("stopped", []) if d["by"] == self.rank and d["host"] == host]
+        if mine:
+            _end_stopped(mine)
+        if order.get("reporter") != self.rank:
+            with contextlib.suppress(Exception):  # the reporter may have left with its store
+                self.store.add("abort/seen", 1)
+            print(f"ddpkit watch: rank {self.rank} on host {host} stops (hang reported by rank "
+                  f"{order.get('reporter')}; exit {EXIT_MISSING})", file=sys.stderr, flush=True)
+        sys.stdout.flush()
+        os._exit(EXIT_MISSING)
+
+    def _store_trouble(self, exc: Exception) -> None:
+        """The store went away. At the end of a job that is normal (its host finished first); while this rank waits
+        in a collective it means the store's host is gone: report that (with this rank's stacks) after STALE_S."""
+        now = time.monotonic()
+        self._store_failed_at = self._store_failed_at or now
+        if now - self._store_failed_at < STALE_S:
+            return
+        rec = self.rec.record(self.beat)
+        if not rec["waiting"]:
+            log.debug("watch: the job's store is gone (%s); this rank waits in no collective: watching stops", exc)
+            self._stop.set()
+            return
+        w = rec["waiting"]
+        lines = [f"ddpkit watch: HANG: rank {self.rank} on host {self.rec.host} has waited {w['for']:.0f} s in "
+                 f"{w['op']} #{w['seq']} (called at {w['site']}) and lost the job's store ({exc}): the process "
+                 "that hosts it (the torchrun agent, or rank 0) is gone",
+                 f"--- rank {self.rank} on host {self.rec.host} (pid {os.getpid()}): Python stacks", python_stacks()]
+        self._emit(lines, {"event": "hang", "reporter": self.rank, "store_lost": str(exc), "waiting": w})
+        if self.options.on_hang == "abort":
+            os._exit(EXIT_MISSING)
+        self._stop.set()
+
+    # -- the end ----------------------------------------------------------------------------------------------
+    def finish(self) -> None:
+        """Stop watching; publish the last record; rank 0 prints the summary (waiting at most FINAL_WAIT_S)."""
+        if self._stop.is_set():
+            return
+        self._stop.set()
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join(timeout=2 * self.options.heartbeat + 1)
+        try:
+            self.store.set(f"final/{self.rank}", json.dumps(self.rec.record(self.beat + 1, final=True)))
+            if self.rank != 0 or not self.options.summary:
+                return
+            keys = [f"final/{r}" for r in range(self.world)]
+            until = time.monotonic() + FINAL_WAIT_S
+            while time.monotonic() < until and not self.store.check(keys):
+                time.sleep(0.05)
+            finals = {r: json.loads(self.store.get(k).decode()) for r, k in enumerate(keys) if self.store.check([k])}
+        except Exception as exc:  # the store's host already left: no summary, say nothing false
+            log.debug("watch: no summary (%s)", exc)
+            return
+        lines, event = summary_lines(finals)
+        if lines:
+            missing = sorted(set(range(self.world)) - set(finals))
+            if missing:
+                lines.append(f"  (no final record from ranks {missing} within {FINAL_WAIT_S:g} s)")
+            self._emit(lines, event)

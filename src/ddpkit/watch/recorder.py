@@ -1,0 +1,166 @@
+"""One rank's progress, as the watch publishes it: every collective entered and completed (op, size, sequence
+number, call site), the current step, the marked phase, and step / gradient-sync timings for the straggler check.
+
+Everything here runs on the rank's own threads (the user's, autograd's, the backend's completion thread), so each
+update takes a lock held for a few attribute writes; nothing here talks to the store (``monitor.py`` does).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["Recorder", "call_site"]
+
+#: Steps kept for the timings (median, p99, wait share).
+WINDOW = 256
+#: Collectives kept in a record's ``recent`` list, to name a desync between ranks one or two calls apart.
+RECENT = 8
+_SKIP = (os.path.dirname(__file__),)  # the watch's own files (ddpkit train's are a caller like any other)
+
+
+def _torch_dir() -> str:
+    import torch
+
+    return os.path.dirname(torch.__file__)
+
+
+def call_site(skip: tuple[str, ...]) -> str:
+    """``file:line (function)`` of the first frame outside torch and the watch: the user's line that started the
+    collective (for DDP's gradient buckets, the line that called ``backward``)."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        name = frame.f_code.co_filename
+        if not name.startswith(skip) and not name.startswith("<frozen"):
+            return f"{os.path.basename(name)}:{frame.f_lineno} ({frame.f_code.co_name})"
+        frame = frame.f_back  # type: ignore[assignment]
+    return "(no Python caller)"
+
+
+@dataclass
+class _Call:
+    seq: int
+    op: str
+    nbytes: int | None
+    site: str
+    since: float
+
+
+def _percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+class Recorder:
+    """This rank's progress. ``enter`` / ``complete`` around every collective, ``step`` at each DDP forward,
+    ``phase_begin`` / ``phase_end`` around marked phases; ``record()`` is what the monitor publishes."""
+
+    def __init__(self, rank: int, world_size: int) -> None:
+        self.rank = rank
+        self.world_size = world_size
+        self.host = socket.gethostname().split(".", 1)[0]
+        self.skip = (*_SKIP, _torch_dir())
+        self._lock = threading.Lock()
+        self.entered = 0
+        self.completed = 0
+        self._open: dict[int, _Call] = {}
+        self._recent: deque[tuple[int, str, int | None, str]] = deque(maxlen=RECENT)
+        self.steps = 0
+        self._step_start: float | None = None
+        self._sync_open = 0
+        self._sync_since = 0.0
+        self._sync_total = 0.0
+        self.step_times: deque[float] = deque(maxlen=WINDOW)
+        self.sync_times: deque[float] = deque(maxlen=WINDOW)
+        self.phases: list[tuple[str, float]] = []
+        self.failed: dict[str, Any] | None = None
+        self.on_failure: Callable[[], None] | None = None
+
+    # -- collectives ------------------------------------------------------------------------------------------
+    def enter(self, op: str, nbytes: int | None, site: str, *, gradient: bool = False) -> int:
+        now = time.monotonic()
+        with self._lock:
+            self.entered += 1
+            seq = self.entered
+            self._open[seq] = _Call(seq, op, nbytes, site, now)
+            self._recent.append((seq, op, nbytes, site))
+            if gradient:
+                if self._sync_open == 0:
+                    self._sync_since = now
+                self._sync_open += 1
+        return seq
+
+    def complete(self, seq: int, *, gradient: bool = False, error: BaseException | None = None) -> None:
+        now = time.monotonic()
+        with self._lock:
+            call = self._open.pop(seq, None)
+            if call is None:
+                return
+            if error is not None and self.failed is None:
+                self.failed = {"seq": seq, "op": call.op, "site": call.site, "error": str(error).strip()}
+            self.completed += 1
+            if gradient and self._sync_open > 0:
+                self._sync_open -= 1
+                if self._sync_open == 0:
+                    self._sync_total += now - self._sync_since
+        if error is not None and self.on_failure is not None:
+            self.on_failure()
+
+    # -- steps and phases -------------------------------------------------------------------------------------
+    def step(self) -> None:
+        """A DDP forward began: the previous step (forward, backward, gradient sync, optimizer) ended."""
+        now = time.monotonic()
+        with self._lock:
+            if self._step_start is not None:
+                self.step_times.append(now - self._step_start)
+                self.sync_times.append(self._sync_total)
+            self._step_start = now
+            self._sync_total = 0.0
+            self.steps += 1
+
+    def phase_begin(self, name: str) -> None:
+        with self._lock:
+            self.phases.append((name, time.monotonic()))
+
+    def phase_end(self) -> None:
+        with self._lock:
+            if self.phases:
+                self.phases.pop()
+
+    # -- what the monitor publishes ---------------------------------------------------------------------------
+    def progress(self) -> tuple[int, int]:
+        return self.entered, self.completed
+
+    def timings(self) -> dict[str, Any]:
+        with self._lock:
+            steps, syncs = list(self.step_times), list(self.sync_times)
+        if not steps:
+            return {"steps": 0}
+        return {"steps": len(steps), "step_p50": _percentile(steps, 0.5), "step_p99": _percentile(steps, 0.99),
+                "sync_p50": _percentile(syncs, 0.5), "sync_mean": sum(syncs) / len(syncs),
+                "step_mean": sum(steps) / len(steps)}
+
+    def record(self, beat: int, *, final: bool = False) -> dict[str, Any]:
+        now = time.monotonic()
+        with self._lock:
+            oldest = self._open[min(self._open)] if self._open else None
+            phase = self.phases[-1] if self.phases else None
+            out: dict[str, Any] = {
+                "rank": self.rank, "host": self.host, "pid": os.getpid(), "beat": beat, "entered": self.entered,
+                "completed": self.completed, "step": self.steps, "first_step_done": len(self.step_times) > 0,
+                "recent": [list(c) for c in self._recent],
+                "waiting": None if oldest is None else {
+                    "seq": oldest.seq, "op": oldest.op, "bytes": oldest.nbytes, "site": oldest.site,
+                    "for": round(now - oldest.since, 3)},
+                "phase": None if phase is None else {"name": phase[0], "for": round(now - phase[1], 3)},
+                "final": final,
+            }
+        out["timings"] = self.timings()
+        return out

@@ -1,0 +1,144 @@
+"""The watch under real mpirun (Open MPI) and across two namespace hosts (torchrun on each), and ddpkit train with
+the MPI gradient transport: the same fault matrix as tests/multiproc/test_watch.py (torchrun on one host)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import ddpkit_env, require_tools
+from tests.infra.conftest import Hosts, new_run_id
+from tests.multiproc.test_watch import HANG_AFTER, _check_hang
+from tests.watch_jobs import HOST, JOB, leftover, mpirun, run_watched
+
+pytestmark = pytest.mark.infra
+
+
+@pytest.mark.parametrize("fault", ["sleep", "stop", "kill", "extra"])
+@pytest.mark.parametrize("n", [2, 4])
+def test_fault_named_under_mpirun(fault: str, n: int, tmp_path: Path) -> None:
+    require_tools("mpirun")
+    run = run_watched([*mpirun(n)], tmp_path, "--fault", fault, "--steps", "400")
+    if fault == "kill":  # mpirun ends the job at once and names the rank (the watch's line may lose that race)
+        assert run.proc.returncode != 0
+        assert "process rank 1 with PID" in run.output and "exited on signal 9" in run.output, run.output[-4000:]
+        assert leftover(run.tag) == []
+        return
+    assert run.proc.returncode == 3, run.output[-6000:]  # mpirun returns the first failed rank's code: the watch's
+    _check_hang_mpi(run, fault, n)
+
+
+def _check_hang_mpi(run, fault: str, n: int) -> None:  # type: ignore[no-untyped-def]
+    # the same checks as under torchrun, without torchrun's per-rank exit codes
+    run.proc = subprocess.CompletedProcess(run.proc.args, run.proc.returncode,
+                                           run.proc.stdout, run.proc.stderr + "\nexitcode  : 3")
+    _check_hang(run, fault, n)
+
+
+def _rank_pid(env_marker: str, rank_var: str, rank: int, timeout: float = 120) -> int:
+    """The PID of the process whose environment holds ``env_marker`` and ``rank_var=rank``."""
+    deadline = time.monotonic() + timeout
+    want = {env_marker.encode(), f"{rank_var}={rank}".encode()}
+    while time.monotonic() < deadline:
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            try:
+                env = set((entry / "environ").read_bytes().split(b"\0"))
+                if want <= env and b"ddpkit.watch" in (entry / "cmdline").read_bytes():
+                    return int(entry.name)
+            except OSError:
+                continue
+        time.sleep(0.2)
+    raise AssertionError(f"no process with {want}")
+
+
+def test_train_with_mpi_transport_stopped_rank_named(tmp_path: Path) -> None:
+    """``ddpkit train --grad-transport mpi`` under the watch; the test stops rank 1 (SIGSTOP) mid-training: the
+    gradient hook that averages through MPI is wrapped, so rank 0 is seen waiting in it and rank 1 named."""
+    require_tools("mpirun")
+    import signal
+
+    tag = f"WATCH_TAG={uuid.uuid4().hex[:12]}"
+    events = tmp_path / "events.jsonl"
+    argv = [*mpirun(2, "-x", tag), "-m", "ddpkit.watch", "--hang-after", str(HANG_AFTER), "--events", str(events),
+            "-m", "ddpkit", "train", "--grad-transport", "mpi", "--samples", "4096", "--epochs", "2000",
+            "--collective-timeout", "600"]
+    with (tmp_path / "out").open("w") as out, (tmp_path / "err").open("w") as err:
+        proc = subprocess.Popen(argv, stdout=out, stderr=err, env=ddpkit_env())
+        try:
+            pid = _rank_pid(tag, "OMPI_COMM_WORLD_RANK", 1)
+            deadline = time.monotonic() + 120
+            while "Epoch 2 " not in (tmp_path / "out").read_text() and time.monotonic() < deadline:
+                time.sleep(0.2)  # training under way, its first step long done
+            os_kill(pid, signal.SIGSTOP)
+            stopped_at = time.time()
+            code = proc.wait(timeout=90)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+    output = (tmp_path / "out").read_text() + (tmp_path / "err").read_text()
+    assert code == 3, output[-6000:]
+    import json
+
+    hang = [json.loads(x) for x in events.read_text().splitlines() if '"hang"' in x]
+    assert len(hang) == 1, output[-6000:]
+    assert hang[0]["stopped"] == [1] and hang[0]["behind"] == [1], output[-6000:]
+    assert "DDP gradient all-reduce" in hang[0]["collective"]["op"] and sorted(hang[0]["stacks"]) == ["0"]
+    assert "mpi_transport.py" in hang[0]["stacks"]["0"], hang[0]["stacks"]
+    assert "trainer.py" in hang[0]["collective"]["site"], hang[0]["collective"]
+    assert hang[0]["time"] - stopped_at <= HANG_AFTER + 10
+    assert f"rank 1 on host {HOST} (pid {pid}) stopped answering" in output
+
+
+def os_kill(pid: int, sig: int) -> None:
+    import os
+
+    os.kill(pid, sig)
+
+
+@pytest.mark.parametrize("fault", ["sleep", "stop", "kill", "extra"])
+def test_fault_named_across_two_hosts(fault: str, two_hosts: Hosts, tmp_path: Path) -> None:
+    """torchrun on each of two namespace hosts, 2 ranks each; rank 3 (on the second host) is the faulty one."""
+    run_id = new_run_id()
+    tag = uuid.uuid4().hex[:12]
+    events = Path(two_hosts.cluster.workdir) / "events.jsonl"
+    runs = []
+    for i, host in enumerate(two_hosts.hosts):
+        argv = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "2",
+                "--rdzv-backend", "c10d", "--rdzv-endpoint", two_hosts.endpoint(), "--rdzv-id", run_id,
+                "--local-addr", host.ip, *(["--rdzv-conf", "is_host=true"] if i == 0 else []),
+                "-m", "ddpkit.watch", "--hang-after", str(HANG_AFTER), "--events", str(events), "--", str(JOB),
+                "--fault", fault, "--fault-rank", "3", "--steps", "400", "--tag", tag]
+        runs.append(two_hosts.start(host, argv, GLOO_SOCKET_IFNAME="eth0"))
+    for r in runs:
+        r.wait(180)
+    output = "\n".join(r.output() for r in runs)
+    h1, h2 = two_hosts[0].hostname, two_hosts[1].hostname
+    assert all(r.returncode != 0 for r in runs), output[-6000:]
+    if fault == "kill":
+        assert f"rank 3 on host {h2} (pid " in output and "is gone" in output, output[-6000:]
+    else:
+        import json
+
+        lines = events.read_text().splitlines() if events.exists() else []
+        hang = [json.loads(x) for x in lines if '"hang"' in x]
+        assert len(hang) == 1, output[-6000:]
+        hang_event = hang[0]
+        assert hang_event["hosts"]["3"] == h2 and hang_event["hosts"]["0"] == h1
+        live = [0, 1, 2] if fault == "stop" else [0, 1, 2, 3]
+        assert sorted(int(r) for r in hang_event["stacks"]) == live, output[-6000:]
+        if fault == "sleep":
+            assert hang_event["behind"] == [3]
+            assert f"rank 3 on host {h2} has not entered DDP gradient all-reduce (bucket 0) #21" in output
+        elif fault == "stop":
+            assert hang_event["stopped"] == [3] and f"rank 3 on host {h2} (pid" in output
+        else:
+            assert hang_event["desync"]["seq"] == 21
+            assert [c["ranks"] for c in hang_event["desync"]["calls"] if c["op"] == "broadcast"] == [[3]]
+    assert two_hosts.leftover() == {}, output[-4000:]

@@ -1,0 +1,110 @@
+"""The watch on real ranks under real torchrun: an unchanged DDP script (tests/multiproc/watch_user_job.py) started
+through ``python -m ddpkit.watch`` (what ``ddpkit run`` does in each rank), with one fault injected per run.
+
+Durations are scaled down from the issue's (a 5-minute run with a 2-minute checkpoint): --hang-after 4 s, runs of
+about 20 s with an 8 s marked checkpoint, so the whole file stays within a few minutes on 2 cores.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.watch_jobs import HOST, leftover, run_watched, torchrun
+
+HANG_AFTER = 4.0
+
+
+def _check_hang(run, fault: str, n: int) -> None:  # type: ignore[no-untyped-def]
+    out = run.output
+    assert run.proc.returncode != 0, out[-4000:]
+    if fault == "kill":  # the launcher ends the job at once; the watch names the rank that is gone
+        assert f"rank 1 on host {HOST} (pid " in out and "is gone (its process no longer runs)" in out, out[-6000:]
+        assert leftover(run.tag) == []
+        return
+    hang = run.event("hang")
+    assert run.output.count("ddpkit watch: HANG") == 1, out[-6000:]
+    assert hang["time"] - run.fault_time() <= HANG_AFTER + 10, (hang["time"], run.fault_time())
+    live = [r for r in range(n) if not (fault == "stop" and r == 1)]
+    assert sorted(int(r) for r in hang["stacks"]) == live, out[-6000:]
+    for r in live:
+        assert f"--- rank {r} on host {HOST} (pid " in out
+    assert "exitcode  : 3" in out  # every rank stopped with exit 3 (torchrun prints each failed rank)
+    if fault == "sleep":
+        assert hang["behind"] == [1] and hang["stopped"] == []
+        assert f"rank 1 on host {HOST} has not entered DDP gradient all-reduce (bucket 0) #21" in out, out[-6000:]
+        assert "step 20" in out and "time.sleep(3600)" in hang["stacks"]["1"]
+        assert hang["waiting"] == [r for r in range(n) if r != 1]
+    elif fault == "stop":
+        assert hang["stopped"] == [1] and hang["behind"] == [1], out[-6000:]
+        assert f"rank 1 on host {HOST} (pid" in out and "stopped answering" in out
+    elif fault == "extra":
+        desync = hang["desync"]
+        assert desync["seq"] == 21, desync
+        sites = {c["site"] for c in desync["calls"]}
+        assert any("watch_user_job.py" in s and "(fault)" in s for s in sites), desync
+        assert any("watch_user_job.py" in s and "(train)" in s for s in sites), desync  # the backward line
+        assert [c["ranks"] for c in desync["calls"] if c["op"] == "broadcast"] == [[1]]
+        assert "DESYNC at collective #21" in out
+    assert leftover(run.tag) == [], "processes left behind"
+
+
+@pytest.mark.parametrize("fault", ["sleep", "stop", "kill", "extra"])
+@pytest.mark.parametrize("n", [2, 4])
+def test_fault_named_under_torchrun(fault: str, n: int, tmp_path: Path) -> None:
+    run = run_watched(torchrun(n), tmp_path, "--fault", fault, "--steps", "400")
+    _check_hang(run, fault, n)
+
+
+def test_on_hang_report_keeps_waiting_then_names_it_once(tmp_path: Path) -> None:
+    """--on-hang report: the report, then the job keeps running (here it ends when the test's timeout kills it)."""
+    with pytest.raises(Exception) as caught:
+        run_watched(torchrun(2), tmp_path, "--fault", "sleep", "--steps", "400",
+                    watch=("--hang-after", str(HANG_AFTER), "--on-hang", "report"), timeout=25)
+    assert "TimeoutExpired" in type(caught.value).__name__
+    events = [line for line in (tmp_path.glob("events-*.jsonl").__next__()).read_text().splitlines()]
+    assert len(events) == 1 and '"event": "hang"' in events[0] and '"on_hang": "report"' in events[0]
+
+
+def test_marked_checkpoint_and_unmarked_slow_first_step_raise_no_alarm(tmp_path: Path) -> None:
+    """A clean ~20 s run: a 6 s unmarked first step (x5 deadline until the first step ends), then rank 0 'writes a
+    checkpoint' for 8 s (twice --hang-after) inside ddpkit.watch.phase while the others wait in a barrier."""
+    run = run_watched(torchrun(2), tmp_path, "--steps", "150", "--first-step-s", "6", "--checkpoint-at", "40",
+                      "--checkpoint-s", "8")
+    assert run.proc.returncode == 0, run.output[-6000:]
+    assert "HANG" not in run.output and [e["event"] for e in run.events] == ["summary"], run.events
+    summary = run.events[0]
+    assert sorted(summary["ranks"]) == ["0", "1"] and summary["ranks"]["0"]["steps"] >= 100
+    assert summary["hosts"][HOST]["ranks"] == [0, 1]
+    assert "ddpkit watch: summary" in run.output
+
+
+def test_unmarked_checkpoint_is_a_hang(tmp_path: Path) -> None:
+    """The same 8 s rank-0 pause, unmarked: reported (so the marked run above proves the mark works)."""
+    run = run_watched(torchrun(2), tmp_path, "--steps", "150", "--checkpoint-at", "40", "--checkpoint-s", "30",
+                      "--no-phase")
+    hang = run.event("hang")
+    assert hang["waiting"] == [1] and hang["behind"] == [0], run.output[-6000:]
+
+
+def test_straggler_named_with_its_host_and_none_in_a_clean_run(tmp_path: Path) -> None:
+    slow = run_watched(torchrun(2), tmp_path, "--steps", "150", "--slow-rank", "1", "--slow-ms", "40",
+                       watch=("--report-every", "2"))
+    assert slow.proc.returncode == 0, slow.output[-6000:]
+    named = [e for e in slow.events if e["event"] == "straggler"]
+    assert named and all(e.get("rank") == 1 and e["host"] == HOST for e in named), slow.events
+    assert f"rank 1 on {HOST} is the slowest: the others wait" in slow.output
+    clean = run_watched(torchrun(2), tmp_path, "--steps", "150", watch=("--report-every", "2"))
+    assert clean.proc.returncode == 0, clean.output[-6000:]
+    assert [e for e in clean.events if e["event"] == "straggler"] == [], clean.events
+
+
+@pytest.mark.parametrize("how", ["init", "with"])
+def test_watch_from_the_users_own_code(how: str, tmp_path: Path) -> None:
+    """``ddpkit.init(watch=WatchOptions(...))`` and ``with ddpkit.watch(...)`` in the script, under plain torchrun."""
+    run = run_watched(torchrun(2), tmp_path, "--fault", "sleep", "--steps", "400", "--watch-in-code", how,
+                      module=False)
+    assert run.proc.returncode != 0 and "exitcode  : 3" in run.output, run.output[-4000:]
+    assert [e["event"] for e in run.events] == ["hang"] and run.events[0]["behind"] == [1], run.output[-4000:]
+    assert leftover(run.tag) == []

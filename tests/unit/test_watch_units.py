@@ -1,0 +1,113 @@
+"""The watch's pure parts: the deadline rule, options, and the words of its reports from given records."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from ddpkit.errors import ConfigError
+from ddpkit.watch.diagnose import diagnose_hang, find_desync, straggler, summary_lines
+from ddpkit.watch.options import FIRST_STEP_FACTOR, MIN_HANG_S, WatchOptions, hang_deadline
+
+
+def rec(rank: int, host: str = "h1", *, entered: int = 10, step: int = 5, waiting: dict[str, Any] | None = None,
+        recent: list[list[Any]] | None = None, timings: dict[str, Any] | None = None,
+        phase: dict[str, Any] | None = None) -> dict[str, Any]:
+    return {"rank": rank, "host": host, "pid": 100 + rank, "beat": 1, "entered": entered, "completed": entered,
+            "step": step, "first_step_done": True, "recent": recent or [], "waiting": waiting, "phase": phase,
+            "final": False, "timings": timings or {"steps": 0}}
+
+
+def wait(seq: int, op: str = "all_reduce", nbytes: int | None = 4096, site: str = "train.py:40 (main)",
+         seconds: float = 31.0) -> dict[str, Any]:
+    return {"seq": seq, "op": op, "bytes": nbytes, "site": site, "for": seconds}
+
+
+def test_deadline_fixed_adaptive_and_first_step() -> None:
+    fixed = WatchOptions(hang_after=30)
+    assert hang_deadline(fixed, slowest_gap=100, first_step_done=True) == 30
+    assert hang_deadline(fixed, slowest_gap=0, first_step_done=False) == 30 * FIRST_STEP_FACTOR
+    adaptive = WatchOptions()
+    assert hang_deadline(adaptive, slowest_gap=1, first_step_done=True) == MIN_HANG_S
+    assert hang_deadline(adaptive, slowest_gap=50, first_step_done=True) == 100  # never below the slowest seen
+
+
+@pytest.mark.parametrize("fields", [{"hang_after": 0}, {"on_hang": "kill"}, {"report_every": -1},
+                                    {"straggler_share": 1.5}])
+def test_bad_options_refused_with_a_fix(fields: dict[str, Any]) -> None:
+    with pytest.raises(ConfigError) as caught:
+        WatchOptions(**fields)
+    assert "Fix:" in str(caught.value)
+
+
+def test_rank_behind_named_with_host_and_the_waiters() -> None:
+    records = {0: rec(0, "h1", entered=412, step=21, waiting=wait(412)),
+               1: rec(1, "h2", entered=411, step=21),
+               2: rec(2, "h1", entered=412, step=21, waiting=wait(412, seconds=33)),
+               3: rec(3, "h2", entered=412, step=21, waiting=wait(412, seconds=32))}
+    hang = diagnose_hang(records, {}, idle=31, deadline=30, reporter=0)
+    text = "\n".join(hang.lines)
+    assert hang.behind == [1] and hang.stopped == []
+    assert "rank 1 on host h2 has not entered all_reduce #412 (4 KiB, step 20, called at train.py:40 (main))" in text
+    assert "ranks 0, 2 and 3 on h1, h2 have waited 31 s in it" in text
+    assert hang.event["waiting"] == [0, 2, 3] and hang.event["collective"]["seq"] == 412
+
+
+def test_stopped_rank_named_from_its_silence_not_its_old_record() -> None:
+    # rank 1's last record (before SIGSTOP) shows it inside #17; the live rank waits in #21
+    records = {0: rec(0, entered=21, step=21, waiting=wait(21, seconds=6)),
+               1: rec(1, entered=17, step=17, waiting=wait(17, seconds=0))}
+    hang = diagnose_hang(records, {1: 6.0}, idle=6, deadline=5, reporter=0)
+    text = "\n".join(hang.lines)
+    assert hang.behind == [1] and hang.stopped == [1]
+    assert "#21" in text and "rank 1 on host h1 (pid 101) stopped answering: no heartbeat for 6 s" in text
+
+
+def test_desync_names_both_call_sites() -> None:
+    records = {0: rec(0, entered=21, waiting=wait(21, "DDP gradient all-reduce (bucket 0)", 8708, "job.py:66 (main)")),
+               1: rec(1, entered=21, waiting=wait(21, "broadcast", 4, "job.py:48 (fault)"))}
+    desync = find_desync(records)
+    assert desync is not None and desync["seq"] == 21
+    assert [(c["ranks"], c["site"]) for c in desync["calls"]] == [([0], "job.py:66 (main)"), ([1], "job.py:48 (fault)")]
+    hang = diagnose_hang(records, {}, idle=5, deadline=4, reporter=0)
+    assert any("DESYNC at collective #21" in line and "job.py:48 (fault)" in line for line in hang.lines)
+
+
+def test_same_calls_are_no_desync() -> None:
+    recent = [[20, "all_reduce", 16, "a.py:1 (f)"]]
+    assert find_desync({0: rec(0, recent=recent), 1: rec(1, recent=[[20, "all_reduce", 16, "a.py:9 (g)"]])}) is None
+
+
+def timing(sync: float, step: float = 0.1) -> dict[str, Any]:
+    return {"steps": 50, "step_p50": step, "step_p99": step * 1.2, "sync_p50": sync, "sync_mean": sync,
+            "step_mean": step}
+
+
+def test_straggler_is_the_rank_that_waits_least() -> None:
+    records = {0: rec(0, "h1", timings=timing(0.040)), 1: rec(1, "h1", timings=timing(0.038)),
+               2: rec(2, "h2", timings=timing(0.002)), 3: rec(3, "h2", timings=timing(0.041))}
+    found = straggler(records, 0.10)
+    assert found is not None
+    assert found[0] == "ddpkit watch: rank 2 on h2 is the slowest: the others wait 38% of each step for it"
+
+
+def test_straggler_host_when_all_its_ranks_wait_least() -> None:
+    records = {0: rec(0, "h1", timings=timing(0.040)), 1: rec(1, "h1", timings=timing(0.040)),
+               2: rec(2, "h2", timings=timing(0.002)), 3: rec(3, "h2", timings=timing(0.003))}
+    found = straggler(records, 0.10)
+    assert found is not None and found[1]["host"] == "h2" and found[1]["ranks"] == [2, 3]
+    assert found[0].startswith("ddpkit watch: host h2 (ranks 2 and 3) is the slowest")
+
+
+def test_no_straggler_within_the_share_or_too_few_steps() -> None:
+    even = {0: rec(0, timings=timing(0.010)), 1: rec(1, timings=timing(0.005))}
+    assert straggler(even, 0.10) is None
+    young = {0: rec(0, timings={"steps": 2}), 1: rec(1, timings=timing(0.0))}
+    assert straggler(young, 0.10) is None
+
+
+def test_summary_per_rank_and_host() -> None:
+    lines, event = summary_lines({0: rec(0, "h1", timings=timing(0.02)), 1: rec(1, "h2", timings=timing(0.01, 0.2))})
+    assert event["ranks"]["1"]["wait_share"] == 0.05 and event["hosts"]["h2"]["ranks"] == [1]
+    assert any(line.startswith("  host h1: rank 0, step p50 100.00 ms") for line in lines)

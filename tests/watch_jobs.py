@@ -1,0 +1,87 @@
+"""Running tests/multiproc/watch_user_job.py under the watch and a real launcher, and reading what came out: shared
+by the watch's multiprocess and infrastructure tests and its benchmarks."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tests.helpers import ROOT, ddpkit_env, free_port
+
+JOB = ROOT / "tests" / "multiproc" / "watch_user_job.py"
+HOST = socket.gethostname().split(".", 1)[0]
+
+
+def torchrun(n: int) -> list[str]:
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(n)]
+
+
+def mpirun(n: int, *options: str) -> list[str]:
+    """Open MPI's mpirun with ``options`` (before the program), ending with this Python."""
+    return ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", str(n), "-x", "MASTER_ADDR=127.0.0.1",
+            "-x", f"MASTER_PORT={free_port()}", *options, sys.executable]
+
+
+@dataclass
+class WatchedRun:
+    proc: subprocess.CompletedProcess[str]
+    events: list[dict[str, Any]]
+    tag: str
+    seconds: float
+
+    @property
+    def output(self) -> str:
+        return self.proc.stdout + self.proc.stderr
+
+    def fault_time(self) -> float:
+        line = next(x for x in self.proc.stdout.splitlines() if x.startswith("FAULT "))
+        return float(line.split()[2])
+
+    def event(self, kind: str) -> dict[str, Any]:
+        found = [e for e in self.events if e["event"] == kind]
+        assert len(found) == 1, f"{len(found)} {kind} events\n{self.output[-6000:]}"
+        return found[0]
+
+
+def run_watched(launcher: list[str], tmp: Path, *job_args: str, watch: tuple[str, ...] = ("--hang-after", "4"),
+                module: bool = True, timeout: float = 150, env: dict[str, str] | None = None) -> WatchedRun:
+    """``LAUNCHER [python] -m ddpkit.watch WATCH --events F -- watch_user_job.py JOB_ARGS --tag T`` (``module``
+    False: ``LAUNCHER watch_user_job.py ...``, the script watching itself)."""
+    tag = uuid.uuid4().hex[:12]
+    events = tmp / f"events-{tag}.jsonl"
+    job = [str(JOB), *job_args, "--tag", tag]
+    # without the runner, the script watches itself and finds the events file in WATCH_EVENTS
+    argv = [*launcher, "-m", "ddpkit.watch", *watch, "--events", str(events), "--", *job] if module else \
+        [*launcher, *job]
+    env = {"WATCH_EVENTS": str(events), **(env or {})}
+    started = time.monotonic()
+    proc = subprocess.run(argv, capture_output=True, text=True, errors="replace", timeout=timeout,
+                          env=ddpkit_env(**env), cwd=ROOT)
+    seconds = time.monotonic() - started
+    lines = events.read_text().splitlines() if events.exists() else []
+    return WatchedRun(proc=proc, events=[json.loads(x) for x in lines], tag=tag, seconds=seconds)
+
+
+def leftover(tag: str, grace: float = 10.0) -> list[int]:
+    """PIDs of processes whose command line carries ``tag``, after up to ``grace`` seconds."""
+    deadline = time.monotonic() + grace
+    while True:
+        pids = []
+        for entry in Path("/proc").iterdir():
+            if entry.name.isdigit() and int(entry.name) != os.getpid():
+                try:
+                    if tag.encode() in (entry / "cmdline").read_bytes():
+                        pids.append(int(entry.name))
+                except OSError:
+                    continue
+        if not pids or time.monotonic() > deadline:
+            return pids
+        time.sleep(0.2)
