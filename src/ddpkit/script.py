@@ -12,7 +12,10 @@ as ``ddpkit.init()`` exports them (the master, GLOO_SOCKET_IFNAME where the mast
 ``ddpkit.runtime.export_world``; a value the user set that differs is overridden with a warning), and the script
 runs as ``__main__`` in this very process: ``sys.argv``, ``sys.path[0]`` and ``__file__`` as Python sets them, the
 script's exit code and traceback are the command's. Where no launcher started ddpkit, ``-n``/``-j`` start the ranks
-through the same elastic agent as every other command (restarts, the first failure named).
+through the same elastic agent as every other command (restarts, the first failure named). The watch
+(``ddpkit.watch``, docs/watch.md) is on by default: a rank that stalls is named with its host, every live rank's
+stack is printed, and every rank stops (exit 3) instead of waiting out gloo's 30 minutes; ``--no-watch`` turns it
+off.
 """
 
 from __future__ import annotations
@@ -45,6 +48,11 @@ PRELOAD = ("torch", "torch.distributed", "torch.nn.parallel", "torch._dynamo")
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("-m", "--module", action="store_true",
                    help="the target is a module, run as python -m runs it (sys.path[0] is the working directory)")
+    from ddpkit.watch.__main__ import add_arguments as watch_arguments
+
+    g = p.add_argument_group("the watch (docs/watch.md): a hung or slow rank named live, with its host and stacks")
+    watch_arguments(g)  # type: ignore[arg-type]
+    g.add_argument("--no-watch", action="store_true", help="run the script without the watch")
     p.add_argument("target", nargs=argparse.REMAINDER, metavar="-- SCRIPT.py [ARGS ...]",
                    help="the script (or, with -m, the module) and its arguments, after --")
 
@@ -71,7 +79,25 @@ def run(args: argparse.Namespace) -> int:
         set_env("GROUP_RANK", str(world.node_rank))
     if not world.local_world_known:
         log.info("LOCAL_WORLD_SIZE left unset: %s gives none (torch's env:// does not need it)", world.launcher)
+    _python_signals()
+    if not args.no_watch:  # on by default: a stalled rank is named, with its host and every rank's stack
+        from ddpkit.watch import install
+        from ddpkit.watch.__main__ import options_from_args
+
+        install(options_from_args(args))
     return run_target(words[0], words[1:], module=args.module)
+
+
+def _python_signals() -> None:
+    """The signal dispositions a script gets from ``python SCRIPT``: a rank forked from ddpkit's agent inherits the
+    agent's handlers (they forward SIGTERM to the ranks as an exception), and a rank stopped by its agent would
+    print that exception as if the script had raised it."""
+    import signal
+
+    for name in ("SIGTERM", "SIGUSR1", "SIGUSR2", "SIGHUP"):
+        if hasattr(signal, name):
+            signal.signal(getattr(signal, name), signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def _check_target(target: str, module: bool) -> None:

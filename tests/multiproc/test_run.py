@@ -132,3 +132,19 @@ def test_a_script_that_destroys_its_group_and_exits_ends_every_time(script: Path
         res = run_ddpkit("run", "-n", "2", "--", str(script), timeout=90)
         assert res.returncode == 0, res.stdout + res.stderr
         assert_replicas_identical(res.stdout, 2)
+
+
+def test_the_watch_is_on_by_default_and_names_the_stalled_rank(tmp_path: Path) -> None:
+    job = Path(__file__).resolve().parent / "watch_user_job.py"
+    events = tmp_path / "events.jsonl"
+    res = run_ddpkit("run", "-n", "2", "--hang-after", "4", "--events", str(events), "--", str(job), "--fault",
+                     "sleep", "--fault-rank", "1", "--fault-step", "20", timeout=150)
+    assert res.returncode == 3, res.stderr[-4000:]
+    assert "ddpkit watch: HANG" in res.stderr
+    assert "rank 1 on host" in res.stderr and "has not entered" in res.stderr, res.stderr[-4000:]
+    assert "--- rank 0 on host" in res.stderr and "--- rank 1 on host" in res.stderr  # every live rank's stack
+    assert "time.sleep(3600)" in res.stderr
+    assert any('"hang"' in line for line in events.read_text().splitlines())
+    off = run_ddpkit("run", "--no-watch", "--", str(job), "--steps", "3", timeout=120)
+    assert off.returncode == 0, off.stderr
+    assert "ddpkit watch" not in off.stderr
