@@ -21,12 +21,11 @@ SCRIPT = Path(__file__).resolve().parents[1] / "workers" / "ddp_user.py"
 def results(stdout: str) -> dict[int, dict[str, str]]:
     """The script's RESULT lines by rank: every key=value it printed (argv as its repr)."""
     rows = {}
-    for line in stdout.splitlines():
-        m = re.search(r"RESULT rank=(\d+) local=(\d+) world=(\d+) same=(\w+) host=(\S+) main=(\S+) argv=(\[.*\]) "
-                      r"file=(.*)$", line)
-        if m:
-            rows[int(m[1])] = dict(zip(("rank", "local", "world", "same", "host", "main", "argv", "file"),
-                                       m.groups(), strict=True))
+    # ranks share one pipe: two lines may arrive run together ("...pyRESULT rank=1 ..."), so match across the text
+    for m in re.finditer(r"RESULT rank=(\d+) local=(\d+) world=(\d+) same=(\w+) host=(\S+) main=(\S+) "
+                         r"argv=(\[.*?\]) file=(.*?)(?=RESULT|\n|$)", stdout):
+        rows[int(m[1])] = dict(zip(("rank", "local", "world", "same", "host", "main", "argv", "file"),
+                                   m.groups(), strict=True))
     return rows
 
 
