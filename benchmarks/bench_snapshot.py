@@ -37,7 +37,7 @@ import torch
 
 from ddpkit.train.data import make_model
 from ddpkit.train.rng import capture_rng
-from ddpkit.train.snapshot import MAGIC, write_snapshot
+from ddpkit.train.snapshot import MAGIC, _fsync_dir, write_snapshot
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
@@ -58,14 +58,6 @@ def _state(width: int) -> tuple[int, dict[str, Any]]:
 def _header(width: int) -> dict[str, Any]:
     return {"epoch": 0, "next_epoch": 1, "next_batch": 0, "global_step": 1, "world_size": 2,
             "fingerprint": {"model": "mlp", "width": width}, "created": time.time()}
-
-
-def _fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def floor(path: Path, state: dict[str, Any], width: int) -> dict[str, float]:

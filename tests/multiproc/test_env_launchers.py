@@ -155,19 +155,26 @@ def test_check_started_twice_by_an_unknown_launcher_fails_on_both(tmp_path: Path
 
 
 
-def test_a_hand_exported_world_without_local_sizes_starts_and_counts_its_local_world() -> None:
-    """RANK, WORLD_SIZE and a non-loopback master are all torch's env:// needs: two such ranks connect, and the
-    ranks on this host are counted at start-up (not assumed one per node)."""
+def _hand_exported_pair(*argv: str, timeout: float) -> list[tuple[str, str]]:
+    """Two ranks of ``ddpkit ARGV`` given only RANK, WORLD_SIZE and a non-loopback master (this host's name):
+    each one's (stdout, stderr), once both exited 0."""
     import socket
 
     port = str(free_port())
-    procs = [subprocess.Popen([sys.executable, "-m", "ddpkit", "env", "--connect", "--json"], stdout=subprocess.PIPE,
+    procs = [subprocess.Popen([sys.executable, "-m", "ddpkit", *argv], stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True,
                               env=ddpkit_env(RANK=str(r), WORLD_SIZE="2", MASTER_ADDR=socket.gethostname(),
                                              MASTER_PORT=port))
              for r in range(2)]
-    outs = [p.communicate(timeout=120) for p in procs]
+    outs = [p.communicate(timeout=timeout) for p in procs]
     assert [p.returncode for p in procs] == [0, 0], [e for _, e in outs]
+    return outs
+
+
+def test_a_hand_exported_world_without_local_sizes_starts_and_counts_its_local_world() -> None:
+    """RANK, WORLD_SIZE and a non-loopback master are all torch's env:// needs: two such ranks connect, and the
+    ranks on this host are counted at start-up (not assumed one per node)."""
+    outs = _hand_exported_pair("env", "--connect", "--json", timeout=120)
     rows = _records("".join(o for o, _ in outs))
     _assert_world(rows, "env", 2)
     assert all(r["local_world_size"] is None for r in rows)  # unknown from the environment, and said so
@@ -177,16 +184,7 @@ def test_a_hand_exported_world_without_local_sizes_starts_and_counts_its_local_w
 
 
 def test_check_in_a_hand_exported_world_counts_its_nodes_before_the_roll_call() -> None:
-    import socket
-
-    port = str(free_port())
-    procs = [subprocess.Popen([sys.executable, "-m", "ddpkit", "check", "--timeout", "90"], stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True,
-                              env=ddpkit_env(RANK=str(r), WORLD_SIZE="2", MASTER_ADDR=socket.gethostname(),
-                                             MASTER_PORT=port))
-             for r in range(2)]
-    outs = [p.communicate(timeout=180) for p in procs]
-    assert [p.returncode for p in procs] == [0, 0], [e for _, e in outs]
+    outs = _hand_exported_pair("check", "--timeout", "90", timeout=180)
     report = outs[0][0]
     assert "2 rank(s) on 1 node(s)" in report and "verdict: PASS: 2 rank(s) on 1 host(s)" in report, report
     assert "overriding" not in outs[1][1], outs[1][1]  # nothing guessed and then corrected
