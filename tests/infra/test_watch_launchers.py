@@ -3,6 +3,7 @@ the MPI gradient transport: the same fault matrix as tests/multiproc/test_watch.
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 import time
@@ -121,8 +122,10 @@ def test_fault_named_across_two_hosts(fault: str, two_hosts: Hosts, tmp_path: Pa
     output = "\n".join(r.output() for r in runs)
     h1, h2 = two_hosts[0].hostname, two_hosts[1].hostname
     assert all(r.returncode != 0 for r in runs), output[-6000:]
-    if fault == "kill":
-        assert f"rank 3 on host {h2} (pid " in output and "is gone" in output, output[-6000:]
+    if fault == "kill":  # torchrun's agent may stop the job before the watch's line (as mpirun does, above)
+        watched = f"rank 3 on host {h2} (pid " in output and "is gone" in output
+        agent = re.search(r"rank\s*: 3\b[\s\S]*?exitcode\s*: -9", output) is not None
+        assert watched or agent, output[-6000:]
     else:
         import json
 
