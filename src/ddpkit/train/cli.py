@@ -26,7 +26,7 @@ import os
 import signal
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ddpkit.comm import GRAD_TRANSPORTS
 from ddpkit.errors import ConfigError
@@ -38,11 +38,16 @@ from ddpkit.train.output import say
 from ddpkit.train.summary import RunSummary
 from ddpkit.worker_context import WorkerContext
 
+if TYPE_CHECKING:
+    from ddpkit.train.stops import LostPeerReport
+    from ddpkit.train.trainer import Trainer
+
 __all__ = ["PRELOAD", "add_arguments", "config_from_args", "run"]
 
 # Under `ddpkit train -n N` the agent imports these once and forks the ranks (ddpkit.launch.agent), as `check` does:
 # torch and torch._dynamo (which DDP's constructor imports) cost each fresh rank 3-8 s on a loaded 2-core machine.
-PRELOAD = ("torch.nn.parallel", "torch._dynamo", "ddpkit.runtime", "ddpkit.train.jobs", "ddpkit.train.trainer")
+PRELOAD = ("torch.nn.parallel", "torch._dynamo", "ddpkit.runtime", "ddpkit.train.jobs", "ddpkit.train.trainer",
+           "ddpkit.watch.hooks", "ddpkit.watch.monitor")
 log = get_logger(__name__)
 
 
@@ -121,6 +126,19 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
                        collective_timeout=args.collective_timeout)
 
 
+#: The process group's own timeout trails --collective-timeout by this much: the watch names the lost peer first.
+BACKSTOP_S = 30.0
+
+
+def _on_watch_abort(trainer: Trainer, lost: LostPeerReport) -> None:
+    """When the watch stops the job after a stall, leave train's lost-peer report (rank, host, phase, snapshot)."""
+    from ddpkit.watch import active
+
+    session = active()
+    if session is not None:
+        session.on_abort(lambda order: lost.leave(trainer.lost_in_stall(order)))
+
+
 def _check_restartable(config: TrainConfig, context: WorkerContext) -> None:
     if any(d.kind == "kill-worker" for d in config.drills) and context.max_restarts < 1:
         raise ConfigError("--drill kill-worker needs an elastic agent that restarts workers, and none allows "
@@ -169,8 +187,9 @@ def run(args: argparse.Namespace) -> int:
     from ddpkit.env import detect
     from ddpkit.runtime import pick_backend
     from ddpkit.train.jobs import load_job
-    from ddpkit.train.stops import report_lost_peer
+    from ddpkit.train.stops import LostPeerReport
     from ddpkit.train.trainer import Trainer
+    from ddpkit.watch import WatchOptions
 
     job = load_job(config)  # user code fails here, before any process group or training
     marks["job"] = time.time()
@@ -178,19 +197,25 @@ def run(args: argparse.Namespace) -> int:
     # before the process group: MPI is initialised and its world checked against torch's here (exit 2 if not)
     transport = plan_transport(args.grad_transport, backend=pick_backend(args.backend), rank=world.rank,
                                world_size=world.world_size)
-    rt = ddpkit.init(backend=args.backend, timeout=timedelta(seconds=config.collective_timeout), world=world)
+    # The watch names a lost peer (ddpkit.train.stops): a hang after --collective-timeout, a failed collective at
+    # once. The group's own timeout is only the backstop behind it.
+    options = WatchOptions(hang_after=config.collective_timeout, on_hang="abort", summary=False)
+    rt = ddpkit.init(backend=args.backend, timeout=timedelta(seconds=config.collective_timeout + BACKSTOP_S),
+                     world=world, watch=options)
     marks["group"] = time.time()
     trainer = Trainer(job, config, rt, transport=transport, context=context)
+    lost = LostPeerReport(rt.rank, context)
+    _on_watch_abort(trainer, lost)
     try:
         summary = trainer.fit()
     except RuntimeError as exc:  # torch's DistBackendError and gloo's timeouts are RuntimeErrors
         import torch.distributed as dist
 
-        lost = ("gloo", "NCCL", "onnection", "imed out", "timeout", "pair closure")
-        if not isinstance(exc, dist.DistBackendError) and not any(word in str(exc) for word in lost):
+        words = ("gloo", "NCCL", "onnection", "imed out", "timeout", "pair closure")
+        if not isinstance(exc, dist.DistBackendError) and not any(word in str(exc) for word in words):
             raise
         # a peer died mid-collective (a killed worker, a lost host): name it; the agent restarts the group or exits 3
-        report_lost_peer(trainer.lost_peer(exc), rt.rank, context)
+        lost.leave(trainer.lost_peer(exc))
         return RunOutcome.PEER_LOST.exit_code
     finally:
         ddpkit.shutdown()

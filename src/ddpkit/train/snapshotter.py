@@ -37,6 +37,7 @@ from ddpkit.train.snapshot import SnapshotDir, read_snapshot, write_snapshot
 from ddpkit.train.staging import AsyncWriter, CpuShadow
 from ddpkit.train.stops import LastSnapshot
 from ddpkit.train.summary import ResumedFrom
+from ddpkit.watch import phase as watch_phase
 
 __all__ = ["Snapshotter", "StartPoint"]
 
@@ -204,15 +205,17 @@ class Snapshotter:
             snapdir.prune()
             say(f"Epoch {epoch} | Training snapshot saved at {path}")
 
-        self.writer.join()  # the previous write is on disk, and the shadow buffers are free again
-        if self.cfg.async_snapshot and not urgent:
-            shadow = self.shadow
-            # the copy runs on the writer thread while the training thread goes on with the next forward and
-            # backward; the trainer calls wait_for_staging() right before the next optimizer.step()
-            self.writer.submit(path, lambda: shadow.copy(state), header, after=done)
-        else:
-            write_snapshot(path, state, header)  # device tensors are copied to host as they are serialised
-            done()
+        # a known long phase for the watch: the other ranks wait in their next collective meanwhile (no alarm)
+        with watch_phase("snapshot"):
+            self.writer.join()  # the previous write is on disk, and the shadow buffers are free again
+            if self.cfg.async_snapshot and not urgent:
+                shadow = self.shadow
+                # the copy runs on the writer thread while the training thread goes on with the next forward and
+                # backward; the trainer calls wait_for_staging() right before the next optimizer.step()
+                self.writer.submit(path, lambda: shadow.copy(state), header, after=done)
+            else:
+                write_snapshot(path, state, header)  # device tensors are copied to host as they are serialised
+                done()
         self.stalls.append(time.perf_counter() - t0)
         self.paths.append(str(path))
 

@@ -7,18 +7,20 @@
   (torchrun's own stops look like preemptions there, but a stop after a lost peer still fails as below).
 - A preemption exits 75 only when a snapshot exists to resume from; without --snapshot-path it says that the
   progress since the start (or the snapshot it resumed from) is lost, and exits 76.
-- A lost peer: a collective failed or timed out (--collective-timeout). Every rank that can still reach the
-  workers' store (rank 0's) leaves a key there; after PROBE_S the ranks without a key are the ones that stopped
-  answering. A rank that cannot reach the store names rank 0's host as the one lost. The message names the rank
-  and host, the phase (which collective of which step) and the snapshot the next run resumes from; exit 3.
+- A lost peer: the watch (``ddpkit.watch``, installed by ``train``) tells who stopped answering from the
+  heartbeats every rank publishes in the job's store. Either a collective failed (a killed peer: its connections
+  reset), and the trainer asks the watch which ranks still answer (waiting at most PROBE_S), or no rank progressed
+  for --collective-timeout while one waits in a collective (a stopped rank, a cut link), and the watch reports the
+  hang, with every live rank's stack, and runs train's abort handler before every rank exits 3. A rank that cannot
+  reach the store names rank 0's host as the one lost. The message names the rank and host, the phase (which
+  collective of which step) and the snapshot the next run resumes from; exit 3.
 """
 
 from __future__ import annotations
 
 import socket
-import time
+import threading
 from dataclasses import dataclass
-from datetime import timedelta
 from typing import TYPE_CHECKING
 
 from ddpkit.log import get_logger
@@ -28,12 +30,12 @@ from ddpkit.worker_context import WorkerContext
 if TYPE_CHECKING:
     from ddpkit.runtime import Runtime
 
-__all__ = ["PROBE_S", "LastSnapshot", "describe_lost_peer", "host_table", "preemption_outcome", "probe_answering",
+__all__ = ["PROBE_S", "LastSnapshot", "LostPeerReport", "describe_lost_peer", "host_table", "preemption_outcome",
            "report_lost_peer", "silent_ranks"]
 
 log = get_logger(__name__)
 
-#: Seconds the ranks that can still reach the store wait for each other's keys after a collective failed.
+#: Seconds a rank whose collective failed waits for the other ranks' heartbeats before naming the silent ones.
 PROBE_S = 5.0
 
 
@@ -75,9 +77,10 @@ def silent_ranks(world_size: int, answered: set[int]) -> list[int]:
 
 
 def describe_lost_peer(*, rank: int, hosts: list[str], phase: str, snapshot: LastSnapshot,
-                       answered: set[int] | None, error: str) -> str:
+                       answered: set[int] | None, error: str, stalled: bool = False) -> str:
     """One message: who stopped answering (rank and host), in which phase, and where the next run resumes.
-    ``answered`` is None when this rank could not reach the store on rank 0's host."""
+    ``answered`` is None when this rank could not reach the store on rank 0's host. ``stalled``: no collective
+    failed; the watch found no progress for --collective-timeout (its report, above, names the rank behind)."""
     def who(ranks: list[int]) -> str:
         by_host: dict[str, list[int]] = {}
         for r in ranks:
@@ -91,11 +94,16 @@ def describe_lost_peer(*, rank: int, hosts: list[str], phase: str, snapshot: Las
                 "(this host lost its link, or that host is down)")
     else:
         silent = silent_ranks(len(hosts), answered)
-        lost = (f"{who(silent)} stopped answering" if silent else
-                "every rank still answers the store, but a collective between them failed (a broken link)")
+        if silent:
+            lost = f"{who(silent)} stopped answering"
+        elif stalled:
+            lost = ("every rank still answers, but no rank made progress in its collectives for --collective-timeout "
+                    "(the watch's report names the rank behind)")
+        else:
+            lost = "every rank still answers the store, but a collective between them failed (a broken link)"
     error = error.rsplit("] ", 1)[-1]  # gloo's message without its source path
-    return (f"rank {rank}: a collective failed, another rank is gone: {lost}, during {phase}; {snapshot} "
-            f"({error})")
+    what = "the job stalled" if stalled else "a collective failed, another rank is gone"
+    return f"rank {rank}: {what}: {lost}, during {phase}; {snapshot} ({error})"
 
 
 def host_table(rt: Runtime) -> list[str]:
@@ -111,31 +119,24 @@ def host_table(rt: Runtime) -> list[str]:
     return [str(h) for h in table]
 
 
-def probe_answering(rank: int, world_size: int, context: WorkerContext, wait: float = PROBE_S) -> set[int] | None:
-    """Leave this rank's key in the workers' store (rank 0's, at MASTER_ADDR:MASTER_PORT) and return the ranks
-    whose keys are there after ``wait`` s; None when the store cannot be reached."""
-    import torch.distributed as dist
+class LostPeerReport:
+    """This rank's lost-peer report, left once: the trainer (a failed collective) and the watch's abort handler (a
+    stall), on two threads, may both come to it."""
 
-    if context.master is None:
-        return None
-    host, port = context.master
-    prefix = f"ddpkit/lost/{context.run_id}/{context.restart_count}/"
-    deadline = time.monotonic() + wait
-    try:  # a plain connection first: a TCPStore that cannot connect prints a C++ stack trace
-        socket.create_connection((host, int(port)), timeout=max(1.0, wait / 2)).close()
-    except OSError:
-        return None
-    try:
-        store = dist.TCPStore(host, int(port), is_master=False, timeout=timedelta(seconds=max(1.0, wait / 2)),
-                              wait_for_workers=False)
-        store.set(f"{prefix}{rank}", "1")
-        answered = {rank}
-        while time.monotonic() < deadline and len(answered) < world_size:
-            time.sleep(0.2)
-            answered |= {r for r in range(world_size) if r not in answered and store.check([f"{prefix}{r}"])}
-    except Exception:  # the store (rank 0's host) is out of reach, or rank 0 is gone and took it along
-        return None
-    return answered
+    def __init__(self, rank: int, context: WorkerContext) -> None:
+        self.rank = rank
+        self.context = context
+        self._lock = threading.Lock()
+        self.message: str | None = None
+
+    def leave(self, message: str) -> bool:
+        """Log and leave ``message`` unless a report was left already; True when this call left it."""
+        with self._lock:
+            if self.message is not None:
+                return False
+            self.message = message
+        report_lost_peer(message, self.rank, self.context)
+        return True
 
 
 def report_lost_peer(message: str, rank: int, context: WorkerContext) -> None:

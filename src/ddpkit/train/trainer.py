@@ -39,7 +39,7 @@ from ddpkit.train.faults import DrillBook, PreemptionWatch, requeue_slurm_job
 from ddpkit.train.output import say
 from ddpkit.train.progress import Progress, on_terminal
 from ddpkit.train.snapshotter import Snapshotter
-from ddpkit.train.stops import describe_lost_peer, host_table, preemption_outcome, probe_answering
+from ddpkit.train.stops import PROBE_S, describe_lost_peer, host_table, preemption_outcome
 from ddpkit.train.summary import RunSummary, percentile
 from ddpkit.worker_context import WorkerContext
 
@@ -246,12 +246,30 @@ class Trainer:
         return self._finish(step, t_start)
 
     def lost_peer(self, exc: BaseException) -> str:
-        """After a collective failed: find who stopped answering and say it, with the phase and the snapshot."""
+        """After a collective failed: find who stopped answering (the watch's heartbeats) and say it, with the phase
+        and the snapshot."""
+        from ddpkit.watch import active
+
         self.summary.outcome = RunOutcome.PEER_LOST
-        answered = probe_answering(self.rank, self.world, self.context)
+        session = active()
+        answered = session.answering(PROBE_S) if session is not None else None
         error = str(exc).strip().splitlines()[0][-300:] if str(exc).strip() else type(exc).__name__
+        return self.describe_lost(answered, error)
+
+    def describe_lost(self, answered: set[int] | None, error: str, *, stalled: bool = False) -> str:
+        """The lost-peer message: ``answered`` the ranks that still answer (None: the job's store is out of reach);
+        ``stalled``: the watch reported a stall rather than a collective failing."""
         return describe_lost_peer(rank=self.rank, hosts=self.hosts or [socket.gethostname()] * self.world,
-                                  phase=self.phase, snapshot=self.snapshots.last, answered=answered, error=error)
+                                  phase=self.phase, snapshot=self.snapshots.last, answered=answered, error=error,
+                                  stalled=stalled)
+
+    def lost_in_stall(self, order: dict[str, Any]) -> str:
+        """The lost-peer message when the watch's hang report stops the job (its abort ``order``)."""
+        self.summary.outcome = RunOutcome.PEER_LOST
+        silent = order.get("silent")
+        answered = None if silent is None else set(range(self.world)) - set(silent)
+        headline = str(order.get("headline", "")).removeprefix("ddpkit watch: ")
+        return self.describe_lost(answered, headline, stalled=True)
 
     def _finish(self, step: int, t_start: float) -> RunSummary:
         s, times = self.summary, self.step_times

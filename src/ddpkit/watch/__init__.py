@@ -24,7 +24,7 @@ import atexit
 import os
 import sys
 import types
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
@@ -54,6 +54,7 @@ class Session:
         self.options = options
         self.recorder: Recorder | None = None
         self.monitor: Monitor | None = None
+        self._abort_handlers: list[Callable[[dict[str, Any]], object]] = []
         # the current watch's recorder, not this one's: a hook wrapped under an earlier watch reports to a later one
         self.hooks: Hooks = Hooks(_current_recorder, self._begin, self.finish)
 
@@ -67,9 +68,24 @@ class Session:
             return
         rank, world = dist.get_rank(), dist.get_world_size()
         recorder = Recorder(rank, world)
-        self.monitor = Monitor(recorder, self.options, _watch_store(init_args)).start()
+        self.monitor = Monitor(recorder, self.options, _watch_store(init_args))
+        self.monitor.abort_handlers = self._abort_handlers
+        self.monitor.start()
         self.recorder = recorder
         log.info("watch: rank %d of %d watched", rank, world)
+
+    def on_abort(self, handler: Callable[[dict[str, Any]], object]) -> None:
+        """Call ``handler(order)`` on the watch's thread just before this rank exits 3 after a hang report (quick:
+        the other ranks are leaving too). ``order``: ``reporter`` (rank), ``silent`` (the ranks that stopped
+        answering, sorted; None when this rank lost the job's store), ``hosts`` (rank -> host, as text keys),
+        ``headline`` (the report's first line), ``store_lost`` (the error, when the store was lost)."""
+        self._abort_handlers.append(handler)
+
+    def answering(self, wait: float) -> set[int] | None:
+        """The ranks that still answer (``Monitor.answering``); None when the job's store does not answer, or when
+        the watch has not begun (no process group yet)."""
+        monitor = self.monitor
+        return monitor.answering(wait) if monitor is not None else None
 
     def begin_if_ready(self) -> None:
         import torch.distributed as dist

@@ -21,6 +21,7 @@ import sys
 import threading
 import time
 import traceback
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from ddpkit.errors import EXIT_MISSING
@@ -112,6 +113,8 @@ class Monitor:
         self._reported: str | None = None
         self._next_straggler = time.monotonic() + options.report_every
         self._store_failed_at: float | None = None
+        self.abort_handlers: list[Callable[[dict[str, Any]], object]] = []
+        """Run on the watch's thread, in order, just before this rank exits 3 (``Session.on_abort``)."""
 
     def start(self) -> Monitor:
         self._publish()
@@ -217,11 +220,14 @@ class Monitor:
             doomed = [{"rank": r, "host": hosts[r], "pid": records[r]["pid"],  # type: ignore[index]
                        "by": min((q for q in live if hosts[q] == hosts[r]), default=None)}
                       for r in stale if r in hosts]
-            self.store.set("abort", json.dumps({"reporter": self.rank, "stopped": doomed}))
+            order = {"reporter": self.rank, "stopped": doomed, "silent": sorted(stale),
+                     "hosts": {str(r): h for r, h in hosts.items()}, "headline": lines[0]}
+            self.store.set("abort", json.dumps(order))
             until = time.monotonic() + STACK_WAIT_S
-            while time.monotonic() < until and int(self.store.add("abort/seen", 0)) < len(live) - 1:
-                time.sleep(0.05)
-            self._abort(json.loads(self.store.get("abort").decode()))
+            with contextlib.suppress(Exception):  # a rank that hosts the store may leave first, taking it along
+                while time.monotonic() < until and int(self.store.add("abort/seen", 0)) < len(live) - 1:
+                    time.sleep(0.05)
+            self._abort(order)
 
     def _failure_now(self) -> None:
         """Called on the thread that saw the failure, before the error reaches the user's code."""
@@ -282,6 +288,7 @@ class Monitor:
         mine = [d["pid"] for d in order.get("stopped", []) if d["by"] == self.rank and d["host"] == host]
         if mine:
             _end_stopped(mine)
+        self._run_abort_handlers(order)
         if order.get("reporter") != self.rank:
             with contextlib.suppress(Exception):  # the reporter may have left with its store
                 self.store.add("abort/seen", 1)
@@ -289,6 +296,37 @@ class Monitor:
                   f"{order.get('reporter')}; exit {EXIT_MISSING})", file=sys.stderr, flush=True)
         sys.stdout.flush()
         os._exit(EXIT_MISSING)
+
+    def _run_abort_handlers(self, order: dict[str, Any]) -> None:
+        for handler in self.abort_handlers:
+            try:
+                handler(order)
+            except Exception as exc:  # the rank stops anyway: a handler's failure must not keep it alive
+                log.error("watch: an abort handler failed: %s", exc)
+
+    def answering(self, wait: float) -> set[int] | None:
+        """The ranks that still answer: their heartbeat changed after this call, or their record says they saw a
+        collective fail themselves (alive then; they may be leaving now). Waits until every rank answered or
+        ``wait`` s passed. None: the job's store does not answer this rank (its host is gone or cut off)."""
+        since = time.monotonic()
+        until = since + wait
+        first: dict[int, Any] = {}
+        answered = {self.rank}
+        while True:
+            try:
+                records = self._read()
+            except Exception as exc:
+                log.debug("watch: the job's store does not answer (%s)", exc)
+                return None
+            for r, rec in records.items():
+                if rec is None:
+                    continue
+                first.setdefault(r, rec["beat"])
+                if rec["beat"] != first[r] or rec.get("failed") or rec.get("final"):
+                    answered.add(r)
+            if len(answered) == self.world or time.monotonic() >= until:
+                return answered
+            time.sleep(min(self.options.heartbeat, 0.2))
 
     def _store_trouble(self, exc: Exception) -> None:
         """The store went away. At the end of a job that is normal (its host finished first); while this rank waits
@@ -304,11 +342,15 @@ class Monitor:
             return
         w = rec["waiting"]
         lines = [f"ddpkit watch: HANG: rank {self.rank} on host {self.rec.host} has waited {w['for']:.0f} s in "
-                 f"{w['op']} #{w['seq']} (called at {w['site']}) and lost the job's store ({exc}): the process "
-                 "that hosts it (the torchrun agent, or rank 0) is gone",
+                 f"{w['op']} #{w['seq']} (called at {w['site']}) and the job's store no longer answers it "
+                 f"({str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__}): the process "
+                 "that hosts it (the torchrun agent, or rank 0) is gone, or this host is cut off from its host",
                  f"--- rank {self.rank} on host {self.rec.host} (pid {os.getpid()}): Python stacks", python_stacks()]
         self._emit(lines, {"event": "hang", "reporter": self.rank, "store_lost": str(exc), "waiting": w})
         if self.options.on_hang == "abort":
+            self._run_abort_handlers({"reporter": self.rank, "store_lost": str(exc), "silent": None,
+                                      "headline": lines[0]})
+            sys.stdout.flush()
             os._exit(EXIT_MISSING)
         self._stop.set()
 

@@ -160,7 +160,7 @@ class Recorder:
                     "seq": oldest.seq, "op": oldest.op, "bytes": oldest.nbytes, "site": oldest.site,
                     "for": round(now - oldest.since, 3)},
                 "phase": None if phase is None else {"name": phase[0], "for": round(now - phase[1], 3)},
-                "final": final,
+                "final": final, "failed": self.failed is not None,
             }
         out["timings"] = self.timings()
         return out
