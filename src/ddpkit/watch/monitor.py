@@ -29,6 +29,7 @@ from ddpkit.log import get_logger
 from ddpkit.watch.diagnose import diagnose_hang, straggler, summary_lines
 from ddpkit.watch.options import WatchOptions, hang_deadline
 from ddpkit.watch.recorder import Recorder
+from ddpkit.watch.store import BoundedStore
 
 if TYPE_CHECKING:
     import torch.distributed as dist
@@ -43,6 +44,9 @@ STALE_S = 3.0
 STACK_WAIT_S = 3.0
 #: How long rank 0 waits for the other ranks' last records before printing the summary.
 FINAL_WAIT_S = 3.0
+#: The longest the watch waits for one answer of the job's store (``watch/store.py``: TCPStore's own timeout does not
+#: hold when the store's host stops answering).
+STORE_CALL_S = 10.0
 #: How long a failure report waits for a peer on this host whose connection broke to be gone (it is exiting).
 GONE_WAIT_S = 0.3
 #: Frames of the runner (runpy, ``python -m ddpkit.watch``) that only say how the script was started.
@@ -95,7 +99,7 @@ class Monitor:
     def __init__(self, recorder: Recorder, options: WatchOptions, store: dist.Store) -> None:
         self.rec = recorder
         self.options = options
-        self.store = store
+        self.store = BoundedStore(store, STORE_CALL_S)
         self.rank, self.world = recorder.rank, recorder.world_size
         self.keys = [f"rec/{r}" for r in range(self.world)]
         self.beat = 0

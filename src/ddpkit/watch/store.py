@@ -1,0 +1,69 @@
+"""The job's store as the watch uses it: every call bounded in time.
+
+torch's TCPStore client does not apply its timeout while the server's host does not answer: with the store's
+process stopped (SIGSTOP) or its host cut off, ``check``, ``get``, ``multi_get``, ``compare_set``, ``add`` and
+even ``wait`` stayed blocked past 15 s with a 2 s timeout (measured here, torch 2.13; ``set`` returns at once: it
+expects no reply). A watch thread blocked there could never report that it lost the store. So every call runs on
+one worker thread of this wrapper and the caller waits at most ``limit`` seconds; while a call that overran is
+still blocked, later calls fail at once (they would queue behind it). When it returns, the store is used again.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Callable
+from typing import Any
+
+__all__ = ["BoundedStore", "StoreUnanswered"]
+
+
+class StoreUnanswered(RuntimeError):
+    """The job's store did not answer within the limit."""
+
+
+class _Call:
+    def __init__(self, fn: Callable[..., Any], args: tuple[Any, ...]) -> None:
+        self.fn, self.args = fn, args
+        self.done = threading.Event()
+        self.value: Any = None
+        self.error: BaseException | None = None
+
+
+class BoundedStore:
+    """``store``'s methods, each waiting at most ``limit`` s for the answer (see the module's text)."""
+
+    def __init__(self, store: Any, limit: float) -> None:
+        self._store = store
+        self.limit = limit
+        self._calls: queue.SimpleQueue[_Call] = queue.SimpleQueue()
+        self._overran: _Call | None = None
+        # a daemon thread: one blocked for good in the store must not keep the process from ending
+        threading.Thread(target=self._serve, name="ddpkit-watch-store", daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            call = self._calls.get()
+            try:
+                call.value = call.fn(*call.args)
+            except BaseException as exc:  # handed to the caller
+                call.error = exc
+            call.done.set()
+
+    def __getattr__(self, name: str) -> Callable[..., Any]:
+        method = getattr(self._store, name)
+
+        def bounded(*args: Any) -> Any:
+            stuck = self._overran
+            if stuck is not None and not stuck.done.is_set():
+                raise StoreUnanswered(f"the job's store has not answered for over {self.limit:g} s")
+            call = _Call(method, args)
+            self._calls.put(call)
+            if not call.done.wait(self.limit):
+                self._overran = call
+                raise StoreUnanswered(f"the job's store did not answer within {self.limit:g} s")
+            if call.error is not None:
+                raise call.error
+            return call.value
+
+        return bounded

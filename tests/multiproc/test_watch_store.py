@@ -1,0 +1,57 @@
+"""The watch's store calls are bounded: a store whose process stops answering (SIGSTOP, as a cut-off host) makes
+TCPStore's client block past its own timeout; the watch's wrapper gives up in time and recovers afterwards."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from datetime import timedelta
+
+import pytest
+
+from ddpkit.watch.store import BoundedStore, StoreUnanswered
+from tests.helpers import free_port
+
+pytestmark = pytest.mark.multiproc
+
+SERVER = ("import sys, time, torch.distributed as d; "
+          "s = d.TCPStore('127.0.0.1', int(sys.argv[1]), is_master=True, wait_for_workers=False); "
+          "print('up', flush=True); time.sleep(300)")
+
+
+def test_a_stopped_store_is_reported_within_the_limit_then_used_again() -> None:
+    import torch.distributed as dist
+
+    port = free_port()
+    server = subprocess.Popen([sys.executable, "-c", SERVER, port], stdout=subprocess.PIPE, text=True)
+    try:
+        assert server.stdout is not None and server.stdout.readline().strip() == "up"
+        client = dist.TCPStore("127.0.0.1", int(port), is_master=False, timeout=timedelta(seconds=1),
+                               wait_for_workers=False)
+        store = BoundedStore(client, limit=1.0)
+        store.set("a", "1")
+        assert store.check(["a"]) and store.get("a") == b"1"
+        os.kill(server.pid, signal.SIGSTOP)
+        t = time.monotonic()
+        with pytest.raises(StoreUnanswered, match="did not answer within 1 s"):
+            store.check(["a"])
+        assert time.monotonic() - t < 4
+        t = time.monotonic()
+        with pytest.raises(StoreUnanswered, match="has not answered for over 1 s"):
+            store.multi_get(["a"])  # the first call is still blocked: this one fails at once
+        assert time.monotonic() - t < 0.5
+        os.kill(server.pid, signal.SIGCONT)
+        deadline = time.monotonic() + 10
+        while True:  # the blocked call returns once the server runs again; the store is used again
+            try:
+                assert store.get("a") == b"1"
+                break
+            except StoreUnanswered:
+                assert time.monotonic() < deadline, "the store was not used again after it answered"
+                time.sleep(0.2)
+    finally:
+        server.kill()
+        server.wait()
