@@ -57,6 +57,42 @@ def test_fault_named_under_torchrun(fault: str, n: int, tmp_path: Path) -> None:
     _check_hang(run, fault, n)
 
 
+# a model with more than HOOK_MAX_BYTES of gradients and no hook stays on DDP's C++ path: counted, not hooked
+WIDE = ("--width", "8192")
+
+
+@pytest.mark.parametrize("fault", ["sleep", "stop", "extra"])
+def test_fault_named_for_a_large_model_on_ddps_cpp_path(fault: str, tmp_path: Path) -> None:
+    run = run_watched(torchrun(2), tmp_path, *WIDE, "--fault", fault, "--steps", "400")
+    out = run.output
+    hang = run.event("hang")
+    assert out.count("ddpkit watch: HANG") == 1 and "exitcode  : 3" in out, out[-6000:]
+    assert hang["time"] - run.fault_time() <= HANG_AFTER + 10, (hang["time"], run.fault_time())
+    assert "DDP gradient all-reduce (bucket" not in out, "a large hookless model got the watch's Python hook"
+    if fault == "sleep":
+        assert hang["behind"] == [1] and hang["waiting"] == [0], out[-6000:]
+        assert f"rank 1 on host {HOST} has not entered the group's collective #" in out, out[-6000:]
+        assert "(DDP's gradient all-reduce on its C++ path: counted, not seen one by one)" in out
+        assert "time.sleep(3600)" in hang["stacks"]["1"]
+    elif fault == "stop":
+        assert hang["stopped"] == [1], out[-6000:]
+        assert f"rank 1 on host {HOST} (pid" in out and "stopped answering" in out
+    else:  # rank 1 in its extra broadcast, rank 0 in the C++ all-reduce of the same step
+        assert hang["cpp_desync"] == [0] and hang["behind"] == [] and hang["waiting"] == [1], out[-6000:]
+        assert "DESYNC at the group's collective #" in out and "in DDP's gradient all-reduce (its C++ path" in out
+    assert leftover(run.tag) == [], "processes left behind"
+
+
+def test_straggler_named_for_a_large_model_on_ddps_cpp_path(tmp_path: Path) -> None:
+    slow = run_watched(torchrun(2), tmp_path, *WIDE, "--steps", "150", "--slow-rank", "1", "--slow-ms", "40",
+                       watch=("--report-every", "2"))
+    assert slow.proc.returncode == 0, slow.output[-6000:]
+    named = [e for e in slow.events if e["event"] == "straggler"]
+    assert named and all(e.get("rank") == 1 and e["host"] == HOST for e in named), slow.events
+    summary = next(e for e in slow.events if e["event"] == "summary")
+    assert summary["ranks"]["0"]["wait_share"] > summary["ranks"]["1"]["wait_share"], summary
+
+
 def test_on_hang_report_keeps_waiting_then_names_it_once(tmp_path: Path) -> None:
     """--on-hang report: the report, then the job keeps running (here it ends when the test's timeout kills it)."""
     with pytest.raises(Exception) as caught:

@@ -90,12 +90,21 @@ def diagnose_hang(records: Mapping[int, Record | None], stale: Mapping[int, floa
                              "reporter": reporter, "hosts": {str(r): rec["host"] for r, rec in alive.items()}}
     # a rank that stopped answering published its last record some time before: where it waited then is history
     waiting = {r: rec["waiting"] for r, rec in alive.items() if rec.get("waiting") and r not in stale}
+    # ranks with a model on DDP's C++ path: the process group's count of collectives issued (C++ ones included)
+    counted = {r: rec["group_seq"] for r, rec in alive.items() if rec.get("group_seq") is not None and r not in stale}
     behind: list[int] = []
+    cpp_desync: list[int] = []
     if waiting:
         seq = min(w["seq"] for w in waiting.values())
         target = next(w for w in waiting.values() if w["seq"] == seq)
         inside = sorted(r for r, w in waiting.items() if w["seq"] == seq)
         behind = sorted(r for r, rec in alive.items() if rec["entered"] < seq)
+        if counted and all(r in counted for r in inside):
+            # a rank short of this Python-seen collective that has issued as many collectives on the group is not
+            # behind: it sits in one of DDP's C++ all-reduces at the same count (a desync)
+            level = min(counted[r] for r in inside)
+            cpp_desync = [r for r in behind if r not in stale and counted.get(r, -1) >= level]
+            behind = [r for r in behind if r not in cpp_desync]
         step = alive[inside[0]]["step"] - 1
         waited = min(waiting[r]["for"] for r in inside)
         what = f"{target['op']} #{seq} ({_size(target['bytes'])}, step {step}, called at {target['site']})"
@@ -110,6 +119,25 @@ def diagnose_hang(records: Mapping[int, Record | None], stale: Mapping[int, floa
                      + ("it" if behind else what))
         event.update(collective={"seq": seq, "op": target["op"], "bytes": target["bytes"], "step": step,
                                  "site": target["site"]}, behind=behind, waiting=inside, waited_s=waited)
+        if cpp_desync:
+            lines.append(f"  DESYNC at the group's collective #{min(counted[r] for r in inside)}: {rank_list(inside)} "
+                         f"in {target['op']} (called at {target['site']}); {rank_list(cpp_desync)} on "
+                         f"{', '.join(sorted({alive[r]['host'] for r in cpp_desync}))} in DDP's gradient all-reduce "
+                         "(its C++ path: counted, not seen one by one)")
+            event.update(cpp_desync=cpp_desync)
+    elif len(set(counted.values())) > 1:
+        low, high = min(counted.values()), max(counted.values())
+        behind = sorted(r for r, c in counted.items() if c == low)
+        ahead = sorted(r for r, c in counted.items() if c > low)
+        for r in behind:
+            rec = alive[r]
+            state = (f"in marked phase '{rec['phase']['name']}' for {rec['phase']['for']:.0f} s" if rec.get("phase")
+                     else f"step {rec['step'] - 1}")
+            lines.append(f"  {_where(rec)} has not entered the group's collective #{low + 1} (DDP's gradient "
+                         f"all-reduce on its C++ path: counted, not seen one by one); last issued #{low}; {state}")
+        lines.append(f"  {rank_list(ahead)} on {', '.join(sorted({alive[r]['host'] for r in ahead}))} "
+                     f"{'has' if len(ahead) == 1 else 'have'} issued it (up to #{high}) and wait in it")
+        event.update(group_collective=low + 1, behind=behind, waiting=ahead)
     for r in stopped:
         rec = alive[r]
         lines.append(f"  {_where(rec)} (pid {rec['pid']}) stopped answering: no heartbeat for {stale[r]:.0f} s "
@@ -123,7 +151,7 @@ def diagnose_hang(records: Mapping[int, Record | None], stale: Mapping[int, floa
                  f"called at {c['site']}" for c in desync["calls"]]
         lines.append(f"  DESYNC at collective #{desync['seq']}: " + "; ".join(parts))
     event.update(stopped=stopped, never_reported=never, desync=desync)
-    if not behind and not stopped and not never and desync is None:
+    if not behind and not stopped and not never and desync is None and not cpp_desync:
         lines.append("  every rank waits in a collective it entered; no rank is behind (a backend-level hang)")
     return Hang(lines=lines, event=event, behind=behind, stopped=stopped)
 
@@ -134,7 +162,8 @@ def straggler(records: Mapping[int, Record], share: float) -> tuple[str, dict[st
     In synchronous DDP the slow rank arrives last at each gradient all-reduce, so it waits least there: the others'
     extra time in gradient sync, beyond the least-waiting rank's, is time spent waiting for it."""
     timings = {r: rec["timings"] for r, rec in records.items()}
-    if len(timings) < 2 or any(t.get("steps", 0) < MIN_STEPS for t in timings.values()):
+    if len(timings) < 2 or any(min(t.get("steps", 0), t.get("sync_samples", t.get("steps", 0))) < MIN_STEPS
+                               for t in timings.values()):
         return None
     step = sorted(t["step_mean"] for t in timings.values())[len(timings) // 2]
     if step <= 0:

@@ -64,13 +64,13 @@ def _process_state(pid: int) -> str:
 
 
 def python_stacks() -> str:
-    """Every thread's Python stack in this process but the watch's own (``sys._current_frames``: it needs the GIL,
-    which a rank waiting in a collective has released)."""
+    """Every thread's Python stack in this process but the watch's own threads (``sys._current_frames``: it needs
+    the GIL, which a rank waiting in a collective has released)."""
     names = {t.ident: t.name for t in threading.enumerate()}
     me = threading.get_ident()
     parts = []
     for ident, frame in sys._current_frames().items():
-        if ident == me:
+        if ident == me or names.get(ident, "").startswith("ddpkit-watch"):
             continue
         frames = [f for f in traceback.extract_stack(frame) if not f.filename.startswith(_LAUNCH)]
         parts.append(f"  Thread {names.get(ident, '?')} ({ident:#x}), most recent call last:\n"
@@ -172,7 +172,8 @@ class Monitor:
             found = straggler(alive, self.options.straggler_share) if len(alive) == self.world else None
             if found is not None:
                 self._emit([found[0]], found[1])
-        progress = tuple((r, rec["entered"], rec["completed"]) for r, rec in sorted(alive.items()))
+        progress = tuple((r, rec["entered"], rec["completed"], rec.get("group_seq"))
+                         for r, rec in sorted(alive.items()))
         in_phase = any(rec.get("phase") for r, rec in alive.items() if r not in stale)
         if progress != self._progress or in_phase:
             if progress != self._progress and not in_phase:
@@ -187,7 +188,9 @@ class Monitor:
         answering = [rec for r, rec in alive.items() if r not in stale]
         first_done = len(alive) == self.world and bool(answering) and all(rec["first_step_done"] for rec in answering)
         deadline = hang_deadline(self.options, slowest_gap=self._slowest_gap, first_step_done=first_done)
-        waiting = any(rec.get("waiting") for r, rec in alive.items() if r not in stale)
+        # a rank on DDP's C++ path is seen waiting only by count: some rank has issued more collectives than another
+        counts = {rec["group_seq"] for r, rec in alive.items() if r not in stale and rec.get("group_seq") is not None}
+        waiting = any(rec.get("waiting") for r, rec in alive.items() if r not in stale) or len(counts) > 1
         if idle > max(deadline, STALE_S + 1) and (waiting or stale) and not claim:
             self._claim(records, stale, idle, deadline)
 

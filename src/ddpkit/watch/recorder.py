@@ -12,6 +12,7 @@ import socket
 import sys
 import threading
 import time
+import weakref
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -23,6 +24,9 @@ __all__ = ["Recorder", "call_site"]
 WINDOW = 256
 #: Collectives kept in a record's ``recent`` list, to name a desync between ranks one or two calls apart.
 RECENT = 8
+#: A DDP model left on its C++ all-reduce path (``count_group``) has its runtime statistics sampled every this
+#: many iterations (DDP's own timers: a few timestamps per sampled iteration).
+SAMPLE_EVERY = 5
 _SKIP = (os.path.dirname(__file__),)  # the watch's own files (ddpkit train's are a caller like any other)
 
 
@@ -82,6 +86,36 @@ class Recorder:
         self.phases: list[tuple[str, float]] = []
         self.failed: dict[str, Any] | None = None
         self.on_failure: Callable[[], None] | None = None
+        self._group: Any = None  # the process group of a model on DDP's C++ path: its collectives are counted
+        self._ddp: weakref.ref[Any] | None = None
+        self._sample_end = 0
+
+    def count_group(self, model: Any) -> None:
+        """``model`` (DDP, no hook) stays on DDP's C++ all-reduce path: its all-reduces are counted by the process
+        group's own sequence number (which counts every collective on the group), and its gradient-sync time per
+        step comes from DDP's runtime statistics (``backward_comm_time``, first bucket's start to the last one's
+        end), sampled every SAMPLE_EVERY iterations."""
+        model._set_ddp_runtime_logging_sample_rate(SAMPLE_EVERY)
+        with self._lock:
+            self._group = model.process_group
+            self._ddp = weakref.ref(model)
+
+    def group_seq(self) -> int | None:
+        """The process group's count of collectives issued on this rank (C++ ones included); None: not counted."""
+        group = self._group
+        return int(group._get_sequence_number_for_group()) if group is not None else None
+
+    def _sampled_sync(self) -> float | None:
+        """The latest sampled iteration's gradient-sync time (s), once per new sample."""
+        model = self._ddp() if self._ddp is not None else None
+        if model is None:
+            return None
+        data = model._get_ddp_logging_data()
+        end = int(data.get("backward_comm_time_end", 0) or 0)
+        if end == 0 or end == self._sample_end:
+            return None
+        self._sample_end = end
+        return float(data.get("backward_comm_time", 0)) / 1e9
 
     # -- collectives ------------------------------------------------------------------------------------------
     def enter(self, op: str, nbytes: int | None, site: str, *, gradient: bool = False) -> int:
@@ -117,10 +151,14 @@ class Recorder:
     def step(self) -> None:
         """A DDP forward began: the previous step (forward, backward, gradient sync, optimizer) ended."""
         now = time.monotonic()
+        sampled = self._sampled_sync() if self._ddp is not None else None
         with self._lock:
             if self._step_start is not None:
                 self.step_times.append(now - self._step_start)
-                self.sync_times.append(self._sync_total)
+                if self._ddp is None:
+                    self.sync_times.append(self._sync_total)
+            if sampled is not None:
+                self.sync_times.append(sampled)
             self._step_start = now
             self._sync_total = 0.0
             self.steps += 1
@@ -144,8 +182,8 @@ class Recorder:
         if not steps:
             return {"steps": 0}
         return {"steps": len(steps), "step_p50": _percentile(steps, 0.5), "step_p99": _percentile(steps, 0.99),
-                "sync_p50": _percentile(syncs, 0.5), "sync_mean": sum(syncs) / len(syncs),
-                "step_mean": sum(steps) / len(steps)}
+                "sync_samples": len(syncs), "sync_p50": _percentile(syncs, 0.5) if syncs else 0.0,
+                "sync_mean": sum(syncs) / len(syncs) if syncs else 0.0, "step_mean": sum(steps) / len(steps)}
 
     def record(self, beat: int, *, final: bool = False) -> dict[str, Any]:
         now = time.monotonic()
@@ -162,5 +200,6 @@ class Recorder:
                 "phase": None if phase is None else {"name": phase[0], "for": round(now - phase[1], 3)},
                 "final": final, "failed": self.failed is not None,
             }
+        out["group_seq"] = self.group_seq()
         out["timings"] = self.timings()
         return out
