@@ -21,7 +21,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from ddpkit.watch.recorder import Recorder, call_site
+from ddpkit.watch.recorder import Recorder, call_site, future_error
 
 __all__ = ["COLLECTIVES", "HOOK_MAX_BYTES", "Hooks"]
 
@@ -146,7 +146,7 @@ class Hooks:
                 _inside.depth = False
             if is_async and out is not None:
                 try:
-                    out.get_future().add_done_callback(lambda f: rec.complete(seq, error=_error(f)))
+                    rec.pending(seq, out.get_future())
                 except RuntimeError:  # a Work without a future: counted done once issued
                     rec.complete(seq)
             else:
@@ -160,10 +160,11 @@ class Hooks:
         # per bucket: its op name, size and call site, found once (the site is the line that calls backward, the
         # same every step; walking the stack per bucket cost more than a small MPI all-reduce)
         known: dict[int, tuple[str, int, str]] = {}
+        current = self.recorder
 
         @functools.wraps(hook)
         def watched_hook(state: Any, bucket: Any) -> Any:
-            rec = self.recorder()
+            rec = current()
             if rec is None:
                 return hook(state, bucket)
             index = bucket.index()
@@ -172,26 +173,20 @@ class Hooks:
                 buffer = bucket.buffer()
                 about = known[index] = (f"DDP gradient all-reduce (bucket {index})",
                                         buffer.numel() * buffer.element_size(), call_site(rec.skip))
-            seq = rec.enter(*about, gradient=True)
+            seq = rec.enter(*about)
             _inside.depth = True
             try:
                 fut = hook(state, bucket)
             except BaseException as exc:
-                rec.complete(seq, gradient=True, error=exc)
+                rec.complete(seq, error=exc)
                 raise
             finally:
                 _inside.depth = False
-            if fut.done():  # a transport that completes in the hook (MPI): no second Future
-                rec.complete(seq, gradient=True, error=_error(fut))
-                return fut
-
-            def completed(f: Any) -> Any:
-                # in a ``then`` (not a done-callback): DDP sees a failure only after the watch has said which
-                # rank is gone, and the launcher may end this process a moment later
-                rec.complete(seq, gradient=True, error=_error(f))
-                return f.value()
-
-            return fut.then(completed)
+            if fut.done():  # a transport that completes in the hook (MPI)
+                rec.complete(seq, error=future_error(fut))
+            else:  # completed when the Future is done, seen at the next step or heartbeat
+                rec.pending(seq, fut)
+            return fut
 
         return watched_hook
 
@@ -211,18 +206,29 @@ class Hooks:
             rec = self.recorder()
             if rec is not None:
                 rec.count_group(model)
+                model._ddpkit_seen = rec
             return result
 
         return _register_builtin_comm_hook
 
     def _forward(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        import torch
+
+        grad_enabled = torch.is_grad_enabled
+        current = self.recorder
+
         @functools.wraps(original)
         def forward(model: Any, *args: Any, **kwargs: Any) -> Any:
-            rec = self.recorder()
+            rec = current()
             if rec is not None:
-                if not getattr(model, "_ddpkit_watched", False):
-                    _watch_hookless(model, rec)
-                if model.training and _grad_enabled():
+                state = model.__dict__
+                if state.get("_ddpkit_seen") is not rec:  # its first forward under this watch
+                    if not state.get("_ddpkit_watched"):
+                        _watch_hookless(model, rec)
+                    else:
+                        rec.track(model)
+                    model._ddpkit_seen = rec
+                if model.training and grad_enabled():
                     rec.step()
             return original(model, *args, **kwargs)
 
@@ -242,21 +248,7 @@ def _watch_hookless(model: Any, rec: Recorder) -> None:
     from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 
     model.register_comm_hook(model.process_group, allreduce_hook)
-
-
-def _error(fut: Any) -> BaseException | None:
-    """The error a completed Future holds, or None (``value()`` raises it)."""
-    try:
-        fut.value()
-    except Exception as exc:  # whatever the backend raised is what the report quotes
-        return exc
-    return None
-
-
-def _grad_enabled() -> bool:
-    import torch
-
-    return torch.is_grad_enabled()
+    rec.track(model)
 
 
 def _params(fn: Callable[..., Any]) -> list[str]:

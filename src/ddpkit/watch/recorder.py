@@ -15,10 +15,9 @@ import time
 import weakref
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["Recorder", "call_site"]
+__all__ = ["Recorder", "call_site", "future_error"]
 
 #: Steps kept for the timings (median, p99, wait share).
 WINDOW = 256
@@ -26,7 +25,7 @@ WINDOW = 256
 RECENT = 8
 #: A DDP model left on its C++ all-reduce path (``count_group``) has its runtime statistics sampled every this
 #: many iterations (DDP's own timers: a few timestamps per sampled iteration).
-SAMPLE_EVERY = 5
+SAMPLE_EVERY = 10
 _SKIP = (os.path.dirname(__file__),)  # the watch's own files (ddpkit train's are a caller like any other)
 
 
@@ -48,15 +47,6 @@ def call_site(skip: tuple[str, ...]) -> str:
     return "(no Python caller)"
 
 
-@dataclass
-class _Call:
-    seq: int
-    op: str
-    nbytes: int | None
-    site: str
-    since: float
-
-
 def _percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
@@ -74,13 +64,12 @@ class Recorder:
         self._lock = threading.Lock()
         self.entered = 0
         self.completed = 0
-        self._open: dict[int, _Call] = {}
+        # seq -> [op, bytes, site, since, Future or None]: a call with a Future completes when the Future is done
+        # (seen at the next step or heartbeat: no callback on the backend's thread, which cost a step 20 us)
+        self._open: dict[int, list[Any]] = {}
         self._recent: deque[tuple[int, str, int | None, str]] = deque(maxlen=RECENT)
         self.steps = 0
         self._step_start: float | None = None
-        self._sync_open = 0
-        self._sync_since = 0.0
-        self._sync_total = 0.0
         self.step_times: deque[float] = deque(maxlen=WINDOW)
         self.sync_times: deque[float] = deque(maxlen=WINDOW)
         self.phases: list[tuple[str, float]] = []
@@ -90,15 +79,17 @@ class Recorder:
         self._ddp: weakref.ref[Any] | None = None
         self._sample_end = 0
 
-    def count_group(self, model: Any) -> None:
-        """``model`` (DDP, no hook) stays on DDP's C++ all-reduce path: its all-reduces are counted by the process
-        group's own sequence number (which counts every collective on the group), and its gradient-sync time per
-        step comes from DDP's runtime statistics (``backward_comm_time``, first bucket's start to the last one's
-        end), sampled every SAMPLE_EVERY iterations."""
+    def track(self, model: Any) -> None:
+        """Time ``model``'s gradient sync (DDP) from DDP's own runtime statistics: ``backward_comm_time``, from the
+        first bucket's all-reduce to the last one's end, sampled every SAMPLE_EVERY iterations (read at a step)."""
         model._set_ddp_runtime_logging_sample_rate(SAMPLE_EVERY)
-        with self._lock:
-            self._group = model.process_group
-            self._ddp = weakref.ref(model)
+        self._ddp = weakref.ref(model)
+
+    def count_group(self, model: Any) -> None:
+        """``model`` (DDP, no Python hook) stays on DDP's C++ all-reduce path: its all-reduces are counted by the
+        process group's own sequence number, which counts every collective on the group."""
+        self.track(model)
+        self._group = model.process_group
 
     def group_seq(self) -> int | None:
         """The process group's count of collectives issued on this rank (C++ ones included); None: not counted."""
@@ -118,49 +109,55 @@ class Recorder:
         return float(data.get("backward_comm_time", 0)) / 1e9
 
     # -- collectives ------------------------------------------------------------------------------------------
-    def enter(self, op: str, nbytes: int | None, site: str, *, gradient: bool = False) -> int:
-        now = time.monotonic()
+    def enter(self, op: str, nbytes: int | None, site: str) -> int:
+        """A collective begins on this rank; its sequence number (call order)."""
+        call = [op, nbytes, site, time.monotonic(), None]
         with self._lock:
             self.entered += 1
             seq = self.entered
-            self._open[seq] = _Call(seq, op, nbytes, site, now)
+            self._open[seq] = call
             self._recent.append((seq, op, nbytes, site))
-            if gradient:
-                if self._sync_open == 0:
-                    self._sync_since = now
-                self._sync_open += 1
         return seq
 
-    def complete(self, seq: int, *, gradient: bool = False, error: BaseException | None = None) -> None:
-        now = time.monotonic()
+    def pending(self, seq: int, fut: Any) -> None:
+        """Collective ``seq`` completes when ``fut`` (a torch Future) is done."""
+        call = self._open.get(seq)
+        if call is not None:
+            call[4] = fut
+
+    def complete(self, seq: int, *, error: BaseException | None = None) -> None:
         with self._lock:
             call = self._open.pop(seq, None)
             if call is None:
                 return
             if error is not None and self.failed is None:
-                self.failed = {"seq": seq, "op": call.op, "site": call.site, "error": str(error).strip()}
+                self.failed = {"seq": seq, "op": call[0], "site": call[2], "error": str(error).strip()}
             self.completed += 1
-            if gradient and self._sync_open > 0:
-                self._sync_open -= 1
-                if self._sync_open == 0:
-                    self._sync_total += now - self._sync_since
         if error is not None and self.on_failure is not None:
             self.on_failure()
 
+    def sweep(self) -> None:
+        """Complete the calls whose Future is done (with its error, if it failed)."""
+        done = [(seq, call[4]) for seq, call in list(self._open.items()) if call[4] is not None and call[4].done()]
+        for seq, fut in done:
+            self.complete(seq, error=future_error(fut))
+
     # -- steps and phases -------------------------------------------------------------------------------------
     def step(self) -> None:
-        """A DDP forward began: the previous step (forward, backward, gradient sync, optimizer) ended."""
+        """A DDP forward began: the previous step (forward, backward, gradient sync, optimizer) ended, and DDP
+        waited for each of its gradient buckets."""
         now = time.monotonic()
-        sampled = self._sampled_sync() if self._ddp is not None else None
+        sampled = self._sampled_sync() if self._ddp is not None and self.steps % SAMPLE_EVERY == 1 else None
         with self._lock:
+            # the last step's buckets: DDP waited for each (a failed one raised in backward: no step follows it)
+            for seq in [seq for seq, call in self._open.items() if call[4] is not None and call[4].done()]:
+                del self._open[seq]
+                self.completed += 1
             if self._step_start is not None:
                 self.step_times.append(now - self._step_start)
-                if self._ddp is None:
-                    self.sync_times.append(self._sync_total)
             if sampled is not None:
                 self.sync_times.append(sampled)
             self._step_start = now
-            self._sync_total = 0.0
             self.steps += 1
 
     def phase_begin(self, name: str) -> None:
@@ -186,20 +183,31 @@ class Recorder:
                 "sync_mean": sum(syncs) / len(syncs) if syncs else 0.0, "step_mean": sum(steps) / len(steps)}
 
     def record(self, beat: int, *, final: bool = False) -> dict[str, Any]:
+        self.sweep()
         now = time.monotonic()
         with self._lock:
-            oldest = self._open[min(self._open)] if self._open else None
+            first = min(self._open) if self._open else None
+            oldest = None if first is None else (first, *self._open[first][:4])
             phase = self.phases[-1] if self.phases else None
             out: dict[str, Any] = {
                 "rank": self.rank, "host": self.host, "pid": os.getpid(), "beat": beat, "entered": self.entered,
                 "completed": self.completed, "step": self.steps, "first_step_done": len(self.step_times) > 0,
                 "recent": [list(c) for c in self._recent],
                 "waiting": None if oldest is None else {
-                    "seq": oldest.seq, "op": oldest.op, "bytes": oldest.nbytes, "site": oldest.site,
-                    "for": round(now - oldest.since, 3)},
+                    "seq": oldest[0], "op": oldest[1], "bytes": oldest[2], "site": oldest[3],
+                    "for": round(now - oldest[4], 3)},
                 "phase": None if phase is None else {"name": phase[0], "for": round(now - phase[1], 3)},
                 "final": final, "failed": self.failed is not None,
             }
         out["group_seq"] = self.group_seq()
         out["timings"] = self.timings()
         return out
+
+
+def future_error(fut: Any) -> BaseException | None:
+    """The error a completed Future holds, or None (``value()`` raises it)."""
+    try:
+        fut.value()
+    except Exception as exc:  # whatever the backend raised is what the report quotes
+        return exc
+    return None
