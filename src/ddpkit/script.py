@@ -142,6 +142,9 @@ def run_target(target: str, argv: list[str], *, module: bool = False) -> int:
         raise
     except BaseException as exc:  # the script's own failure: its traceback, as Python would print it
         _KEPT.append(exc)
+        from ddpkit.watch import note_exception
+
+        note_exception()  # a failed collective behind it: the watch names the ranks that are gone, first
         _print_user_traceback(exc, os.path.abspath(target) if not module else None)
         return 1
     finally:

@@ -215,6 +215,9 @@ def run(args: argparse.Namespace) -> int:
         if not isinstance(exc, dist.DistBackendError) and not any(word in str(exc) for word in words):
             raise
         # a peer died mid-collective (a killed worker, a lost host): name it; the agent restarts the group or exits 3
+        from ddpkit.watch import note_exception
+
+        note_exception()  # the watch's failure report: the ranks gone on this host, at once
         lost.leave(trainer.lost_peer(exc))
         return RunOutcome.PEER_LOST.exit_code
     finally:

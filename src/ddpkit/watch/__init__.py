@@ -39,7 +39,7 @@ if TYPE_CHECKING:
     from ddpkit.watch.monitor import Monitor
     from ddpkit.watch.recorder import Recorder
 
-__all__ = ["Session", "WatchOptions", "active", "install", "phase", "uninstall", "watch"]
+__all__ = ["Session", "WatchOptions", "active", "install", "note_exception", "phase", "uninstall", "watch"]
 
 log = get_logger(__name__)
 STORE_TIMEOUT = timedelta(seconds=10)
@@ -125,6 +125,7 @@ def _watch_store(init_args: dict[str, Any]) -> dist.Store:
 
 _session: Session | None = None
 _installs = 0
+_saved_excepthook = sys.excepthook
 
 
 def _current_recorder() -> Recorder | None:
@@ -138,12 +139,13 @@ def active() -> Session | None:
 
 def install(options: WatchOptions | None = None) -> Session:
     """Watch this rank: call before the process group exists (or after: it starts at once). Idempotent."""
-    global _session, _installs
+    global _session, _installs, _saved_excepthook
     if _session is None:
         _installs += 1
         _session = Session(options or WatchOptions())
         _session.hooks.install()
         atexit.register(_at_exit)
+        _saved_excepthook, sys.excepthook = sys.excepthook, _excepthook
     _session.begin_if_ready()
     return _session
 
@@ -155,6 +157,25 @@ def uninstall() -> None:
     if session is not None:
         session.finish()
         session.hooks.uninstall()
+        if sys.excepthook is _excepthook:
+            sys.excepthook = _saved_excepthook
+
+
+def note_exception() -> None:
+    """An exception is leaving the user's code: when it comes from a watched collective that failed (DDP raises a
+    failed gradient bucket in ``backward``), the watch's failure report (which ranks are gone) is printed now, before
+    the launcher ends this process. ``ddpkit run`` calls it; an uncaught exception does, through ``sys.excepthook``."""
+    recorder = _session.recorder if _session is not None else None
+    if recorder is not None:
+        try:
+            recorder.sweep()
+        except Exception as exc:  # the report is a courtesy: the exception itself is what matters now
+            log.debug("watch: no failure check (%s)", exc)
+
+
+def _excepthook(kind: type[BaseException], value: BaseException, tb: types.TracebackType | None) -> None:
+    note_exception()
+    _saved_excepthook(kind, value, tb)
 
 
 def _at_exit() -> None:
