@@ -145,3 +145,50 @@ def test_fault_named_across_two_hosts(fault: str, two_hosts: Hosts, tmp_path: Pa
             assert hang_event["desync"]["seq"] == 21
             assert [c["ranks"] for c in hang_event["desync"]["calls"] if c["op"] == "broadcast"] == [[3]]
     assert two_hosts.leftover() == {}, output[-4000:]
+
+
+def _two_host_run(two_hosts: Hosts, events: Path, cpus: tuple[str, str], *job: str) -> str:
+    """torchrun on each host, 2 ranks each, every process of host i pinned to CPU ``cpus[i]``; the combined output."""
+    run_id = new_run_id()
+    runs = []
+    for i, host in enumerate(two_hosts.hosts):
+        argv = ["taskset", "-c", cpus[i], sys.executable, "-m", "torch.distributed.run", "--nnodes", "2",
+                "--nproc-per-node", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint", two_hosts.endpoint(),
+                "--rdzv-id", run_id, "--local-addr", host.ip, *(["--rdzv-conf", "is_host=true"] if i == 0 else []),
+                "-m", "ddpkit.watch", "--report-every", "2", "--events", str(events), "--", str(JOB), *job]
+        runs.append(two_hosts.start(host, argv, GLOO_SOCKET_IFNAME="eth0", OMP_NUM_THREADS="1"))
+    for r in runs:
+        r.wait(240)
+    output = "\n".join(r.output() for r in runs)
+    assert [r.returncode for r in runs] == [0, 0], output[-6000:]
+    return output
+
+
+def test_cpu_limited_host_named_as_the_straggler(two_hosts: Hosts) -> None:
+    """Host 2's two ranks share their CPU with a busy process (a third of a CPU each; host 1's get half): the watch
+    names host 2 as the slowest, with its ranks; the same layout without the busy process names nothing."""
+    import json
+    import os
+
+    require_tools("taskset")
+    if (os.cpu_count() or 1) < 2:
+        pytest.fail("this test pins each host to a CPU of its own: it needs 2 CPUs")
+    job = ("--steps", "200", "--step-s", "0", "--busy-ms", "10")
+    h2 = two_hosts[1].hostname
+    hog = subprocess.Popen(["taskset", "-c", "1", sys.executable, "-c", "while True: pass"])
+    try:
+        slow_events = Path(two_hosts.cluster.workdir) / "slow.jsonl"
+        output = _two_host_run(two_hosts, slow_events, ("0", "1"), *job)
+    finally:
+        hog.kill()
+        hog.wait()
+    named = [json.loads(x) for x in slow_events.read_text().splitlines() if '"straggler"' in x]
+    assert named, output[-6000:]
+    # every report points at host 2 (a first one, on few samples, may name one of its ranks); the host is named
+    assert all(e["host"] == h2 and (e.get("ranks") == [2, 3] or e.get("rank") in (2, 3)) for e in named), named
+    assert f"host {h2} (ranks 2 and 3) is the slowest: the ranks on other hosts wait" in output
+    clean_events = Path(two_hosts.cluster.workdir) / "clean.jsonl"
+    output = _two_host_run(two_hosts, clean_events, ("0", "1"), *job)
+    lines = clean_events.read_text().splitlines() if clean_events.exists() else []
+    assert [x for x in lines if '"straggler"' in x] == [], output[-6000:]
+    assert two_hosts.leftover() == {}

@@ -4,6 +4,8 @@ with the faults the watch's tests inject:
     --fault sleep|stop|kill|extra --fault-rank R --fault-step S   rank R, at step S: sleeps for an hour, stops
         itself (SIGSTOP), is killed (SIGKILL), or calls one broadcast the others do not (a desync)
     --slow-rank R --slow-ms MS       rank R sleeps MS in every forward (a straggler)
+    --busy-ms MS                     every rank computes MS of CPU time per step (a busy loop): on a host with
+        less CPU it takes longer
     --checkpoint-at S --checkpoint-s T   at step S rank 0 "writes a checkpoint" for T s inside
         ``ddpkit.watch.phase("checkpoint")`` while the others wait in a barrier
     --first-step-s T                 every rank spends T s before its first step (unmarked: compilation, loading)
@@ -33,6 +35,7 @@ def parse() -> argparse.Namespace:
     p.add_argument("--fault-step", type=int, default=20)
     p.add_argument("--slow-rank", type=int)
     p.add_argument("--slow-ms", type=float, default=0.0)
+    p.add_argument("--busy-ms", type=float, default=0.0)
     p.add_argument("--checkpoint-at", type=int)
     p.add_argument("--checkpoint-s", type=float, default=0.0)
     p.add_argument("--no-phase", action="store_true", help="the checkpoint left unmarked")
@@ -85,6 +88,9 @@ def train(args: argparse.Namespace) -> None:
             fault(args.fault)
         if rank == args.slow_rank:
             time.sleep(args.slow_ms / 1e3)
+        until = time.thread_time() + args.busy_ms / 1e3
+        while time.thread_time() < until:
+            pass
         loss = model(torch.randn(16, 32)).square().mean()
         opt.zero_grad()
         loss.backward()
