@@ -3,8 +3,10 @@ by the watch's multiprocess and infrastructure tests and its benchmarks."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -63,8 +65,20 @@ def run_watched(launcher: list[str], tmp: Path, *job_args: str, watch: tuple[str
         [*launcher, *job]
     env = {"WATCH_EVENTS": str(events), **(env or {})}
     started = time.monotonic()
-    proc = subprocess.run(argv, capture_output=True, text=True, errors="replace", timeout=timeout,
-                          env=ddpkit_env(**env), cwd=ROOT)
+    with subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, errors="replace",
+                          env=ddpkit_env(**env), cwd=ROOT, start_new_session=True) as popen:
+        try:
+            out, err = popen.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            # the launcher and every rank (torchrun starts its ranks in sessions of their own: killing the
+            # launcher's group alone leaves them behind, blocked in a collective and holding the pipes)
+            os.killpg(popen.pid, signal.SIGKILL)
+            for pid in leftover(tag, grace=0):
+                with contextlib.suppress(OSError):
+                    os.kill(pid, signal.SIGKILL)
+            popen.communicate()
+            raise
+    proc = subprocess.CompletedProcess(argv, popen.returncode, out, err)
     seconds = time.monotonic() - started
     lines = events.read_text().splitlines() if events.exists() else []
     return WatchedRun(proc=proc, events=[json.loads(x) for x in lines], tag=tag, seconds=seconds)

@@ -99,8 +99,10 @@ def test_on_hang_report_keeps_waiting_then_names_it_once(tmp_path: Path) -> None
         run_watched(torchrun(2), tmp_path, "--fault", "sleep", "--steps", "400",
                     watch=("--hang-after", str(HANG_AFTER), "--on-hang", "report"), timeout=25)
     assert "TimeoutExpired" in type(caught.value).__name__
-    events = [line for line in (tmp_path.glob("events-*.jsonl").__next__()).read_text().splitlines()]
+    path = next(tmp_path.glob("events-*.jsonl"))
+    events = path.read_text().splitlines()
     assert len(events) == 1 and '"event": "hang"' in events[0] and '"on_hang": "report"' in events[0]
+    assert leftover(path.stem.removeprefix("events-")) == [], "the launcher and its ranks are all gone"
 
 
 def test_marked_checkpoint_and_unmarked_slow_first_step_raise_no_alarm(tmp_path: Path) -> None:
