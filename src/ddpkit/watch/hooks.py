@@ -18,6 +18,7 @@ from __future__ import annotations
 import functools
 import inspect
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -184,9 +185,17 @@ class Hooks:
                 _inside.depth = False
             if fut.done():  # a transport that completes in the hook (MPI)
                 rec.complete(seq, error=future_error(fut))
-            else:  # completed when the Future is done, seen at the next step or heartbeat
-                rec.pending(seq, fut)
-            return fut
+                return fut
+            rec.pending(seq, fut)  # completed when the Future is done, seen at the next step or heartbeat
+            if not rec.sampling:
+                return fut
+            since = time.monotonic()  # one step in SAMPLE_EVERY: the bucket's time in flight, for the straggler
+
+            def timed(f: Any) -> Any:
+                rec.bucket_done(since)
+                return f.value()
+
+            return fut.then(timed)
 
         return watched_hook
 
@@ -225,8 +234,6 @@ class Hooks:
                 if state.get("_ddpkit_seen") is not rec:  # its first forward under this watch
                     if not state.get("_ddpkit_watched"):
                         _watch_hookless(model, rec)
-                    else:
-                        rec.track(model)
                     model._ddpkit_seen = rec
                 if model.training and grad_enabled():
                     rec.step()
@@ -248,7 +255,6 @@ def _watch_hookless(model: Any, rec: Recorder) -> None:
     from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 
     model.register_comm_hook(model.process_group, allreduce_hook)
-    rec.track(model)
 
 
 def _params(fn: Callable[..., Any]) -> list[str]:

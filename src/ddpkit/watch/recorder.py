@@ -23,8 +23,8 @@ __all__ = ["Recorder", "call_site", "future_error"]
 WINDOW = 256
 #: Collectives kept in a record's ``recent`` list, to name a desync between ranks one or two calls apart.
 RECENT = 8
-#: A DDP model left on its C++ all-reduce path (``count_group``) has its runtime statistics sampled every this
-#: many iterations (DDP's own timers: a few timestamps per sampled iteration).
+#: Gradient-sync time is measured on one step in this many (each bucket's Future timed through a ``then``, which
+#: costs about 20 us a step); for a model on DDP's C++ path, DDP's own runtime statistics are read as often.
 SAMPLE_EVERY = 10
 _SKIP = (os.path.dirname(__file__),)  # the watch's own files (ddpkit train's are a caller like any other)
 
@@ -72,6 +72,9 @@ class Recorder:
         self._step_start: float | None = None
         self.step_times: deque[float] = deque(maxlen=WINDOW)
         self.sync_times: deque[float] = deque(maxlen=WINDOW)
+        self.sampling = False
+        """This step's gradient buckets are timed (one step in SAMPLE_EVERY, hooked models)."""
+        self._intervals: list[tuple[float, float]] = []
         self.phases: list[tuple[str, float]] = []
         self.failed: dict[str, Any] | None = None
         self.on_failure: Callable[[], None] | None = None
@@ -79,16 +82,15 @@ class Recorder:
         self._ddp: weakref.ref[Any] | None = None
         self._sample_end = 0
 
-    def track(self, model: Any) -> None:
-        """Time ``model``'s gradient sync (DDP) from DDP's own runtime statistics: ``backward_comm_time``, from the
-        first bucket's all-reduce to the last one's end, sampled every SAMPLE_EVERY iterations (read at a step)."""
-        model._set_ddp_runtime_logging_sample_rate(SAMPLE_EVERY)
-        self._ddp = weakref.ref(model)
-
     def count_group(self, model: Any) -> None:
         """``model`` (DDP, no Python hook) stays on DDP's C++ all-reduce path: its all-reduces are counted by the
-        process group's own sequence number, which counts every collective on the group."""
-        self.track(model)
+        process group's own sequence number, which counts every collective on the group, and its gradient-sync time
+        is DDP's own ``backward_comm_time`` (first bucket's all-reduce to the last one's end), sampled one iteration
+        in SAMPLE_EVERY (DDP's default is one in 100). A sampled iteration costs about a millisecond here: 4-13% of
+        the tiny reference job's step at this rate, but a model is counted only when it is large (HOOK_MAX_BYTES)
+        and its step long (0.99x end to end for ``train --model mlp``)."""
+        model._set_ddp_runtime_logging_sample_rate(SAMPLE_EVERY)
+        self._ddp = weakref.ref(model)
         self._group = model.process_group
 
     def group_seq(self) -> int | None:
@@ -125,6 +127,10 @@ class Recorder:
         if call is not None:
             call[4] = fut
 
+    def bucket_done(self, since: float) -> None:
+        """A timed gradient bucket's Future completed (on the backend's thread)."""
+        self._intervals.append((since, time.monotonic()))
+
     def complete(self, seq: int, *, error: BaseException | None = None) -> None:
         with self._lock:
             call = self._open.pop(seq, None)
@@ -155,10 +161,13 @@ class Recorder:
                 self.completed += 1
             if self._step_start is not None:
                 self.step_times.append(now - self._step_start)
+            if self._intervals:
+                sampled, self._intervals = _union(self._intervals), []
             if sampled is not None:
                 self.sync_times.append(sampled)
             self._step_start = now
             self.steps += 1
+            self.sampling = self._ddp is None and self.steps % SAMPLE_EVERY == 0
 
     def phase_begin(self, name: str) -> None:
         with self._lock:
@@ -211,3 +220,13 @@ def future_error(fut: Any) -> BaseException | None:
     except Exception as exc:  # whatever the backend raised is what the report quotes
         return exc
     return None
+
+
+def _union(intervals: list[tuple[float, float]]) -> float:
+    """The time covered by some interval (a gradient bucket in flight)."""
+    total, end = 0.0, float("-inf")
+    for start, stop in sorted(intervals):
+        if stop > end:
+            total += stop - max(start, end)
+            end = stop
+    return total
