@@ -173,7 +173,7 @@ def test_cpu_limited_host_named_as_the_straggler(two_hosts: Hosts) -> None:
     require_tools("taskset")
     if (os.cpu_count() or 1) < 2:
         pytest.fail("this test pins each host to a CPU of its own: it needs 2 CPUs")
-    job = ("--steps", "200", "--step-s", "0", "--busy-ms", "10")
+    job = ("--steps", "150", "--step-s", "0", "--busy-ms", "10")
     h2 = two_hosts[1].hostname
     hog = subprocess.Popen(["taskset", "-c", "1", sys.executable, "-c", "while True: pass"])
     try:

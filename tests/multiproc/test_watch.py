@@ -61,7 +61,7 @@ def test_fault_named_under_torchrun(fault: str, n: int, tmp_path: Path) -> None:
 WIDE = ("--width", "8192")
 
 
-@pytest.mark.parametrize("fault", ["sleep", "stop", "extra"])
+@pytest.mark.parametrize("fault", ["sleep", "extra"])  # a stopped rank is named by its heartbeat, on any path
 def test_fault_named_for_a_large_model_on_ddps_cpp_path(fault: str, tmp_path: Path) -> None:
     run = run_watched(torchrun(2), tmp_path, *WIDE, "--fault", fault, "--steps", "400")
     out = run.output
@@ -74,9 +74,6 @@ def test_fault_named_for_a_large_model_on_ddps_cpp_path(fault: str, tmp_path: Pa
         assert f"rank 1 on host {HOST} has not entered the group's collective #" in out, out[-6000:]
         assert "(DDP's gradient all-reduce on its C++ path: counted, not seen one by one)" in out
         assert "time.sleep(3600)" in hang["stacks"]["1"]
-    elif fault == "stop":
-        assert hang["stopped"] == [1], out[-6000:]
-        assert f"rank 1 on host {HOST} (pid" in out and "stopped answering" in out
     else:  # rank 1 in its extra broadcast, rank 0 in the C++ all-reduce of the same step
         assert hang["cpp_desync"] == [0] and hang["behind"] == [] and hang["waiting"] == [1], out[-6000:]
         assert "DESYNC at the group's collective #" in out and "in DDP's gradient all-reduce (its C++ path" in out
