@@ -150,19 +150,28 @@ def test_duplicate_rank_is_named(tmp_path: Path) -> None:
     assert "rank 2 on node 0" in text
 
 
-def test_rank_that_never_enters_a_collective_hits_the_deadline(tmp_path: Path) -> None:
+@pytest.mark.parametrize("stuck", [1, 0])
+def test_rank_that_never_enters_a_collective_hits_the_deadline(stuck: int, tmp_path: Path) -> None:
+    """The watch keeps check's deadlines. Rank 1 stuck: rank 0 reports. Rank 0 stuck (it hosts nothing here, but
+    prints the check's report): rank 1's watch reports, and rank 0 still prints the report before every rank exits."""
     token = uuid.uuid4().hex
     out = tmp_path / f"check-{token}.json"
-    env = ddpkit_env(DDPKIT_FAULTS="hang:phase=all_gather:rank=1")
+    env = ddpkit_env(DDPKIT_FAULTS=f"hang:phase=all_gather:rank={stuck}")
     proc = run_ddpkit("check", "-n", "2", "--phase-timeout", "4", "--json", str(out), env=env, timeout=120)
     assert proc.returncode == 3, proc.stdout + proc.stderr
     report = json.loads(out.read_text())
-    assert "phase 'all_gather' passed its 4 s deadline" in report["deadline"]
-    assert "ranks that had not reached it: rank 1 (last: reduce done)" in report["deadline"]
+    other = 1 - stuck
+    assert f"phase 'all_gather' passed its 4 s deadline on rank {other}" in report["deadline"]
+    assert f"ranks that had not reached it: rank {stuck} (last: reduce done)" in report["deadline"]
     assert "verdict: FAIL (exit 3): deadline" in proc.stdout
-    # both ranks dumped their stacks: the stuck one shows where it hung, rank 0 shows the collective it waits in
-    assert "rank 1 Python stacks:" in proc.stderr and "in _consult_faults" in proc.stderr
-    assert "rank 0 Python stacks:" in proc.stderr and "in all_gather" in proc.stderr
+    # the watch's report: the phase, the rank short of it and the collective the other waits in, then every rank's
+    # stacks: the stuck one shows where it hung, the other the collective it waits in
+    host = socket.gethostname().split(".")[0]
+    assert f"ddpkit watch: DEADLINE: phase 'all_gather' passed its 4 s deadline on rank {other}" in proc.stderr
+    assert f"rank {stuck} on host {host} has not entered all_gather #" in proc.stderr
+    stacks = {r: proc.stderr.split(f"--- rank {r} on host {host} (pid ")[1].split("\n---")[0] for r in (0, 1)}
+    assert "in _consult_faults" in stacks[stuck] and "in all_gather" in stacks[other], proc.stderr
+    assert f"rank {stuck} on host {host} stops (hang reported by rank {other}; exit 3)" in proc.stderr
     _assert_no_orphans([int(r["pid"]) for r in report["ranks"]], token)
 
 

@@ -7,9 +7,9 @@ from typing import Any
 from ddpkit.check import collectives, ddpsync
 from ddpkit.check.consistency import judge_consistency, judge_network
 from ddpkit.check.rollcall import distributed_env, judge
-from ddpkit.check.watchdog import diagnose
 from ddpkit.netinfo import interface_addresses, route_to
 from ddpkit.outcome import FAIL, PASS, SKIP, WARN, exit_code, failed
+from ddpkit.watch.diagnose import deadline_text
 
 
 def _rec(rank: int, *, host: str = "n1", world: int = 4, lws: int = 2, device: str = "cpu",
@@ -109,10 +109,13 @@ def test_ddp_combine_names_a_drifting_replica() -> None:
 
 
 def test_deadline_diagnosis_names_ranks_behind() -> None:
-    text = diagnose(4, "all_gather", 5, 0, {0: "4 all_gather in", 1: "3 reduce done", 2: None, 3: "4 all_gather done"})
+    text = deadline_text(4, "all_gather", 5, 0, {0: (4, "all_gather", False), 1: (3, "reduce", True), 2: "absent",
+                                                 3: (4, "all_gather", True), 4: None, 5: (3, "reduce", False)})
     assert "phase 'all_gather' passed its 5 s deadline on rank 0" in text
-    assert "rank 1 (last: reduce done), rank 2 (never checked in)" in text
+    assert ("rank 1 (last: reduce done), rank 2 (never checked in), rank 4 (no phase begun), "
+            "rank 5 (last: reduce in progress)") in text
     assert "ranks in it and not done: [0]" in text
+    assert "every rank had reached it" in deadline_text(0, "init", 5, 1, {0: (0, "init", False), 1: (0, "init", True)})
 
 
 def test_exit_code_priority() -> None:

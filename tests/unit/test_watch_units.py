@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from ddpkit.errors import ConfigError
-from ddpkit.watch.diagnose import diagnose_hang, find_desync, straggler, summary_lines
+from ddpkit.watch.diagnose import diagnose_deadline, diagnose_hang, find_desync, straggler, summary_lines
 from ddpkit.watch.options import FIRST_STEP_FACTOR, MIN_HANG_S, WatchOptions, hang_deadline
 
 
@@ -111,3 +111,43 @@ def test_summary_per_rank_and_host() -> None:
     lines, event = summary_lines({0: rec(0, "h1", timings=timing(0.02)), 1: rec(1, "h2", timings=timing(0.01, 0.2))})
     assert event["ranks"]["1"]["wait_share"] == 0.05 and event["hosts"]["h2"]["ranks"] == [1]
     assert any(line.startswith("  host h1: rank 0, step p50 100.00 ms") for line in lines)
+
+
+def test_recorder_deadline_phases_are_numbered_and_overdue_only_past_their_deadline() -> None:
+    import time
+
+    from ddpkit.watch.recorder import Recorder
+
+    r = Recorder(0, 2)
+    assert r.record(1)["stage"] is None and r.overdue() is None
+    r.phase_begin("roll-call", 30)
+    r.phase_end()
+    r.phase_begin("checkpoint")  # a marked phase without a deadline: no number, never overdue
+    r.phase_end()
+    r.phase_begin("all_gather", 0.05)
+    r.phase_begin("inner")  # the innermost phase with a deadline is the one judged
+    assert r.record(2)["stage"] == [1, "all_gather", False] and r.overdue() is None
+    time.sleep(0.1)
+    index, name, seconds, spent = r.overdue()  # type: ignore[misc]
+    assert (index, name, seconds) == (1, "all_gather", 0.05) and spent > 0.05
+    r.phase_end()
+    r.phase_end()
+    assert r.record(3)["stage"] == [1, "all_gather", True] and r.overdue() is None
+
+
+def test_deadline_report_names_the_ranks_short_of_the_phase_and_the_collective() -> None:
+    gathering = wait(12, op="all_gather", seconds=4)
+    records = {0: {**rec(0, entered=12, waiting=gathering), "stage": [5, "all_gather", False]},
+               1: {**rec(1, entered=11), "stage": [4, "reduce", True]},
+               2: None}
+    hang = diagnose_deadline(records, {}, overdue=(5, "all_gather", 4.0, 4.2), reporter=0)
+    assert hang.lines[0] == ("ddpkit watch: DEADLINE: phase 'all_gather' passed its 4 s deadline on rank 0; ranks that "
+                             "had not reached it: rank 1 (last: reduce done), rank 2 (never checked in); ranks in it "
+                             "and not done: [0] (host h1)")
+    text = "\n".join(hang.lines)
+    assert "rank 1 on host h1 has not entered all_gather #12" in text and "rank 2 never reported" in text
+    assert hang.event["deadline_phase"] == {"index": 5, "phase": "all_gather", "seconds": 4.0, "rank": 0}
+    # nobody in a collective (a rank blocked in a store wait): no claim that every rank waits in one
+    quiet = diagnose_deadline({0: {**rec(0), "stage": [0, "roll-call", False]}, 1: {**rec(1), "stage": None}}, {},
+                              overdue=(0, "roll-call", 4.0, 4.5), reporter=0)
+    assert "rank 1 (no phase begun)" in quiet.lines[0] and len(quiet.lines) == 1

@@ -4,7 +4,8 @@
     torchrun --nproc-per-node 8 -m ddpkit check        # any launcher: torchrun, srun, mpirun, a Kubeflow pod
     srun -N 2 --ntasks-per-node 4 ddpkit check --json check.json --rank-lines
 
-Phases, each under a deadline (``--timeout`` for the roll-call, ``--phase-timeout`` for every later one):
+Phases, each under a deadline (``--timeout`` for the roll-call, ``--phase-timeout`` for every later one), kept by
+ddpkit's watch (``ddpkit.watch.phase(name, deadline=S)``, from the roll-call on):
 roll-call in rank 0's store (missing, duplicate, disagreeing ranks, shared GPUs; versions and settings) ->
 process group -> verified collectives -> DDP synchronisation -> report. Rank 0 prints a table per node, one
 line per check and a verdict. Exit codes: 0 all passed; 1 a check failed; 2 usage or environment error
@@ -14,11 +15,14 @@ line per check and a verdict. Exit codes: 0 all passed; 1 a check failed; 2 usag
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import json
 import os
 import socket
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import replace
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
@@ -27,7 +31,6 @@ from ddpkit.baseline import baseline_path
 from ddpkit.check import collectives, ddpsync, render
 from ddpkit.check.consistency import judge_consistency, judge_network
 from ddpkit.check.rollcall import check_in, collect, judge, local_record, read_all
-from ddpkit.check.watchdog import Watchdog
 from ddpkit.env import WorldInfo, detect
 from ddpkit.env.evidence import lone_world_evidence
 from ddpkit.errors import EXIT_MISSING, ConfigError, DeadlineExpired
@@ -48,7 +51,10 @@ __all__ = ["add_arguments", "run"]
 PRELOAD = ("torch.nn.parallel", "torch._dynamo", "ddpkit.check.ddpsync", "ddpkit.runtime", "rich.table",
            "ddpkit.nodefacts", "psutil")
 log = get_logger(__name__)
-MARGIN_S = 5.0  # gloo's own timeout and the other ranks' store waits trail the watchdog's deadline by this much
+MARGIN_S = 5.0  # gloo's own timeout and the other ranks' store waits trail a phase's deadline by this much
+#: A rank whose interpreter is wedged (the watch's thread cannot run) dumps its stacks and ends (faulthandler, exit 1)
+#: this long after its phase's deadline: later than the watch's report and abort (a few seconds) on a live rank.
+BACKSTOP_S = 20.0
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -188,18 +194,31 @@ def run(args: argparse.Namespace) -> int:
     # a world of one proves nothing about a larger job it may belong to (ddpkit.env.evidence)
     report.outcomes += [failed("world", reason) for reason in lone_world_evidence(world)]
     rank, size = world.rank, world.world_size
-    # Its own connection (Store.clone, torch >= 2.5): the main thread may be blocked in a store call when the
-    # deadline passes. Older torch shares the connection; the gloo timeout and faulthandler backstops remain.
-    second = getattr(store, "clone", lambda: store)()
-    watchdog = Watchdog(second, rank=rank, world_size=size,
-                        on_abort=lambda reason: report.emit(EXIT_MISSING, deadline=reason)).start()
+    # The watch keeps the deadlines, on a connection of its own (Store.clone, torch >= 2.5): the main thread may be
+    # blocked in a store call when a deadline passes. Older torch shares the connection; the gloo timeout and the
+    # faulthandler backstop remain.
+    from ddpkit import watch
 
-    def mark(state: str) -> None:
-        store.set(f"phase/{rank}", state)
+    session = watch.install(watch.WatchOptions(hang_after=args.phase_timeout + MARGIN_S, summary=False),
+                            store=getattr(store, "clone", lambda: store)(), rank=rank, world_size=size)
 
-    def phase(name: str, seconds: float | None = None) -> Any:
+    def on_abort(order: dict[str, Any]) -> None:  # rank 0 prints what it knows before every rank exits 3
+        if rank == 0:
+            report.emit(EXIT_MISSING, deadline=order.get("deadline") or order["headline"].removeprefix(
+                "ddpkit watch: "))
+
+    session.on_abort(on_abort)
+
+    @contextmanager
+    def phase(name: str, seconds: float | None = None) -> Iterator[None]:
         _consult_faults(name, rank)
-        return watchdog.phase(name, seconds or args.phase_timeout, mark=mark)
+        seconds = seconds or args.phase_timeout
+        faulthandler.dump_traceback_later(seconds + BACKSTOP_S, exit=True)
+        try:
+            with watch.phase(name, deadline=seconds):
+                yield
+        finally:
+            faulthandler.cancel_dump_traceback_later()
 
     try:
         name, ident = device_identity(device)
@@ -208,15 +227,15 @@ def run(args: argparse.Namespace) -> int:
             go = _roll_call(store, report, local_record(world, device=name, gpu_uuid=ident), args.timeout)
             report.timings["roll-call"] = time.monotonic() - t
         if go != "go":
-            return _finish(store, report, rank, int(go), watchdog)
+            return _finish(store, report, rank, int(go))
         _verify(store, report, world, backend, phase, transport)
-        return _finish(store, report, rank, None, watchdog)
+        return _finish(store, report, rank, None)
     except _store_errors() as exc:  # rank 0 (and its store) went away, or a wait outlived every deadline
         text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise DeadlineExpired(f"rank {rank} lost rank 0's store ({text})", "rank 0 alive until the report",
                               "look at rank 0's output: it failed or was killed first") from None
     finally:
-        watchdog.stop()
+        watch.uninstall()
 
 
 def _roll_call(store: dist.Store, report: Report, record: dict[str, Any], timeout: float) -> str:
@@ -284,7 +303,7 @@ def _judge_results(store: dist.Store, report: Report, size: int, backend: str, t
     report.outcomes.append(ddp)
 
 
-def _finish(store: dist.Store, report: Report, rank: int, code: int | None, watchdog: Watchdog) -> int:
+def _finish(store: dist.Store, report: Report, rank: int, code: int | None) -> int:
     """Rank 0 prints and publishes the exit code; everyone leaves with it. Rank 0 (it may host the store) goes last."""
     if rank == 0:
         code = report.emit(code)
@@ -296,7 +315,9 @@ def _finish(store: dist.Store, report: Report, rank: int, code: int | None, watc
     else:
         store.wait(["verdict"], timedelta(seconds=report.args.phase_timeout + MARGIN_S))
         code = int(store.get("verdict").decode())
-        watchdog.stop()
+        from ddpkit import watch
+
+        watch.uninstall()  # rank 0 may leave with its store now: that is the end, not a lost host
         store.add("finished", 1)
     if code:
         failures = [o.name for o in report.outcomes if o.status == FAIL]

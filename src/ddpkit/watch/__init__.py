@@ -61,18 +61,27 @@ class Session:
     def _begin(self, init_args: dict[str, Any]) -> None:
         import torch.distributed as dist
 
+        if self.recorder is not None or not dist.is_initialized():
+            return
+        self.begin_on(_watch_store(init_args), rank=dist.get_rank(), world_size=dist.get_world_size(), prefixed=True)
+
+    def begin_on(self, store: dist.Store, *, rank: int, world_size: int, prefixed: bool = False) -> None:
+        """Start watching now, before any process group, on ``store`` (a connection of the watch's own: the rank's
+        main thread may be blocked in a call on its own). ``ddpkit check`` does this from its roll-call on.
+        ``prefixed``: the store already has the watch's key prefix."""
+        import torch.distributed as dist
+
         from ddpkit.watch.monitor import Monitor
         from ddpkit.watch.recorder import Recorder
 
-        if self.recorder is not None or not dist.is_initialized():
+        if self.recorder is not None:
             return
-        rank, world = dist.get_rank(), dist.get_world_size()
-        recorder = Recorder(rank, world)
-        self.monitor = Monitor(recorder, self.options, _watch_store(init_args))
+        recorder = Recorder(rank, world_size)
+        self.monitor = Monitor(recorder, self.options, store if prefixed else dist.PrefixStore(_prefix(), store))
         self.monitor.abort_handlers = self._abort_handlers
         self.monitor.start()
         self.recorder = recorder
-        log.info("watch: rank %d of %d watched", rank, world)
+        log.info("watch: rank %d of %d watched", rank, world_size)
 
     def on_abort(self, handler: Callable[[dict[str, Any]], object]) -> None:
         """Call ``handler(order)`` on the watch's thread just before this rank exits 3 after a hang report (quick:
@@ -110,9 +119,7 @@ def _watch_store(init_args: dict[str, Any]) -> dist.Store:
     host, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")
     if method.startswith("tcp://"):
         host, _, port = method[len("tcp://"):].split("?")[0].rpartition(":")
-    run = os.environ.get("TORCHELASTIC_RUN_ID", "run")
-    # one namespace per restart of the job, and per watch in this process (every rank installs as many)
-    prefix = f"ddpkit-watch/{run}/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/{_installs}/"
+    prefix = _prefix()
     if init_args.get("store") is None and host and port:
         try:
             store: dist.Store = dist.TCPStore(host.strip("[]"), int(port), is_master=False, timeout=STORE_TIMEOUT,
@@ -121,6 +128,12 @@ def _watch_store(init_args: dict[str, Any]) -> dist.Store:
         except (RuntimeError, ValueError) as exc:
             log.info("watch: no own connection to %s:%s (%s); sharing the group's store", host, port, exc)
     return dist.PrefixStore(prefix, c10d._get_default_store())
+
+
+def _prefix() -> str:
+    """One key namespace per restart of the job, and per watch in this process (every rank installs as many)."""
+    run = os.environ.get("TORCHELASTIC_RUN_ID", "run")
+    return f"ddpkit-watch/{run}/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/{_installs}/"
 
 
 _session: Session | None = None
@@ -137,8 +150,11 @@ def active() -> Session | None:
     return _session
 
 
-def install(options: WatchOptions | None = None) -> Session:
-    """Watch this rank: call before the process group exists (or after: it starts at once). Idempotent."""
+def install(options: WatchOptions | None = None, *, store: dist.Store | None = None, rank: int | None = None,
+            world_size: int | None = None) -> Session:
+    """Watch this rank: call before the process group exists (or after: it starts at once). Idempotent.
+    With ``store``, ``rank`` and ``world_size`` the watch starts now, on that store, before any process group
+    (``Session.begin_on``)."""
     global _session, _installs, _saved_excepthook
     if _session is None:
         _installs += 1
@@ -146,6 +162,10 @@ def install(options: WatchOptions | None = None) -> Session:
         _session.hooks.install()
         atexit.register(_at_exit)
         _saved_excepthook, sys.excepthook = sys.excepthook, _excepthook
+    if store is not None:
+        if rank is None or world_size is None:
+            raise ValueError("install(store=...) needs rank and world_size")
+        _session.begin_on(store, rank=rank, world_size=world_size)
     _session.begin_if_ready()
     return _session
 
@@ -194,14 +214,19 @@ def watch(options: WatchOptions | None = None, **fields: Any) -> Iterator[Sessio
 
 
 @contextmanager
-def phase(name: str) -> Iterator[None]:
+def phase(name: str, deadline: float | None = None) -> Iterator[None]:
     """A known long phase on this rank (a checkpoint, an evaluation): while any rank is inside one, no hang is
-    reported, however long the others wait. Does nothing when no watch is installed."""
+    reported, however long the others wait. With ``deadline`` (seconds) the phase is bounded: when this rank has
+    been inside it longer, the watch reports (the ranks that had not reached the phase, the ones behind in a
+    collective or stopped, every live rank's stacks) and, under ``on_hang="abort"``, stops every rank (exit 3).
+    ``ddpkit check`` runs each of its phases this way. Does nothing when no watch is installed."""
     recorder = _session.recorder if _session is not None else None
     if recorder is None:
         yield
         return
-    recorder.phase_begin(name)
+    if deadline is not None and not deadline > 0:
+        raise ValueError(f"phase {name!r}: deadline {deadline!r} s; expected a number of seconds above 0")
+    recorder.phase_begin(name, deadline)
     try:
         yield
     finally:

@@ -11,7 +11,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["Hang", "diagnose_hang", "find_desync", "rank_list", "straggler", "summary_lines"]
+__all__ = ["Hang", "deadline_text", "diagnose_deadline", "diagnose_hang", "find_desync", "rank_list", "straggler",
+           "summary_lines"]
 
 Record = Mapping[str, Any]
 #: Fewer steps than this on any rank: no straggler verdict (too little to compare).
@@ -33,6 +34,12 @@ def _size(nbytes: int | None) -> str:
         if nbytes >= scale:
             return f"{nbytes / scale:.4g} {unit}"
     return f"{nbytes} B"
+
+
+def _step(rec: Record, sep: str = ", ") -> str:
+    """``, step N`` (the DDP step a rank is in), or nothing before its first DDP forward (``ddpkit check``'s
+    collectives, a script's set-up)."""
+    return f"{sep}step {rec['step'] - 1}" if rec["step"] > 0 else ""
 
 
 def _where(rec: Record) -> str:
@@ -78,9 +85,10 @@ class Hang:
 
 
 def diagnose_hang(records: Mapping[int, Record | None], stale: Mapping[int, float], *, idle: float,
-                  deadline: float, reporter: int) -> Hang:
+                  deadline: float, reporter: int, explain_none: bool = True) -> Hang:
     """Which ranks are behind (have not entered the collective the others wait in), which stopped answering,
-    which sit in different collectives at one sequence number (desync)."""
+    which sit in different collectives at one sequence number (desync). ``explain_none``: when none of these is
+    found, say so (every rank waits in a collective it entered)."""
     alive = {r: rec for r, rec in records.items() if rec is not None}
     never = sorted(r for r, rec in records.items() if rec is None)
     stopped = sorted(r for r in alive if r in stale)
@@ -106,13 +114,14 @@ def diagnose_hang(records: Mapping[int, Record | None], stale: Mapping[int, floa
             cpp_desync = [r for r in behind if r not in stale and counted.get(r, -1) >= level]
             behind = [r for r in behind if r not in cpp_desync]
         step = alive[inside[0]]["step"] - 1
+        in_step = _step(alive[inside[0]])
         waited = min(waiting[r]["for"] for r in inside)
-        what = f"{target['op']} #{seq} ({_size(target['bytes'])}, step {step}, called at {target['site']})"
+        what = f"{target['op']} #{seq} ({_size(target['bytes'])}{in_step}, called at {target['site']})"
         for r in behind:
             rec = alive[r]
             state = "it stopped answering" if r in stale else (
                 f"in marked phase '{rec['phase']['name']}' for {rec['phase']['for']:.0f} s" if rec.get("phase")
-                else f"last entered #{rec['entered']}, step {rec['step'] - 1}")
+                else f"last entered #{rec['entered']}{_step(rec)}")
             lines.append(f"  {_where(rec)} has not entered {what}; {state}")
         lines.append(f"  {rank_list(inside)} on {', '.join(sorted({alive[r]['host'] for r in inside}))} "
                      f"{'has' if len(inside) == 1 else 'have'} waited {waited:.0f} s in "
@@ -132,7 +141,7 @@ def diagnose_hang(records: Mapping[int, Record | None], stale: Mapping[int, floa
         for r in behind:
             rec = alive[r]
             state = (f"in marked phase '{rec['phase']['name']}' for {rec['phase']['for']:.0f} s" if rec.get("phase")
-                     else f"step {rec['step'] - 1}")
+                     else _step(rec, "") or "before its first step")
             lines.append(f"  {_where(rec)} has not entered the group's collective #{low + 1} (DDP's gradient "
                          f"all-reduce on its C++ path: counted, not seen one by one); last issued #{low}; {state}")
         lines.append(f"  {rank_list(ahead)} on {', '.join(sorted({alive[r]['host'] for r in ahead}))} "
@@ -142,18 +151,58 @@ def diagnose_hang(records: Mapping[int, Record | None], stale: Mapping[int, floa
         rec = alive[r]
         lines.append(f"  {_where(rec)} (pid {rec['pid']}) stopped answering: no heartbeat for {stale[r]:.0f} s "
                      f"(stopped, killed, or its host lost); last seen at collective #{rec['entered']}, "
-                     f"step {rec['step'] - 1}")
+                     f"{_step(rec)}")
     for r in never:
-        lines.append(f"  rank {r} never reported to the watch (it did not reach init_process_group)")
+        lines.append(f"  rank {r} never reported to the watch (it did not reach the point where the watch "
+                     "begins: init_process_group, or ddpkit check's connection to the job's store)")
     desync = find_desync(alive)
     if desync is not None:
         parts = [f"{rank_list(c['ranks'])} on {', '.join(c['hosts'])} in {c['op']} ({_size(c['bytes'])}) "
                  f"called at {c['site']}" for c in desync["calls"]]
         lines.append(f"  DESYNC at collective #{desync['seq']}: " + "; ".join(parts))
     event.update(stopped=stopped, never_reported=never, desync=desync)
-    if not behind and not stopped and not never and desync is None and not cpp_desync:
+    if explain_none and not behind and not stopped and not never and desync is None and not cpp_desync:
         lines.append("  every rank waits in a collective it entered; no rank is behind (a backend-level hang)")
     return Hang(lines=lines, event=event, behind=behind, stopped=stopped)
+
+
+def deadline_text(index: int, phase: str, seconds: float, reporter: int,
+                  stages: Mapping[int, tuple[int, str, bool] | str | None]) -> str:
+    """The sentence for a phase (the ``index``-th begun with a deadline) that passed its ``seconds`` on rank
+    ``reporter``. ``stages``: each rank's latest phase with a deadline (index, name, done), None when it began none,
+    ``"absent"`` when it never reported to the watch."""
+    behind, inside = [], []
+    for rank, stage in sorted(stages.items()):
+        if stage == "absent":
+            behind.append(f"rank {rank} (never checked in)")
+        elif stage is None or isinstance(stage, str):
+            behind.append(f"rank {rank} (no phase begun)")
+        elif stage[0] < index:
+            behind.append(f"rank {rank} (last: {stage[1]} {'done' if stage[2] else 'in progress'})")
+        elif stage[0] == index and not stage[2]:
+            inside.append(rank)
+    parts = [f"phase '{phase}' passed its {seconds:g} s deadline on rank {reporter}"]
+    parts.append(f"ranks that had not reached it: {', '.join(behind)}" if behind else "every rank had reached it")
+    if inside:
+        parts.append(f"ranks in it and not done: {inside}")
+    return "; ".join(parts)
+
+
+def diagnose_deadline(records: Mapping[int, Record | None], stale: Mapping[int, float], *,
+                      overdue: tuple[int, str, float, float], reporter: int) -> Hang:
+    """A phase begun with a deadline (``ddpkit.watch.phase(name, deadline=S)``) passed it on ``reporter``: the ranks
+    that had not reached that phase, then what ``diagnose_hang`` finds (ranks behind in a collective, stopped,
+    desync)."""
+    index, name, seconds, spent = overdue
+    stages = {r: ("absent" if rec is None else (tuple(rec["stage"]) if rec.get("stage") else None))
+              for r, rec in records.items()}
+    text = deadline_text(index, name, seconds, reporter, stages)
+    host = (records.get(reporter) or {}).get("host", "?")
+    detail = diagnose_hang(records, stale, idle=spent, deadline=seconds, reporter=reporter, explain_none=False)
+    lines = [f"ddpkit watch: DEADLINE: {text} (host {host})", *detail.lines[1:]]
+    event = {**detail.event, "event": "hang", "deadline_phase": {"index": index, "phase": name, "seconds": seconds,
+                                                                 "rank": reporter}, "text": text}
+    return Hang(lines=lines, event=event, behind=detail.behind, stopped=detail.stopped)
 
 
 def straggler(records: Mapping[int, Record], share: float) -> tuple[str, dict[str, Any]] | None:

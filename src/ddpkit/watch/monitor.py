@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from ddpkit.errors import EXIT_MISSING
 from ddpkit.log import get_logger
-from ddpkit.watch.diagnose import diagnose_hang, straggler, summary_lines
+from ddpkit.watch.diagnose import Hang, diagnose_deadline, diagnose_hang, straggler, summary_lines
 from ddpkit.watch.options import WatchOptions, hang_deadline
 from ddpkit.watch.recorder import Recorder
 from ddpkit.watch.store import BoundedStore
@@ -42,6 +42,8 @@ log = get_logger(__name__)
 STALE_S = 3.0
 #: How long the reporter waits for the live ranks' stacks, and for the others to see the abort.
 STACK_WAIT_S = 3.0
+#: Under an abort, how long a rank waits for every live rank's abort handlers to have run before it exits.
+HANDLERS_WAIT_S = 10.0
 #: How long rank 0 waits for the other ranks' last records before printing the summary.
 FINAL_WAIT_S = 3.0
 #: The longest the watch waits for one answer of the job's store (``watch/store.py``: TCPStore's own timeout does not
@@ -51,6 +53,7 @@ STORE_CALL_S = 10.0
 GONE_WAIT_S = 0.3
 #: Frames of the runner (runpy, ``python -m ddpkit.watch``) that only say how the script was started.
 _LAUNCH = ("<frozen runpy>", os.path.join(os.path.dirname(__file__), "__main__.py"))
+_WORKER = os.path.join(os.path.dirname(os.path.dirname(__file__)), "launch", "worker.py")
 
 
 def _process_state(pid: int) -> str:
@@ -73,6 +76,9 @@ def python_stacks() -> str:
         if ident == me or names.get(ident, "").startswith("ddpkit-watch"):
             continue
         frames = [f for f in traceback.extract_stack(frame) if not f.filename.startswith(_LAUNCH)]
+        # a rank forked by ddpkit's agent (``ddpkit check -n``): its frames begin at the worker's entry
+        starts = [i for i, f in enumerate(frames) if f.filename == _WORKER]
+        frames = frames[starts[-1] + 1:] if starts else frames
         parts.append(f"  Thread {names.get(ident, '?')} ({ident:#x}), most recent call last:\n"
                      + "".join("    " + line for line in "".join(traceback.format_list(frames)).splitlines(True)))
     return "".join(parts)
@@ -115,6 +121,8 @@ class Monitor:
         self._slowest_gap = 0.0
         self._answered: set[str] = set()
         self._reported: str | None = None
+        self._overdue: set[int] = set()  # this rank's phases whose passed deadline was claimed
+        self._aborting = False  # a hang report ordered every rank to stop: a collective failing now is the abort
         self._next_straggler = time.monotonic() + options.report_every
         self._store_failed_at: float | None = None
         self.abort_handlers: list[Callable[[dict[str, Any]], object]] = []
@@ -166,6 +174,12 @@ class Monitor:
                 self._seen[r] = (rec["beat"], now)
         stale = {r: now - at for r, (_, at) in self._seen.items()
                  if now - at > max(STALE_S, 6 * self.options.heartbeat) and not (records[r] or {}).get("final")}
+        overdue = self.rec.overdue()
+        if overdue is not None and overdue[0] not in self._overdue and not claim:
+            self._overdue.add(overdue[0])  # each phase's deadline is reported once, whatever --on-hang says
+            self._claim(records, stale, f"{self.rank}:phase{overdue[0]}",
+                        lambda recs: diagnose_deadline(recs, stale, overdue=overdue, reporter=self.rank))
+            return
         alive = {r: rec for r, rec in records.items() if rec is not None}
         if self.rank == 0 and now >= self._next_straggler:
             self._next_straggler = now + self.options.report_every
@@ -192,13 +206,14 @@ class Monitor:
         counts = {rec["group_seq"] for r, rec in alive.items() if r not in stale and rec.get("group_seq") is not None}
         waiting = any(rec.get("waiting") for r, rec in alive.items() if r not in stale) or len(counts) > 1
         if idle > max(deadline, STALE_S + 1) and (waiting or stale) and not claim:
-            self._claim(records, stale, idle, deadline)
+            seqs = [rec["waiting"]["seq"] for rec in records.values() if rec and rec.get("waiting")]
+            self._claim(records, stale, f"{self.rank}:{min(seqs) if seqs else 0}",
+                        lambda recs: diagnose_hang(recs, stale, idle=idle, deadline=deadline, reporter=self.rank))
 
     # -- the report -------------------------------------------------------------------------------------------
-    def _claim(self, records: dict[int, dict[str, Any] | None], stale: dict[int, float], idle: float,
-               deadline: float) -> None:
-        waiting = [rec["waiting"]["seq"] for rec in records.values() if rec and rec.get("waiting")]
-        mine = f"{self.rank}:{min(waiting) if waiting else 0}"
+    def _claim(self, records: dict[int, dict[str, Any] | None], stale: dict[int, float], mine: str,
+               describe: Callable[[dict[int, dict[str, Any] | None]], Hang]) -> None:
+        """Report the hang ``mine`` names (first rank to claim it), worded by ``describe(records)``."""
         if self.store.compare_set("claim", "", mine).decode() != mine:
             return  # another rank reports this one
         self._reported = mine
@@ -210,7 +225,7 @@ class Monitor:
         while time.monotonic() < until and not self.store.check(list(keys.values())):
             time.sleep(0.05)
         stacks = {r: self.store.get(k).decode() for r, k in keys.items() if self.store.check([k])}
-        hang = diagnose_hang(self._read(), stale, idle=idle, deadline=deadline, reporter=self.rank)
+        hang = describe(self._read())
         lines = list(hang.lines)
         for r in sorted(stacks):
             rec = records[r] or {}
@@ -227,8 +242,10 @@ class Monitor:
             doomed = [{"rank": r, "host": hosts[r], "pid": records[r]["pid"],  # type: ignore[index]
                        "by": min((q for q in live if hosts[q] == hosts[r]), default=None)}
                       for r in stale if r in hosts]
-            order = {"reporter": self.rank, "stopped": doomed, "silent": sorted(stale),
-                     "hosts": {str(r): h for r, h in hosts.items()}, "headline": lines[0]}
+            order = {"reporter": self.rank, "stopped": doomed, "silent": sorted(stale), "live": len(live),
+                     "hosts": {str(r): h for r, h in hosts.items()}, "headline": lines[0],
+                     "deadline": hang.event.get("text")}
+            self._aborting = True
             self.store.set("abort", json.dumps(order))
             until = time.monotonic() + STACK_WAIT_S
             with contextlib.suppress(Exception):  # a rank that hosts the store may leave first, taking it along
@@ -239,7 +256,7 @@ class Monitor:
     def _failure_now(self) -> None:
         """Called on the thread that saw the failure, before the error reaches the user's code."""
         with self._failure_lock:
-            if self._failure_reported or self.rec.failed is None:
+            if self._failure_reported or self.rec.failed is None or self._aborting:
                 return
             self._failure_reported = True
         try:
@@ -290,15 +307,28 @@ class Monitor:
 
     def _abort(self, order: dict[str, Any]) -> None:
         """Stop this rank (exit 3); first stop the ranks that stopped answering on this host (SIGCONT, SIGKILL),
-        which no signal of their own can end. ``os._exit``: a thread blocked in C cannot hold the process."""
+        which no signal of their own can end. ``os._exit``: a thread blocked in C cannot hold the process.
+
+        No live rank leaves before every live rank's abort handlers ran (at most HANDLERS_WAIT_S): a launcher that
+        sees one rank exit ends the others (torch's elastic agent sends SIGTERM), and a handler may be printing a
+        report (``ddpkit check``'s rank 0) or leaving one for the agent (``train``). That also keeps a rank that
+        hosts the job's store (rank 0 under ``ddpkit check`` or env://) until the others have seen the order."""
+        self._aborting = True
         host = self.rec.host
         mine = [d["pid"] for d in order.get("stopped", []) if d["by"] == self.rank and d["host"] == host]
         if mine:
             _end_stopped(mine)
-        self._run_abort_handlers(order)
         if order.get("reporter") != self.rank:
             with contextlib.suppress(Exception):  # the reporter may have left with its store
                 self.store.add("abort/seen", 1)
+        self._run_abort_handlers(order)
+        with contextlib.suppress(Exception):  # a rank that hosted the store left (after its own handlers ran)
+            handled = int(self.store.add("abort/handled", 1))
+            until = time.monotonic() + HANDLERS_WAIT_S
+            while handled < order.get("live", 1) and time.monotonic() < until:
+                time.sleep(0.05)
+                handled = int(self.store.add("abort/handled", 0))
+        if order.get("reporter") != self.rank:
             print(f"ddpkit watch: rank {self.rank} on host {host} stops (hang reported by rank "
                   f"{order.get('reporter')}; exit {EXIT_MISSING})", file=sys.stderr, flush=True)
         sys.stdout.flush()

@@ -75,7 +75,11 @@ class Recorder:
         self.sampling = False
         """This step's gradient buckets are timed (one step in SAMPLE_EVERY, hooked models)."""
         self._intervals: list[tuple[float, float]] = []
-        self.phases: list[tuple[str, float]] = []
+        self.phases: list[tuple[str, float, float | None, int | None]] = []
+        """Marked phases, innermost last: name, since (monotonic), deadline (s, or None), deadline index."""
+        self.deadline_phases = 0
+        self.stage: tuple[int, str, bool] | None = None
+        """The latest phase begun with a deadline: its index (0, 1, ... in the order begun), name, whether done."""
         self.failed: dict[str, Any] | None = None
         self.on_failure: Callable[[], None] | None = None
         self._group: Any = None  # the process group of a model on DDP's C++ path: its collectives are counted
@@ -169,14 +173,29 @@ class Recorder:
             self.steps += 1
             self.sampling = self._ddp is None and self.steps % SAMPLE_EVERY == 0
 
-    def phase_begin(self, name: str) -> None:
+    def phase_begin(self, name: str, deadline: float | None = None) -> None:
         with self._lock:
-            self.phases.append((name, time.monotonic()))
+            index = None
+            if deadline is not None:
+                index, self.deadline_phases = self.deadline_phases, self.deadline_phases + 1
+                self.stage = (index, name, False)
+            self.phases.append((name, time.monotonic(), deadline, index))
 
     def phase_end(self) -> None:
         with self._lock:
             if self.phases:
-                self.phases.pop()
+                name, _, _, index = self.phases.pop()
+                if index is not None:
+                    self.stage = (index, name, True)
+
+    def overdue(self) -> tuple[int, str, float, float] | None:
+        """This rank's innermost phase with a deadline, when it has passed it: index, name, deadline, seconds in."""
+        now = time.monotonic()
+        with self._lock:
+            for name, since, deadline, index in reversed(self.phases):
+                if deadline is not None and index is not None:
+                    return (index, name, deadline, now - since) if now - since > deadline else None
+        return None
 
     # -- what the monitor publishes ---------------------------------------------------------------------------
     def progress(self) -> tuple[int, int]:
@@ -205,7 +224,9 @@ class Recorder:
                 "waiting": None if oldest is None else {
                     "seq": oldest[0], "op": oldest[1], "bytes": oldest[2], "site": oldest[3],
                     "for": round(now - oldest[4], 3)},
-                "phase": None if phase is None else {"name": phase[0], "for": round(now - phase[1], 3)},
+                "phase": None if phase is None else {"name": phase[0], "for": round(now - phase[1], 3),
+                                                     "deadline": phase[2]},
+                "stage": None if self.stage is None else list(self.stage),
                 "final": final, "failed": self.failed is not None,
             }
         out["group_seq"] = self.group_seq()
