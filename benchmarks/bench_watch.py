@@ -123,7 +123,7 @@ def attribution() -> list[dict[str, Any]]:
     for name, n, launcher in launchers:
         for fault in ("sleep", "stop", "kill", "extra"):
             with tempfile.TemporaryDirectory() as tmp:
-                run = run_watched(launcher, Path(tmp), "--fault", fault, "--steps", "400",
+                run = run_watched(launcher, Path(tmp), "--hook", "--fault", fault, "--steps", "400",
                                   watch=("--hang-after", str(HANG_AFTER)))
             ok, delay = _named(run, fault, n)
             rows.append({"launcher": name, "ranks": n, "fault": fault, "named": ok,

@@ -24,7 +24,7 @@ pytestmark = pytest.mark.infra
 @pytest.mark.parametrize("n", [2, 4])
 def test_fault_named_under_mpirun(fault: str, n: int, tmp_path: Path) -> None:
     require_tools("mpirun")
-    run = run_watched([*mpirun(n)], tmp_path, "--fault", fault, "--steps", "400")
+    run = run_watched([*mpirun(n)], tmp_path, "--hook", "--fault", fault, "--steps", "400")
     if fault == "kill":  # mpirun ends the job at once and names the rank (the watch's line may lose that race)
         assert run.proc.returncode != 0
         assert "process rank 1 with PID" in run.output and "exited on signal 9" in run.output, run.output[-4000:]
@@ -115,7 +115,7 @@ def test_fault_named_across_two_hosts(fault: str, two_hosts: Hosts, tmp_path: Pa
                 "--rdzv-backend", "c10d", "--rdzv-endpoint", two_hosts.endpoint(), "--rdzv-id", run_id,
                 "--local-addr", host.ip, *(["--rdzv-conf", "is_host=true"] if i == 0 else []),
                 "-m", "ddpkit.watch", "--hang-after", str(HANG_AFTER), "--events", str(events), "--", str(JOB),
-                "--fault", fault, "--fault-rank", "3", "--steps", "400", "--tag", tag]
+                "--hook", "--fault", fault, "--fault-rank", "3", "--steps", "400", "--tag", tag]
         runs.append(two_hosts.start(host, argv, GLOO_SOCKET_IFNAME="eth0"))
     for r in runs:
         r.wait(180)

@@ -53,22 +53,24 @@ def _check_hang(run, fault: str, n: int) -> None:  # type: ignore[no-untyped-def
 @pytest.mark.parametrize("fault", ["sleep", "stop", "kill", "extra"])
 @pytest.mark.parametrize("n", [2, 4])
 def test_fault_named_under_torchrun(fault: str, n: int, tmp_path: Path) -> None:
-    run = run_watched(torchrun(n), tmp_path, "--fault", fault, "--steps", "400")
+    """The script registers its own Python comm hook (--hook): the watch wraps it and sees each gradient bucket."""
+    run = run_watched(torchrun(n), tmp_path, "--hook", "--fault", fault, "--steps", "400")
     _check_hang(run, fault, n)
 
 
-# a model with more than HOOK_MAX_BYTES of gradients and no hook stays on DDP's C++ path: counted, not hooked
+# a model with no comm hook of its own (most scripts) stays on DDP's C++ path: counted, not hooked; a wide one too
 WIDE = ("--width", "8192")
 
 
 @pytest.mark.parametrize("fault", ["sleep", "extra"])  # a stopped rank is named by its heartbeat, on any path
-def test_fault_named_for_a_large_model_on_ddps_cpp_path(fault: str, tmp_path: Path) -> None:
-    run = run_watched(torchrun(2), tmp_path, *WIDE, "--fault", fault, "--steps", "400")
+@pytest.mark.parametrize("wide", [False, True])
+def test_fault_named_for_a_hookless_model_on_ddps_cpp_path(fault: str, wide: bool, tmp_path: Path) -> None:
+    run = run_watched(torchrun(2), tmp_path, *(WIDE if wide else ()), "--fault", fault, "--steps", "400")
     out = run.output
     hang = run.event("hang")
     assert out.count("ddpkit watch: HANG") == 1 and "exitcode  : 3" in out, out[-6000:]
     assert hang["time"] - run.fault_time() <= HANG_AFTER + 10, (hang["time"], run.fault_time())
-    assert "DDP gradient all-reduce (bucket" not in out, "a large hookless model got the watch's Python hook"
+    assert "DDP gradient all-reduce (bucket" not in out, "a hookless model got a Python hook from the watch"
     if fault == "sleep":
         assert hang["behind"] == [1] and hang["waiting"] == [0], out[-6000:]
         assert f"rank 1 on host {HOST} has not entered the group's collective #" in out, out[-6000:]
@@ -80,7 +82,7 @@ def test_fault_named_for_a_large_model_on_ddps_cpp_path(fault: str, tmp_path: Pa
     assert leftover(run.tag) == [], "processes left behind"
 
 
-def test_straggler_named_for_a_large_model_on_ddps_cpp_path(tmp_path: Path) -> None:
+def test_straggler_named_for_a_wide_model_on_ddps_cpp_path(tmp_path: Path) -> None:
     slow = run_watched(torchrun(2), tmp_path, *WIDE, "--steps", "150", "--slow-rank", "1", "--slow-ms", "40",
                        watch=("--report-every", "2"))
     assert slow.proc.returncode == 0, slow.output[-6000:]

@@ -30,6 +30,9 @@ def parse() -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=60)
     p.add_argument("--step-s", type=float, default=0.02, help="extra time per step (pacing)")
     p.add_argument("--width", type=int, default=64)
+    p.add_argument("--hook", action="store_true",
+                   help="register torch's allreduce_hook as the script's own Python comm hook (the watch wraps it and "
+                        "sees each bucket); without it DDP's C++ path, which the watch counts")
     p.add_argument("--fault", choices=("sleep", "stop", "kill", "extra"))
     p.add_argument("--fault-rank", type=int, default=1)
     p.add_argument("--fault-step", type=int, default=20)
@@ -81,6 +84,10 @@ def train(args: argparse.Namespace) -> None:
     rank = dist.get_rank()
     torch.manual_seed(0)
     model = DDP(torch.nn.Sequential(torch.nn.Linear(32, args.width), torch.nn.ReLU(), torch.nn.Linear(args.width, 1)))
+    if args.hook:
+        from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+
+        model.register_comm_hook(None, allreduce_hook)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     time.sleep(args.first_step_s)
     for step in range(args.steps):

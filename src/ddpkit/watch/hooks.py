@@ -6,10 +6,10 @@
   so every rank numbers the same calls the same way.
 - DDP's gradient all-reduces come from its C++ Reducer, which no Python wrapper sees; a communication hook does
   (pytorch/pytorch#71303 suggests exactly this for straggler detection). ``register_comm_hook`` is wrapped so the
-  user's hook (or ddpkit train's) is itself wrapped; a small DDP model with no hook gets torch's own
-  ``allreduce_hook`` (the same averaging as DDP's default) at its first forward, which also marks a step. A large
-  one (over HOOK_MAX_BYTES of gradients) stays on DDP's C++ path: its all-reduces are counted by the process group's
-  sequence number, and its gradient-sync time comes from DDP's own runtime statistics.
+  user's hook (or ddpkit train's) is itself wrapped. A DDP model with no hook stays on DDP's C++ path (adding
+  torch's Python ``allreduce_hook`` would cost it more than the watch itself: ``_watch_hookless``): its all-reduces
+  are counted by the process group's sequence number, and its gradient-sync time comes from DDP's own runtime
+  statistics. The forward wrapper marks a step either way.
 - ``init_process_group`` starts the watch once the group exists; ``destroy_process_group`` ends it (summary).
 """
 
@@ -24,11 +24,7 @@ from typing import Any
 
 from ddpkit.watch.recorder import Recorder, call_site, future_error
 
-__all__ = ["COLLECTIVES", "HOOK_MAX_BYTES", "Hooks"]
-
-#: A DDP model without a hook of its own and with more gradient bytes than this is counted rather than hooked
-#: (``_watch_hookless``): the hook's separate division pass would cost it more than 1% of a step.
-HOOK_MAX_BYTES = 1 << 20
+__all__ = ["COLLECTIVES", "Hooks"]
 
 COLLECTIVES = ("all_gather", "all_gather_into_tensor", "all_gather_object", "all_gather_single", "all_reduce",
                "all_reduce_coalesced", "all_to_all", "all_to_all_single", "barrier", "broadcast",
@@ -243,18 +239,12 @@ class Hooks:
 
 
 def _watch_hookless(model: Any, rec: Recorder) -> None:
-    """A DDP model without a communication hook: a small one gets torch's ``allreduce_hook`` (each bucket seen);
-    a large one stays on DDP's C++ path, where the division is fused into the copy into the bucket (the hook divides
-    in a pass of its own: 1.5 ms per step for 19 MB of gradients here, 3% of ``train --model mlp``'s step), and is
-    counted instead (``Recorder.count_group``)."""
-    grads = sum(p.numel() * p.element_size() for p in model.module.parameters() if p.requires_grad)
-    if grads > HOOK_MAX_BYTES:
-        model._ddpkit_watched = True
-        rec.count_group(model)
-        return
-    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
-
-    model.register_comm_hook(model.process_group, allreduce_hook)
+    """A DDP model without a communication hook stays on DDP's C++ path and is counted (``Recorder.count_group``).
+    Giving it torch's Python ``allreduce_hook`` instead, so that each bucket is seen, costs more than the watch may:
+    70 us per step for the hook alone on a 1.4k-parameter model (one process, benchmarks/watch_cost.py), and for a
+    large model a division pass of its own (1.5 ms per step on ``train --model mlp``'s 19 MB, 3%); counting costs
+    about 10 us per step."""
+    rec.count_group(model)
 
 
 def _params(fn: Callable[..., Any]) -> list[str]:
