@@ -248,8 +248,10 @@ class PodRun:
     def succeeded(self) -> bool:
         return self.done and self.exit_codes[-1] == 0
 
-    def log(self) -> str:
-        return "".join(f"--- {p.name}\n" + p.read_text(errors="replace") for p in self.logs)
+    def log(self, tail: int | None = None) -> str:
+        """Every run's log in order; with ``tail``, the last ``tail`` characters of each (the first run's failure
+        is often the cause of the later ones', so no run's log is dropped)."""
+        return "".join(f"--- {p.name}\n" + p.read_text(errors="replace")[-tail if tail else 0:] for p in self.logs)
 
 
 class Operator:
@@ -371,5 +373,5 @@ class Operator:
         return pids
 
     def logs(self) -> str:
-        return "\n".join(f"=== pod {r.spec.name} exits {r.exit_codes} restarts {r.restarts}\n{r.log()[-6000:]}"
-                         for r in self.pods)
+        return "\n".join(f"=== pod {r.spec.name} exits {r.exit_codes} restarts {r.restarts}\n"
+                         f"{r.log(tail=6000 // len(r.logs) if r.logs else None)}" for r in self.pods)
