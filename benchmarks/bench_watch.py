@@ -86,9 +86,9 @@ def added_cost() -> dict[str, Any]:
         if done.returncode != 0:
             raise RuntimeError(done.stderr[-3000:])
         data = json.loads(path.read_text())
-    print(f"added cost: {data['added_us_per_step']:.1f} us per step", flush=True)
-    return {k: v for k, v in data.items() if k != "added_us_per_block"} | {
-        "added_us_per_block_p25_p75": [statistics.quantiles(data["added_us_per_block"], n=4)[i] for i in (0, 2)]}
+    for label, figure in data["added"].items():
+        print(f"added cost {label}: {figure['median_us']:.1f} us per step", flush=True)
+    return data
 
 
 def _named(run: Any, fault: str, n: int) -> tuple[bool, float | None]:
@@ -200,19 +200,35 @@ def write(result: dict[str, Any]) -> None:
                "watch's added time per step where communication adds no noise.", ""]
     if "cost" in result:
         c = result["cost"]
+        added = c["added"]
         md += ["## Added time per step, without communication noise (benchmarks/watch_cost.py)", "",
-               f"One process, a gloo group of one, a 1.4k-parameter model with the same Python all-reduce hook on "
-               f"both sides; {c['blocks']} alternating blocks of {c['steps_per_block']} steps: unwatched "
-               f"{c['plain_step_us']:.0f} us per step, watched {c['watched_step_us']:.0f} us; the watch adds "
-               f"**{c['added_us_per_step']:.1f} us per step** (median of the block pairs; p25-p75 "
-               f"{c['added_us_per_block_p25_p75'][0]:.1f} to {c['added_us_per_block_p25_p75'][1]:.1f} us).", ""]
+               f"One process, a gloo group of one, a {c['params']}-parameter model; {c['blocks']} alternating blocks "
+               f"of {c['steps_per_block']} steps per model. CPU = the main thread's CPU time per step (the load of the "
+               "machine does not count), wall = elapsed; median of the block pairs, [p25, p75].", "",
+               "| what | unwatched step (CPU) | added CPU per step | added wall per step |", "|---|---|---|---|"]
+        rows = (("hookless model: watched (counted, C++ path) - unwatched", "counted - cpp", "cpp"),
+                ("model with its own Python hook (pending Future): watched (wrapped) - unwatched", "wrapped - hook",
+                 "hook"),
+                ("hook whose Future is done on return (the MPI transport's shape): watched - unwatched",
+                 "done-wrapped - done", "done"),
+                ("torch's Python allreduce_hook itself - DDP's C++ path (no watch)", "hook - cpp", "cpp"))
+        for text, label, base in rows:
+            cpu, wall = added[f"{label} cpu"], added[f"{label} wall"]
+            md.append(f"| {text} | {c['step_us'][base]['cpu']:.0f} us | **{cpu['median_us']:.1f} us** "
+                      f"[{cpu['p25_us']:.1f}, {cpu['p75_us']:.1f}] | {wall['median_us']:.1f} us "
+                      f"[{wall['p25_us']:.1f}, {wall['p75_us']:.1f}] |")
+        md.append("")
+        # which path each overhead job takes: train's gloo-gather hook on the small reference job, DDP's C++ path
+        # for --model mlp (above PYTHON_HOOK_MAX_PARAMS), the MPI transport's hook (complete on return)
+        paths = {"reference job (linear), gloo": (32, "wrapped - hook", "train's hook, wrapped"),
+                 "--model mlp, gloo": (16, "counted - cpp", "no hook, counted"),
+                 "reference job (linear), MPI transport": (32, "done-wrapped - done", "MPI hook, wrapped")}
         for o in result.get("overhead", []):
-            steps = {"reference job (linear), gloo": 32, "--model mlp, gloo": 16,
-                     "reference job (linear), MPI transport": 32}.get(o["case"])
-            if steps:
+            if o["case"] in paths:
+                steps, label, path = paths[o["case"]]
                 step_us = o["median_epoch_plain_s"] / steps * 1e6
-                md.append(f"- {o['case']}: a step is about {step_us:.0f} us, so that is "
-                          f"{c['added_us_per_step'] / step_us:.2%} of it.")
+                md.append(f"- {o['case']} ({path}): a 2-rank step is about {step_us:.0f} us, so the added CPU is "
+                          f"{added[f'{label} cpu']['median_us'] / step_us:.2%} of it.")
         md.append("")
     if "attribution" in result:
         rows = result["attribution"]
