@@ -28,6 +28,11 @@ Kind consulted by every verdict command (check, bench, env) under ddpkit's launc
 
 - ``linger:rank=R:ms=N``: rank R exits N ms after its command finished (a rank on a slower node).
 
+Kind consulted by the watch (``ddpkit run``, ``train``, ``check``):
+
+- ``abort-late:rank=R:ms=N``: under a hang abort, rank R's watch ends the rank N ms after every rank's abort
+  handlers ran (the others leave first and break its collective).
+
 Never set in production; ddpkit logs a warning when any fault is armed.
 """
 

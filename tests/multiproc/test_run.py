@@ -133,12 +133,17 @@ def test_a_script_that_destroys_its_group_and_exits_ends_every_time(script: Path
         assert_replicas_identical(res.stdout, 2)
 
 
-def test_the_watch_is_on_by_default_and_names_the_stalled_rank(tmp_path: Path) -> None:
+@pytest.mark.parametrize("late", ["", "abort-late:rank=0:ms=1500"])
+def test_the_watch_is_on_by_default_and_names_the_stalled_rank(tmp_path: Path, late: str) -> None:
+    """``late``: rank 0 leaves 1.5 s after rank 1, whose exit breaks the all-reduce rank 0's backward waits in
+    ("Connection closed by peer"): that error is the abort's doing and rank 0 still exits 3, not 1 (CI saw 1)."""
     job = Path(__file__).resolve().parent / "watch_user_job.py"
     events = tmp_path / "events.jsonl"
     res = run_ddpkit("run", "-n", "2", "--hang-after", "4", "--events", str(events), "--", str(job), "--fault",
-                     "sleep", "--fault-rank", "1", "--fault-step", "20", timeout=150)
+                     "sleep", "--fault-rank", "1", "--fault-step", "20", timeout=150,
+                     env=ddpkit_env(DDPKIT_FAULTS=late) if late else None)
     assert res.returncode == 3, res.stderr[-4000:]
+    assert "failed first with exit code 3" in res.stderr, res.stderr[-2000:]
     assert "ddpkit watch: HANG" in res.stderr
     assert "rank 1 on host" in res.stderr and "has not entered" in res.stderr, res.stderr[-4000:]
     assert "--- rank 0 on host" in res.stderr and "--- rank 1 on host" in res.stderr  # every live rank's stack

@@ -106,6 +106,7 @@ class Session:
         """The group is going: stop watching, summary on rank 0. Safe to call twice."""
         monitor, self.monitor, self.recorder = self.monitor, None, None
         if monitor is not None:
+            monitor.await_abort()  # the script caught the abort's broken collective and is leaving: exit 3 still
             monitor.finish()
 
 
@@ -185,6 +186,9 @@ def note_exception() -> None:
     """An exception is leaving the user's code: when it comes from a watched collective that failed (DDP raises a
     failed gradient bucket in ``backward``), the watch's failure report (which ranks are gone) is printed now, before
     the launcher ends this process. ``ddpkit run`` calls it; an uncaught exception does, through ``sys.excepthook``."""
+    monitor = _session.monitor if _session is not None else None
+    if monitor is not None:
+        monitor.await_abort()  # under an abort the exception is its doing: the rank exits 3, not 1
     recorder = _session.recorder if _session is not None else None
     if recorder is not None:
         try:

@@ -25,6 +25,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from ddpkit.errors import EXIT_MISSING
+from ddpkit.fault_injection import fault
 from ddpkit.log import get_logger
 from ddpkit.watch.diagnose import Hang, diagnose_deadline, diagnose_hang, straggler, summary_lines
 from ddpkit.watch.options import WatchOptions, hang_deadline
@@ -44,6 +45,8 @@ STALE_S = 3.0
 STACK_WAIT_S = 3.0
 #: Under an abort, how long a rank waits for every live rank's abort handlers to have run before it exits.
 HANDLERS_WAIT_S = 10.0
+#: The longest an exception caused by the abort waits for the watch's thread to end the rank (report, handlers).
+ABORT_WAIT_S = STACK_WAIT_S + HANDLERS_WAIT_S + 5.0
 #: How long rank 0 waits for the other ranks' last records before printing the summary.
 FINAL_WAIT_S = 3.0
 #: The longest the watch waits for one answer of the job's store (``watch/store.py``: TCPStore's own timeout does not
@@ -328,9 +331,26 @@ class Monitor:
             while handled < order.get("live", 1) and time.monotonic() < until:
                 time.sleep(0.05)
                 handled = int(self.store.add("abort/handled", 0))
+        late = fault("abort-late", rank=self.rank)  # test hook: this rank leaves after the others
+        if late is not None:
+            time.sleep(float(late.get("ms", 1500)) / 1e3)
         if order.get("reporter") != self.rank:
             print(f"ddpkit watch: rank {self.rank} on host {host} stops (hang reported by rank "
                   f"{order.get('reporter')}; exit {EXIT_MISSING})", file=sys.stderr, flush=True)
+        sys.stdout.flush()
+        os._exit(EXIT_MISSING)
+
+    def await_abort(self) -> None:
+        """Under an abort (a hang report ordered every rank to stop), an exception leaving the user's code now is the
+        abort's doing: a rank that already left broke this rank's collective ("Connection closed by peer"). Keep the
+        process for the watch's thread, which ends it with exit 3 once the handlers ran, rather than letting the
+        exception end it with 1 (the launcher would name this rank as the one that failed first). Returns at once
+        when no abort is under way; ends the process itself after ABORT_WAIT_S."""
+        if not self._aborting or self._thread is threading.current_thread():
+            return
+        self._thread.join(timeout=ABORT_WAIT_S)
+        print(f"ddpkit watch: rank {self.rank} on host {self.rec.host} stops (hang reported; exit {EXIT_MISSING})",
+              file=sys.stderr, flush=True)
         sys.stdout.flush()
         os._exit(EXIT_MISSING)
 
