@@ -135,6 +135,40 @@ def test_recorder_deadline_phases_are_numbered_and_overdue_only_past_their_deadl
     assert r.record(3)["stage"] == [1, "all_gather", True] and r.overdue() is None
 
 
+def test_recorder_counts_open_calls_and_completes_them_by_their_future() -> None:
+    """The per-step path keeps no counter of completions: ``completed`` is what left the open calls, a Future's call
+    leaves when the Future is done (at the next step or heartbeat), and a failed one is reported once."""
+    import torch
+
+    from ddpkit.watch.recorder import Recorder
+
+    r = Recorder(0, 2)
+    failures: list[int] = []
+    r.on_failure = lambda: failures.append(1)
+    sync = r.enter(("all_reduce", 4, "job.py:3 (main)"))
+    r.done(sync)
+    pending, later = r.enter(("DDP gradient all-reduce (bucket 0)", 92, "job.py:9 (train)")), torch.futures.Future()
+    pending[2] = later
+    out = r.record(1)
+    assert (out["entered"], out["completed"]) == (2, 1)
+    assert out["waiting"]["seq"] == 2 and out["waiting"]["op"] == "DDP gradient all-reduce (bucket 0)"
+    assert out["recent"] == [[1, "all_reduce", 4, "job.py:3 (main)"], [2, "DDP gradient all-reduce (bucket 0)", 92,
+                                                                      "job.py:9 (train)"]]
+    later.set_result(torch.zeros(1))
+    r.step()  # a forward: the last step's done buckets leave
+    out = r.record(2)
+    assert (out["entered"], out["completed"], out["waiting"]) == (2, 2, None) and not out["failed"]
+    broken, failing = r.enter(("DDP gradient all-reduce (bucket 0)", 92, "job.py:9 (train)")), torch.futures.Future()
+    broken[2] = failing
+    failing.set_exception(RuntimeError("Connection reset by peer"))
+    r.sweep()  # the heartbeat's (or note_exception's) sweep finds the failed Future
+    r.sweep()
+    assert failures == [1] and r.failed is not None and r.failed["seq"] == 3
+    assert "Connection reset by peer" in r.failed["error"] and r.record(3)["completed"] == 3
+    r.fail(r.enter(("barrier", None, "job.py:12 (main)")), RuntimeError("timed out"))
+    assert failures == [1, 1] and r.failed["seq"] == 3  # the first failure is the one reported
+
+
 def test_deadline_report_names_the_ranks_short_of_the_phase_and_the_collective() -> None:
     gathering = wait(12, op="all_gather", seconds=4)
     records = {0: {**rec(0, entered=12, waiting=gathering), "stage": [5, "all_gather", False]},

@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ddpkit.watch.recorder import Recorder, call_site, future_error
+from ddpkit.watch.recorder import Recorder, call_site
 
 __all__ = ["COLLECTIVES", "Hooks"]
 
@@ -131,23 +131,23 @@ class Hooks:
                     return original(*args, **kwargs)
             is_async = kwargs.get("async_op", args[async_at] if async_at is not None and len(args) > async_at
                                   else False)
-            seq = rec.enter(name, _nbytes(args[0] if args else next(iter(kwargs.values()), None)),
-                            call_site(rec.skip))
+            call = rec.enter((name, _nbytes(args[0] if args else next(iter(kwargs.values()), None)),
+                              call_site(rec.skip)))
             _inside.depth = True
             try:
                 out = original(*args, **kwargs)
             except BaseException as exc:
-                rec.complete(seq, error=exc)
+                rec.fail(call, exc)
                 raise
             finally:
                 _inside.depth = False
             if is_async and out is not None:
                 try:
-                    rec.pending(seq, out.get_future())
+                    call[2] = out.get_future()  # completed when it is done, seen at the next step or heartbeat
                 except RuntimeError:  # a Work without a future: counted done once issued
-                    rec.complete(seq)
+                    rec.done(call)
             else:
-                rec.complete(seq)
+                rec.done(call)
             return out
 
         return collective
@@ -170,20 +170,19 @@ class Hooks:
                 buffer = bucket.buffer()
                 about = known[index] = (f"DDP gradient all-reduce (bucket {index})",
                                         buffer.numel() * buffer.element_size(), call_site(rec.skip))
-            seq = rec.enter(*about)
+            call = rec.enter(about)
             _inside.depth = True
             try:
                 fut = hook(state, bucket)
             except BaseException as exc:
-                rec.complete(seq, error=exc)
+                rec.fail(call, exc)
                 raise
             finally:
                 _inside.depth = False
-            if fut.done():  # a transport that completes in the hook (MPI)
-                rec.complete(seq, error=future_error(fut))
-                return fut
-            rec.pending(seq, fut)  # completed when the Future is done, seen at the next step or heartbeat
-            if not rec.sampling:
+            # completed when the Future is done (at once for a transport that completes in the hook, MPI), seen at
+            # the next step or heartbeat, or when an exception leaves the user's code (``note_exception``)
+            call[2] = fut
+            if not rec.sampling or fut.done():
                 return fut
             since = time.monotonic()  # one step in SAMPLE_EVERY: the bucket's time in flight, for the straggler
 

@@ -1,8 +1,13 @@
 """One rank's progress, as the watch publishes it: every collective entered and completed (op, size, sequence
 number, call site), the current step, the marked phase, and step / gradient-sync timings for the straggler check.
 
-Everything here runs on the rank's own threads (the user's, autograd's, the backend's completion thread), so each
-update takes a lock held for a few attribute writes; nothing here talks to the store (``monitor.py`` does).
+The per-step path (``enter``, ``step``) runs on the rank's training thread inside every step, where Python runs
+5-7 times slower than in a tight loop (benchmarks/results/bench_watch.md), so it takes no lock and makes no record
+it does not need: a call is entered by one counter write and one dict insert, and completes by leaving that dict
+(``dict.pop`` is atomic, so the training thread and the watch's thread may both complete calls). ``completed`` is not
+counted: it is ``entered`` less the calls still open, read by the watch's thread from snapshots (``list(dict)`` is
+atomic). The cold paths (phases, the exit summary) keep a lock. Nothing here talks to the store (``monitor.py``
+does).
 """
 
 from __future__ import annotations
@@ -63,11 +68,11 @@ class Recorder:
         self.skip = (*_SKIP, _torch_dir())
         self._lock = threading.Lock()
         self.entered = 0
-        self.completed = 0
-        # seq -> [op, bytes, site, since, Future or None]: a call with a Future completes when the Future is done
-        # (seen at the next step or heartbeat: no callback on the backend's thread, which cost a step 20 us)
+        # seq -> [about, since, Future or None, seq], about = (op, bytes, site): a call leaves when it completes; one
+        # with a Future leaves when the Future is done, seen at the next step or heartbeat (no callback on the
+        # backend's thread, which cost a step 20 us)
         self._open: dict[int, list[Any]] = {}
-        self._recent: deque[tuple[int, str, int | None, str]] = deque(maxlen=RECENT)
+        self._recent: deque[tuple[int, tuple[str, int | None, str]]] = deque(maxlen=RECENT)
         self.steps = 0
         self._step_start: float | None = None
         self.step_times: deque[float] = deque(maxlen=WINDOW)
@@ -113,63 +118,73 @@ class Recorder:
         return float(data.get("backward_comm_time", 0)) / 1e9
 
     # -- collectives ------------------------------------------------------------------------------------------
-    def enter(self, op: str, nbytes: int | None, site: str) -> int:
-        """A collective begins on this rank; its sequence number (call order)."""
-        call = [op, nbytes, site, time.monotonic(), None]
-        with self._lock:
-            self.entered += 1
-            seq = self.entered
-            self._open[seq] = call
-            self._recent.append((seq, op, nbytes, site))
-        return seq
+    def enter(self, about: tuple[str, int | None, str]) -> list[Any]:
+        """A collective begins on this rank (``about``: op, bytes, call site); its slot among the open calls (item 2
+        takes its Future, if it has one: the call completes when the Future is done)."""
+        seq = self.entered + 1
+        call = [about, time.monotonic(), None, seq]
+        self.entered = seq  # before the insert: a reader counts only the open calls up to ``entered``
+        self._open[seq] = call
+        self._recent.append((seq, about))
+        return call
 
-    def pending(self, seq: int, fut: Any) -> None:
-        """Collective ``seq`` completes when ``fut`` (a torch Future) is done."""
-        call = self._open.get(seq)
-        if call is not None:
-            call[4] = fut
+    def done(self, call: list[Any]) -> None:
+        """``call`` completed."""
+        self._open.pop(call[3], None)
+
+    def fail(self, call: list[Any], error: BaseException) -> None:
+        """``call`` failed with ``error``: kept for the failure report, which runs at once."""
+        if self._open.pop(call[3], None) is None:
+            return
+        if self.failed is None:
+            about = call[0]
+            self.failed = {"seq": call[3], "op": about[0], "site": about[2], "error": str(error).strip()}
+        if self.on_failure is not None:
+            self.on_failure()
 
     def bucket_done(self, since: float) -> None:
         """A timed gradient bucket's Future completed (on the backend's thread)."""
         self._intervals.append((since, time.monotonic()))
 
-    def complete(self, seq: int, *, error: BaseException | None = None) -> None:
-        with self._lock:
-            call = self._open.pop(seq, None)
-            if call is None:
-                return
-            if error is not None and self.failed is None:
-                self.failed = {"seq": seq, "op": call[0], "site": call[2], "error": str(error).strip()}
-            self.completed += 1
-        if error is not None and self.on_failure is not None:
-            self.on_failure()
-
     def sweep(self) -> None:
         """Complete the calls whose Future is done (with its error, if it failed)."""
-        done = [(seq, call[4]) for seq, call in list(self._open.items()) if call[4] is not None and call[4].done()]
-        for seq, fut in done:
-            self.complete(seq, error=future_error(fut))
+        for call in list(self._open.values()):
+            fut = call[2]
+            if fut is not None and fut.done():
+                error = future_error(fut)
+                if error is None:
+                    self.done(call)
+                else:
+                    self.fail(call, error)
 
     # -- steps and phases -------------------------------------------------------------------------------------
     def step(self) -> None:
         """A DDP forward began: the previous step (forward, backward, gradient sync, optimizer) ended, and DDP
         waited for each of its gradient buckets."""
         now = time.monotonic()
-        sampled = self._sampled_sync() if self._ddp is not None and self.steps % SAMPLE_EVERY == 1 else None
-        with self._lock:
-            # the last step's buckets: DDP waited for each (a failed one raised in backward: no step follows it)
-            for seq in [seq for seq, call in self._open.items() if call[4] is not None and call[4].done()]:
-                del self._open[seq]
-                self.completed += 1
-            if self._step_start is not None:
-                self.step_times.append(now - self._step_start)
-            if self._intervals:
-                sampled, self._intervals = _union(self._intervals), []
-            if sampled is not None:
-                self.sync_times.append(sampled)
-            self._step_start = now
-            self.steps += 1
-            self.sampling = self._ddp is None and self.steps % SAMPLE_EVERY == 0
+        if self._open:  # the last step's buckets: DDP waited for each (a failed one raised in backward: no step)
+            for call in list(self._open.values()):
+                fut = call[2]
+                if fut is not None and fut.done():
+                    self._open.pop(call[3], None)
+        start = self._step_start
+        if start is not None:
+            self.step_times.append(now - start)
+        self._step_start = now
+        last = self.steps
+        self.steps = last + 1
+        if self.sampling or self._intervals or last % SAMPLE_EVERY == 1 or self.steps % SAMPLE_EVERY == 0:
+            self._sample(last)
+
+    def _sample(self, last: int) -> None:
+        """One step in SAMPLE_EVERY: the gradient-sync time of the step that ended (DDP's statistic for a model on
+        its C++ path, else the union of the timed buckets), and whether the step that begins is timed."""
+        sampled = self._sampled_sync() if self._ddp is not None and last % SAMPLE_EVERY == 1 else None
+        if self._intervals:
+            sampled, self._intervals = _union(self._intervals), []
+        if sampled is not None:
+            self.sync_times.append(sampled)
+        self.sampling = self._ddp is None and self.steps % SAMPLE_EVERY == 0
 
     def phase_begin(self, name: str, deadline: float | None = None) -> None:
         with self._lock:
@@ -196,9 +211,6 @@ class Recorder:
         return None
 
     # -- what the monitor publishes ---------------------------------------------------------------------------
-    def progress(self) -> tuple[int, int]:
-        return self.entered, self.completed
-
     def timings(self) -> dict[str, Any]:
         with self._lock:
             steps, syncs = list(self.step_times), list(self.sync_times)
@@ -211,22 +223,23 @@ class Recorder:
     def record(self, beat: int, *, final: bool = False) -> dict[str, Any]:
         self.sweep()
         now = time.monotonic()
+        entered = self.entered
+        calls = sorted((c for c in list(self._open.values()) if c[3] <= entered), key=lambda c: c[3])
+        oldest = calls[0] if calls else None
         with self._lock:
-            first = min(self._open) if self._open else None
-            oldest = None if first is None else (first, *self._open[first][:4])
             phase = self.phases[-1] if self.phases else None
-            out: dict[str, Any] = {
-                "rank": self.rank, "host": self.host, "pid": os.getpid(), "beat": beat, "entered": self.entered,
-                "completed": self.completed, "step": self.steps, "first_step_done": len(self.step_times) > 0,
-                "recent": [list(c) for c in self._recent],
-                "waiting": None if oldest is None else {
-                    "seq": oldest[0], "op": oldest[1], "bytes": oldest[2], "site": oldest[3],
-                    "for": round(now - oldest[4], 3)},
-                "phase": None if phase is None else {"name": phase[0], "for": round(now - phase[1], 3),
-                                                     "deadline": phase[2]},
-                "stage": None if self.stage is None else list(self.stage),
-                "final": final, "failed": self.failed is not None,
-            }
+        out: dict[str, Any] = {
+            "rank": self.rank, "host": self.host, "pid": os.getpid(), "beat": beat, "entered": entered,
+            "completed": entered - len(calls), "step": self.steps, "first_step_done": len(self.step_times) > 0,
+            "recent": [[seq, *about] for seq, about in list(self._recent)],
+            "waiting": None if oldest is None else {
+                "seq": oldest[3], "op": oldest[0][0], "bytes": oldest[0][1], "site": oldest[0][2],
+                "for": round(now - oldest[1], 3)},
+            "phase": None if phase is None else {"name": phase[0], "for": round(now - phase[1], 3),
+                                                 "deadline": phase[2]},
+            "stage": None if self.stage is None else list(self.stage),
+            "final": final, "failed": self.failed is not None,
+        }
         out["group_seq"] = self.group_seq()
         out["timings"] = self.timings()
         return out
