@@ -165,8 +165,9 @@ def _two_host_run(two_hosts: Hosts, events: Path, cpus: tuple[str, str], *job: s
 
 
 def test_cpu_limited_host_named_as_the_straggler(two_hosts: Hosts) -> None:
-    """Host 2's two ranks share their CPU with a busy process (a third of a CPU each; host 1's get half): the watch
-    names host 2 as the slowest, with its ranks; the same layout without the busy process names nothing."""
+    """Host 2's two ranks share their CPU with two busy processes (a quarter of a CPU each; host 1's get half): the
+    watch names host 2 as the slowest, with its ranks; the same layout without the busy processes names nothing
+    well above the 10% bar (the shared machine's own noise may leave one host's ranks a little behind)."""
     import json
     import os
 
@@ -175,26 +176,32 @@ def test_cpu_limited_host_named_as_the_straggler(two_hosts: Hosts) -> None:
         pytest.fail("this test pins each host to a CPU of its own: it needs 2 CPUs")
     job = ("--steps", "150", "--step-s", "0", "--busy-ms", "10")
     h2 = two_hosts[1].hostname
-    hog = subprocess.Popen(["taskset", "-c", "1", sys.executable, "-c", "while True: pass"])
+    hogs = [subprocess.Popen(["taskset", "-c", "1", sys.executable, "-c", "while True: pass"]) for _ in range(2)]
     try:
         slow_events = Path(two_hosts.cluster.workdir) / "slow.jsonl"
         output = _two_host_run(two_hosts, slow_events, ("0", "1"), *job)
     finally:
-        hog.kill()
-        hog.wait()
+        for hog in hogs:
+            hog.kill()
+            hog.wait()
     named = [json.loads(x) for x in slow_events.read_text().splitlines() if '"straggler"' in x]
     assert named, output[-6000:]
     # every report points at host 2 (a first one, on few samples, may name one of its ranks); the host is named
     assert all(e["host"] == h2 and (e.get("ranks") == [2, 3] or e.get("rank") in (2, 3)) for e in named), named
     assert f"host {h2} (ranks 2 and 3) is the slowest: the ranks on other hosts wait" in output
-    # a report is made only above the 10% bar; how far above depends on the machine's other load (CI once saw 16%)
-    assert all(e["wait_share"] > 0.1 for e in named), named
+    # a report is made only above the 10% bar; how far above depends on the machine's other load (with one busy
+    # process CI once saw 16%, against a third of a step in theory; two make it half a step)
+    shares = [round(e["wait_share"], 3) for e in named]
+    print("slow run: wait shares", shares)
+    assert all(share > 0.1 for share in shares), named
     clean_events = Path(two_hosts.cluster.workdir) / "clean.jsonl"
     output = _two_host_run(two_hosts, clean_events, ("0", "1"), *job)
     lines = clean_events.read_text().splitlines() if clean_events.exists() else []
     clean = [json.loads(x) for x in lines if '"straggler"' in x]
-    # without the busy process host 2 is never named; on this shared 2-core machine the scheduler's noise once put
-    # one rank of host 1 at the 10% bar (0.1007) during the full suite, so a rare report at the bar is tolerated,
-    # never one well above it
-    assert all(e["host"] != h2 and e["wait_share"] < 0.15 for e in clean), (clean, output[-6000:])
+    # without the busy processes nothing is named well above the bar: on this shared 2-core machine the noise of
+    # one CPU put a host's ranks at the bar during the full suite (host 1 at 0.1007 once, host 2 once), so a rare
+    # report near it is tolerated, whichever host, never one anywhere near the busy run's
+    print("clean run: reports", [(e["host"], round(e["wait_share"], 3)) for e in clean])
+    assert all(e["wait_share"] < 0.15 for e in clean), ([(e["host"], e["wait_share"]) for e in clean],
+                                                        output[-6000:])
     assert two_hosts.leftover() == {}

@@ -100,6 +100,18 @@ def test_straggler_host_when_all_its_ranks_wait_least() -> None:
     assert found[0].startswith("ddpkit watch: host h2 (ranks 2 and 3) is the slowest")
 
 
+def test_straggler_host_when_its_ranks_wait_a_little_for_each_other() -> None:
+    """Two ranks sharing a busy CPU are not quite in step (rank 3 waits 6% for rank 2): the host is still the slow
+    one, next to the 25% the other host waits; a rank of it that waits as much as the others is not."""
+    records = {0: rec(0, "h1", timings=timing(0.027)), 1: rec(1, "h1", timings=timing(0.027)),
+               2: rec(2, "h2", timings=timing(0.002)), 3: rec(3, "h2", timings=timing(0.008))}
+    found = straggler(records, 0.10)
+    assert found is not None and found[1]["host"] == "h2" and found[1]["ranks"] == [2, 3], found
+    records[3] = rec(3, "h2", timings=timing(0.020))
+    found = straggler(records, 0.10)
+    assert found is not None and found[1].get("rank") == 2 and "ranks" not in found[1], found
+
+
 def test_no_straggler_within_the_share_or_too_few_steps() -> None:
     even = {0: rec(0, timings=timing(0.010)), 1: rec(1, timings=timing(0.005))}
     assert straggler(even, 0.10) is None
