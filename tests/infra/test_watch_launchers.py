@@ -191,9 +191,7 @@ def test_cpu_limited_host_named_as_the_straggler(two_hosts: Hosts) -> None:
     assert f"host {h2} (ranks 2 and 3) is the slowest: the ranks on other hosts wait" in output
     # a report is made only above the 10% bar; how far above depends on the machine's other load (with one busy
     # process CI once saw 16%, against a third of a step in theory; two make it half a step)
-    shares = [round(e["wait_share"], 3) for e in named]
-    print("slow run: wait shares", shares)
-    assert all(share > 0.1 for share in shares), named
+    assert all(e["wait_share"] > 0.1 for e in named), named
     clean_events = Path(two_hosts.cluster.workdir) / "clean.jsonl"
     output = _two_host_run(two_hosts, clean_events, ("0", "1"), *job)
     lines = clean_events.read_text().splitlines() if clean_events.exists() else []
@@ -201,7 +199,6 @@ def test_cpu_limited_host_named_as_the_straggler(two_hosts: Hosts) -> None:
     # without the busy processes nothing is named well above the bar: on this shared 2-core machine the noise of
     # one CPU put a host's ranks at the bar during the full suite (host 1 at 0.1007 once, host 2 once), so a rare
     # report near it is tolerated, whichever host, never one anywhere near the busy run's
-    print("clean run: reports", [(e["host"], round(e["wait_share"], 3)) for e in clean])
     assert all(e["wait_share"] < 0.15 for e in clean), ([(e["host"], e["wait_share"]) for e in clean],
                                                         output[-6000:])
     assert two_hosts.leftover() == {}

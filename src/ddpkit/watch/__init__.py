@@ -186,10 +186,12 @@ def note_exception() -> None:
     """An exception is leaving the user's code: when it comes from a watched collective that failed (DDP raises a
     failed gradient bucket in ``backward``), the watch's failure report (which ranks are gone) is printed now, before
     the launcher ends this process. ``ddpkit run`` calls it; an uncaught exception does, through ``sys.excepthook``."""
-    monitor = _session.monitor if _session is not None else None
-    if monitor is not None:
-        monitor.await_abort()  # under an abort the exception is its doing: the rank exits 3, not 1
-    recorder = _session.recorder if _session is not None else None
+    session = _session
+    if session is None:
+        return
+    if session.monitor is not None:
+        session.monitor.await_abort()  # under an abort the exception is its doing: the rank exits 3, not 1
+    recorder = session.recorder
     if recorder is not None:
         try:
             recorder.sweep()

@@ -22,7 +22,7 @@ import threading
 import time
 import traceback
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from ddpkit.errors import EXIT_MISSING
 from ddpkit.fault_injection import fault
@@ -85,6 +85,15 @@ def python_stacks() -> str:
         parts.append(f"  Thread {names.get(ident, '?')} ({ident:#x}), most recent call last:\n"
                      + "".join("    " + line for line in "".join(traceback.format_list(frames)).splitlines(True)))
     return "".join(parts)
+
+
+def _leave(line: str | None) -> NoReturn:
+    """End this rank with exit 3 (EXIT_MISSING), after ``line`` on stderr: ``os._exit``, since a thread blocked in C
+    (the rank's main thread in a collective) cannot hold the process then."""
+    if line is not None:
+        print(line, file=sys.stderr, flush=True)
+    sys.stdout.flush()
+    os._exit(EXIT_MISSING)
 
 
 def _end_stopped(pids: list[int]) -> None:
@@ -334,11 +343,9 @@ class Monitor:
         late = fault("abort-late", rank=self.rank)  # test hook: this rank leaves after the others
         if late is not None:
             time.sleep(float(late.get("ms", 1500)) / 1e3)
-        if order.get("reporter") != self.rank:
-            print(f"ddpkit watch: rank {self.rank} on host {host} stops (hang reported by rank "
-                  f"{order.get('reporter')}; exit {EXIT_MISSING})", file=sys.stderr, flush=True)
-        sys.stdout.flush()
-        os._exit(EXIT_MISSING)
+        _leave(None if order.get("reporter") == self.rank else
+               f"ddpkit watch: rank {self.rank} on host {host} stops (hang reported by rank {order.get('reporter')}; "
+               f"exit {EXIT_MISSING})")
 
     def await_abort(self) -> None:
         """Under an abort (a hang report ordered every rank to stop), an exception leaving the user's code now is the
@@ -349,10 +356,7 @@ class Monitor:
         if not self._aborting or self._thread is threading.current_thread():
             return
         self._thread.join(timeout=ABORT_WAIT_S)
-        print(f"ddpkit watch: rank {self.rank} on host {self.rec.host} stops (hang reported; exit {EXIT_MISSING})",
-              file=sys.stderr, flush=True)
-        sys.stdout.flush()
-        os._exit(EXIT_MISSING)
+        _leave(f"ddpkit watch: rank {self.rank} on host {self.rec.host} stops (hang reported; exit {EXIT_MISSING})")
 
     def _run_abort_handlers(self, order: dict[str, Any]) -> None:
         for handler in self.abort_handlers:
@@ -407,8 +411,7 @@ class Monitor:
         if self.options.on_hang == "abort":
             self._run_abort_handlers({"reporter": self.rank, "store_lost": str(exc), "silent": None,
                                       "headline": lines[0]})
-            sys.stdout.flush()
-            os._exit(EXIT_MISSING)
+            _leave(None)
         self._stop.set()
 
     # -- the end ----------------------------------------------------------------------------------------------

@@ -224,8 +224,8 @@ class Recorder:
         self.sweep()
         now = time.monotonic()
         entered = self.entered
-        calls = sorted((c for c in list(self._open.values()) if c[3] <= entered), key=lambda c: c[3])
-        oldest = calls[0] if calls else None
+        calls = [c for c in list(self._open.values()) if c[3] <= entered]
+        oldest = min(calls, key=lambda c: c[3], default=None)
         with self._lock:
             phase = self.phases[-1] if self.phases else None
         out: dict[str, Any] = {
