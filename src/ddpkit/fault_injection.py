@@ -12,8 +12,9 @@ Kinds consulted by ``ddpkit bench``:
 
 - ``corrupt`` (context ``op``, ``rank``; parameter ``n``, default 1): after the verification run of ``op``,
   the rank adds 3 to the first ``n`` elements of its result, so ``#wrong`` counts ``n`` per size.
-- ``slow`` (context ``rank``; parameter ``ms``, default 20): in ``--pairs``, the rank stalls ``ms`` before each
-  point-to-point send, so its links read slow.
+- ``slow`` (context ``rank``, ``peer``; parameters ``ms``, default 20, and ``measures``): in ``--pairs``, the rank
+  stalls ``ms`` before each point-to-point send, so its links read slow; with ``peer=P`` only its link to global
+  rank P (a bad cable); with ``measures=K`` only in the first K measurements of a link (a transient stall).
 
 Kinds consulted by ``ddpkit check`` (context: ``rank``, and ``op`` or ``phase``):
 

@@ -94,6 +94,28 @@ def test_pairs_names_the_slowed_rank(tmp_path: Path) -> None:
     assert pairs["bandwidth_gbps"][0][1] > pairs["bandwidth_gbps"][0][2]
 
 
+@pytest.mark.parametrize("measures", ["", "2"])
+def test_pairs_names_a_bad_link_and_not_a_transient_stall(tmp_path: Path, measures: str) -> None:
+    """Rank 1 stalls 20 ms before every send to rank 2: a bad cable between two healthy ranks, named after every
+    confirmation. The same stall in the link's first two measurements only (its round and one confirmation) is a
+    busy machine's stall: the confirmations that follow clear it, and nothing is named."""
+    js = tmp_path / "pairs.json"
+    env = ddpkit_env(DDPKIT_FAULTS="slow:rank=1:peer=2:ms=20" + (f":measures={measures}" if measures else ""))
+    proc = run_ddpkit("bench", "-n", "3", "--pairs", "ranks", "--pairs-size", "64K", "--pairs-iters", "3",
+                      "--json", str(js), env=env, timeout=240)
+    pairs = json.loads(js.read_text())["pairs"]
+    assert pairs["slow_endpoints"] == [], proc.stdout
+    confirmations = [r for r in pairs["rounds"] if r["confirm"]]
+    if measures:
+        assert proc.returncode == 0 and pairs["slow_links"] == [], proc.stdout + proc.stderr
+        assert len(confirmations) == 2, proc.stdout  # named after its round and the first confirmation
+    else:
+        assert proc.returncode == EXIT_CHECK_FAILED, proc.stdout + proc.stderr
+        assert [sorted(link) for link in pairs["slow_links"]] == [sorted(pairs["names"][1:])], proc.stdout
+        assert len(confirmations) == 3, proc.stdout  # measured again in every pass while it stays named
+        assert "# slow ranks: none" in proc.stdout
+
+
 def test_pairs_budget_cuts_the_slow_links_short_and_still_names_them(tmp_path: Path) -> None:
     """Rank 2 stalls 40 ms before every answer: its pairs need over 0.4 s for their round trips alone, so with a
     0.3 s budget they stop after the first transfer of the ramp instead of 64 KiB, 256 KiB and 5 of 1 MiB; the

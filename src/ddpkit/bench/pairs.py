@@ -51,6 +51,7 @@ SCHEDULES = ("rounds", "ring", "sequential")
 REFERENCES = 2  # healthy endpoints measured against the suspects in --ring mode
 # round trips a latency is the fastest of, at least: a busy CPU delays some (the pairs of a round start together)
 LATENCY_SAMPLES = 10
+CONFIRM_LATENCY_SAMPLES = 50  # a confirmation measures one or few pairs: more round trips cost little there
 CONFIRM_PASSES = 3  # re-measurements of the links a verdict rests on, at most
 DEFAULT_SECONDS = 1.0  # a pair's time budget (iperf measures for a fixed time too: its -t)
 
@@ -121,17 +122,20 @@ class PairsResult:
         }
 
 
-def _slow_down(rank: int) -> None:
-    """Test hook ``slow:rank=R:ms=M``: this rank stalls M ms before each point-to-point send."""
-    armed = fault("slow", rank=rank)
-    if armed is not None:
-        time.sleep(float(armed.get("ms", "20")) / 1e3)
+def _stall(rank: int, peer: int, measure: int) -> float:
+    """Test hook ``slow:rank=R[:peer=P]:ms=M[:measures=K]``: seconds this rank stalls before each point-to-point
+    send of its ``measure``-th (1-based) measurement with ``peer``; ``measures`` limits the stall to the first K
+    (a transient stall), ``peer`` to one link (a bad cable)."""
+    armed = fault("slow", rank=rank, peer=peer)
+    if armed is None or measure > int(armed.get("measures", "0") or 0) > 0:
+        return 0.0
+    return float(armed.get("ms", "20")) / 1e3
 
 
 RAMP = 64 << 10  # bytes: a pair's first transfer; each next one 4x larger, up to --pairs-size
 
 
-def _pingpong(me: int, peer: int, leader: bool, ping: torch.Tensor, ack: torch.Tensor, iters: int) -> float:
+def _pingpong(peer: int, leader: bool, ping: torch.Tensor, ack: torch.Tensor, iters: int, stall: float) -> float:
     """Seconds of the fastest of ``iters`` one-element round trips (after one to warm the connection up): the
     leader sends ``ping`` and waits for ``ack``; the peer mirrors."""
     import torch.distributed as dist
@@ -140,19 +144,21 @@ def _pingpong(me: int, peer: int, leader: bool, ping: torch.Tensor, ack: torch.T
     for _ in range(iters + 1):
         t0 = time.perf_counter()
         if leader:
-            _slow_down(me)
+            if stall:
+                time.sleep(stall)
             dist.send(ping, peer)
             dist.recv(ack, peer)
         else:
             dist.recv(ping, peer)
-            _slow_down(me)
+            if stall:
+                time.sleep(stall)
             dist.send(ack, peer)
         times.append(time.perf_counter() - t0)
     return min(times[1:])
 
 
-def _exchanges(me: int, peer: int, leader: bool, buf: torch.Tensor, ack: torch.Tensor, header: torch.Tensor,
-               iters: int, deadline: float) -> list[tuple[int, float]]:
+def _exchanges(peer: int, leader: bool, buf: torch.Tensor, ack: torch.Tensor, header: torch.Tensor, iters: int,
+               deadline: float, stall: float) -> list[tuple[int, float]]:
     """Exchanges of growing size on one pair: the leader sends ``RAMP`` bytes of ``buf``, then 4x more each time
     up to all of it, then ``iters`` more of all of it (the first exchange is always a warm-up), the peer answering
     each with ``ack``. Before each, the leader sends a one-element ``header`` with its element count (0: done),
@@ -169,7 +175,8 @@ def _exchanges(me: int, peer: int, leader: bool, buf: torch.Tensor, ack: torch.T
             if n <= 0:
                 return []
             dist.recv(buf[:n], peer)
-            _slow_down(me)
+            if stall:
+                time.sleep(stall)
             dist.send(ack, peer)
     numel, size = buf.numel(), buf.numel() * buf.element_size()
     n = min(numel, max(RAMP // buf.element_size(), 1))
@@ -180,7 +187,8 @@ def _exchanges(me: int, peer: int, leader: bool, buf: torch.Tensor, ack: torch.T
             break
         header.fill_(n)
         dist.send(header, peer)
-        _slow_down(me)
+        if stall:
+            time.sleep(stall)
         t0 = time.perf_counter()
         dist.send(buf[:n], peer)
         dist.recv(ack, peer)
@@ -226,6 +234,8 @@ class _Rounds:
         import torch
 
         self.leaders, self.rank, self.iters, self.budget = list(leaders), rank, iters, seconds
+        self.round_trips = max(iters, LATENCY_SAMPLES)
+        self.measures: dict[int, int] = {}  # measurements of each peer so far
         self.payload = torch.empty(max(size // 4, 1), dtype=torch.float32, device=device).fill_(1.0)
         self.ping = torch.zeros(1, dtype=torch.float32, device=device)
         self.ack = torch.zeros(1, dtype=torch.float32, device=device)
@@ -239,8 +249,10 @@ class _Rounds:
         """One pair's (bandwidth GB/s, one-way latency us) and whether the budget cut it short (meaningful on the
         leader)."""
         deadline = time.perf_counter() + self.budget  # the round trips take little; the budget is for the bytes
-        latency = _pingpong(self.rank, peer, leader, self.ping, self.ack, max(self.iters, LATENCY_SAMPLES)) / 2
-        big = _exchanges(self.rank, peer, leader, self.payload, self.ack, self.header, self.iters, deadline)
+        self.measures[peer] = self.measures.get(peer, 0) + 1
+        stall = _stall(self.rank, peer, self.measures[peer])
+        latency = _pingpong(peer, leader, self.ping, self.ack, self.round_trips, stall) / 2
+        big = _exchanges(peer, leader, self.payload, self.ack, self.header, self.iters, deadline, stall)
         if not leader:
             return (0.0, 0.0), False
         bandwidth, cut = _figure(big, self.size, self.iters)
@@ -307,8 +319,11 @@ def measure_pairs(*, mode: str, size: int, iters: int, threshold: float, rank: i
     named = named_links(plan, links, overall, threshold)
     confirm: list[list[Pair]] = []
     confirmed: set[Pair] = set()
-    for _ in range(CONFIRM_PASSES):  # a new verdict can name a link measured once: confirm until none is left
-        doubtful = [p for p in named if p[0] not in slow and p[1] not in slow and p not in confirmed]
+    runner.round_trips = max(iters, CONFIRM_LATENCY_SAMPLES)
+    # A link between healthy endpoints is measured again in every pass while it stays named (a stall of a busy
+    # machine seldom lasts three measurements; a bad cable does); a new verdict can name a link measured once.
+    for _ in range(CONFIRM_PASSES):
+        doubtful = [p for p in named if p[0] not in slow and p[1] not in slow]
         for e in slow:  # an endpoint is named by its best link: measure that once more too
             best = max((p for p in links if e in p), key=lambda p: links[p][0])
             doubtful += [best] if best not in doubtful and best not in confirmed else []
