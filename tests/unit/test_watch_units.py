@@ -159,7 +159,8 @@ def test_recorder_counts_open_calls_and_completes_them_by_their_future() -> None
     r.on_failure = lambda: failures.append(1)
     sync = r.enter(("all_reduce", 4, "job.py:3 (main)"))
     r.done(sync)
-    pending, later = r.enter(("DDP gradient all-reduce (bucket 0)", 92, "job.py:9 (train)")), torch.futures.Future()
+    pending, later = r.enter(("DDP gradient all-reduce (bucket 0)", 92, "job.py:9 (train)"), True), \
+        torch.futures.Future()
     pending[2] = later
     out = r.record(1)
     assert (out["entered"], out["completed"]) == (2, 1)
@@ -179,6 +180,23 @@ def test_recorder_counts_open_calls_and_completes_them_by_their_future() -> None
     assert "Connection reset by peer" in r.failed["error"] and r.record(3)["completed"] == 3
     r.fail(r.enter(("barrier", None, "job.py:12 (main)")), RuntimeError("timed out"))
     assert failures == [1, 1] and r.failed["seq"] == 3  # the first failure is the one reported
+
+
+def test_a_failed_async_collective_never_waited_for_is_reported_after_a_step() -> None:
+    """A script's ``dist.all_reduce(..., async_op=True)`` that fails and is never waited for raises nowhere: the next
+    DDP forward reports it (only DDP's buckets, whose failure raised in backward, are completed there unchecked)."""
+    import torch
+
+    from ddpkit.watch.recorder import Recorder
+
+    r = Recorder(0, 2)
+    call, fut = r.enter(("all_reduce", 4, "job.py:5 (main)")), torch.futures.Future()
+    call[2] = fut
+    fut.set_exception(RuntimeError("Connection closed by peer"))
+    r.step()
+    out = r.record(1)
+    assert out["failed"] and r.failed is not None and r.failed["seq"] == 1 and r.failed["op"] == "all_reduce"
+    assert "Connection closed by peer" in r.failed["error"] and out["completed"] == 1
 
 
 def test_deadline_report_names_the_ranks_short_of_the_phase_and_the_collective() -> None:

@@ -170,7 +170,7 @@ class Hooks:
                 buffer = bucket.buffer()
                 about = known[index] = (f"DDP gradient all-reduce (bucket {index})",
                                         buffer.numel() * buffer.element_size(), call_site(rec.skip))
-            call = rec.enter(about)
+            call = rec.enter(about, True)
             _inside.depth = True
             try:
                 fut = hook(state, bucket)

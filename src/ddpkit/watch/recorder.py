@@ -68,9 +68,9 @@ class Recorder:
         self.skip = (*_SKIP, _torch_dir())
         self._lock = threading.Lock()
         self.entered = 0
-        # seq -> [about, since, Future or None, seq], about = (op, bytes, site): a call leaves when it completes; one
-        # with a Future leaves when the Future is done, seen at the next step or heartbeat (no callback on the
-        # backend's thread, which cost a step 20 us)
+        # seq -> [about, since, Future or None, seq, bucket], about = (op, bytes, site): a call leaves when it
+        # completes; one with a Future leaves when the Future is done, seen at the next step (a DDP bucket) or
+        # heartbeat (no callback on the backend's thread, which cost a step 20 us)
         self._open: dict[int, list[Any]] = {}
         self._recent: deque[tuple[int, tuple[str, int | None, str]]] = deque(maxlen=RECENT)
         self.steps = 0
@@ -118,11 +118,12 @@ class Recorder:
         return float(data.get("backward_comm_time", 0)) / 1e9
 
     # -- collectives ------------------------------------------------------------------------------------------
-    def enter(self, about: tuple[str, int | None, str]) -> list[Any]:
-        """A collective begins on this rank (``about``: op, bytes, call site); its slot among the open calls (item 2
-        takes its Future, if it has one: the call completes when the Future is done)."""
+    def enter(self, about: tuple[str, int | None, str], bucket: bool = False) -> list[Any]:
+        """A collective begins on this rank (``about``: op, bytes, call site; ``bucket``: one of DDP's gradient
+        buckets); its slot among the open calls (item 2 takes its Future, if it has one: the call completes when the
+        Future is done)."""
         seq = self.entered + 1
-        call = [about, time.monotonic(), None, seq]
+        call = [about, time.monotonic(), None, seq, bucket]
         self.entered = seq  # before the insert: a reader counts only the open calls up to ``entered``
         self._open[seq] = call
         self._recent.append((seq, about))
@@ -166,7 +167,12 @@ class Recorder:
             for call in list(self._open.values()):
                 fut = call[2]
                 if fut is not None and fut.done():
-                    self._open.pop(call[3], None)
+                    # a script's own async collective may have failed unseen (one never waited for raises nowhere)
+                    error = None if call[4] else future_error(fut)
+                    if error is None:
+                        self._open.pop(call[3], None)
+                    else:
+                        self.fail(call, error)
         start = self._step_start
         if start is not None:
             self.step_times.append(now - start)
