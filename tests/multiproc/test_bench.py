@@ -105,14 +105,18 @@ def test_pairs_names_a_bad_link_and_not_a_transient_stall(tmp_path: Path, measur
                       "--json", str(js), env=env, timeout=240)
     pairs = json.loads(js.read_text())["pairs"]
     assert pairs["slow_endpoints"] == [], proc.stdout
-    confirmations = [r for r in pairs["rounds"] if r["confirm"]]
+    # the rounds that measured the link again (a pass may also confirm a healthy endpoint's best link once, when a
+    # busy moment made that endpoint look slow: those rounds are not counted)
+    link = sorted(pairs["names"][1:])
+    again = [r for r in pairs["rounds"] if r["confirm"] and link in [sorted(p) for p in r["pairs"]]]
     if measures:
         assert proc.returncode == 0 and pairs["slow_links"] == [], proc.stdout + proc.stderr
-        assert len(confirmations) == 2, proc.stdout  # named after its round and the first confirmation
+        # named after its round and the first confirmation, so measured again; cleared by a clean measurement
+        assert 2 <= len(again) <= 3, proc.stdout
     else:
         assert proc.returncode == EXIT_CHECK_FAILED, proc.stdout + proc.stderr
-        assert [sorted(link) for link in pairs["slow_links"]] == [sorted(pairs["names"][1:])], proc.stdout
-        assert len(confirmations) == 3, proc.stdout  # measured again in every pass while it stays named
+        assert [sorted(link) for link in pairs["slow_links"]] == [link], proc.stdout
+        assert len(again) == 3, proc.stdout  # measured again in every pass while it stays named
         assert "# slow ranks: none" in proc.stdout
 
 
