@@ -54,9 +54,11 @@ class WatchedRun:
 
 
 def run_watched(launcher: list[str], tmp: Path, *job_args: str, watch: tuple[str, ...] = ("--hang-after", "4"),
-                module: bool = True, timeout: float = 150, env: dict[str, str] | None = None) -> WatchedRun:
+                module: bool = True, timeout: float = 150, env: dict[str, str] | None = None,
+                term_after: float | None = None) -> WatchedRun:
     """``LAUNCHER [python] -m ddpkit.watch WATCH --events F -- watch_user_job.py JOB_ARGS --tag T`` (``module``
-    False: ``LAUNCHER watch_user_job.py ...``, the script watching itself)."""
+    False: ``LAUNCHER watch_user_job.py ...``, the script watching itself). ``term_after``: SIGTERM to the launcher
+    that many seconds after its ranks have started (what a scheduler does)."""
     tag = uuid.uuid4().hex[:12]
     events = tmp / f"events-{tag}.jsonl"
     job = [str(JOB), *job_args, "--tag", tag]
@@ -68,7 +70,9 @@ def run_watched(launcher: list[str], tmp: Path, *job_args: str, watch: tuple[str
     with subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, errors="replace",
                           env=ddpkit_env(**env), cwd=ROOT, start_new_session=True) as popen:
         try:
-            out, err = popen.communicate(timeout=timeout)
+            if term_after is not None:
+                _term_after_start(popen, tag, term_after, started + timeout)
+            out, err = popen.communicate(timeout=max(started + timeout - time.monotonic(), 1.0))
         except subprocess.TimeoutExpired:
             # the launcher and every rank (torchrun starts its ranks in sessions of their own: killing the
             # launcher's group alone leaves them behind, blocked in a collective and holding the pipes)
@@ -82,6 +86,15 @@ def run_watched(launcher: list[str], tmp: Path, *job_args: str, watch: tuple[str
     seconds = time.monotonic() - started
     lines = events.read_text().splitlines() if events.exists() else []
     return WatchedRun(proc=proc, events=[json.loads(x) for x in lines], tag=tag, seconds=seconds)
+
+
+def _term_after_start(popen: subprocess.Popen[str], tag: str, after: float, until: float) -> None:
+    """SIGTERM to the launcher ``after`` s once its ranks run (each rank's command line carries ``tag``; the
+    launcher's own does too)."""
+    while time.monotonic() < until and popen.poll() is None and len(leftover(tag, grace=0)) < 2:
+        time.sleep(0.2)
+    time.sleep(after)
+    popen.send_signal(signal.SIGTERM)
 
 
 def leftover(tag: str, grace: float = 10.0) -> list[int]:

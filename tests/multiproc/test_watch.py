@@ -58,6 +58,33 @@ def test_fault_named_under_torchrun(fault: str, n: int, tmp_path: Path) -> None:
     _check_hang(run, fault, n)
 
 
+@pytest.mark.parametrize("idle_in", ["sleep", "store"])
+def test_killed_rank_named_when_the_launcher_ends_the_others_first(idle_in: str, tmp_path: Path) -> None:
+    """Rank 1 is SIGKILLed while ranks 0 and 2 are in no collective with it (for 60 s): nothing of theirs fails
+    before torchrun ends them (SIGTERM, 0.1 s after the death). The watch still names rank 1, once, and every rank
+    ends as SIGTERM ends it. ``store``: their main thread waits in C (the job's store), where no Python signal
+    handler runs: the watch's thread acts on its own (without it, torchrun would SIGKILL them after 30 s)."""
+    run = run_watched(torchrun(3), tmp_path, "--fault", "kill", "--steps", "400", "--others-idle-s", "60",
+                      *(["--idle-in-store"] if idle_in == "store" else []))
+    out = run.output
+    assert out.count(f"rank 1 on host {HOST} (pid ") == 1 and "is gone (its process no longer runs)" in out, out[-6000:]
+    assert out.count("is told to stop (SIGTERM: the launcher is ending the job)") == 1, out[-6000:]
+    assert [(e["event"], e["gone"]) for e in run.events] == [("rank-gone", [1])], run.events
+    assert out.count("exitcode  : -15") == 2, out[-6000:]  # ranks 0 and 2: SIGTERM's own end, not a SIGKILL
+    assert leftover(run.tag) == []
+
+
+def test_a_healthy_job_ended_by_sigterm_names_no_rank(tmp_path: Path) -> None:
+    """torchrun itself told to stop (a scheduler's SIGTERM) mid-training: it ends its 4 ranks one after the other,
+    and none of them is named gone (a rank told to stop marks itself first; the others read the mark)."""
+    run = run_watched(torchrun(4), tmp_path, "--steps", "100000", term_after=8)
+    out = run.output
+    assert run.proc.returncode != 0 and "SignalException" in out, out[-6000:]
+    assert "is gone" not in out and "told to stop" not in out, out[-6000:]
+    assert [e for e in run.events if e["event"] in ("rank-gone", "collective-failed", "hang")] == [], run.events
+    assert leftover(run.tag) == []
+
+
 # a model with no comm hook of its own (most scripts) stays on DDP's C++ path: counted, not hooked; a wide one too
 WIDE = ("--width", "8192")
 

@@ -3,6 +3,8 @@ with the faults the watch's tests inject:
 
     --fault sleep|stop|kill|extra --fault-rank R --fault-step S   rank R, at step S: sleeps for an hour, stops
         itself (SIGSTOP), is killed (SIGKILL), or calls one broadcast the others do not (a desync)
+    --others-idle-s T [--idle-in-store]   at the fault step the other ranks sleep T s first, in no collective
+        (time.sleep; or waiting in the job's store for a key that never comes: a call in C that no signal ends)
     --slow-rank R --slow-ms MS       rank R sleeps MS in every forward (a straggler)
     --busy-ms MS                     every rank computes MS of CPU time per step (a busy loop): on a host with
         less CPU it takes longer
@@ -18,6 +20,7 @@ import contextlib
 import os
 import signal
 import time
+from datetime import timedelta
 from pathlib import Path
 
 import torch
@@ -36,6 +39,9 @@ def parse() -> argparse.Namespace:
     p.add_argument("--fault", choices=("sleep", "stop", "kill", "extra"))
     p.add_argument("--fault-rank", type=int, default=1)
     p.add_argument("--fault-step", type=int, default=20)
+    p.add_argument("--others-idle-s", type=float, default=0.0,
+                   help="at the fault step the other ranks sleep this long, in no collective")
+    p.add_argument("--idle-in-store", action="store_true")
     p.add_argument("--slow-rank", type=int)
     p.add_argument("--slow-ms", type=float, default=0.0)
     p.add_argument("--busy-ms", type=float, default=0.0)
@@ -93,6 +99,11 @@ def train(args: argparse.Namespace) -> None:
     for step in range(args.steps):
         if args.fault and rank == args.fault_rank and step == args.fault_step:
             fault(args.fault)
+        elif args.fault and step == args.fault_step and args.idle_in_store:
+            with contextlib.suppress(RuntimeError):  # its timeout
+                dist.distributed_c10d._get_default_store().wait(["never"], timedelta(seconds=args.others_idle_s))
+        elif args.fault and step == args.fault_step:
+            time.sleep(args.others_idle_s)
         if rank == args.slow_rank:
             time.sleep(args.slow_ms / 1e3)
         until = time.thread_time() + args.busy_ms / 1e3

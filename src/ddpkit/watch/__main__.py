@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 
 from ddpkit.errors import DdpkitError
-from ddpkit.watch import WatchOptions, install
+from ddpkit.watch import WatchOptions, install, sigterm
 from ddpkit.watch.options import ON_HANG
 
 __all__ = ["add_arguments", "main", "options_from_args"]
@@ -89,6 +89,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.module is None:  # a module such as ddpkit reads its launcher itself
             _export_world()
         install(options)
+        sigterm.install()  # the launcher ending this rank: first name a rank on this host that is gone
     except DdpkitError as exc:
         print(f"ddpkit: error: {exc}", file=sys.stderr)
         return exc.exit_code

@@ -125,6 +125,10 @@ class Monitor:
         recorder.on_failure = self._failure_now  # a collective failed on this rank: report at once
         self._failure_lock = threading.Lock()
         self._failure_reported = False
+        self._failure_done = threading.Event()
+        self._failure_thread: int | None = None  # the thread writing the failure report, while it does
+        self.after_failure_report: Callable[[], object] | None = None
+        """Run once the failure report under way is written (``watch/sigterm.py``: SIGTERM came in the middle)."""
         self._thread = threading.Thread(target=self._loop, name="ddpkit-watch", daemon=True)
         # observations, on this rank's clock
         self._seen: dict[int, tuple[Any, float]] = {}  # rank -> (heartbeat, when it last changed)
@@ -265,36 +269,77 @@ class Monitor:
                     time.sleep(0.05)
             self._abort(order)
 
-    def _failure_now(self) -> None:
-        """Called on the thread that saw the failure, before the error reaches the user's code."""
+    def _failure_now(self, told_to_stop: bool = False) -> None:
+        """Called on the thread that saw the failure, before the error reaches the user's code; or on SIGTERM
+        (``told_to_stop``, from ``on_terminate``) when a rank on this host is gone and no collective failed here."""
         with self._failure_lock:
-            if self._failure_reported or self.rec.failed is None or self._aborting:
+            if self._failure_reported or (self.rec.failed is None and not told_to_stop) or self._aborting:
                 return
             self._failure_reported = True
+            self._failure_thread = threading.get_ident()
         try:
             self._failure_report(self.rec.failed)
         except Exception as exc:  # the store may be gone too: the backend's own error still follows
             log.debug("watch: no failure report (%s)", exc)
+        finally:
+            self._failure_thread = None
+            self._failure_done.set()
+            then = self.after_failure_report
+            if then is not None:
+                then()
 
-    def _failure_report(self, failed: dict[str, Any]) -> None:
-        """A collective failed on this rank (gloo: "Connection reset by peer [addr]", an address, no rank): name
-        the ranks that are gone or stopped, from their records. Quick: the launcher may end this rank any moment."""
+    def reporting_failure_here(self) -> bool:
+        """This thread is writing the failure report (a signal handler that interrupted it must not wait for it)."""
+        return self._failure_thread == threading.get_ident()
+
+    def on_terminate(self) -> None:
+        """This rank is told to stop (SIGTERM; ``watch/sigterm.py``). A launcher ends every rank when one dies (torchrun
+        within 0.1 s), often before their collective with it failed, or before that failure reached the report: say
+        now what is known, once per job. A collective failed here: its report. Else a rank on this host that is gone
+        or stopped, and was not told to stop too (a rank told to stop marks ``term/<rank>`` first, so a peer ended by
+        the same SIGTERM is never named): the report names it. Else nothing (a scheduler ending a healthy job).
+        Quick, but the caller bounds it (a store that does not answer)."""
+        if self._aborting:
+            return  # the abort is ending this rank anyway: its report is written
+        with contextlib.suppress(Exception):
+            self.store.set(f"term/{self.rank}", "1")
+        if self._failure_reported:  # a report under way on another thread of this rank
+            self._failure_done.wait()
+            return
+        if self.rec.failed is not None:
+            self._failure_now()
+            return
+        local = {r: rec["pid"] for r, rec in self._read().items()
+                 if rec and r != self.rank and rec["host"] == self.rec.host}
+        if any(_process_state(pid) in ("gone", "stopped") and not self.store.check([f"term/{r}"])
+               for r, pid in local.items()):
+            self._failure_now(told_to_stop=True)
+
+    def _failure_report(self, failed: dict[str, Any] | None) -> None:
+        """A collective failed on this rank (gloo: "Connection reset by peer [addr]", an address, no rank), or
+        (``failed`` None) this rank is told to stop while a rank on this host is gone: name the ranks that are gone
+        or stopped, from their records. Quick: the launcher may end this rank any moment."""
         if self.store.compare_set("failed", "", str(self.rank)).decode() != str(self.rank):
             return  # another rank's failure report says it (one report per job)
         records = self._read()
         now = time.monotonic()
-        error = failed["error"].splitlines()[0] if failed["error"] else "(no message)"
-        lines = [f"ddpkit watch: rank {self.rank} on host {self.rec.host}: {failed['op']} #{failed['seq']} (called "
-                 f"at {failed['site']}) failed: {error[:300]}"]
+        if failed is not None:
+            error = failed["error"].splitlines()[0] if failed["error"] else "(no message)"
+            lines = [f"ddpkit watch: rank {self.rank} on host {self.rec.host}: {failed['op']} #{failed['seq']} "
+                     f"(called at {failed['site']}) failed: {error[:300]}"]
+        else:
+            lines = [f"ddpkit watch: rank {self.rank} on host {self.rec.host} is told to stop (SIGTERM: the launcher "
+                     "is ending the job) while a rank on this host is gone"]
         local = {r: rec["pid"] for r, rec in records.items() if rec and r != self.rank and rec["host"] == self.rec.host}
         until = time.monotonic() + GONE_WAIT_S  # a killed peer's sockets close before its process is gone
         states = {r: _process_state(pid) for r, pid in local.items()}
         while local and "gone" not in states.values() and time.monotonic() < until:
             time.sleep(0.02)
             states = {r: _process_state(pid) for r, pid in local.items()}
+        told = {r for r, state in states.items() if state == "gone" and self.store.check([f"term/{r}"])}
         gone = []
         for r, rec in sorted(records.items()):
-            if rec is None or r == self.rank:
+            if rec is None or r == self.rank or r in told:  # a peer told to stop as well is no news
                 continue
             state = states.get(r)
             if state in ("gone", "stopped"):
@@ -304,9 +349,13 @@ class Monitor:
             elif rec["host"] != self.rec.host and r in self._seen:
                 lines.append(f"  rank {r} on host {rec['host']}: last heartbeat seen {now - self._seen[r][1]:.1f} s "
                              "ago")
-        if not gone:
+        if not gone and told:
+            lines.append(f"  no rank on this host is gone but rank(s) {', '.join(map(str, sorted(told)))}, told to "
+                         "stop (SIGTERM) as this one is")
+        elif not gone:
             lines.append("  no rank on this host is gone; the failed peer is on another host (see its lines)")
-        self._emit(lines, {"event": "collective-failed", "reporter": self.rank, "failed": failed, "gone": gone,
+        self._emit(lines, {"event": "collective-failed" if failed is not None else "rank-gone",
+                           "reporter": self.rank, "failed": failed, "gone": gone,
                            "hosts": {str(r): rec["host"] for r, rec in records.items() if rec}})
 
     def _emit(self, lines: list[str], event: dict[str, Any]) -> None:
