@@ -211,21 +211,28 @@ def write(result: dict[str, Any]) -> None:
                  "hook"),
                 ("hook whose Future is done on return (the MPI transport's shape): watched - unwatched",
                  "done-wrapped - done", "done"),
+                ("ddpkit's own hook (train, check): watched (unwrapped, counted) - unwatched", "ours-counted - ours",
+                 "ours"),
                 ("torch's Python allreduce_hook itself - DDP's C++ path (no watch)", "hook - cpp", "cpp"))
         for text, label, base in rows:
+            if f"{label} cpu" not in added:
+                continue
             cpu, wall = added[f"{label} cpu"], added[f"{label} wall"]
             md.append(f"| {text} | {c['step_us'][base]['cpu']:.0f} us | **{cpu['median_us']:.1f} us** "
                       f"[{cpu['p25_us']:.1f}, {cpu['p75_us']:.1f}] | {wall['median_us']:.1f} us "
                       f"[{wall['p25_us']:.1f}, {wall['p75_us']:.1f}] |")
         md.append("")
-        # which path each overhead job takes: train's gloo-gather hook on the small reference job, DDP's C++ path
-        # for --model mlp (above PYTHON_HOOK_MAX_PARAMS), the MPI transport's hook (complete on return)
-        paths = {"reference job (linear), gloo": (32, "wrapped - hook", "train's hook, wrapped"),
+        # which path each overhead job takes: train's own hook on the small reference job (gloo-gather or MPI:
+        # unwrapped and counted, whatever its transport), DDP's C++ path for --model mlp (above
+        # PYTHON_HOOK_MAX_PARAMS)
+        paths = {"reference job (linear), gloo": (32, "ours-counted - ours", "train's hook, counted"),
                  "--model mlp, gloo": (16, "counted - cpp", "no hook, counted"),
-                 "reference job (linear), MPI transport": (32, "done-wrapped - done", "MPI hook, wrapped")}
+                 "reference job (linear), MPI transport": (32, "ours-counted - ours", "train's MPI hook, counted")}
         for o in result.get("overhead", []):
             if o["case"] in paths:
                 steps, label, path = paths[o["case"]]
+                if f"{label} cpu" not in added:
+                    continue
                 step_us = o["median_epoch_plain_s"] / steps * 1e6
                 md.append(f"- {o['case']} ({path}): a 2-rank step is about {step_us:.0f} us, so the added CPU is "
                           f"{added[f'{label} cpu']['median_us'] / step_us:.2%} of it.")

@@ -12,7 +12,10 @@ Four models, trained in alternating blocks of STEPS steps (the order reversed ev
 - ``wrapped``: the same hook under the watch (wrapped: each bucket seen): what a script with a Python hook pays
   (ddpkit train's gloo-gather hook on the reference job);
 - ``done`` / ``done-wrapped``: a hook whose Future is complete when it returns, unwatched and watched: the shape of
-  ddpkit train's MPI transport (``MPI.Allreduce`` in the hook), without MPI.
+  ddpkit train's MPI transport (``MPI.Allreduce`` in the hook), without MPI;
+- ``ours`` / ``ours-counted``: ddpkit's own hook (``comm/gradients.GradientAveraging``, all-reduce transport, as
+  ``register_gradient_averaging`` registers it on more than one rank), unwatched and watched: the watch leaves it
+  unwrapped and counts it (what ``train`` and ``check`` pay now).
 
 Each block's figure is the main thread's CPU time per step (``time.thread_time``: a rank descheduled by the
 machine's other load is not counted; the watch's own thread is not either, and it wakes twice a second) and the
@@ -37,10 +40,12 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from ddpkit.comm.gradients import GradientAveraging
 from ddpkit.watch import WatchOptions, install, uninstall
 
 PAIRS = {"counted - cpp": ("counted", "cpp"), "wrapped - hook": ("wrapped", "hook"),
-         "done-wrapped - done": ("done-wrapped", "done"), "hook - cpp": ("hook", "cpp")}
+         "done-wrapped - done": ("done-wrapped", "done"), "ours-counted - ours": ("ours-counted", "ours"),
+         "hook - cpp": ("hook", "cpp")}
 
 
 def _net() -> torch.nn.Module:
@@ -53,6 +58,15 @@ def done_hook(_: object, bucket: dist.GradBucket) -> torch.futures.Future[torch.
     fut: torch.futures.Future[torch.Tensor] = torch.futures.Future()
     fut.set_result(bucket.buffer())
     return fut
+
+
+def _ours(model: DDP) -> DDP:
+    """ddpkit's own hook on ``model``, registered as ``register_gradient_averaging`` does for a world above one."""
+    averaging = GradientAveraging("all-reduce", 1)
+    hook = lambda state, bucket: averaging.hook(state, bucket)  # noqa: E731
+    hook._ddpkit_counter = averaging  # type: ignore[attr-defined]
+    model.register_comm_hook(None, hook)
+    return model
 
 
 def _block(model: DDP, opt: torch.optim.Optimizer, x: torch.Tensor, steps: int) -> tuple[float, float]:
@@ -78,13 +92,17 @@ def main() -> None:
     models["hook"][0].register_comm_hook(None, allreduce_hook)  # registered before any install: unwrapped
     models["done"] = (DDP(_net()), False)
     models["done"][0].register_comm_hook(None, lambda state, bucket: done_hook(state, bucket))
+    models["ours"] = (_ours(DDP(_net())), False)
     install(WatchOptions(summary=False))
     counted, wrapped, done_wrapped = DDP(_net()), DDP(_net()), DDP(_net())
+    ours_counted = _ours(DDP(_net()))  # under the watch: unwrapped, its all-reduce issued unwatched
+    ours_counted(x)
     wrapped.register_comm_hook(None, allreduce_hook)  # wrapped by the installed watch
     done_wrapped.register_comm_hook(None, lambda state, bucket: done_hook(state, bucket))
     counted(x), wrapped(x), done_wrapped(x)  # first forward under the watch: the hookless one is counted from now on
     uninstall()
-    models |= {"counted": (counted, True), "wrapped": (wrapped, True), "done-wrapped": (done_wrapped, True)}
+    models |= {"counted": (counted, True), "wrapped": (wrapped, True), "done-wrapped": (done_wrapped, True),
+               "ours-counted": (ours_counted, True)}
     opts = {name: torch.optim.SGD(m.parameters(), lr=1e-3) for name, (m, _) in models.items()}
     figures: dict[str, list[tuple[float, float]]] = {name: [] for name in models}
     names = list(models)

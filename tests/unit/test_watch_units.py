@@ -215,3 +215,23 @@ def test_deadline_report_names_the_ranks_short_of_the_phase_and_the_collective()
     quiet = diagnose_deadline({0: {**rec(0), "stage": [0, "roll-call", False]}, 1: {**rec(1), "stage": None}}, {},
                               overdue=(0, "roll-call", 4.0, 4.5), reporter=0)
     assert "rank 1 (no phase begun)" in quiet.lines[0] and len(quiet.lines) == 1
+
+
+@pytest.mark.parametrize("last_count", [None, 40])
+def test_counted_rank_that_stopped_short_of_the_others_is_behind(last_count: int | None) -> None:
+    """ddpkit's own MPI hook counts its calls: rank 0 waits in count 52, rank 1 stopped answering at 40, or before
+    its first step (no count yet); the report names rank 1 behind, with what the counted calls are."""
+    counted = {"counted_as": "ddpkit's gradient averaging (mpi)"}
+    records = {0: {**rec(0, entered=2, step=30), "group_seq": 52, **counted},
+               1: {**rec(1, "h2", entered=2 if last_count else 0, step=20), "group_seq": last_count, **counted}}
+    hang = diagnose_hang(records, {1: 5.0}, idle=6, deadline=4, reporter=0)
+    text = "\n".join(hang.lines)
+    assert hang.behind == [1] and hang.stopped == [1] and hang.event["waiting"] == [0], text
+    assert (f"rank 1 on host h2 has not entered the group's collective #{(last_count or 0) + 1} (ddpkit's gradient "
+            "averaging (mpi): counted, not seen one by one)") in text and "it stopped answering" in text
+
+
+def test_counted_ranks_level_with_a_stopped_one_name_none_behind() -> None:
+    records = {0: {**rec(0), "group_seq": 52}, 1: {**rec(1), "group_seq": 52}}
+    hang = diagnose_hang(records, {1: 5.0}, idle=6, deadline=4, reporter=0)
+    assert hang.behind == [] and hang.stopped == [1]

@@ -21,6 +21,12 @@ Transports, by name (``TRANSPORTS``; ``choose_transport`` picks one for the proc
 ``plan_transport`` turns the user's ``--grad-transport auto|gloo|mpi|nccl`` into one of these before the process group
 starts (it refuses, exit 2, what cannot work here).
 
+Under the watch (``ddpkit.watch``) the hook is not wrapped: it counts its own buckets (``GradientAveraging.issued``,
+one integer add) and its collectives are issued through the unwatched functions (``_unwatched``), so the watch
+counts them by the process group's sequence number, as it does DDP's C++ path, plus ``issued`` for a transport that
+bypasses the group (``mpi``). A Python wrapper per bucket costs a sub-millisecond step 1.5-5%
+(benchmarks/results/bench_watch.md); a count costs nothing measurable.
+
 Another transport (MPI, NCCL with compression) is a function ``make(world_size) -> Sum`` added to TRANSPORTS under
 its name, and a line in ``choose_transport``; the hook, the rider and the trainer stay as they are.
 """
@@ -55,11 +61,18 @@ Future = torch.futures.Future
 Sum = Callable[[torch.Tensor, Callable[[torch.Tensor], torch.Tensor]], "Future[torch.Tensor]"]
 
 
+def _unwatched(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``fn`` as torch defines it: the watch's wrapper of a collective names its original (``_ddpkit_original``); the
+    watch counts this hook's calls itself (``count_group``) and must not see each one again, at a stack walk each."""
+    return getattr(fn, "_ddpkit_original", fn)
+
+
 def all_reduce_sum(world_size: int) -> Sum:
     """``dist.all_reduce`` of the whole tensor, in place."""
+    all_reduce = _unwatched(dist.all_reduce)
 
     def total(tensor: torch.Tensor, then: Callable[[torch.Tensor], torch.Tensor]) -> Future[torch.Tensor]:
-        work = dist.all_reduce(tensor, async_op=True)
+        work = all_reduce(tensor, async_op=True)
         assert work is not None
         return work.get_future().then(lambda fut: then(fut.value()[0]))
 
@@ -69,7 +82,7 @@ def all_reduce_sum(world_size: int) -> Sum:
 def gloo_gather_sum(world_size: int) -> Sum:
     """All-gather and sum locally in rank order where the gathered tensor is at most GATHER_MAX_BYTES; else
     all-reduce."""
-    all_gather = all_gather_single()
+    all_gather = _unwatched(all_gather_single())
     reduce = all_reduce_sum(world_size)
 
     def total(tensor: torch.Tensor, then: Callable[[torch.Tensor], torch.Tensor]) -> Future[torch.Tensor]:
@@ -152,15 +165,22 @@ class Rider(Protocol):
 
 class GradientAveraging:
     """A DDP communication hook: each bucket summed with a transport and divided by the world size; the rider's
-    values appended to the last bucket."""
+    values appended to the last bucket. ``issued`` counts the buckets handed to the transport (read by the watch's
+    thread; ``bypasses_group``: the transport's collectives are not the process group's, so the group's sequence
+    number does not count them)."""
 
     def __init__(self, transport: str, world_size: int, rider: Rider | None = None) -> None:
         self.transport = transport
         self.world_size = world_size
         self.rider = rider
         self._sum = TRANSPORTS[transport](world_size)
+        self.issued = 0
+        self.bypasses_group = transport == "mpi"
+        self.about = f"ddpkit's gradient averaging ({transport})"
+        """What the watch calls these collectives in a report."""
 
     def hook(self, _: object, bucket: dist.GradBucket) -> Future[torch.Tensor]:
+        self.issued += 1
         grads = bucket.buffer()
         world = self.world_size
         if self.rider is None or not bucket.is_last():
@@ -198,6 +218,8 @@ def register_gradient_averaging(ddp: Any, *, world_size: int, rider: Rider | Non
         transport = choose_transport(dist.get_backend() if world_size > 1 else "", world_size)
     averaging = GradientAveraging(transport, world_size, rider)
     if world_size > 1:
-        # a lambda: DDP rejects string annotations
-        ddp.register_comm_hook(None, lambda state, bucket: averaging.hook(state, bucket))
+        # a lambda: DDP rejects string annotations; it names its counter, for the watch (``Hooks._register``)
+        hook = lambda state, bucket: averaging.hook(state, bucket)  # noqa: E731
+        hook._ddpkit_counter = averaging  # type: ignore[attr-defined]
+        ddp.register_comm_hook(None, hook)
     return averaging

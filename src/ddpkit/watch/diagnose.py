@@ -100,6 +100,9 @@ def diagnose_hang(records: Mapping[int, Record | None], stale: Mapping[int, floa
     waiting = {r: rec["waiting"] for r, rec in alive.items() if rec.get("waiting") and r not in stale}
     # ranks with a model on DDP's C++ path: the process group's count of collectives issued (C++ ones included)
     counted = {r: rec["group_seq"] for r, rec in alive.items() if rec.get("group_seq") is not None and r not in stale}
+    # what the counted collectives are: DDP's C++ path, or ddpkit's own gradient hook (``Recorder.counted_as``)
+    counted_as = next((rec["counted_as"] for rec in alive.values() if rec.get("counted_as")),
+                      "DDP's gradient all-reduce on its C++ path")
     behind: list[int] = []
     cpp_desync: list[int] = []
     if waiting:
@@ -131,19 +134,25 @@ def diagnose_hang(records: Mapping[int, Record | None], stale: Mapping[int, floa
         if cpp_desync:
             lines.append(f"  DESYNC at the group's collective #{min(counted[r] for r in inside)}: {rank_list(inside)} "
                          f"in {target['op']} (called at {target['site']}); {rank_list(cpp_desync)} on "
-                         f"{', '.join(sorted({alive[r]['host'] for r in cpp_desync}))} in DDP's gradient all-reduce "
-                         "(its C++ path: counted, not seen one by one)")
+                         f"{', '.join(sorted({alive[r]['host'] for r in cpp_desync}))} in {counted_as} "
+                         "(counted, not seen one by one)")
             event.update(cpp_desync=cpp_desync)
-    elif len(set(counted.values())) > 1:
-        low, high = min(counted.values()), max(counted.values())
-        behind = sorted(r for r, c in counted.items() if c == low)
+    elif counted and len(set((last := {**counted, **{r: alive[r].get("group_seq") or 0 for r in stopped}})
+                               .values())) > 1 and min(last.values()) < max(counted.values()):
+        # a rank that stopped answering is behind when its last count (none: before its first step) is short of the
+        # live ranks'
+        high = max(counted.values())
+        low = min(last.values())
+        behind = sorted(r for r, c in last.items() if c == low)
         ahead = sorted(r for r, c in counted.items() if c > low)
         for r in behind:
             rec = alive[r]
             state = (f"in marked phase '{rec['phase']['name']}' for {rec['phase']['for']:.0f} s" if rec.get("phase")
                      else _step(rec, "") or "before its first step")
-            lines.append(f"  {_where(rec)} has not entered the group's collective #{low + 1} (DDP's gradient "
-                         f"all-reduce on its C++ path: counted, not seen one by one); last issued #{low}; {state}")
+            if r in stopped:
+                state = "it stopped answering"
+            lines.append(f"  {_where(rec)} has not entered the group's collective #{low + 1} ({counted_as}: "
+                         f"counted, not seen one by one); last issued #{low}; {state}")
         lines.append(f"  {rank_list(ahead)} on {', '.join(sorted({alive[r]['host'] for r in ahead}))} "
                      f"{'has' if len(ahead) == 1 else 'have'} issued it (up to #{high}) and wait in it")
         event.update(group_collective=low + 1, behind=behind, waiting=ahead)

@@ -9,7 +9,9 @@
   user's hook (or ddpkit train's) is itself wrapped. A DDP model with no hook stays on DDP's C++ path (adding
   torch's Python ``allreduce_hook`` would cost it more than the watch itself: ``_watch_hookless``): its all-reduces
   are counted by the process group's sequence number, and its gradient-sync time comes from DDP's own runtime
-  statistics. The forward wrapper marks a step either way.
+  statistics. ddpkit's own hook (``comm/gradients.GradientAveraging``, ``train`` and ``check``) is counted the same
+  way, unwrapped: it names its counter, issues its collectives through the originals (``_ddpkit_original`` on each
+  wrapper), and counts the calls that bypass the group (MPI) itself. The forward wrapper marks a step either way.
 - ``init_process_group`` starts the watch once the group exists; ``destroy_process_group`` ends it (summary).
 """
 
@@ -150,6 +152,7 @@ class Hooks:
                 rec.done(call)
             return out
 
+        collective._ddpkit_original = original  # type: ignore[attr-defined]  # for a hook that counts itself
         return collective
 
     # -- DDP --------------------------------------------------------------------------------------------------
@@ -197,6 +200,10 @@ class Hooks:
     def _register(self, original: Callable[..., Any]) -> Callable[..., Any]:
         @functools.wraps(original)
         def register_comm_hook(model: Any, state: object, hook: Callable[..., Any]) -> Any:
+            counter = getattr(hook, "_ddpkit_counter", None)
+            if counter is not None:  # ddpkit's own hook counts its calls: counted at the first forward, unwrapped
+                model._ddpkit_counter = counter
+                return original(model, state, hook)
             model._ddpkit_watched = True
             return original(model, state, self._wrap_hook(hook))
 
@@ -242,8 +249,8 @@ def _watch_hookless(model: Any, rec: Recorder) -> None:
     Giving it torch's Python ``allreduce_hook`` instead, so that each bucket is seen, costs more than the watch may:
     70 us per step for the hook alone on a 1.4k-parameter model (one process, benchmarks/watch_cost.py), and for a
     large model a division pass of its own (1.5 ms per step on ``train --model mlp``'s 19 MB, 3%); counting costs
-    about 10 us per step."""
-    rec.count_group(model)
+    about 10 us per step. A model on ddpkit's own hook is counted the same way, with the hook's own count."""
+    rec.count_group(model, model.__dict__.get("_ddpkit_counter"))
 
 
 def _params(fn: Callable[..., Any]) -> list[str]:

@@ -241,7 +241,13 @@ class Monitor:
         while time.monotonic() < until and not self.store.check(list(keys.values())):
             time.sleep(0.05)
         stacks = {r: self.store.get(k).decode() for r, k in keys.items() if self.store.check([k])}
-        hang = describe(self._read())
+        try:
+            hang = describe(self._read())
+        except Exception as exc:  # a report without its diagnosis beats silence (the loop takes errors for the store's)
+            log.error("watch: the hang report could not be worded (%r)", exc)
+            hang = Hang(lines=[f"ddpkit watch: HANG: no rank has made progress (claim {mine}); the diagnosis failed: "
+                               f"{exc!r}; the stacks follow"], event={"event": "hang", "reporter": self.rank,
+                                                                     "diagnosis_error": repr(exc)})
         lines = list(hang.lines)
         for r in sorted(stacks):
             rec = records[r] or {}

@@ -89,21 +89,33 @@ class Recorder:
         self.on_failure: Callable[[], None] | None = None
         self._group: Any = None  # the process group of a model on DDP's C++ path: its collectives are counted
         self._ddp: weakref.ref[Any] | None = None
+        self._counter: Any = None  # ddpkit's own hook on that model, when its calls bypass the group (MPI)
+        self.counted_as = "DDP's gradient all-reduce on its C++ path"
+        """What the counted collectives are, in a report."""
         self._sample_end = 0
 
-    def count_group(self, model: Any) -> None:
+    def count_group(self, model: Any, counter: Any = None) -> None:
         """``model`` (DDP, no Python hook) stays on DDP's C++ all-reduce path: its all-reduces are counted by the
         process group's own sequence number, which counts every collective on the group, and its gradient-sync time
         is DDP's own ``backward_comm_time`` (first bucket's all-reduce to the last one's end), sampled one iteration
-        in SAMPLE_EVERY (DDP's default is one in 100) and read as often (9 us a read)."""
+        in SAMPLE_EVERY (DDP's default is one in 100) and read as often (9 us a read). ``counter``: ddpkit's own hook
+        on the model (``comm/gradients.GradientAveraging``: ``issued``, ``bypasses_group``, ``about``), whose
+        collectives the group counts, or which counts them itself where they bypass the group."""
         model._set_ddp_runtime_logging_sample_rate(SAMPLE_EVERY)
         self._ddp = weakref.ref(model)
         self._group = model.process_group
+        if counter is not None:
+            self._counter = counter if counter.bypasses_group else None
+            self.counted_as = counter.about
 
     def group_seq(self) -> int | None:
-        """The process group's count of collectives issued on this rank (C++ ones included); None: not counted."""
+        """The process group's count of collectives issued on this rank (C++ ones included), plus the calls of a
+        hook that bypass the group; None: not counted."""
         group = self._group
-        return int(group._get_sequence_number_for_group()) if group is not None else None
+        if group is None:
+            return None
+        counter = self._counter
+        return int(group._get_sequence_number_for_group()) + (counter.issued if counter is not None else 0)
 
     def _sampled_sync(self) -> float | None:
         """The latest sampled iteration's gradient-sync time (s), once per new sample."""
@@ -247,6 +259,8 @@ class Recorder:
             "final": final, "failed": self.failed is not None,
         }
         out["group_seq"] = self.group_seq()
+        if out["group_seq"] is not None:
+            out["counted_as"] = self.counted_as
         out["timings"] = self.timings()
         return out
 
