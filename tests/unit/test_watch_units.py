@@ -235,3 +235,25 @@ def test_counted_ranks_level_with_a_stopped_one_name_none_behind() -> None:
     records = {0: {**rec(0), "group_seq": 52}, 1: {**rec(1), "group_seq": 52}}
     hang = diagnose_hang(records, {1: 5.0}, idle=6, deadline=4, reporter=0)
     assert hang.behind == [] and hang.stopped == [1]
+
+
+def test_a_report_reaches_the_process_stderr_while_sys_stderr_is_swapped(capfd: pytest.CaptureFixture[str]) -> None:
+    """torch's excepthook (set by init_process_group) swaps sys.stderr for a StringIO while the hooks before it run,
+    the watch's failure report among them, and writes it out only after: a launcher's SIGTERM in between lost the
+    report. The watch writes to the process's own stderr."""
+    import io
+    import sys
+
+    import torch.distributed as dist
+
+    from ddpkit.watch.monitor import Monitor
+    from ddpkit.watch.recorder import Recorder
+
+    monitor = Monitor(Recorder(0, 1), WatchOptions(summary=False), dist.HashStore())
+    saved, sys.stderr = sys.stderr, io.StringIO()
+    try:
+        monitor._emit(["ddpkit watch: rank 1 on host h1 (pid 7) is gone"], {"event": "rank-gone"})
+        swapped = sys.stderr.getvalue()
+    finally:
+        sys.stderr = saved
+    assert swapped == "" and "rank 1 on host h1 (pid 7) is gone" in capfd.readouterr().err

@@ -91,7 +91,7 @@ def _leave(line: str | None) -> NoReturn:
     """End this rank with exit 3 (EXIT_MISSING), after ``line`` on stderr: ``os._exit``, since a thread blocked in C
     (the rank's main thread in a collective) cannot hold the process then."""
     if line is not None:
-        print(line, file=sys.stderr, flush=True)
+        print(line, file=sys.__stderr__ or sys.stderr, flush=True)  # see _emit
     sys.stdout.flush()
     os._exit(EXIT_MISSING)
 
@@ -366,7 +366,10 @@ class Monitor:
 
     def _emit(self, lines: list[str], event: dict[str, Any]) -> None:
         sys.stdout.flush()
-        print("\n".join(lines), file=sys.stderr, flush=True)
+        # the process's own stderr, not sys.stderr: torch's excepthook (installed by init_process_group) swaps
+        # sys.stderr for a StringIO while the hooks before it run, ours included, and writes that out only after; a
+        # launcher's SIGTERM in between lost the report (CI: [2-kill], the event written and no line printed)
+        print("\n".join(lines), file=sys.__stderr__ or sys.stderr, flush=True)
         if self.options.events is not None:
             event = {"time": round(time.time(), 3), **event}
             with open(self.options.events, "a", encoding="utf-8") as f:
