@@ -116,7 +116,9 @@ def test_pairs_names_a_bad_link_and_not_a_transient_stall(tmp_path: Path, measur
     else:
         assert proc.returncode == EXIT_CHECK_FAILED, proc.stdout + proc.stderr
         assert [sorted(link) for link in pairs["slow_links"]] == [link], proc.stdout
-        assert len(again) == 3, proc.stdout  # measured again in every pass while it stays named
+        # measured again in every pass while it stays named between healthy endpoints (3); 2 when a busy moment
+        # slowed rank 1's other link too: rank 1 was named a slow endpoint until that link was measured again
+        assert 2 <= len(again) <= 3 and link in [sorted(p) for p in pairs["rounds"][-1]["pairs"]], proc.stdout
         assert "# slow ranks: none" in proc.stdout
 
 
