@@ -14,6 +14,8 @@ it names. Writes benchmarks/results/bench_watch.{json,md}.
 (c) straggler sensitivity: rank 1 sleeps MS in every forward of a ~25 ms step, --report-every 2; the smallest MS
     named (as rank 1), and clean runs with nothing named;
 (d) longrun (``--parts longrun``, not in the default set: 5 minutes): the issue's no-false-alarm run at full length.
+(e) pairs: the added time per step with watched and unwatched steps alternating one by one in one process
+    (benchmarks/watch_step_pairs.py), resolved to about a microsecond.
 """
 
 from __future__ import annotations
@@ -89,6 +91,26 @@ def added_cost() -> dict[str, Any]:
     for label, figure in data["added"].items():
         print(f"added cost {label}: {figure['median_us']:.1f} us per step", flush=True)
     return data
+
+
+def step_pairs() -> dict[str, Any]:
+    """Microseconds the watch adds to one step, watched and unwatched models alternating step by step
+    (benchmarks/watch_step_pairs.py)."""
+    out: dict[str, Any] = {}
+    for model in ("ours", "hookless"):
+        with tempfile.TemporaryDirectory() as tmp:
+            path = Path(tmp) / "p.json"
+            done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "watch_step_pairs.py"), "--model", model,
+                                   "--json", str(path)], capture_output=True, text=True,
+                                  env=ddpkit_env(PYTHONPATH=str(ROOT)), timeout=1200, cwd=ROOT)
+            if done.returncode != 0:
+                raise RuntimeError(done.stderr[-3000:])
+            print(done.stdout, end="", flush=True)
+            data = json.loads(path.read_text())
+        for key in ("counted", "unwatched_step_cpu_us", "added"):
+            out.setdefault(key, {}).update(data[key])
+        out.update(pairs=data["pairs"], params=data["params"])
+    return out
 
 
 def _named(run: Any, fault: str, n: int) -> tuple[bool, float | None]:
@@ -237,6 +259,32 @@ def write(result: dict[str, Any]) -> None:
                 md.append(f"- {o['case']} ({path}): a 2-rank step is about {step_us:.0f} us, so the added CPU is "
                           f"{added[f'{label} cpu']['median_us'] / step_us:.2%} of it.")
         md.append("")
+    if "step_pairs" in result:
+        sp = result["step_pairs"]
+        md += ["## Added time per step, watched and unwatched steps alternating (benchmarks/watch_step_pairs.py)", "",
+               f"One process under one installed watch, a gloo group of one, a {sp['params']}-parameter model; "
+               f"{sp['pairs']} pairs of steps, the watched and the unwatched model alternating step by step (the "
+               "unwatched one runs torch's own forward and hook). Mean per-step difference [95% interval], median.",
+               "", "| model | unwatched step (CPU) | added CPU per step | median | added wall per step |",
+               "|---|---|---|---|---|"]
+        names = {"ours": "ddpkit's own hook (train, check): counted", "hookless": "no hook (DDP's C++ path): counted"}
+        for name, d in sp["added"].items():
+            cpu, wall = d["cpu"], d["wall"]
+            md.append(f"| {names.get(name, name)} | {sp['unwatched_step_cpu_us'][name]:.0f} us | "
+                      f"**{cpu['mean_us']:.2f} us** [{cpu['ci95_us'][0]:.2f}, {cpu['ci95_us'][1]:.2f}] | "
+                      f"{cpu['median_us']:.2f} us | {wall['mean_us']:.2f} us [{wall['ci95_us'][0]:.2f}, "
+                      f"{wall['ci95_us'][1]:.2f}] |")
+        md.append("")
+        steps = {"reference job (linear), gloo": (32, "ours"), "--model mlp, gloo": (16, "hookless"),
+                 "reference job (linear), MPI transport": (32, "ours")}
+        for o in result.get("overhead", []):
+            if o["case"] in steps:
+                per_epoch, name = steps[o["case"]]
+                step_us = o["median_epoch_plain_s"] / per_epoch * 1e6
+                high = sp["added"][name]["cpu"]["ci95_us"][1]
+                md.append(f"- {o['case']}: a 2-rank step is about {step_us:.0f} us; the added CPU's upper 95% bound "
+                          f"is {high / step_us:.2%} of it ({'within' if high / step_us <= 0.01 else 'above'} 1%).")
+        md.append("")
     if "attribution" in result:
         rows = result["attribution"]
         md += ["## Attribution (--hang-after 4)", "",
@@ -268,7 +316,7 @@ def write(result: dict[str, Any]) -> None:
 
 def main() -> int:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--parts", default="cost,overhead,attribution,sensitivity")
+    parser.add_argument("--parts", default="cost,pairs,overhead,attribution,sensitivity")
     parser.add_argument("--rounds", type=int, default=12)
     args = parser.parse_args()
     import torch
@@ -280,6 +328,8 @@ def main() -> int:
         result["overhead"] = overhead(args.rounds)
     if "cost" in parts:
         result["cost"] = added_cost()
+    if "pairs" in parts:
+        result["step_pairs"] = step_pairs()
     if "attribution" in parts:
         result["attribution"] = attribution()
     if "sensitivity" in parts:

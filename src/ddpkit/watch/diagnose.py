@@ -19,6 +19,11 @@ Record = Mapping[str, Any]
 MIN_STEPS = 5
 
 
+def _timed(timings: Mapping[str, Any]) -> int:
+    """How many steps a rank's timings measured (one in 10 of its ``steps``; older records: ``steps``)."""
+    return int(timings.get("timed", timings.get("steps", 0)))
+
+
 def rank_list(ranks: list[int]) -> str:
     ranks = sorted(ranks)
     if len(ranks) == 1:
@@ -220,7 +225,7 @@ def straggler(records: Mapping[int, Record], share: float) -> tuple[str, dict[st
     In synchronous DDP the slow rank arrives last at each gradient all-reduce, so it waits least there: the others'
     extra time in gradient sync, beyond the least-waiting rank's, is time spent waiting for it."""
     timings = {r: rec["timings"] for r, rec in records.items()}
-    if len(timings) < 2 or any(min(t.get("steps", 0), t.get("sync_samples", t.get("steps", 0))) < MIN_STEPS
+    if len(timings) < 2 or any(min(_timed(t), t.get("sync_samples", _timed(t))) < MIN_STEPS
                                for t in timings.values()):
         return None
     step = sorted(t["step_mean"] for t in timings.values())[len(timings) // 2]
@@ -251,7 +256,7 @@ def straggler(records: Mapping[int, Record], share: float) -> tuple[str, dict[st
 def summary_lines(records: Mapping[int, Record]) -> tuple[list[str], dict[str, Any]]:
     """Per rank and per host: steps, step time p50/p99 (ms) and the share of a step spent in gradient sync.
     A host's p50 is the median of its ranks' p50s, its p99 the largest of their p99s."""
-    rows = {r: rec["timings"] for r, rec in sorted(records.items()) if rec["timings"].get("steps", 0) > 0}
+    rows = {r: rec["timings"] for r, rec in sorted(records.items()) if _timed(rec["timings"]) > 0}
     if not rows:
         return [], {}
     lines = ["ddpkit watch: summary (step = one DDP forward to the next; wait = time in gradient sync)",

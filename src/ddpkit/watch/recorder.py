@@ -28,9 +28,14 @@ __all__ = ["Recorder", "call_site", "future_error"]
 WINDOW = 256
 #: Collectives kept in a record's ``recent`` list, to name a desync between ranks one or two calls apart.
 RECENT = 8
-#: Gradient-sync time is measured on one step in this many (each bucket's Future timed through a ``then``, which
-#: costs about 20 us a step); for a model on DDP's C++ path, DDP's own runtime statistics are read as often.
+#: Step time and gradient-sync time are measured on one step in this many (each bucket's Future timed through a
+#: ``then``, which costs about 20 us a step); for a model on DDP's C++ path, DDP's own runtime statistics (read at
+#: most every SYNC_READ_EVERY_S).
 SAMPLE_EVERY = 10
+#: DDP's sampled gradient-sync statistic is read at most this often: a read costs about 80 us inside a training step
+#: (benchmarks/watch_step_pairs.py: 8 us a step when read every 10 steps), and the straggler check wants a few
+#: samples a minute, not one per 10 steps of a sub-millisecond step.
+SYNC_READ_EVERY_S = 0.5
 _SKIP = (os.path.dirname(__file__),)  # the watch's own files (ddpkit train's are a caller like any other)
 
 
@@ -93,13 +98,14 @@ class Recorder:
         self.counted_as = "DDP's gradient all-reduce on its C++ path"
         """What the counted collectives are, in a report."""
         self._sample_end = 0
+        self._sync_read = float("-inf")  # when DDP's statistic was last read
 
     def count_group(self, model: Any, counter: Any = None) -> None:
         """``model`` (DDP, no Python hook) stays on DDP's C++ all-reduce path: its all-reduces are counted by the
         process group's own sequence number, which counts every collective on the group, and its gradient-sync time
         is DDP's own ``backward_comm_time`` (first bucket's all-reduce to the last one's end), sampled one iteration
-        in SAMPLE_EVERY (DDP's default is one in 100) and read as often (9 us a read). ``counter``: ddpkit's own hook
-        on the model (``comm/gradients.GradientAveraging``: ``issued``, ``bypasses_group``, ``about``), whose
+        in SAMPLE_EVERY (DDP's default is one in 100) and read at most every SYNC_READ_EVERY_S. ``counter``: ddpkit's
+        own hook on the model (``comm/gradients.GradientAveraging``: ``issued``, ``bypasses_group``, ``about``), whose
         collectives the group counts, or which counts them itself where they bypass the group."""
         model._set_ddp_runtime_logging_sample_rate(SAMPLE_EVERY)
         self._ddp = weakref.ref(model)
@@ -173,8 +179,9 @@ class Recorder:
     # -- steps and phases -------------------------------------------------------------------------------------
     def step(self) -> None:
         """A DDP forward began: the previous step (forward, backward, gradient sync, optimizer) ended, and DDP
-        waited for each of its gradient buckets."""
-        now = time.monotonic()
+        waited for each of its gradient buckets. Runs in every step, where each line costs (benchmarks/
+        watch_step_pairs.py: the whole method cost 7 us in place when it timed every step): steps are counted here,
+        and timed one in SAMPLE_EVERY (``_sample``)."""
         if self._open:  # the last step's buckets: DDP waited for each (a failed one raised in backward: no step)
             for call in list(self._open.values()):
                 fut = call[2]
@@ -185,24 +192,35 @@ class Recorder:
                         self._open.pop(call[3], None)
                     else:
                         self.fail(call, error)
-        start = self._step_start
-        if start is not None:
-            self.step_times.append(now - start)
-        self._step_start = now
-        last = self.steps
-        self.steps = last + 1
-        if self.sampling or self._intervals or last % SAMPLE_EVERY == 1 or self.steps % SAMPLE_EVERY == 0:
-            self._sample(last)
+        n = self.steps + 1
+        self.steps = n
+        if n % SAMPLE_EVERY <= 1:
+            self._sample(n)
 
-    def _sample(self, last: int) -> None:
-        """One step in SAMPLE_EVERY: the gradient-sync time of the step that ended (DDP's statistic for a model on
-        its C++ path, else the union of the timed buckets), and whether the step that begins is timed."""
-        sampled = self._sampled_sync() if self._ddp is not None and last % SAMPLE_EVERY == 1 else None
-        if self._intervals:
-            sampled, self._intervals = _union(self._intervals), []
-        if sampled is not None:
-            self.sync_times.append(sampled)
-        self.sampling = self._ddp is None and self.steps % SAMPLE_EVERY == 0
+    def _sample(self, n: int) -> None:
+        """Step ``n`` begins, one in SAMPLE_EVERY is timed: the one that begins at n = 0 (mod SAMPLE_EVERY) ends at
+        the next forward. Its wall time; for a model with a Python hook, its gradient-sync time (the union of its
+        buckets' times in flight, timed while ``sampling``); for a model on DDP's C++ path (or ddpkit's own hook),
+        DDP's own statistic (``_sampled_sync``)."""
+        now = time.monotonic()
+        if n % SAMPLE_EVERY == 1:
+            start, self._step_start = self._step_start, None
+            if start is not None:
+                self.step_times.append(now - start)
+            # DDP's statistic is read here, not on the watch's thread: it takes the Reducer's lock, which the main
+            # thread holds in backward, while holding the GIL (the rank's heartbeat stopped: tried, and named stopped)
+            sampled = None
+            if self._ddp is not None and now - self._sync_read >= SYNC_READ_EVERY_S:
+                self._sync_read = now
+                sampled = self._sampled_sync()
+            if self._intervals:
+                sampled, self._intervals = _union(self._intervals), []
+            if sampled is not None:
+                self.sync_times.append(sampled)
+            self.sampling = False
+        else:
+            self._step_start = now
+            self.sampling = self._ddp is None
 
     def phase_begin(self, name: str, deadline: float | None = None) -> None:
         with self._lock:
@@ -230,11 +248,13 @@ class Recorder:
 
     # -- what the monitor publishes ---------------------------------------------------------------------------
     def timings(self) -> dict[str, Any]:
+        """``steps`` begun, ``timed`` (one in SAMPLE_EVERY), their p50 / p99 / mean, and the gradient-sync samples."""
         with self._lock:
             steps, syncs = list(self.step_times), list(self.sync_times)
         if not steps:
-            return {"steps": 0}
-        return {"steps": len(steps), "step_p50": _percentile(steps, 0.5), "step_p99": _percentile(steps, 0.99),
+            return {"steps": self.steps, "timed": 0}
+        return {"steps": self.steps, "timed": len(steps), "step_p50": _percentile(steps, 0.5),
+                "step_p99": _percentile(steps, 0.99),
                 "sync_samples": len(syncs), "sync_p50": _percentile(syncs, 0.5) if syncs else 0.0,
                 "sync_mean": sum(syncs) / len(syncs) if syncs else 0.0, "step_mean": sum(steps) / len(steps)}
 
@@ -248,7 +268,7 @@ class Recorder:
             phase = self.phases[-1] if self.phases else None
         out: dict[str, Any] = {
             "rank": self.rank, "host": self.host, "pid": os.getpid(), "beat": beat, "entered": entered,
-            "completed": entered - len(calls), "step": self.steps, "first_step_done": len(self.step_times) > 0,
+            "completed": entered - len(calls), "step": self.steps, "first_step_done": self.steps > 1,
             "recent": [[seq, *about] for seq, about in list(self._recent)],
             "waiting": None if oldest is None else {
                 "seq": oldest[3], "op": oldest[0][0], "bytes": oldest[0][1], "site": oldest[0][2],
