@@ -36,6 +36,10 @@ SAMPLE_EVERY = 10
 #: (benchmarks/watch_step_pairs.py: 8 us a step when read every 10 steps), and the straggler check wants a few
 #: samples a minute, not one per 10 steps of a sub-millisecond step.
 SYNC_READ_EVERY_S = 0.5
+#: ... except after a timed step this long, where a read every SAMPLE_EVERY steps costs under 1% of the step and the
+#: straggler check gets every sample (a host's two ranks are told apart from each other on few: CI, a CPU-limited
+#: host named as one of its ranks when its steps of 20-40 ms were read every 0.5 s only).
+SYNC_READ_ALWAYS_S = 1e-3
 _SKIP = (os.path.dirname(__file__),)  # the watch's own files (ddpkit train's are a caller like any other)
 
 
@@ -205,12 +209,13 @@ class Recorder:
         now = time.monotonic()
         if n % SAMPLE_EVERY == 1:
             start, self._step_start = self._step_start, None
+            took = now - start if start is not None else 0.0
             if start is not None:
-                self.step_times.append(now - start)
+                self.step_times.append(took)
             # DDP's statistic is read here, not on the watch's thread: it takes the Reducer's lock, which the main
             # thread holds in backward, while holding the GIL (the rank's heartbeat stopped: tried, and named stopped)
             sampled = None
-            if self._ddp is not None and now - self._sync_read >= SYNC_READ_EVERY_S:
+            if self._ddp is not None and (took >= SYNC_READ_ALWAYS_S or now - self._sync_read >= SYNC_READ_EVERY_S):
                 self._sync_read = now
                 sampled = self._sampled_sync()
             if self._intervals:
