@@ -62,10 +62,7 @@ def done_hook(_: object, bucket: dist.GradBucket) -> torch.futures.Future[torch.
 
 def _ours(model: DDP) -> DDP:
     """ddpkit's own hook on ``model``, registered as ``register_gradient_averaging`` does for a world above one."""
-    averaging = GradientAveraging("all-reduce", 1)
-    hook = lambda state, bucket: averaging.hook(state, bucket)  # noqa: E731
-    hook._ddpkit_counter = averaging  # type: ignore[attr-defined]
-    model.register_comm_hook(None, hook)
+    GradientAveraging("all-reduce", 1).register(model)
     return model
 
 

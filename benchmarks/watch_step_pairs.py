@@ -49,10 +49,7 @@ def _net() -> torch.nn.Module:
 
 def _ours(model: DDP) -> DDP:
     """ddpkit's own hook, registered as ``register_gradient_averaging`` does on more than one rank."""
-    averaging = GradientAveraging("all-reduce", 1)
-    hook = lambda state, bucket: averaging.hook(state, bucket)  # noqa: E731
-    hook._ddpkit_counter = averaging  # type: ignore[attr-defined]
-    model.register_comm_hook(None, hook)
+    GradientAveraging("all-reduce", 1).register(model)
     return model
 
 

@@ -179,6 +179,13 @@ class GradientAveraging:
         self.about = f"ddpkit's gradient averaging ({transport})"
         """What the watch calls these collectives in a report."""
 
+    def register(self, ddp: Any) -> None:
+        """Register ``hook`` on ``ddp``, naming this object as its counter (for the watch: ``Hooks._register``)."""
+        # a lambda: DDP rejects string annotations
+        hook = lambda state, bucket: self.hook(state, bucket)  # noqa: E731
+        hook._ddpkit_counter = self  # type: ignore[attr-defined]
+        ddp.register_comm_hook(None, hook)
+
     def hook(self, _: object, bucket: dist.GradBucket) -> Future[torch.Tensor]:
         self.issued += 1
         grads = bucket.buffer()
@@ -218,8 +225,5 @@ def register_gradient_averaging(ddp: Any, *, world_size: int, rider: Rider | Non
         transport = choose_transport(dist.get_backend() if world_size > 1 else "", world_size)
     averaging = GradientAveraging(transport, world_size, rider)
     if world_size > 1:
-        # a lambda: DDP rejects string annotations; it names its counter, for the watch (``Hooks._register``)
-        hook = lambda state, bucket: averaging.hook(state, bucket)  # noqa: E731
-        hook._ddpkit_counter = averaging  # type: ignore[attr-defined]
-        ddp.register_comm_hook(None, hook)
+        averaging.register(ddp)
     return averaging

@@ -108,6 +108,9 @@ def diagnose_hang(records: Mapping[int, Record | None], stale: Mapping[int, floa
     # what the counted collectives are: DDP's C++ path, or ddpkit's own gradient hook (``Recorder.counted_as``)
     counted_as = next((rec["counted_as"] for rec in alive.values() if rec.get("counted_as")),
                       "DDP's gradient all-reduce on its C++ path")
+    # and their last counts with those of the ranks that stopped answering: one short of the live ranks' is behind
+    # (no count: it stopped before its first step)
+    last = {**counted, **{r: alive[r].get("group_seq") or 0 for r in stopped}}
     behind: list[int] = []
     cpp_desync: list[int] = []
     if waiting:
@@ -142,10 +145,7 @@ def diagnose_hang(records: Mapping[int, Record | None], stale: Mapping[int, floa
                          f"{', '.join(sorted({alive[r]['host'] for r in cpp_desync}))} in {counted_as} "
                          "(counted, not seen one by one)")
             event.update(cpp_desync=cpp_desync)
-    elif counted and len(set((last := {**counted, **{r: alive[r].get("group_seq") or 0 for r in stopped}})
-                               .values())) > 1 and min(last.values()) < max(counted.values()):
-        # a rank that stopped answering is behind when its last count (none: before its first step) is short of the
-        # live ranks'
+    elif counted and min(last.values()) < max(counted.values()):
         high = max(counted.values())
         low = min(last.values())
         behind = sorted(r for r, c in last.items() if c == low)
