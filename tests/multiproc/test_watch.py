@@ -173,3 +173,45 @@ def test_watch_from_the_users_own_code(how: str, tmp_path: Path) -> None:
     assert run.proc.returncode != 0 and "exitcode  : 3" in run.output, run.output[-4000:]
     assert [e["event"] for e in run.events] == ["hang"] and run.events[0]["behind"] == [1], run.output[-4000:]
     assert leftover(run.tag) == []
+
+
+_SAMPLING_JOB = """
+import json, os, sys, time
+import torch, torch.distributed as dist
+from ddpkit.watch import WatchOptions, active, install
+os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=sys.argv[1])
+install(WatchOptions(summary=False))
+dist.init_process_group("gloo", rank=0, world_size=1)
+sleep_s, steps = float(sys.argv[2]), int(sys.argv[3])
+
+class Slow(torch.nn.Linear):
+    def forward(self, x):
+        time.sleep(sleep_s)
+        return super().forward(x)
+
+model = torch.nn.parallel.DistributedDataParallel(Slow(8, 1))
+x = torch.randn(4, 8)
+for _ in range(steps):
+    model(x).sum().backward()
+print(json.dumps(active().recorder.timings()))
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.parametrize(("sleep_s", "steps", "samples"), [(0.0, 1000, (8, 10)), (0.006, 41, (4, 4))])
+def test_ddp_statistic_sampled_as_the_step_length_allows(sleep_s: float, steps: int, samples: tuple[int, int]) -> None:
+    """Short steps: DDP samples its gradient-sync time at its default rate (one iteration in 100) and the watch reads
+    it as often (steps 101, 201, ... 901: 9 samples in 1000 steps). Steps of 5 ms and more: one in 10, every timed
+    step read (steps 11, 21, 31, 41)."""
+    import json
+    import subprocess
+    import sys
+
+    from tests.helpers import ddpkit_env, free_port
+
+    done = subprocess.run([sys.executable, "-c", _SAMPLING_JOB, free_port(), str(sleep_s), str(steps)],
+                          capture_output=True, text=True, env=ddpkit_env(), timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    timings = json.loads(done.stdout.strip().splitlines()[-1])
+    assert timings["steps"] == steps and timings["timed"] == (steps - 1) // 10, timings
+    assert samples[0] <= timings["sync_samples"] <= samples[1], timings

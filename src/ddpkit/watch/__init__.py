@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 from ddpkit.log import get_logger
 from ddpkit.watch.options import WatchOptions
+from ddpkit.watch.recorder import Live
 
 if TYPE_CHECKING:
     import torch.distributed as dist
@@ -55,8 +56,7 @@ class Session:
         self.recorder: Recorder | None = None
         self.monitor: Monitor | None = None
         self._abort_handlers: list[Callable[[dict[str, Any]], object]] = []
-        # the current watch's recorder, not this one's: a hook wrapped under an earlier watch reports to a later one
-        self.hooks: Hooks = Hooks(_current_recorder, self._begin, self.finish)
+        self.hooks: Hooks = Hooks(_live, self._begin, self.finish)
 
     def _begin(self, init_args: dict[str, Any]) -> None:
         import torch.distributed as dist
@@ -81,6 +81,7 @@ class Session:
         self.monitor.abort_handlers = self._abort_handlers
         self.monitor.start()
         self.recorder = recorder
+        _sync_live()
         log.info("watch: rank %d of %d watched", rank, world_size)
 
     def on_abort(self, handler: Callable[[dict[str, Any]], object]) -> None:
@@ -105,6 +106,7 @@ class Session:
     def finish(self) -> None:
         """The group is going: stop watching, summary on rank 0. Safe to call twice."""
         monitor, self.monitor, self.recorder = self.monitor, None, None
+        _sync_live()
         if monitor is not None:
             monitor.await_abort()  # the script caught the abort's broken collective and is leaving: exit 3 still
             monitor.finish()
@@ -138,12 +140,14 @@ def _prefix() -> str:
 
 
 _session: Session | None = None
+_live = Live()
 _installs = 0
 _saved_excepthook = sys.excepthook
 
 
-def _current_recorder() -> Recorder | None:
-    return _session.recorder if _session is not None else None
+def _sync_live() -> None:
+    """``_live.recorder`` is the current watch's recorder: called wherever the watch or its recorder changes."""
+    _live.recorder = _session.recorder if _session is not None else None
 
 
 def active() -> Session | None:
@@ -168,6 +172,7 @@ def install(options: WatchOptions | None = None, *, store: dist.Store | None = N
             raise ValueError("install(store=...) needs rank and world_size")
         _session.begin_on(store, rank=rank, world_size=world_size)
     _session.begin_if_ready()
+    _sync_live()
     return _session
 
 
@@ -175,6 +180,7 @@ def uninstall() -> None:
     """Stop watching (summary on rank 0 if the group still exists) and restore torch's functions."""
     global _session
     session, _session = _session, None
+    _sync_live()
     if session is not None:
         session.finish()
         session.hooks.uninstall()

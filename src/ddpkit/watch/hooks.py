@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ddpkit.watch.recorder import Recorder, call_site
+from ddpkit.watch.recorder import Live, Recorder, call_site
 
 __all__ = ["COLLECTIVES", "Hooks"]
 
@@ -54,11 +54,12 @@ def _position(fn: Callable[..., Any], name: str) -> int | None:
 
 
 class Hooks:
-    """The patches for one watch. ``recorder()`` returns the live Recorder (None before the group exists)."""
+    """The patches for one watch. ``live.recorder`` is the current watch's Recorder: a hook wrapped under an earlier
+    watch reports to a later one."""
 
-    def __init__(self, recorder: Callable[[], Recorder | None], on_init: Callable[[dict[str, Any]], None],
+    def __init__(self, live: Live, on_init: Callable[[dict[str, Any]], None],
                  on_destroy: Callable[[], None]) -> None:
-        self.recorder = recorder
+        self.live = live
         self.on_init = on_init
         self.on_destroy = on_destroy
         self._saved: list[tuple[object, str, Any]] = []
@@ -119,10 +120,11 @@ class Hooks:
     # -- torch.distributed collectives ------------------------------------------------------------------------
     def _collective(self, name: str, original: Callable[..., Any]) -> Callable[..., Any]:
         group_at, async_at = _position(original, "group"), _position(original, "async_op")
+        live = self.live
 
         @functools.wraps(original)
         def collective(*args: Any, **kwargs: Any) -> Any:
-            rec = self.recorder()
+            rec = live.recorder
             if rec is None or getattr(_inside, "depth", False):
                 return original(*args, **kwargs)
             group = kwargs.get("group", args[group_at] if group_at is not None and len(args) > group_at else None)
@@ -160,11 +162,11 @@ class Hooks:
         # per bucket: its op name, size and call site, found once (the site is the line that calls backward, the
         # same every step; walking the stack per bucket cost more than a small MPI all-reduce)
         known: dict[int, tuple[str, int, str]] = {}
-        current = self.recorder
+        live = self.live
 
         @functools.wraps(hook)
         def watched_hook(state: Any, bucket: Any) -> Any:
-            rec = current()
+            rec = live.recorder
             if rec is None:
                 return hook(state, bucket)
             index = bucket.index()
@@ -214,7 +216,7 @@ class Hooks:
         def _register_builtin_comm_hook(model: Any, comm_hook_type: Any) -> Any:
             model._ddpkit_watched = True  # a C++ hook: its all-reduces are counted, not seen one by one
             result = original(model, comm_hook_type)
-            rec = self.recorder()
+            rec = self.live.recorder
             if rec is not None:
                 rec.count_group(model)
                 model._ddpkit_seen = rec
@@ -226,11 +228,11 @@ class Hooks:
         import torch
 
         grad_enabled = torch.is_grad_enabled
-        current = self.recorder
+        live = self.live
 
         @functools.wraps(original)
         def forward(model: Any, *args: Any, **kwargs: Any) -> Any:
-            rec = current()
+            rec = live.recorder
             if rec is not None:
                 state = model.__dict__
                 if state.get("_ddpkit_seen") is not rec:  # its first forward under this watch

@@ -22,24 +22,23 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["Recorder", "call_site", "future_error"]
+__all__ = ["Live", "Recorder", "call_site", "future_error"]
 
 #: Steps kept for the timings (median, p99, wait share).
 WINDOW = 256
 #: Collectives kept in a record's ``recent`` list, to name a desync between ranks one or two calls apart.
 RECENT = 8
 #: Step time and gradient-sync time are measured on one step in this many (each bucket's Future timed through a
-#: ``then``, which costs about 20 us a step); for a model on DDP's C++ path, DDP's own runtime statistics (read at
-#: most every SYNC_READ_EVERY_S).
+#: ``then``, which costs about 20 us a step); for a model on DDP's C++ path, DDP's own runtime statistics.
 SAMPLE_EVERY = 10
-#: DDP's sampled gradient-sync statistic is read at most this often: a read costs about 80 us inside a training step
-#: (benchmarks/watch_step_pairs.py: 8 us a step when read every 10 steps), and the straggler check wants a few
-#: samples a minute, not one per 10 steps of a sub-millisecond step.
-SYNC_READ_EVERY_S = 0.5
-#: ... except after a timed step this long, where a read every SAMPLE_EVERY steps costs under 1% of the step and the
-#: straggler check gets every sample (a host's two ranks are told apart from each other on few: CI, a CPU-limited
-#: host named as one of its ranks when its steps of 20-40 ms were read every 0.5 s only).
-SYNC_READ_ALWAYS_S = 1e-3
+#: DDP samples its runtime statistics (the gradient-sync time, for the straggler check) one iteration in this many
+#: (its default), and the watch reads the statistic as often: the job pays nothing for the sampling ...
+DDP_SAMPLE_RATE = 100
+#: ... until a timed step takes this long; from then on DDP samples one iteration in SAMPLE_EVERY and each timed step
+#: reads it (every sample: a host's two ranks are told apart from each other on few). A sampled iteration costs DDP
+#: about 50 us and a read about 80 us inside a training step (benchmarks/watch_step_pairs.py: 5 us a step on a 0.7 ms
+#: step at one in 10), under 0.3% of ten steps this long.
+LONG_STEP_S = 5e-3
 _SKIP = (os.path.dirname(__file__),)  # the watch's own files (ddpkit train's are a caller like any other)
 
 
@@ -64,6 +63,16 @@ def call_site(skip: tuple[str, ...]) -> str:
 def _percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+class Live:
+    """The current watch's recorder (None: no watch, or no process group yet), read by the patched functions on the
+    per-step path as an attribute (one call less in every step)."""
+
+    __slots__ = ("recorder",)
+
+    def __init__(self) -> None:
+        self.recorder: Recorder | None = None
 
 
 class Recorder:
@@ -102,16 +111,18 @@ class Recorder:
         self.counted_as = "DDP's gradient all-reduce on its C++ path"
         """What the counted collectives are, in a report."""
         self._sample_end = 0
-        self._sync_read = float("-inf")  # when DDP's statistic was last read
+        self._rate = DDP_SAMPLE_RATE  # DDP's sample rate now
+        self._read_at = 0  # the step at which DDP's statistic was last read
 
     def count_group(self, model: Any, counter: Any = None) -> None:
         """``model`` (DDP, no Python hook) stays on DDP's C++ all-reduce path: its all-reduces are counted by the
         process group's own sequence number, which counts every collective on the group, and its gradient-sync time
         is DDP's own ``backward_comm_time`` (first bucket's all-reduce to the last one's end), sampled one iteration
-        in SAMPLE_EVERY (DDP's default is one in 100) and read at most every SYNC_READ_EVERY_S. ``counter``: ddpkit's
+        in DDP_SAMPLE_RATE, or in SAMPLE_EVERY once steps take LONG_STEP_S (``_sample``). ``counter``: ddpkit's
         own hook on the model (``comm/gradients.GradientAveraging``: ``issued``, ``bypasses_group``, ``about``), whose
         collectives the group counts, or which counts them itself where they bypass the group."""
-        model._set_ddp_runtime_logging_sample_rate(SAMPLE_EVERY)
+        model._set_ddp_runtime_logging_sample_rate(DDP_SAMPLE_RATE)
+        self._rate = DDP_SAMPLE_RATE
         self._ddp = weakref.ref(model)
         self._group = model.process_group
         if counter is not None:
@@ -212,12 +223,7 @@ class Recorder:
             took = now - start if start is not None else 0.0
             if start is not None:
                 self.step_times.append(took)
-            # DDP's statistic is read here, not on the watch's thread: it takes the Reducer's lock, which the main
-            # thread holds in backward, while holding the GIL (the rank's heartbeat stopped: tried, and named stopped)
-            sampled = None
-            if self._ddp is not None and (took >= SYNC_READ_ALWAYS_S or now - self._sync_read >= SYNC_READ_EVERY_S):
-                self._sync_read = now
-                sampled = self._sampled_sync()
+            sampled = None if self._ddp is None else self._ddp_sync(n, took)
             if self._intervals:
                 sampled, self._intervals = _union(self._intervals), []
             if sampled is not None:
@@ -226,6 +232,23 @@ class Recorder:
         else:
             self._step_start = now
             self.sampling = self._ddp is None
+
+    def _ddp_sync(self, n: int, took: float) -> float | None:
+        """At step ``n``'s timed predecessor's end (``took`` s): DDP's sample rate for the step's length, and its
+        statistic when a new sample is due. Read here, not on the watch's thread: it takes the Reducer's lock, which
+        the main thread holds in backward, while holding the GIL (the rank's heartbeat stopped: tried, and named
+        stopped)."""
+        rate = SAMPLE_EVERY if took >= LONG_STEP_S else DDP_SAMPLE_RATE
+        model = self._ddp() if self._ddp is not None else None
+        if model is None:
+            return None
+        if rate != self._rate:
+            model._set_ddp_runtime_logging_sample_rate(rate)
+            self._rate = rate
+        if n - self._read_at < rate:
+            return None
+        self._read_at = n
+        return self._sampled_sync()
 
     def phase_begin(self, name: str, deadline: float | None = None) -> None:
         with self._lock:
