@@ -252,7 +252,7 @@ def test_a_report_reaches_the_process_stderr_while_sys_stderr_is_swapped(capfd: 
     monitor = Monitor(Recorder(0, 1), WatchOptions(summary=False), dist.HashStore())
     saved, sys.stderr = sys.stderr, io.StringIO()
     try:
-        monitor._emit(["ddpkit watch: rank 1 on host h1 (pid 7) is gone"], {"event": "rank-gone"})
+        monitor.emit(["ddpkit watch: rank 1 on host h1 (pid 7) is gone"], {"event": "rank-gone"})
         swapped = sys.stderr.getvalue()
     finally:
         sys.stderr = saved

@@ -16,33 +16,31 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import signal
 import sys
 import threading
 import time
-import traceback
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, Any
 
 from ddpkit.errors import EXIT_MISSING
 from ddpkit.fault_injection import fault
 from ddpkit.log import get_logger
 from ddpkit.watch.diagnose import Hang, diagnose_deadline, diagnose_hang, straggler, summary_lines
+from ddpkit.watch.failure import FailureReport
 from ddpkit.watch.options import WatchOptions, hang_deadline
+from ddpkit.watch.processes import STACK_WAIT_S, end_stopped, leave, python_stacks
 from ddpkit.watch.recorder import Recorder
 from ddpkit.watch.store import BoundedStore
 
 if TYPE_CHECKING:
     import torch.distributed as dist
 
-__all__ = ["Monitor", "python_stacks"]
+__all__ = ["Monitor"]
 
 log = get_logger(__name__)
 #: A heartbeat unchanged this long (and at least 6 heartbeats) means the rank stopped answering. No hang is
 #: reported before a stop could be told (the report waits at least this long past the last progress).
 STALE_S = 3.0
-#: How long the reporter waits for the live ranks' stacks, and for the others to see the abort.
-STACK_WAIT_S = 3.0
 #: Under an abort, how long a rank waits for every live rank's abort handlers to have run before it exits.
 HANDLERS_WAIT_S = 10.0
 #: The longest an exception caused by the abort waits for the watch's thread to end the rank (report, handlers).
@@ -52,65 +50,6 @@ FINAL_WAIT_S = 3.0
 #: The longest the watch waits for one answer of the job's store (``watch/store.py``: TCPStore's own timeout does not
 #: hold when the store's host stops answering).
 STORE_CALL_S = 10.0
-#: How long a failure report waits for a peer on this host whose connection broke to be gone (it is exiting).
-GONE_WAIT_S = 0.3
-#: Frames of the runner (runpy, ``python -m ddpkit.watch``) that only say how the script was started.
-_LAUNCH = ("<frozen runpy>", os.path.join(os.path.dirname(__file__), "__main__.py"))
-_WORKER = os.path.join(os.path.dirname(os.path.dirname(__file__)), "launch", "worker.py")
-
-
-def _process_state(pid: int) -> str:
-    """``gone``, ``stopped`` or ``running``, for a process on this host (from /proc: no signal sent)."""
-    try:
-        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as f:
-            state = f.read().rpartition(")")[2].split()[0]
-    except OSError:
-        return "gone"
-    return {"Z": "gone", "X": "gone", "T": "stopped", "t": "stopped"}.get(state, "running")
-
-
-def python_stacks() -> str:
-    """Every thread's Python stack in this process but the watch's own threads (``sys._current_frames``: it needs
-    the GIL, which a rank waiting in a collective has released)."""
-    names = {t.ident: t.name for t in threading.enumerate()}
-    me = threading.get_ident()
-    parts = []
-    for ident, frame in sys._current_frames().items():
-        if ident == me or names.get(ident, "").startswith("ddpkit-watch"):
-            continue
-        frames = [f for f in traceback.extract_stack(frame) if not f.filename.startswith(_LAUNCH)]
-        # a rank forked by ddpkit's agent (``ddpkit check -n``): its frames begin at the worker's entry
-        starts = [i for i, f in enumerate(frames) if f.filename == _WORKER]
-        frames = frames[starts[-1] + 1:] if starts else frames
-        parts.append(f"  Thread {names.get(ident, '?')} ({ident:#x}), most recent call last:\n"
-                     + "".join("    " + line for line in "".join(traceback.format_list(frames)).splitlines(True)))
-    return "".join(parts)
-
-
-def _leave(line: str | None) -> NoReturn:
-    """End this rank with exit 3 (EXIT_MISSING), after ``line`` on stderr: ``os._exit``, since a thread blocked in C
-    (the rank's main thread in a collective) cannot hold the process then."""
-    if line is not None:
-        print(line, file=sys.__stderr__ or sys.stderr, flush=True)  # see _emit
-    sys.stdout.flush()
-    os._exit(EXIT_MISSING)
-
-
-def _end_stopped(pids: list[int]) -> None:
-    """Stopped ranks on this host: SIGCONT (each then sees the abort and exits 3 itself), SIGKILL after
-    STACK_WAIT_S for any still there (as NVRx's rank monitor does: SIGCONT, then SIGKILL)."""
-    for pid in pids:
-        with contextlib.suppress(OSError):
-            os.kill(pid, signal.SIGCONT)
-    until = time.monotonic() + STACK_WAIT_S
-    while time.monotonic() < until and any(_process_state(p) != "gone" for p in pids):
-        time.sleep(0.1)
-    for pid in pids:
-        if _process_state(pid) != "gone":
-            with contextlib.suppress(OSError):
-                os.kill(pid, signal.SIGKILL)
-
-
 class Monitor:
     """The watch thread of one rank. ``start()`` once the process group exists; ``finish()`` before it goes."""
 
@@ -122,23 +61,18 @@ class Monitor:
         self.keys = [f"rec/{r}" for r in range(self.world)]
         self.beat = 0
         self._stop = threading.Event()
-        recorder.on_failure = self._failure_now  # a collective failed on this rank: report at once
-        self._failure_lock = threading.Lock()
-        self._failure_reported = False
-        self._failure_done = threading.Event()
-        self._failure_thread: int | None = None  # the thread writing the failure report, while it does
-        self.after_failure_report: Callable[[], object] | None = None
-        """Run once the failure report under way is written (``watch/sigterm.py``: SIGTERM came in the middle)."""
+        self.failures = FailureReport(self)
+        recorder.on_failure = self.failures.now  # a collective failed on this rank: report at once
         self._thread = threading.Thread(target=self._loop, name="ddpkit-watch", daemon=True)
         # observations, on this rank's clock
-        self._seen: dict[int, tuple[Any, float]] = {}  # rank -> (heartbeat, when it last changed)
+        self.seen: dict[int, tuple[Any, float]] = {}  # rank -> (heartbeat, when it last changed)
         self._progress: tuple[Any, ...] | None = None
         self._progress_at = time.monotonic()
         self._slowest_gap = 0.0
         self._answered: set[str] = set()
         self._reported: str | None = None
         self._overdue: set[int] = set()  # this rank's phases whose passed deadline was claimed
-        self._aborting = False  # a hang report ordered every rank to stop: a collective failing now is the abort
+        self.aborting = False  # a hang report ordered every rank to stop: a collective failing now is the abort
         self._next_straggler = time.monotonic() + options.report_every
         self._store_failed_at: float | None = None
         self.abort_handlers: list[Callable[[dict[str, Any]], object]] = []
@@ -167,9 +101,9 @@ class Monitor:
         self.beat += 1
         self.store.set(self.keys[self.rank], json.dumps(self.rec.record(self.beat)))
 
-    def _read(self) -> dict[int, dict[str, Any] | None]:
+    def read(self) -> dict[int, dict[str, Any] | None]:
         present = [r for r in range(self.world) if self.store.check([self.keys[r]])] \
-            if len(self._seen) < self.world else list(range(self.world))
+            if len(self.seen) < self.world else list(range(self.world))
         values = self.store.multi_get([self.keys[r] for r in present]) if present else []
         out: dict[int, dict[str, Any] | None] = dict.fromkeys(range(self.world))
         for r, raw in zip(present, values, strict=True):
@@ -184,11 +118,11 @@ class Monitor:
             self.store.set(f"stacks/{claim}/{self.rank}", python_stacks())
         if self.store.check(["abort"]):
             self._abort(json.loads(self.store.get("abort").decode()))
-        records = self._read()
+        records = self.read()
         for r, rec in records.items():
-            if rec is not None and (r not in self._seen or self._seen[r][0] != rec["beat"]):
-                self._seen[r] = (rec["beat"], now)
-        stale = {r: now - at for r, (_, at) in self._seen.items()
+            if rec is not None and (r not in self.seen or self.seen[r][0] != rec["beat"]):
+                self.seen[r] = (rec["beat"], now)
+        stale = {r: now - at for r, (_, at) in self.seen.items()
                  if now - at > max(STALE_S, 6 * self.options.heartbeat) and not (records[r] or {}).get("final")}
         overdue = self.rec.overdue()
         if overdue is not None and overdue[0] not in self._overdue and not claim:
@@ -201,7 +135,7 @@ class Monitor:
             self._next_straggler = now + self.options.report_every
             found = straggler(alive, self.options.straggler_share) if len(alive) == self.world else None
             if found is not None:
-                self._emit([found[0]], found[1])
+                self.emit([found[0]], found[1])
         progress = tuple((r, rec["entered"], rec["completed"], rec.get("group_seq"))
                          for r, rec in sorted(alive.items()))
         in_phase = any(rec.get("phase") for r, rec in alive.items() if r not in stale)
@@ -242,7 +176,7 @@ class Monitor:
             time.sleep(0.05)
         stacks = {r: self.store.get(k).decode() for r, k in keys.items() if self.store.check([k])}
         try:
-            hang = describe(self._read())
+            hang = describe(self.read())
         except Exception as exc:  # a report without its diagnosis beats silence (the loop takes errors for the store's)
             log.error("watch: the hang report could not be worded (%r)", exc)
             hang = Hang(lines=[f"ddpkit watch: HANG: no rank has made progress (claim {mine}); the diagnosis failed: "
@@ -258,7 +192,7 @@ class Monitor:
             lines.append(f"--- no stacks from ranks {silent} within {STACK_WAIT_S:g} s")
         hang.event["stacks"] = {str(r): s for r, s in stacks.items()}
         hang.event["on_hang"] = self.options.on_hang
-        self._emit(lines, hang.event)
+        self.emit(lines, hang.event)
         if self.options.on_hang == "abort":
             hosts = {r: rec["host"] for r, rec in records.items() if rec is not None}
             doomed = [{"rank": r, "host": hosts[r], "pid": records[r]["pid"],  # type: ignore[index]
@@ -267,7 +201,7 @@ class Monitor:
             order = {"reporter": self.rank, "stopped": doomed, "silent": sorted(stale), "live": len(live),
                      "hosts": {str(r): h for r, h in hosts.items()}, "headline": lines[0],
                      "deadline": hang.event.get("text")}
-            self._aborting = True
+            self.aborting = True
             self.store.set("abort", json.dumps(order))
             until = time.monotonic() + STACK_WAIT_S
             with contextlib.suppress(Exception):  # a rank that hosts the store may leave first, taking it along
@@ -275,96 +209,7 @@ class Monitor:
                     time.sleep(0.05)
             self._abort(order)
 
-    def _failure_now(self, told_to_stop: bool = False) -> None:
-        """Called on the thread that saw the failure, before the error reaches the user's code; or on SIGTERM
-        (``told_to_stop``, from ``on_terminate``) when a rank on this host is gone and no collective failed here."""
-        with self._failure_lock:
-            if self._failure_reported or (self.rec.failed is None and not told_to_stop) or self._aborting:
-                return
-            self._failure_reported = True
-            self._failure_thread = threading.get_ident()
-        try:
-            self._failure_report(self.rec.failed)
-        except Exception as exc:  # the store may be gone too: the backend's own error still follows
-            log.debug("watch: no failure report (%s)", exc)
-        finally:
-            self._failure_thread = None
-            self._failure_done.set()
-            then = self.after_failure_report
-            if then is not None:
-                then()
-
-    def reporting_failure_here(self) -> bool:
-        """This thread is writing the failure report (a signal handler that interrupted it must not wait for it)."""
-        return self._failure_thread == threading.get_ident()
-
-    def on_terminate(self) -> None:
-        """This rank is told to stop (SIGTERM; ``watch/sigterm.py``). A launcher ends every rank when one dies (torchrun
-        within 0.1 s), often before their collective with it failed, or before that failure reached the report: say
-        now what is known, once per job. A collective failed here: its report. Else a rank on this host that is gone
-        or stopped, and was not told to stop too (a rank told to stop marks ``term/<rank>`` first, so a peer ended by
-        the same SIGTERM is never named): the report names it. Else nothing (a scheduler ending a healthy job).
-        Quick, but the caller bounds it (a store that does not answer)."""
-        if self._aborting:
-            return  # the abort is ending this rank anyway: its report is written
-        with contextlib.suppress(Exception):
-            self.store.set(f"term/{self.rank}", "1")
-        if self._failure_reported:  # a report under way on another thread of this rank
-            self._failure_done.wait()
-            return
-        if self.rec.failed is not None:
-            self._failure_now()
-            return
-        local = {r: rec["pid"] for r, rec in self._read().items()
-                 if rec and r != self.rank and rec["host"] == self.rec.host}
-        if any(_process_state(pid) in ("gone", "stopped") and not self.store.check([f"term/{r}"])
-               for r, pid in local.items()):
-            self._failure_now(told_to_stop=True)
-
-    def _failure_report(self, failed: dict[str, Any] | None) -> None:
-        """A collective failed on this rank (gloo: "Connection reset by peer [addr]", an address, no rank), or
-        (``failed`` None) this rank is told to stop while a rank on this host is gone: name the ranks that are gone
-        or stopped, from their records. Quick: the launcher may end this rank any moment."""
-        if self.store.compare_set("failed", "", str(self.rank)).decode() != str(self.rank):
-            return  # another rank's failure report says it (one report per job)
-        records = self._read()
-        now = time.monotonic()
-        if failed is not None:
-            error = failed["error"].splitlines()[0] if failed["error"] else "(no message)"
-            lines = [f"ddpkit watch: rank {self.rank} on host {self.rec.host}: {failed['op']} #{failed['seq']} "
-                     f"(called at {failed['site']}) failed: {error[:300]}"]
-        else:
-            lines = [f"ddpkit watch: rank {self.rank} on host {self.rec.host} is told to stop (SIGTERM: the launcher "
-                     "is ending the job) while a rank on this host is gone"]
-        local = {r: rec["pid"] for r, rec in records.items() if rec and r != self.rank and rec["host"] == self.rec.host}
-        until = time.monotonic() + GONE_WAIT_S  # a killed peer's sockets close before its process is gone
-        states = {r: _process_state(pid) for r, pid in local.items()}
-        while local and "gone" not in states.values() and time.monotonic() < until:
-            time.sleep(0.02)
-            states = {r: _process_state(pid) for r, pid in local.items()}
-        told = {r for r, state in states.items() if state == "gone" and self.store.check([f"term/{r}"])}
-        gone = []
-        for r, rec in sorted(records.items()):
-            if rec is None or r == self.rank or r in told:  # a peer told to stop as well is no news
-                continue
-            state = states.get(r)
-            if state in ("gone", "stopped"):
-                gone.append(r)
-                lines.append(f"  rank {r} on host {rec['host']} (pid {rec['pid']}) is {state} "
-                             f"({'its process no longer runs' if state == 'gone' else 'SIGSTOP'})")
-            elif rec["host"] != self.rec.host and r in self._seen:
-                lines.append(f"  rank {r} on host {rec['host']}: last heartbeat seen {now - self._seen[r][1]:.1f} s "
-                             "ago")
-        if not gone and told:
-            lines.append(f"  no rank on this host is gone but rank(s) {', '.join(map(str, sorted(told)))}, told to "
-                         "stop (SIGTERM) as this one is")
-        elif not gone:
-            lines.append("  no rank on this host is gone; the failed peer is on another host (see its lines)")
-        self._emit(lines, {"event": "collective-failed" if failed is not None else "rank-gone",
-                           "reporter": self.rank, "failed": failed, "gone": gone,
-                           "hosts": {str(r): rec["host"] for r, rec in records.items() if rec}})
-
-    def _emit(self, lines: list[str], event: dict[str, Any]) -> None:
+    def emit(self, lines: list[str], event: dict[str, Any]) -> None:
         sys.stdout.flush()
         # the process's own stderr, not sys.stderr: torch's excepthook (installed by init_process_group) swaps
         # sys.stderr for a StringIO while the hooks before it run, ours included, and writes that out only after; a
@@ -383,11 +228,11 @@ class Monitor:
         sees one rank exit ends the others (torch's elastic agent sends SIGTERM), and a handler may be printing a
         report (``ddpkit check``'s rank 0) or leaving one for the agent (``train``). That also keeps a rank that
         hosts the job's store (rank 0 under ``ddpkit check`` or env://) until the others have seen the order."""
-        self._aborting = True
+        self.aborting = True
         host = self.rec.host
         mine = [d["pid"] for d in order.get("stopped", []) if d["by"] == self.rank and d["host"] == host]
         if mine:
-            _end_stopped(mine)
+            end_stopped(mine)
         if order.get("reporter") != self.rank:
             with contextlib.suppress(Exception):  # the reporter may have left with its store
                 self.store.add("abort/seen", 1)
@@ -401,7 +246,7 @@ class Monitor:
         late = fault("abort-late", rank=self.rank)  # test hook: this rank leaves after the others
         if late is not None:
             time.sleep(float(late.get("ms", 1500)) / 1e3)
-        _leave(None if order.get("reporter") == self.rank else
+        leave(None if order.get("reporter") == self.rank else
                f"ddpkit watch: rank {self.rank} on host {host} stops (hang reported by rank {order.get('reporter')}; "
                f"exit {EXIT_MISSING})")
 
@@ -411,10 +256,10 @@ class Monitor:
         process for the watch's thread, which ends it with exit 3 once the handlers ran, rather than letting the
         exception end it with 1 (the launcher would name this rank as the one that failed first). Returns at once
         when no abort is under way; ends the process itself after ABORT_WAIT_S."""
-        if not self._aborting or self._thread is threading.current_thread():
+        if not self.aborting or self._thread is threading.current_thread():
             return
         self._thread.join(timeout=ABORT_WAIT_S)
-        _leave(f"ddpkit watch: rank {self.rank} on host {self.rec.host} stops (hang reported; exit {EXIT_MISSING})")
+        leave(f"ddpkit watch: rank {self.rank} on host {self.rec.host} stops (hang reported; exit {EXIT_MISSING})")
 
     def _run_abort_handlers(self, order: dict[str, Any]) -> None:
         for handler in self.abort_handlers:
@@ -433,7 +278,7 @@ class Monitor:
         answered = {self.rank}
         while True:
             try:
-                records = self._read()
+                records = self.read()
             except Exception as exc:
                 log.debug("watch: the job's store does not answer (%s)", exc)
                 return None
@@ -465,11 +310,11 @@ class Monitor:
                  f"({str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__}): the process "
                  "that hosts it (the torchrun agent, or rank 0) is gone, or this host is cut off from its host",
                  f"--- rank {self.rank} on host {self.rec.host} (pid {os.getpid()}): Python stacks", python_stacks()]
-        self._emit(lines, {"event": "hang", "reporter": self.rank, "store_lost": str(exc), "waiting": w})
+        self.emit(lines, {"event": "hang", "reporter": self.rank, "store_lost": str(exc), "waiting": w})
         if self.options.on_hang == "abort":
             self._run_abort_handlers({"reporter": self.rank, "store_lost": str(exc), "silent": None,
                                       "headline": lines[0]})
-            _leave(None)
+            leave(None)
         self._stop.set()
 
     # -- the end ----------------------------------------------------------------------------------------------
@@ -497,4 +342,4 @@ class Monitor:
             missing = sorted(set(range(self.world)) - set(finals))
             if missing:
                 lines.append(f"  (no final record from ranks {missing} within {FINAL_WAIT_S:g} s)")
-            self._emit(lines, event)
+            self.emit(lines, event)

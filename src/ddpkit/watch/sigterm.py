@@ -8,7 +8,7 @@ says "local_rank 1, exitcode -9", on host "localhost").
 
 How, without holding a rank its launcher wants gone: the signal's number reaches a thread of the watch at once
 (``signal.set_wakeup_fd``), also while the main thread is blocked in a collective (where a Python handler would
-wait for the collective to return). That thread runs ``Monitor.on_terminate`` for at most TERM_GRACE_S, then ends
+wait for the collective to return). That thread runs ``FailureReport.on_terminate`` for at most TERM_GRACE_S, then ends
 the process with the default action of SIGTERM. The Python handler does the same when the main thread gets to it
 first. Left alone: a script that sets its own SIGTERM handler (it replaces this one, and the watch does nothing on
 SIGTERM then), a process where something else holds the wakeup fd (nothing is installed), ``ddpkit.init(watch=True)``
@@ -79,8 +79,8 @@ def _handler(signum: int, frame: types.FrameType | None) -> None:
     """On the main thread, between two bytecodes: when that was in the middle of the failure report, the report
     finishes first (its thread cannot wait for itself)."""
     monitor = _monitor()
-    if monitor is not None and monitor.reporting_failure_here():
-        monitor.after_failure_report = _die
+    if monitor is not None and monitor.failures.writing_here():
+        monitor.failures.after_report = _die
         return
     _terminate()
 
@@ -103,7 +103,7 @@ def _terminate() -> None:
 
 def _report(monitor: Monitor) -> None:
     try:
-        monitor.on_terminate()
+        monitor.failures.on_terminate()
     except Exception as exc:  # the store may be gone with the launcher: the rank ends all the same
         log.debug("watch: no report on SIGTERM (%s)", exc)
 

@@ -1,0 +1,130 @@
+"""When a collective fails on a rank, or the launcher ends a rank while a peer on its host is gone: one report per
+job that names the ranks that are gone or stopped, with their hosts, before the launcher ends the rest.
+
+gloo's own error names an address ("Connection reset by peer [addr]"), no rank; torchrun ends every rank 0.1 s after
+one dies, often before their collectives with it fail (``watch/sigterm.py`` calls ``on_terminate`` then). Store keys
+(under the watch's prefix): ``failed`` (the reporting rank, first writer wins), ``term/<rank>`` (a rank told to stop:
+a peer ended by the same SIGTERM is no news).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from ddpkit.log import get_logger
+from ddpkit.watch.processes import process_state
+
+if TYPE_CHECKING:
+    from ddpkit.watch.monitor import Monitor
+
+__all__ = ["FailureReport"]
+
+log = get_logger(__name__)
+#: How long the report waits for a peer on this host whose connection broke to be gone (it is exiting).
+GONE_WAIT_S = 0.3
+
+
+class FailureReport:
+    """The failure report of one rank's watch (``Monitor.failures``)."""
+
+    def __init__(self, monitor: Monitor) -> None:
+        self.m = monitor
+        self._lock = threading.Lock()
+        self._reported = False
+        self._done = threading.Event()
+        self._thread: int | None = None  # the thread writing the report, while it does
+        self.after_report: Callable[[], object] | None = None
+        """Run once the report under way is written (``watch/sigterm.py``: SIGTERM came in the middle)."""
+
+    def now(self, told_to_stop: bool = False) -> None:
+        """Called on the thread that saw the failure, before the error reaches the user's code; or on SIGTERM
+        (``told_to_stop``, from ``on_terminate``) when a rank on this host is gone and no collective failed here."""
+        with self._lock:
+            if self._reported or (self.m.rec.failed is None and not told_to_stop) or self.m.aborting:
+                return
+            self._reported = True
+            self._thread = threading.get_ident()
+        try:
+            self._write(self.m.rec.failed)
+        except Exception as exc:  # the store may be gone too: the backend's own error still follows
+            log.debug("watch: no failure report (%s)", exc)
+        finally:
+            self._thread = None
+            self._done.set()
+            then = self.after_report
+            if then is not None:
+                then()
+
+    def writing_here(self) -> bool:
+        """This thread is writing the failure report (a signal handler that interrupted it must not wait for it)."""
+        return self._thread == threading.get_ident()
+
+    def on_terminate(self) -> None:
+        """This rank is told to stop (SIGTERM; ``watch/sigterm.py``). A launcher ends every rank when one dies (torchrun
+        within 0.1 s), often before their collective with it failed, or before that failure reached the report: say
+        now what is known, once per job. A collective failed here: its report. Else a rank on this host that is gone
+        or stopped, and was not told to stop too (a rank told to stop marks ``term/<rank>`` first, so a peer ended by
+        the same SIGTERM is never named): the report names it. Else nothing (a scheduler ending a healthy job).
+        Quick, but the caller bounds it (a store that does not answer)."""
+        m = self.m
+        if m.aborting:
+            return  # the abort is ending this rank anyway: its report is written
+        with contextlib.suppress(Exception):
+            m.store.set(f"term/{m.rank}", "1")
+        if self._reported:  # a report under way on another thread of this rank
+            self._done.wait()
+            return
+        if m.rec.failed is not None:
+            self.now()
+            return
+        local = {r: rec["pid"] for r, rec in m.read().items() if rec and r != m.rank and rec["host"] == m.rec.host}
+        if any(process_state(pid) in ("gone", "stopped") and not m.store.check([f"term/{r}"])
+               for r, pid in local.items()):
+            self.now(told_to_stop=True)
+
+    def _write(self, failed: dict[str, Any] | None) -> None:
+        """A collective failed on this rank (gloo: "Connection reset by peer [addr]", an address, no rank), or
+        (``failed`` None) this rank is told to stop while a rank on this host is gone: name the ranks that are gone
+        or stopped, from their records. Quick: the launcher may end this rank any moment."""
+        m, host = self.m, self.m.rec.host
+        if m.store.compare_set("failed", "", str(m.rank)).decode() != str(m.rank):
+            return  # another rank's failure report says it (one report per job)
+        records = m.read()
+        now = time.monotonic()
+        if failed is not None:
+            error = failed["error"].splitlines()[0] if failed["error"] else "(no message)"
+            lines = [f"ddpkit watch: rank {m.rank} on host {host}: {failed['op']} #{failed['seq']} (called at "
+                     f"{failed['site']}) failed: {error[:300]}"]
+        else:
+            lines = [f"ddpkit watch: rank {m.rank} on host {host} is told to stop (SIGTERM: the launcher is ending "
+                     "the job) while a rank on this host is gone"]
+        local = {r: rec["pid"] for r, rec in records.items() if rec and r != m.rank and rec["host"] == host}
+        until = time.monotonic() + GONE_WAIT_S  # a killed peer's sockets close before its process is gone
+        states = {r: process_state(pid) for r, pid in local.items()}
+        while local and "gone" not in states.values() and time.monotonic() < until:
+            time.sleep(0.02)
+            states = {r: process_state(pid) for r, pid in local.items()}
+        told = {r for r, state in states.items() if state == "gone" and m.store.check([f"term/{r}"])}
+        gone = []
+        for r, rec in sorted(records.items()):
+            if rec is None or r == m.rank or r in told:  # a peer told to stop as well is no news
+                continue
+            state = states.get(r)
+            if state in ("gone", "stopped"):
+                gone.append(r)
+                lines.append(f"  rank {r} on host {rec['host']} (pid {rec['pid']}) is {state} "
+                             f"({'its process no longer runs' if state == 'gone' else 'SIGSTOP'})")
+            elif rec["host"] != host and r in m.seen:
+                lines.append(f"  rank {r} on host {rec['host']}: last heartbeat seen {now - m.seen[r][1]:.1f} s ago")
+        if not gone and told:
+            lines.append(f"  no rank on this host is gone but rank(s) {', '.join(map(str, sorted(told)))}, told to "
+                         "stop (SIGTERM) as this one is")
+        elif not gone:
+            lines.append("  no rank on this host is gone; the failed peer is on another host (see its lines)")
+        hosts = {str(r): rec["host"] for r, rec in records.items() if rec}
+        m.emit(lines, {"event": "collective-failed" if failed is not None else "rank-gone", "reporter": m.rank,
+                       "failed": failed, "gone": gone, "hosts": hosts})

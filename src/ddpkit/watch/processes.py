@@ -1,0 +1,78 @@
+"""The processes on this host, as the watch sees and ends them: a rank's state from /proc (no signal sent), every
+thread's Python stack, and the two ways a rank is ended (exit 3 after a report; SIGCONT then SIGKILL for a stopped
+peer)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import sys
+import threading
+import time
+import traceback
+from typing import NoReturn
+
+from ddpkit.errors import EXIT_MISSING
+
+__all__ = ["STACK_WAIT_S", "end_stopped", "leave", "process_state", "python_stacks"]
+
+#: How long the reporter waits for the live ranks' stacks, for the others to see the abort, and for a stopped rank
+#: to go once sent SIGCONT.
+STACK_WAIT_S = 3.0
+
+#: Frames of the runner (runpy, ``python -m ddpkit.watch``) that only say how the script was started.
+_LAUNCH = ("<frozen runpy>", os.path.join(os.path.dirname(__file__), "__main__.py"))
+_WORKER = os.path.join(os.path.dirname(os.path.dirname(__file__)), "launch", "worker.py")
+
+
+def process_state(pid: int) -> str:
+    """``gone``, ``stopped`` or ``running``, for a process on this host (from /proc: no signal sent)."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as f:
+            state = f.read().rpartition(")")[2].split()[0]
+    except OSError:
+        return "gone"
+    return {"Z": "gone", "X": "gone", "T": "stopped", "t": "stopped"}.get(state, "running")
+
+
+def python_stacks() -> str:
+    """Every thread's Python stack in this process but the watch's own threads (``sys._current_frames``: it needs
+    the GIL, which a rank waiting in a collective has released)."""
+    names = {t.ident: t.name for t in threading.enumerate()}
+    me = threading.get_ident()
+    parts = []
+    for ident, frame in sys._current_frames().items():
+        if ident == me or names.get(ident, "").startswith("ddpkit-watch"):
+            continue
+        frames = [f for f in traceback.extract_stack(frame) if not f.filename.startswith(_LAUNCH)]
+        # a rank forked by ddpkit's agent (``ddpkit check -n``): its frames begin at the worker's entry
+        starts = [i for i, f in enumerate(frames) if f.filename == _WORKER]
+        frames = frames[starts[-1] + 1:] if starts else frames
+        parts.append(f"  Thread {names.get(ident, '?')} ({ident:#x}), most recent call last:\n"
+                     + "".join("    " + line for line in "".join(traceback.format_list(frames)).splitlines(True)))
+    return "".join(parts)
+
+
+def leave(line: str | None) -> NoReturn:
+    """End this rank with exit 3 (EXIT_MISSING), after ``line`` on stderr: ``os._exit``, since a thread blocked in C
+    (the rank's main thread in a collective) cannot hold the process then."""
+    if line is not None:
+        print(line, file=sys.__stderr__ or sys.stderr, flush=True)  # see Monitor.emit
+    sys.stdout.flush()
+    os._exit(EXIT_MISSING)
+
+
+def end_stopped(pids: list[int]) -> None:
+    """Stopped ranks on this host: SIGCONT (each then sees the abort and exits 3 itself), SIGKILL after
+    STACK_WAIT_S for any still there (as NVRx's rank monitor does: SIGCONT, then SIGKILL)."""
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGCONT)
+    until = time.monotonic() + STACK_WAIT_S
+    while time.monotonic() < until and any(process_state(p) != "gone" for p in pids):
+        time.sleep(0.1)
+    for pid in pids:
+        if process_state(pid) != "gone":
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
