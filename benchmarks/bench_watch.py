@@ -220,11 +220,18 @@ def long_clean_run() -> dict[str, Any]:
 def write(result: dict[str, Any]) -> None:
     RESULTS.mkdir(exist_ok=True)
     old = json.loads((RESULTS / "bench_watch.json").read_text()) if (RESULTS / "bench_watch.json").exists() else {}
-    result = {**old, **result} if set(result) - {"machine", "torch", "when"} else {**result, **old}
+    result = {**old, **result} if set(result) - {"machine", "torch", "when", "parts_when"} else {**result, **old}
+    result["parts_when"] = {**old.get("parts_when", {}), **result.get("parts_when", {})}
     (RESULTS / "bench_watch.json").write_text(json.dumps(result, indent=1) + "\n")
     md = ["# bench_watch: the watch's cost, attribution and straggler sensitivity", "",
           f"Machine: {result['machine']}; torch {result['torch']}; {result['when']}. "
           "Produced by `python -m benchmarks.bench_watch` (method in its docstring).", ""]
+    if len(set(result["parts_when"].values())) > 1:  # parts merged from separate runs: say which ran when
+        runs: dict[str, list[str]] = {}
+        for part, when in sorted(result["parts_when"].items()):
+            runs.setdefault(when, []).append(part)
+        md += ["Parts from separate runs: " + "; ".join(f"{', '.join(p)} at {w}" for w, p in sorted(runs.items()))
+               + ".", ""]
     if "overhead" in result:
         md += ["## Cost on the step (watched / unwatched, same processes, alternating blocks)", "",
                "| job | transport | rounds | unwatched epoch | watched epoch | median ratio | 95% interval | "
@@ -357,6 +364,9 @@ def main() -> int:
         result["sensitivity"] = sensitivity([1, 2, 3, 5, 10], clean_runs=3)
     if "longrun" in parts:
         result["longrun"] = long_clean_run()
+    keys = {"overhead": "overhead", "cost": "cost", "pairs": "step_pairs", "attribution": "attribution",
+            "sensitivity": "sensitivity", "longrun": "longrun"}
+    result["parts_when"] = {keys[p]: result["when"] for p in parts if p in keys}
     write(result)
     return 0
 
