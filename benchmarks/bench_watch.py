@@ -29,6 +29,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -352,21 +353,17 @@ def main() -> int:
     parts = args.parts.split(",")  # "none": rewrite the Markdown from the JSON
     result: dict[str, Any] = {"machine": f"{platform.node()} ({platform.machine()}, 2 shared cores)",
                               "torch": torch.__version__, "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
-    if "overhead" in parts:
-        result["overhead"] = overhead(args.rounds)
-    if "cost" in parts:
-        result["cost"] = added_cost()
-    if "pairs" in parts:
-        result["step_pairs"] = step_pairs()
-    if "attribution" in parts:
-        result["attribution"] = attribution()
-    if "sensitivity" in parts:
-        result["sensitivity"] = sensitivity([1, 2, 3, 5, 10], clean_runs=3)
-    if "longrun" in parts:
-        result["longrun"] = long_clean_run()
-    keys = {"overhead": "overhead", "cost": "cost", "pairs": "step_pairs", "attribution": "attribution",
-            "sensitivity": "sensitivity", "longrun": "longrun"}
-    result["parts_when"] = {keys[p]: result["when"] for p in parts if p in keys}
+    # --parts name -> (key in the results, how it runs), in the order they run
+    runners: dict[str, tuple[str, Callable[[], Any]]] = {
+        "overhead": ("overhead", lambda: overhead(args.rounds)), "cost": ("cost", added_cost),
+        "pairs": ("step_pairs", step_pairs), "attribution": ("attribution", attribution),
+        "sensitivity": ("sensitivity", lambda: sensitivity([1, 2, 3, 5, 10], clean_runs=3)),
+        "longrun": ("longrun", long_clean_run)}
+    result["parts_when"] = {}
+    for part, (key, run) in runners.items():
+        if part in parts:
+            result[key] = run()
+            result["parts_when"][key] = result["when"]
     write(result)
     return 0
 

@@ -32,7 +32,7 @@ class FailureReport:
     """The failure report of one rank's watch (``Monitor.failures``)."""
 
     def __init__(self, monitor: Monitor) -> None:
-        self.m = monitor
+        self.monitor = monitor
         self._lock = threading.Lock()
         self._reported = False
         self._done = threading.Event()
@@ -44,12 +44,12 @@ class FailureReport:
         """Called on the thread that saw the failure, before the error reaches the user's code; or on SIGTERM
         (``told_to_stop``, from ``on_terminate``) when a rank on this host is gone and no collective failed here."""
         with self._lock:
-            if self._reported or (self.m.rec.failed is None and not told_to_stop) or self.m.aborting:
+            if self._reported or (self.monitor.rec.failed is None and not told_to_stop) or self.monitor.aborting:
                 return
             self._reported = True
             self._thread = threading.get_ident()
         try:
-            self._write(self.m.rec.failed)
+            self._write(self.monitor.rec.failed)
         except Exception as exc:  # the store may be gone too: the backend's own error still follows
             log.debug("watch: no failure report (%s)", exc)
         finally:
@@ -70,7 +70,7 @@ class FailureReport:
         or stopped, and was not told to stop too (a rank told to stop marks ``term/<rank>`` first, so a peer ended by
         the same SIGTERM is never named): the report names it. Else nothing (a scheduler ending a healthy job).
         Quick, but the caller bounds it (a store that does not answer)."""
-        m = self.m
+        m = self.monitor
         if m.aborting:
             return  # the abort is ending this rank anyway: its report is written
         with contextlib.suppress(Exception):
@@ -81,16 +81,21 @@ class FailureReport:
         if m.rec.failed is not None:
             self.now()
             return
-        local = {r: rec["pid"] for r, rec in m.read().items() if rec and r != m.rank and rec["host"] == m.rec.host}
+        local = self._peers_here(m.read())
         if any(process_state(pid) in ("gone", "stopped") and not m.store.check([f"term/{r}"])
                for r, pid in local.items()):
             self.now(told_to_stop=True)
+
+    def _peers_here(self, records: dict[int, dict[str, Any] | None]) -> dict[int, int]:
+        """rank -> pid of the other ranks on this host, from their records."""
+        m = self.monitor
+        return {r: rec["pid"] for r, rec in records.items() if rec and r != m.rank and rec["host"] == m.rec.host}
 
     def _write(self, failed: dict[str, Any] | None) -> None:
         """A collective failed on this rank (gloo: "Connection reset by peer [addr]", an address, no rank), or
         (``failed`` None) this rank is told to stop while a rank on this host is gone: name the ranks that are gone
         or stopped, from their records. Quick: the launcher may end this rank any moment."""
-        m, host = self.m, self.m.rec.host
+        m, host = self.monitor, self.monitor.rec.host
         if m.store.compare_set("failed", "", str(m.rank)).decode() != str(m.rank):
             return  # another rank's failure report says it (one report per job)
         records = m.read()
@@ -102,7 +107,7 @@ class FailureReport:
         else:
             lines = [f"ddpkit watch: rank {m.rank} on host {host} is told to stop (SIGTERM: the launcher is ending "
                      "the job) while a rank on this host is gone"]
-        local = {r: rec["pid"] for r, rec in records.items() if rec and r != m.rank and rec["host"] == host}
+        local = self._peers_here(records)
         until = time.monotonic() + GONE_WAIT_S  # a killed peer's sockets close before its process is gone
         states = {r: process_state(pid) for r, pid in local.items()}
         while local and "gone" not in states.values() and time.monotonic() < until:

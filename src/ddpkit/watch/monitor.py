@@ -247,8 +247,8 @@ class Monitor:
         if late is not None:
             time.sleep(float(late.get("ms", 1500)) / 1e3)
         leave(None if order.get("reporter") == self.rank else
-               f"ddpkit watch: rank {self.rank} on host {host} stops (hang reported by rank {order.get('reporter')}; "
-               f"exit {EXIT_MISSING})")
+              f"ddpkit watch: rank {self.rank} on host {host} stops (hang reported by rank {order.get('reporter')}; "
+              f"exit {EXIT_MISSING})")
 
     def await_abort(self) -> None:
         """Under an abort (a hang report ordered every rank to stop), an exception leaving the user's code now is the
