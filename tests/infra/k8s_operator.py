@@ -249,9 +249,16 @@ class PodRun:
         return self.done and self.exit_codes[-1] == 0
 
     def log(self, tail: int | None = None) -> str:
-        """Every run's log in order; with ``tail``, the last ``tail`` characters of each (the first run's failure
-        is often the cause of the later ones', so no run's log is dropped)."""
-        return "".join(f"--- {p.name}\n" + p.read_text(errors="replace")[-tail if tail else 0:] for p in self.logs)
+        """Every run's log in order; with ``tail``, the first run's first and last ``tail`` characters (its first
+        error is often the cause of the later runs' failures, and a launcher's summary at the end hides it) and the
+        last ``tail`` of each later run."""
+        parts = []
+        for i, path in enumerate(self.logs):
+            text = path.read_text(errors="replace")
+            if tail and len(text) > (2 if i == 0 else 1) * tail:
+                text = (text[:tail] + "\n[...]\n" if i == 0 else "[...]\n") + text[-tail:]
+            parts.append(f"--- {path.name}\n{text}")
+        return "".join(parts)
 
 
 class Operator:
