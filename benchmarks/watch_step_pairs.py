@@ -2,7 +2,7 @@
 models alternate *step by step* in one process under one installed watch, so the machine's load, the CPU's clock
 and the caches drift alike for both, and the per-step differences are averaged over many thousand pairs.
 
-    python benchmarks/watch_step_pairs.py --model ours|hookless --json PATH [--pairs 20000]
+    python benchmarks/watch_step_pairs.py --model ours|hookless --json PATH [--pairs 20000] [--device cuda]
 
 (benchmarks/watch_cost.py alternates blocks of 400 steps with the watch installed and uninstalled; its block pairs
 spread by tens to a hundred microseconds, wider than the 5-17 us that 1% of a 0.5-1.7 ms step allows.)
@@ -19,6 +19,11 @@ counts one job's steps; two watched models in one process would share its step c
 
 Per step: the main thread's CPU time (``time.thread_time_ns``) and wall time. Figures: the mean per-step difference
 with its 95% interval (1.96 standard errors) and the median difference.
+
+``--device cuda`` (a GPU machine: scripts/gpu_check.sh runs it): an NCCL group of one, the models and data on the
+GPU, and the benchmark (not the watch) synchronises the device after each step, so the wall time is the step's
+real time on the GPU; the watch itself adds no synchronisation (an NCCL collective counts as completed when its
+Future completes on the CPU side).
 """
 
 from __future__ import annotations
@@ -66,16 +71,24 @@ def main() -> None:
     parser.add_argument("--model", choices=("ours", "hookless"), required=True,
                         help="one kind per process: the watch's recorder counts one job's steps")
     parser.add_argument("--json", required=True)
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                        help="cuda: an NCCL group of one, models and data on GPU 0, a synchronise after each step")
     args = parser.parse_args()
     torch.set_num_threads(1)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=os.environ.get("MASTER_PORT", "29938"))
-    dist.init_process_group("gloo", rank=0, world_size=1)
+    cuda = args.device == "cuda"
+    if cuda:
+        torch.cuda.set_device(0)
+    dist.init_process_group("nccl" if cuda else "gloo", rank=0, world_size=1)
+    device = torch.device("cuda", 0) if cuda else torch.device("cpu")
+    settle = torch.cuda.synchronize if cuda else (lambda: None)
 
     class Plain(DDP):
         forward = DDP.forward  # torch's own, taken before the watch wraps DDP's
 
-    x = torch.randn(32, 20)
-    make = {"ours": lambda cls: _ours(cls(_net())), "hookless": lambda cls: cls(_net())}[args.model]
+    x = torch.randn(32, 20, device=device)
+    make = {"ours": lambda cls: _ours(cls(_net().to(device))), "hookless": lambda cls: cls(_net().to(device))}[
+        args.model]
     plain = {args.model: make(Plain)}  # before the watch: unwrapped, unwatched
     install(WatchOptions(summary=False))
     watched = {args.model: make(DDP)}
@@ -88,6 +101,7 @@ def main() -> None:
         opt.zero_grad()
         model(x).square().mean().backward()
         opt.step()
+        settle()
         return time.perf_counter_ns() - wall, time.thread_time_ns() - cpu
 
     for pair in pairs.values():  # warm-up: the first forward under the watch counts the model
@@ -108,7 +122,8 @@ def main() -> None:
     counted = {name: watched[name]._ddpkit_seen is not None for name in watched}  # type: ignore[attr-defined]
     uninstall()
     dist.destroy_process_group()
-    out = {"model": args.model, "pairs": args.pairs, "params": 1409, "counted": counted,
+    out = {"model": args.model, "pairs": args.pairs, "params": 1409, "counted": counted, "device": args.device,
+           "backend": "nccl" if cuda else "gloo",
            "unwatched_step_cpu_us": {n: statistics.median(v) / 1e3 for n, v in base.items()},
            "added": {n: {k: _summary(v) for k, v in d.items()} for n, d in diffs.items()}}
     Path(args.json).write_text(json.dumps(out, indent=1))

@@ -93,6 +93,11 @@ PYEOF
     step shared-gloo 0 ddpkit train -n 2 --backend gloo --samples 512 --epochs 2
     step shared-gloo-check 0 ddpkit check -n 2 --backend gloo
     step gloo-cuda 0 "$PY" -m torch.distributed.run --standalone --nproc-per-node 2 tests/workers/gloo_cuda_tensors.py
+    # the watch (issue 27) on NCCL: its added time per step on a CUDA step, watched and unwatched steps alternating
+    for model in ours hookless; do
+        step "watch-pairs-$model" 0 "$PY" benchmarks/watch_step_pairs.py --device cuda --model "$model" \
+            --pairs 5000 --json "$OUTDIR/watch-pairs-$model.json"
+    done
     step pytest-gpu 0 "$PY" -m pytest -v -p no:cacheprovider -m gpu tests/gpu
     grep "^=== .*: exit" "$LOG"
     rm -rf "$work"

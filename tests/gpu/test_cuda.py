@@ -133,3 +133,17 @@ def test_gloo_carries_cuda_tensors_between_ranks_on_one_gpu() -> None:
     result = run_torchrun_worker(HERE.parent / "workers" / "gloo_cuda_tensors.py", 2)
     print(json.dumps(result))
     assert result["ops"]["all_reduce"] == "ok" and result["ops"]["broadcast"] == "ok"
+
+
+def test_the_watch_follows_an_nccl_ddp_job_on_the_gpu(tmp_path: Path) -> None:
+    """The watch (issue 27) under ``ddpkit run`` on a user's NCCL job: every DDP step on the GPU is counted and timed
+    (the per-rank summary), no hang is reported on a healthy job, and the job's exit code is its own."""
+    events = tmp_path / "watch.jsonl"
+    done = run_ddpkit("run", "-n", "1", "--events", str(events), "--", str(HERE.parent / "workers" /
+                                                                            "watch_device_job.py"), "60", timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "RESULT backend=nccl device=cuda:0 steps=60" in done.stdout, done.stdout
+    records = [json.loads(line) for line in events.read_text().splitlines()]
+    assert [r["event"] for r in records] == ["summary"], records
+    rank = records[0]["ranks"]["0"]
+    assert rank["steps"] == 60 and rank["step_p50_s"] > 0, rank
