@@ -8,13 +8,10 @@ snapshot; 130 interrupted (the README's table is the reference).
 from __future__ import annotations
 
 import argparse
-import atexit
-import contextlib
 import importlib
 import math
 import os
 import sys
-import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -23,6 +20,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 from ddpkit import __version__
 from ddpkit.errors import EXIT_USAGE, ConfigError, DdpkitError
+from ddpkit.exiting import leave
 from ddpkit.inputs import check_local_ranks, endpoint, local_ranks, shape_text
 from ddpkit.log import configure, get_logger
 
@@ -277,26 +275,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def program() -> NoReturn:
-    """The ``ddpkit`` program (console script and ``python -m ddpkit``): ``main()``, then a prompt exit.
-
-    Once a process has imported torch (and torch._dynamo, which DDP imports), the interpreter's own teardown (module
-    clean-up, a last garbage collection of millions of objects) takes 1-5 s on a loaded 2-core machine: after the
-    last line was printed and every result written, the command did not return for that long, in the agent and in
-    every rank a launcher waits for. Everything that matters is done when ``main`` returns: the atexit handlers
-    (logging's flush among them) run here as the interpreter would run them, output is flushed; then the process
-    leaves with os._exit. A thread still running (a user's --make-job may start one) gets the ordinary exit, which
-    waits for it.
-    """
-    code = main()
-    if "mpi4py" in sys.modules:  # MPI_Finalize runs from a C-level exit hook (Py_AtExit), which os._exit skips
-        sys.exit(code)
-    if any(t.is_alive() and not t.daemon for t in threading.enumerate() if t is not threading.main_thread()):
-        sys.exit(code)
-    atexit._run_exitfuncs()  # the interpreter's exit runs these too (after the threads), then tears itself down
-    for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(OSError, ValueError):  # a closed pipe: nothing more can reach the reader anyway
-            stream.flush()
-    os._exit(code)
+    """The ``ddpkit`` program (console script and ``python -m ddpkit``): ``main()``, then a prompt exit
+    (``exiting.leave``: everything that matters is done when ``main`` returns; the interpreter's teardown after it
+    took seconds, and can abort a rank under torch 2.13's gloo)."""
+    leave(main())
 
 
 if __name__ == "__main__":

@@ -29,6 +29,7 @@ from pathlib import Path
 from types import TracebackType
 
 from ddpkit.errors import ConfigError
+from ddpkit.exiting import exit_code
 from ddpkit.log import get_logger
 
 __all__ = ["PRELOAD", "add_arguments", "run", "run_target"]
@@ -137,7 +138,7 @@ def run_target(target: str, argv: list[str], *, module: bool = False) -> int:
         return 0
     except SystemExit as exc:
         _KEPT.append(exc)  # its traceback holds the script's frames
-        return _exit_code(exc.code)
+        return exit_code(exc.code)
     except KeyboardInterrupt:
         raise
     except BaseException as exc:  # the script's own failure: its traceback, as Python would print it
@@ -175,17 +176,6 @@ def _exec_script(path: str) -> None:
         exec(code, main.__dict__)
     finally:
         sys.modules["__main__"] = saved
-
-
-def _exit_code(code: object) -> int:
-    """What Python's exit does with sys.exit's argument: None is 0, an int is itself, anything else is printed
-    and gives 1."""
-    if code is None:
-        return 0
-    if isinstance(code, int):
-        return code
-    print(code, file=sys.stderr)
-    return 1
 
 
 def _print_user_traceback(exc: BaseException, script: str | None) -> None:

@@ -152,3 +152,36 @@ def test_the_watch_is_on_by_default_and_names_the_stalled_rank(tmp_path: Path, l
     off = run_ddpkit("run", "--no-watch", "--", str(job), "--steps", "3", timeout=120)
     assert off.returncode == 0, off.stderr
     assert "ddpkit watch" not in off.stderr
+
+
+_TEARDOWN_PROBE = """
+import atexit, sys
+class Probe:
+    def __del__(self, _open=open, _path=sys.argv[1] + ".teardown"):  # in the interpreter's teardown, when
+        _open(_path, "w").write("reached")                             # __main__'s globals are cleared
+probe = Probe()
+atexit.register(lambda path=sys.argv[1] + ".atexit": open(path, "w").write("ran"))
+print("script done", flush=True)
+sys.exit(sys.argv[2] if not sys.argv[2].isdigit() else int(sys.argv[2]))
+"""
+
+
+@pytest.mark.parametrize("runner", [("ddpkit", "run", "--no-watch"), ("ddpkit.watch",)])
+@pytest.mark.parametrize(("code", "expected"), [("0", 0), ("7", 7), ("a message", 1)])
+def test_a_rank_leaves_with_the_scripts_exit_code_without_the_interpreters_teardown(
+        runner: tuple[str, ...], code: str, expected: int, tmp_path: Path) -> None:
+    """`ddpkit run` and `python -m ddpkit.watch` end a rank after the script's atexit handlers, with its exit code
+    (sys.exit's message printed as Python prints it), and never reach the interpreter's teardown, where torch 2.13's
+    gloo can abort a rank that succeeded (src/ddpkit/exiting.py). `python SCRIPT` is the control: the probe sees it."""
+    script = tmp_path / "probe.py"
+    script.write_text(_TEARDOWN_PROBE)
+    mark = tmp_path / "mark"
+    plain = subprocess.run([sys.executable, str(script), str(mark) + "-plain", code], capture_output=True,
+                           text=True, timeout=60)
+    assert plain.returncode == expected and Path(f"{mark}-plain.teardown").exists(), plain.stderr  # the probe works
+    done = subprocess.run([sys.executable, "-m", *runner, "--", str(script), str(mark), code], capture_output=True,
+                          text=True, timeout=120, env=ddpkit_env())
+    assert done.returncode == expected, done.stdout + done.stderr
+    assert "script done" in done.stdout and Path(f"{mark}.atexit").read_text() == "ran"
+    assert not Path(f"{mark}.teardown").exists(), "the interpreter's teardown ran"
+    assert ("a message" in done.stderr) == (code == "a message"), done.stderr

@@ -16,7 +16,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     # 0: no torch at module level, no ddpkit import above this line
     ("ddpkit", "ddpkit.errors", "ddpkit.log", "ddpkit.worker_context", "ddpkit.stopping", "ddpkit.ports",
      "ddpkit.inputs", "ddpkit.netinfo", "ddpkit.fault_injection", "ddpkit.launch.shape", "ddpkit.nodefacts",
-     "ddpkit.baseline", "ddpkit.remedy", "ddpkit.outcome", "ddpkit.nodejudge"),
+     "ddpkit.baseline", "ddpkit.remedy", "ddpkit.outcome", "ddpkit.nodejudge", "ddpkit.exiting"),
     # 1: who am I in which world
     ("ddpkit.env",),
     # 2: the process group, and the collectives that check, bench and train share; the watch over them

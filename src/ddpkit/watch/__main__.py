@@ -15,8 +15,10 @@ import os
 import runpy
 import sys
 from pathlib import Path
+from typing import NoReturn
 
 from ddpkit.errors import DdpkitError
+from ddpkit.exiting import exit_code, leave
 from ddpkit.watch import WatchOptions, install, sigterm
 from ddpkit.watch.options import ON_HANG
 
@@ -103,5 +105,16 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def program() -> NoReturn:
+    """``python -m ddpkit.watch``: the script's own exit code (``sys.exit`` included), then the prompt exit that
+    ``ddpkit run`` takes (``exiting.leave``: torch 2.13's gloo can abort a rank that succeeded in the interpreter's
+    teardown). An exception the script raises leaves as Python leaves with one: its traceback, exit 1."""
+    try:
+        code = main()
+    except SystemExit as exc:
+        code = exit_code(exc.code)
+    leave(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    program()
