@@ -65,7 +65,8 @@ def overhead(rounds: int) -> list[dict[str, Any]]:
         out.append({"case": name, "transport": data["transport"], "rounds": rounds, "median_ratio_ci95": [low, high],
                     "median_epoch_plain_s": statistics.median(data["median_epoch_s"]["plain"]),
                     "median_epoch_watched_s": statistics.median(data["median_epoch_s"]["watched"]),
-                    "ratios": data["ratios"], "median_ratio": ratio, "within_1pct": ratio <= 1.01})
+                    "ratios": data["ratios"], "median_ratio": ratio, "within_1pct": ratio <= 1.01,
+                    "watch_threads_cpu_share": data.get("watch_threads_cpu_share")})
         print(f"overhead {name}: watched/unwatched {ratio:.4f} over {rounds} rounds", flush=True)
     return out
 
@@ -247,6 +248,19 @@ def write(result: dict[str, Any]) -> None:
         md += ["", "Within 1% means the 95% bootstrap interval of the median ratio lies at or below 1.01. The rounds' "
                "ratios spread with the machine's other load (the p25-p75 column); the section below measures the "
                "watch's added time per step where communication adds no noise.", ""]
+        threads = [o for o in result["overhead"] if o.get("watch_threads_cpu_share")]
+        if threads:
+            md += ["The watch's own threads (`ddpkit-watch*`: heartbeat, store reads, diagnosis), their CPU time per "
+                   "second of a watched block, by rank: the median block and the largest. With a core to spare this "
+                   "costs the step nothing; where the ranks fill every core it is what they lose at most.", "",
+                   "| job | " + " | ".join(f"rank {r}: median, max" for r in
+                                            range(len(threads[0]["watch_threads_cpu_share"]))) + " |",
+                   "|---|" + "---|" * len(threads[0]["watch_threads_cpu_share"])]
+            for o in threads:
+                cells = [f"{statistics.median(s) * 100:.3f}%, {max(s) * 100:.3f}% of a core"
+                         for s in o["watch_threads_cpu_share"]]
+                md.append(f"| {o['case']} | " + " | ".join(cells) + " |")
+            md.append("")
     if "cost" in result:
         c = result["cost"]
         added = c["added"]
