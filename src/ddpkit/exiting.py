@@ -39,15 +39,23 @@ def exit_code(code: object) -> int:
 
 def leave(code: int) -> NoReturn:
     """End the process with ``code`` as the interpreter's exit would, without its teardown: the atexit handlers
-    (logging's flush among them) run here as the interpreter would run them, output is flushed, then os._exit.
-    The ordinary exit where something still needs it: MPI_Finalize runs from a C-level exit hook (Py_AtExit), which
-    os._exit skips; a non-daemon thread still running (a user's --make-job may start one) is waited for."""
-    if "mpi4py" in sys.modules:
-        sys.exit(code)
+    (logging's flush among them) run here as the interpreter would run them, then MPI is finalized where mpi4py
+    started it (its own MPI_Finalize is a C-level exit hook, Py_AtExit, which os._exit skips: Open MPI then calls
+    the job failed), output is flushed, then os._exit. A non-daemon thread still running (a user's --make-job may
+    start one) gets the ordinary exit, which waits for it."""
     if any(t.is_alive() and not t.daemon for t in threading.enumerate() if t is not threading.main_thread()):
         sys.exit(code)
     atexit._run_exitfuncs()
+    _finalize_mpi()
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(OSError, ValueError):  # a closed pipe: nothing more can reach the reader anyway
             stream.flush()
     os._exit(code)
+
+
+def _finalize_mpi() -> None:
+    """MPI_Finalize now, where mpi4py initialized MPI and nothing finalized it yet (the MPI transport of ``train``,
+    ``bench`` and ``check``, or the user's script): what mpi4py's exit hook would do, as the last MPI call."""
+    mpi = sys.modules.get("mpi4py.MPI")
+    if mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized():
+        mpi.Finalize()
