@@ -185,8 +185,8 @@ def test_pod_environments_are_the_operators() -> None:
 
 
 # torch 2.13's gloo can abort a rank that succeeded in the interpreter's teardown (src/ddpkit/exiting.py: the
-# backtrace; a 4-rank script under plain torchrun here, 7 runs of 22). `ddpkit run` and `-m ddpkit.watch` leave before
-# it; a job whose command is the user's script under torchrun does not, so there the script ends as os._exit ends it.
+# backtrace and how often). `ddpkit run` and `-m ddpkit.watch` leave before it; a job whose command is the user's
+# script under torchrun does not, so there the script ends as os._exit ends it.
 _TORCH_TEARDOWN_EXIT = ("sys.exit(0 if same else 7)",
                         "sys.stdout.flush()\nos._exit(0 if same else 7)  # skip the teardown that can abort (above)")
 

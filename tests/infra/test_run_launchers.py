@@ -16,7 +16,7 @@ import pytest
 from tests.helpers import IS_ROOT, ddpkit_env, free_port, require_tools, run_ddpkit
 from tests.infra.slurm_fixture import in_cluster, slurm_cluster_fixture  # noqa: F401 (the fixture)
 from tests.infra.test_jobs_slurm import VENV, _job_id
-from tests.multiproc.test_run import SCRIPT, assert_replicas_identical
+from tests.multiproc.test_run import SCRIPT, TEARDOWN_PROBE, assert_replicas_identical
 
 pytestmark = [pytest.mark.infra, pytest.mark.multiproc]
 RUN = [sys.executable, "-m", "ddpkit", "run", "--"]
@@ -78,19 +78,6 @@ def test_submit_mpi_runs_a_script(flavour: str, tool: str, tmp_path: Path) -> No
     assert_replicas_identical(res.stdout, 2)
 
 
-_MPI_TEARDOWN_PROBE = """
-import atexit, sys
-from mpi4py import MPI  # initializes MPI, as the MPI transport does
-rank = MPI.COMM_WORLD.Get_rank()
-class Probe:
-    def __del__(self, _open=open, _path=f"{sys.argv[1]}.{rank}.teardown"):  # in the interpreter's teardown
-        _open(_path, "w").write("reached")
-probe = Probe()
-atexit.register(lambda path=f"{sys.argv[1]}.{rank}.atexit": open(path, "w").write(str(MPI.Is_finalized())))
-sys.exit(int(sys.argv[2]))
-"""
-
-
 @pytest.mark.parametrize("code", [0, 7])
 def test_under_mpirun_a_rank_finalizes_mpi_and_skips_the_teardown(code: int, tmp_path: Path) -> None:
     """With mpi4py loaded, `ddpkit run` still leaves without the interpreter's teardown (where torch 2.13's gloo
@@ -100,11 +87,11 @@ def test_under_mpirun_a_rank_finalizes_mpi_and_skips_the_teardown(code: int, tmp
     require_tools("mpirun")
     pytest.importorskip("mpi4py")
     script = tmp_path / "probe.py"
-    script.write_text(_MPI_TEARDOWN_PROBE)
+    script.write_text(TEARDOWN_PROBE)
     mark = tmp_path / "mark"
     res = subprocess.run(["mpirun", "-np", "2", "--oversubscribe", *(["--allow-run-as-root"] if IS_ROOT else []),
-                          *RUN, str(script), str(mark), str(code)], capture_output=True, text=True, errors="replace",
-                         timeout=120, env=ddpkit_env(MASTER_PORT=free_port()))
+                          *RUN, str(script), str(mark), str(code), "--mpi"], capture_output=True, text=True,
+                         errors="replace", timeout=120, env=ddpkit_env(MASTER_PORT=free_port()))
     assert res.returncode == code, res.stdout + res.stderr
     for rank in (0, 1):
         assert Path(f"{mark}.{rank}.atexit").read_text() == "False", res.stderr  # MPI not yet finalized there

@@ -154,13 +154,20 @@ def test_the_watch_is_on_by_default_and_names_the_stalled_rank(tmp_path: Path, l
     assert "ddpkit watch" not in off.stderr
 
 
-_TEARDOWN_PROBE = """
-import atexit, sys
+# python PROBE MARK CODE [--mpi]: MARK.<rank>.atexit from an atexit handler ("ran"; with --mpi, which starts MPI
+# through mpi4py as the MPI transport does, whether MPI was already finalized there), MARK.<rank>.teardown from a
+# destructor that only the interpreter's teardown runs (when __main__'s globals are cleared); exits with CODE
+TEARDOWN_PROBE = """
+import atexit, os, sys
+mpi = None
+if "--mpi" in sys.argv:
+    from mpi4py import MPI as mpi
+mark = f"{sys.argv[1]}.{os.environ.get('RANK', '0')}"
 class Probe:
-    def __del__(self, _open=open, _path=sys.argv[1] + ".teardown"):  # in the interpreter's teardown, when
-        _open(_path, "w").write("reached")                             # __main__'s globals are cleared
+    def __del__(self, _open=open, _path=mark + ".teardown"):
+        _open(_path, "w").write("reached")
 probe = Probe()
-atexit.register(lambda path=sys.argv[1] + ".atexit": open(path, "w").write("ran"))
+atexit.register(lambda path=mark + ".atexit": open(path, "w").write(str(mpi.Is_finalized()) if mpi else "ran"))
 print("script done", flush=True)
 sys.exit(sys.argv[2] if not sys.argv[2].isdigit() else int(sys.argv[2]))
 """
@@ -174,14 +181,14 @@ def test_a_rank_leaves_with_the_scripts_exit_code_without_the_interpreters_teard
     (sys.exit's message printed as Python prints it), and never reach the interpreter's teardown, where torch 2.13's
     gloo can abort a rank that succeeded (src/ddpkit/exiting.py). `python SCRIPT` is the control: the probe sees it."""
     script = tmp_path / "probe.py"
-    script.write_text(_TEARDOWN_PROBE)
+    script.write_text(TEARDOWN_PROBE)
     mark = tmp_path / "mark"
     plain = subprocess.run([sys.executable, str(script), str(mark) + "-plain", code], capture_output=True,
                            text=True, timeout=60)
-    assert plain.returncode == expected and Path(f"{mark}-plain.teardown").exists(), plain.stderr  # the probe works
+    assert plain.returncode == expected and Path(f"{mark}-plain.0.teardown").exists(), plain.stderr  # the probe works
     done = subprocess.run([sys.executable, "-m", *runner, "--", str(script), str(mark), code], capture_output=True,
                           text=True, timeout=120, env=ddpkit_env())
     assert done.returncode == expected, done.stdout + done.stderr
-    assert "script done" in done.stdout and Path(f"{mark}.atexit").read_text() == "ran"
-    assert not Path(f"{mark}.teardown").exists(), "the interpreter's teardown ran"
+    assert "script done" in done.stdout and Path(f"{mark}.0.atexit").read_text() == "ran"
+    assert not Path(f"{mark}.0.teardown").exists(), "the interpreter's teardown ran"
     assert ("a message" in done.stderr) == (code == "a message"), done.stderr
