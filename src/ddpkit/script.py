@@ -29,7 +29,7 @@ from pathlib import Path
 from types import TracebackType
 
 from ddpkit.errors import ConfigError
-from ddpkit.exiting import exit_code
+from ddpkit.exiting import caused_by_peer, exit_code, yield_to_first_failure
 from ddpkit.log import get_logger
 
 __all__ = ["PRELOAD", "add_arguments", "run", "run_target"]
@@ -82,10 +82,11 @@ def run(args: argparse.Namespace) -> int:
         log.info("LOCAL_WORLD_SIZE left unset: %s gives none (torch's env:// does not need it)", world.launcher)
     _python_signals()
     if not args.no_watch:  # on by default: a stalled rank is named, with its host and every rank's stack
-        from ddpkit.watch import install
+        from ddpkit.watch import install, sigterm
         from ddpkit.watch.__main__ import options_from_args
 
         install(options_from_args(args))
+        sigterm.install()  # the launcher ending this rank: first name a rank on this host that is gone
     return run_target(words[0], words[1:], module=args.module)
 
 
@@ -145,8 +146,10 @@ def run_target(target: str, argv: list[str], *, module: bool = False) -> int:
         _KEPT.append(exc)
         from ddpkit.watch import note_exception
 
-        note_exception()  # a failed collective behind it: the watch names the ranks that are gone, first
+        note_exception(exc)  # a failed collective behind it: the watch names the ranks that are gone, first
         _print_user_traceback(exc, os.path.abspath(target) if not module else None)
+        if caused_by_peer(exc):  # another rank failed first: the launcher must see that one go first
+            yield_to_first_failure()
         return 1
     finally:
         sys.argv = saved_argv

@@ -6,10 +6,10 @@ from __future__ import annotations
 import logging
 import signal
 
-from ddpkit.errors import EXIT_PREEMPTED, EXIT_PREEMPTED_UNSAVED
+from ddpkit.errors import EXIT_MISSING, EXIT_PREEMPTED, EXIT_PREEMPTED_UNSAVED
 from ddpkit.log import get_logger
 
-__all__ = ["drop_exit_tracebacks", "quiet_late_rendezvous_close", "root_cause"]
+__all__ = ["drop_exit_tracebacks", "failure_order", "quiet_late_rendezvous_close", "root_cause"]
 
 log = get_logger(__name__)
 
@@ -19,9 +19,13 @@ def root_cause(exc: object) -> int:
     failures = getattr(exc, "failures", {})
     if not failures:
         return 1
-    # Timestamps have one-second resolution; within a second, a rank that exited on its own comes before one
-    # the agent then stopped with a signal (SIGTERM is what the survivors of a failure receive).
-    rank, first = min(failures.items(), key=lambda kv: (kv[1].timestamp, kv[1].exitcode < 0, kv[0]))
+    stopped = sorted(r for r, f in failures.items() if f.exitcode == EXIT_MISSING)
+    if stopped:  # ddpkit ended the job (a stalled rank it ended is no failure of its own either)
+        log.error("rank(s) %s stopped with exit %d: ddpkit stopped them (a hang the watch reported, ranks missing, or "
+                  "a deadline expired: the lines above name the rank that stopped answering)",
+                  ", ".join(map(str, stopped)), EXIT_MISSING)
+        return EXIT_MISSING
+    rank, first = min(failures.items(), key=lambda kv: failure_order(kv[0], int(kv[1].exitcode), kv[1].timestamp))
     code = int(first.exitcode)
     if code < 0:
         name = signal.Signals(-code).name if -code in signal.Signals._value2member_map_ else str(-code)
@@ -40,6 +44,15 @@ def root_cause(exc: object) -> int:
     log.error("rank %d (pid %d) failed first with exit code %d%s", rank, first.pid, code,
               f"; then ranks {others}" if others else "")
     return code
+
+
+def failure_order(rank: int, code: int, timestamp: float) -> tuple[int, float, int]:
+    """The sort key that puts the rank that failed first first. Evidence before clocks: a rank ended by SIGTERM was
+    stopped by its agent after another failed (torchrun and ddpkit's agent end the survivors so): it never failed
+    first while a rank that exited or died on its own is there. Among those, the earlier exit (torch's timestamps
+    have one-second resolution: a rank whose failure is a peer's doing waits ``exiting.YIELD_S`` before it leaves,
+    so the first to fail exits alone), then the lower rank."""
+    return (1 if code == -signal.SIGTERM else 0, timestamp, rank)
 
 
 def drop_exit_tracebacks(record: logging.LogRecord) -> bool:

@@ -13,6 +13,7 @@ import sys
 from collections.abc import Callable
 
 from ddpkit.errors import EXIT_PREEMPTED
+from ddpkit.exiting import wind_up
 from ddpkit.log import get_logger
 
 # the names the agent and its workers share are defined once, in the bottom layer (train reads them there too)
@@ -131,7 +132,8 @@ def run_forked_worker(main: Callable[[list[str]], int], argv: list[str]) -> None
 
         torch.set_num_threads(int(threads))
     code = main(argv)
-    sys.stdout.flush()
-    sys.stderr.flush()
+    # torch's process wrapper ends a forked worker with os._exit: the script's atexit handlers and its open files
+    # get what a Python process's exit gives them, here
+    wind_up()
     if code:
         sys.exit(code)

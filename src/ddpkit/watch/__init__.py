@@ -31,6 +31,7 @@ from contextlib import contextmanager
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
+from ddpkit.exiting import caused_by_peer
 from ddpkit.log import get_logger
 from ddpkit.watch.options import WatchOptions
 from ddpkit.watch.recorder import Live
@@ -190,25 +191,48 @@ def uninstall() -> None:
             sys.excepthook = _saved_excepthook
 
 
-def note_exception() -> None:
+def note_exception(exc: BaseException | None = None) -> None:
     """An exception is leaving the user's code: when it comes from a watched collective that failed (DDP raises a
     failed gradient bucket in ``backward``), the watch's failure report (which ranks are gone) is printed now, before
-    the launcher ends this process. ``ddpkit run`` calls it; an uncaught exception does, through ``sys.excepthook``."""
+    the launcher ends this process. ``ddpkit run`` calls it; an uncaught exception does, through ``sys.excepthook``.
+    With ``exc``: a backend's error that says a peer is gone is reported so too when no watched call saw it fail
+    (DDP's C++ all-reduce is counted, not opened as a call: a killed peer was never named)."""
     session = _session
     if session is None:
         return
-    if session.monitor is not None:
-        session.monitor.await_abort()  # under an abort the exception is its doing: the rank exits 3, not 1
+    monitor = session.monitor
+    if monitor is not None:
+        monitor.await_abort()  # under an abort the exception is its doing: the rank exits 3, not 1
     recorder = session.recorder
-    if recorder is not None:
-        try:
-            recorder.sweep()
-        except Exception as exc:  # the report is a courtesy: the exception itself is what matters now
-            log.debug("watch: no failure check (%s)", exc)
+    if recorder is None:
+        return
+    try:
+        recorder.sweep()
+        if recorder.failed is None and exc is not None and monitor is not None and caused_by_peer(exc):
+            recorder.failed = {"seq": None, "op": f"a collective in step {recorder.steps + 1} (DDP's own, or one not "
+                               "watched)", "site": _user_site(exc),
+                               "error": str(exc).strip()}
+            monitor.failures.now()
+    except Exception as error:  # the report is a courtesy: the exception itself is what matters now
+        log.debug("watch: no failure check (%s)", error)
+
+
+def _user_site(exc: BaseException) -> str:
+    """FILE:LINE of the innermost frame of ``exc`` outside torch and ddpkit: where the user's code called in."""
+    import traceback
+
+    torch_dir = os.sep + "torch" + os.sep
+    ours = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    site = "?"
+    for frame in traceback.extract_tb(exc.__traceback__):
+        if torch_dir not in frame.filename and not frame.filename.startswith(ours) \
+                and not frame.filename.startswith("<frozen"):
+            site = f"{os.path.basename(frame.filename)}:{frame.lineno}"
+    return site
 
 
 def _excepthook(kind: type[BaseException], value: BaseException, tb: types.TracebackType | None) -> None:
-    note_exception()
+    note_exception(value)
     _saved_excepthook(kind, value, tb)
 
 

@@ -102,8 +102,9 @@ class FailureReport:
         now = time.monotonic()
         if failed is not None:
             error = failed["error"].splitlines()[0] if failed["error"] else "(no message)"
-            lines = [f"ddpkit watch: rank {m.rank} on host {host}: {failed['op']} #{failed['seq']} (called at "
-                     f"{failed['site']}) failed: {error[:300]}"]
+            call = f"{failed['op']} #{failed['seq']}" if failed["seq"] is not None else failed["op"]
+            lines = [f"ddpkit watch: rank {m.rank} on host {host}: {call} (called at {failed['site']}) failed: "
+                     f"{error[:300]}"]
         else:
             lines = [f"ddpkit watch: rank {m.rank} on host {host} is told to stop (SIGTERM: the launcher is ending "
                      "the job) while a rank on this host is gone"]

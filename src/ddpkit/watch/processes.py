@@ -14,12 +14,15 @@ import traceback
 from typing import NoReturn
 
 from ddpkit.errors import EXIT_MISSING
+from ddpkit.exiting import flush_files
 
 __all__ = ["STACK_WAIT_S", "end_stopped", "leave", "process_state", "python_stacks"]
 
 #: How long the reporter waits for the live ranks' stacks, for the others to see the abort, and for a stopped rank
 #: to go once sent SIGCONT.
 STACK_WAIT_S = 3.0
+#: The longest a rank stopped by the watch spends flushing the script's open files before it exits.
+FLUSH_WAIT_S = 2.0
 
 #: Frames of the runner (runpy, ``python -m ddpkit.watch``) that only say how the script was started.
 _LAUNCH = ("<frozen runpy>", os.path.join(os.path.dirname(__file__), "__main__.py"))
@@ -59,7 +62,13 @@ def leave(line: str | None) -> NoReturn:
     (the rank's main thread in a collective) cannot hold the process then."""
     if line is not None:
         print(line, file=sys.__stderr__ or sys.stderr, flush=True)  # see Monitor.emit
-    sys.stdout.flush()
+    # what the script wrote to its files so far reaches them (not closed: its main thread may still hold them); on
+    # a thread of its own, bounded: a write stuck on a full pipe must not keep the rank
+    flushing = threading.Thread(target=flush_files, name="ddpkit-flush", daemon=True)
+    flushing.start()
+    flushing.join(timeout=FLUSH_WAIT_S)
+    with contextlib.suppress(OSError, ValueError):
+        sys.stdout.flush()
     os._exit(EXIT_MISSING)
 
 
