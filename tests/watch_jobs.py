@@ -55,15 +55,17 @@ class WatchedRun:
 
 def run_watched(launcher: list[str], tmp: Path, *job_args: str, watch: tuple[str, ...] = ("--hang-after", "4"),
                 module: bool = True, timeout: float = 150, env: dict[str, str] | None = None,
-                term_after: float | None = None) -> WatchedRun:
+                term_after: float | None = None, runner: tuple[str, ...] = ("ddpkit.watch",)) -> WatchedRun:
     """``LAUNCHER [python] -m ddpkit.watch WATCH --events F -- watch_user_job.py JOB_ARGS --tag T`` (``module``
     False: ``LAUNCHER watch_user_job.py ...``, the script watching itself). ``term_after``: SIGTERM to the launcher
-    that many seconds after its ranks have started (what a scheduler does)."""
+    that many seconds after its ranks have started (what a scheduler does). ``runner``: the module and words after
+    ``-m`` (``("ddpkit", "run")``: ddpkit's own command; with ``("ddpkit", "run", "-n", "3")`` and a launcher of
+    ``[python]``, ddpkit starts the ranks)."""
     tag = uuid.uuid4().hex[:12]
     events = tmp / f"events-{tag}.jsonl"
     job = [str(JOB), *job_args, "--tag", tag]
     # without the runner, the script watches itself and finds the events file in WATCH_EVENTS
-    argv = [*launcher, "-m", "ddpkit.watch", *watch, "--events", str(events), "--", *job] if module else \
+    argv = [*launcher, "-m", *runner, *watch, "--events", str(events), "--", *job] if module else \
         [*launcher, *job]
     env = {"WATCH_EVENTS": str(events), **(env or {})}
     started = time.monotonic()

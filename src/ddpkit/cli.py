@@ -40,8 +40,8 @@ class Command:
 
     name: str
     module: str
-    """Provides ``add_arguments(parser)`` and ``run(args) -> int`` (and, for a worker, optional ``PRELOAD`` and
-    ``VERDICT``)."""
+    """Provides ``add_arguments(parser)`` and ``run(args) -> int`` (and, for a worker, optional ``PRELOAD``,
+    ``VERDICT`` and ``check_arguments(args)``, called before any rank starts)."""
     help: str
     """The one line ``ddpkit --help`` shows."""
     worker: bool = False
@@ -185,6 +185,9 @@ def _run_worker(module: ModuleType, args: argparse.Namespace, argv: list[str]) -
     from ddpkit.env import detect
     from ddpkit.launch import worker
 
+    check = getattr(module, "check_arguments", None)
+    if check is not None:  # every input checked once, before any rank starts
+        check(args)
     world = detect()
     if world.is_agent:  # a Kubeflow pod asked for several processes: be its agent, as torchrun would be
         return _launch(argv, _kubeflow_agent_options(world))

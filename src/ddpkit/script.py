@@ -32,7 +32,7 @@ from ddpkit.errors import ConfigError
 from ddpkit.exiting import caused_by_peer, exit_code, yield_to_first_failure
 from ddpkit.log import get_logger
 
-__all__ = ["PRELOAD", "add_arguments", "run", "run_target"]
+__all__ = ["PRELOAD", "add_arguments", "check_arguments", "run", "run_target"]
 
 log = get_logger(__name__)
 
@@ -68,13 +68,34 @@ def _target(args: argparse.Namespace) -> list[str]:
     return words
 
 
+def check_arguments(args: argparse.Namespace) -> None:
+    """Every input of ``ddpkit run`` checked once, where the command starts, before any rank does: the script (or
+    module), the watch's options (``inf``, ``nan``, a negative time), the events file's directory. ConfigError
+    (exit 2, one line) for the first that is wrong."""
+    words = _target(args)
+    _check_target(words[0], args.module)
+    if args.no_watch:
+        return
+    from ddpkit.watch.__main__ import options_from_args
+
+    options_from_args(args)
+    if args.events is not None:
+        from ddpkit.inputs import check_output_path
+
+        events = check_output_path(str(args.events), "--events")
+        if not events.parent.is_dir():
+            raise ConfigError(f"--events {str(args.events)!r}: the directory {str(events.parent)!r} does not exist",
+                              "a file in an existing directory (the watch appends one JSON line per report)",
+                              f"create it first (mkdir -p {events.parent}) or choose another --events")
+
+
 def run(args: argparse.Namespace) -> int:
     """In a rank: export torch's variables for the world the launcher made, then run the script."""
     from ddpkit.env import detect
     from ddpkit.runtime import export_world, set_env
 
     words = _target(args)
-    _check_target(words[0], args.module)
+    check_arguments(args)
     world = export_world(detect())
     if not world.sources.get("node_rank", "").startswith("unknown"):
         set_env("GROUP_RANK", str(world.node_rank))

@@ -5,6 +5,7 @@ and `ddpkit submit slurm --tasks-per-rank` render (which used to fail: "environm
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 import sys
@@ -17,6 +18,7 @@ from tests.helpers import IS_ROOT, ddpkit_env, free_port, require_tools, run_ddp
 from tests.infra.slurm_fixture import in_cluster, slurm_cluster_fixture  # noqa: F401 (the fixture)
 from tests.infra.test_jobs_slurm import VENV, _job_id
 from tests.multiproc.test_run import SCRIPT, TEARDOWN_PROBE, assert_replicas_identical
+from tests.multiproc.test_run_harmless import FAILS, UNCLOSED, assert_written_in_full
 
 pytestmark = [pytest.mark.infra, pytest.mark.multiproc]
 RUN = [sys.executable, "-m", "ddpkit", "run", "--"]
@@ -97,3 +99,36 @@ def test_under_mpirun_a_rank_finalizes_mpi_and_skips_the_teardown(code: int, tmp
         assert Path(f"{mark}.{rank}.atexit").read_text() == "False", res.stderr  # MPI not yet finalized there
         assert not Path(f"{mark}.{rank}.teardown").exists(), "the interpreter's teardown ran"
     assert "finalize" not in res.stderr.lower() or code != 0, res.stderr
+
+
+MPIRUN = ["mpirun", "-np", "2", "--oversubscribe", *(["--allow-run-as-root"] if IS_ROOT else [])]
+
+
+def test_under_mpirun_files_the_script_never_closed_are_written(tmp_path: Path) -> None:
+    require_tools("mpirun")
+    script = tmp_path / "unclosed.py"
+    script.write_text(UNCLOSED)
+    res = subprocess.run([*MPIRUN, *RUN, str(script), str(tmp_path)], capture_output=True, text=True,
+                         errors="replace", timeout=180, env=ddpkit_env(MASTER_PORT=free_port()))
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert_written_in_full(tmp_path, 2)
+
+
+@pytest.mark.parametrize(("how", "code", "said"), [
+    ("exit", 5, r"Process name: \[\[\d+,\d+\],1\]\s+Exit code:\s+5"),
+    ("kill", 137, r"process rank 1 with PID \d+ on node \S+ exited on signal 9"),
+])
+def test_under_mpirun_the_rank_that_failed_first_is_mpiruns_first(how: str, code: int, said: str,
+                                                                   tmp_path: Path) -> None:
+    """Rank 0 fails too, because rank 1 is gone: it waits before it leaves, so mpirun sees rank 1 go first, names
+    it, and passes its code (or signal) through; the watch names rank 1 gone."""
+    require_tools("mpirun")
+    script = tmp_path / "fails.py"
+    script.write_text(FAILS)
+    for attempt in range(3):
+        res = subprocess.run([*MPIRUN, "-x", "HOW", *RUN, str(script)], capture_output=True, text=True,
+                             errors="replace", timeout=180, env=ddpkit_env(MASTER_PORT=free_port(), HOW=how))
+        out = res.stdout + res.stderr
+        assert res.returncode == code, f"attempt {attempt}: {out[-4000:]}"
+        assert re.search(said, out), out[-4000:]
+        assert "rank 1 on host" in out and "is gone" in out, out[-4000:]
