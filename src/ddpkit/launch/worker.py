@@ -135,5 +135,28 @@ def run_forked_worker(main: Callable[[list[str]], int], argv: list[str]) -> None
     # torch's process wrapper ends a forked worker with os._exit: the script's atexit handlers and its open files
     # get what a Python process's exit gives them, here
     wind_up()
+    _exit_once_returned()
     if code:
         sys.exit(code)
+
+
+def _exit_once_returned() -> None:
+    """A forked worker that finished leaves once its return value is handed back, as a worker torchrun starts
+    leaves when its script ends. torch's wrapper (``elastic.multiprocessing.api._wrap``) puts the value in a
+    SimpleQueue (written to the pipe at once, read by the agent after this process exits too), then waits for an
+    event that the agent sets only when every worker has finished. Kept alive so, a finished rank keeps its
+    sockets open: a peer still in a collective with it (one extra all-reduce, a recv) waited forever instead of
+    failing at once ("Connection closed by peer"), and the job hung. The event's wait is made to return at once in
+    this process (a forked copy: the agent's own event is untouched)."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        event = frame.f_locals.get("queue_finished_reading_event") if frame.f_code.co_name == "_wrap" else None
+        if event is not None:
+            event.wait = _returned  # an instance attribute: this process's copy only
+            return
+        frame = frame.f_back  # type: ignore[assignment]
+    log.debug("torch's worker wrapper not found: this worker leaves when every worker has finished")
+
+
+def _returned(timeout: float | None = None) -> bool:
+    return True

@@ -82,9 +82,16 @@ class FailureReport:
             self.now()
             return
         local = self._peers_here(m.read())
-        if any(process_state(pid) in ("gone", "stopped") and not m.store.check([f"term/{r}"])
+        if any(process_state(pid) in ("gone", "stopped") and not self._told(r)
                for r, pid in local.items()):
             self.now(told_to_stop=True)
+
+    def _told(self, rank: int) -> bool:
+        """Whether ``rank`` marked itself told to stop (False when the store is gone: nothing says it was)."""
+        try:
+            return bool(self.monitor.store.check([f"term/{rank}"]))
+        except Exception:
+            return False
 
     def _peers_here(self, records: dict[int, dict[str, Any] | None]) -> dict[int, int]:
         """rank -> pid of the other ranks on this host, from their records."""
@@ -96,9 +103,15 @@ class FailureReport:
         (``failed`` None) this rank is told to stop while a rank on this host is gone: name the ranks that are gone
         or stopped, from their records. Quick: the launcher may end this rank any moment."""
         m, host = self.monitor, self.monitor.rec.host
-        if m.store.compare_set("failed", "", str(m.rank)).decode() != str(m.rank):
-            return  # another rank's failure report says it (one report per job)
-        records = m.read()
+        try:
+            if m.store.compare_set("failed", "", str(m.rank)).decode() != str(m.rank):
+                return  # another rank's failure report says it (one report per job)
+            records = m.read()
+        except Exception as exc:  # the store left with its host (rank 0 under env://): say what this rank saw last
+            if not m.last_read:
+                raise
+            log.debug("watch: the job's store is gone (%s): the report uses the records read last", exc)
+            records = m.last_read
         now = time.monotonic()
         if failed is not None:
             error = failed["error"].splitlines()[0] if failed["error"] else "(no message)"
@@ -114,7 +127,7 @@ class FailureReport:
         while local and "gone" not in states.values() and time.monotonic() < until:
             time.sleep(0.02)
             states = {r: process_state(pid) for r, pid in local.items()}
-        told = {r for r, state in states.items() if state == "gone" and m.store.check([f"term/{r}"])}
+        told = {r for r, state in states.items() if state == "gone" and self._told(r)}
         gone = []
         for r, rec in sorted(records.items()):
             if rec is None or r == m.rank or r in told:  # a peer told to stop as well is no news

@@ -6,6 +6,10 @@ even ``wait`` stayed blocked past 15 s with a 2 s timeout (measured here, torch 
 expects no reply). A watch thread blocked there could never report that it lost the store. So every call runs on
 one worker thread of this wrapper and the caller waits at most ``limit`` seconds; while a call that overran is
 still blocked, later calls fail at once (they would queue behind it). When it returns, the store is used again.
+
+A connection the store's host closed (it exited: rank 0 hosts the store under env:// and ddpkit's agent) is not
+used again: every call on it failed, and each failure printed a warning with a page of torch's C++ frames
+("sendBytes failed ... Broken pipe", every heartbeat). Later calls fail at once, in Python.
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ class BoundedStore:
         self.limit = limit
         self._calls: queue.SimpleQueue[_Call] = queue.SimpleQueue()
         self._overran: _Call | None = None
+        self._broken: BaseException | None = None
         # a daemon thread: one blocked for good in the store must not keep the process from ending
         threading.Thread(target=self._serve, name="ddpkit-watch-store", daemon=True).start()
 
@@ -57,13 +62,23 @@ class BoundedStore:
             stuck = self._overran
             if stuck is not None and not stuck.done.is_set():
                 raise StoreUnanswered(f"the job's store has not answered for over {self.limit:g} s")
+            if self._broken is not None:
+                raise StoreUnanswered(f"the connection to the job's store is closed ({self._broken})")
             call = _Call(method, args)
             self._calls.put(call)
             if not call.done.wait(self.limit):
                 self._overran = call
                 raise StoreUnanswered(f"the job's store did not answer within {self.limit:g} s")
             if call.error is not None:
+                if _connection_lost(call.error):
+                    self._broken = call.error
                 raise call.error
             return call.value
 
         return bounded
+
+
+def _connection_lost(error: BaseException) -> bool:
+    """torch's network error on a store call (``DistNetworkError``: the peer closed the socket, a broken pipe), told
+    apart from a key's timeout, which leaves the connection usable."""
+    return any(kind.__name__ == "DistNetworkError" for kind in type(error).__mro__)
