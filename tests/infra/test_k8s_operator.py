@@ -8,6 +8,7 @@ the snapshot PVC shared, and restartPolicy played by the harness as the kubelet 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -184,22 +185,11 @@ def test_pod_environments_are_the_operators() -> None:
         "PET_MASTER_ADDR": "ddpkit-check-node-0-0.ddpkit-check", "PET_MASTER_PORT": "29400"}
 
 
-# torch 2.13's gloo can abort a rank that succeeded in the interpreter's teardown (src/ddpkit/exiting.py: the
-# backtrace and how often). `ddpkit run` and `-m ddpkit.watch` leave before it; a job whose command is the user's
-# script under torchrun does not, so there the script ends as os._exit ends it.
-_TORCH_TEARDOWN_EXIT = ("sys.exit(0 if same else 7)",
-                        "sys.stdout.flush()\nos._exit(0 if same else 7)  # skip the teardown that can abort (above)")
-
-
-def _user_script(tmp: Path, *, skip_teardown: bool = False) -> Path:
+def _user_script(tmp: Path) -> Path:
     from tests.multiproc.test_run import SCRIPT
 
-    text = SCRIPT.read_text()
-    if skip_teardown:
-        assert _TORCH_TEARDOWN_EXIT[0] in text
-        text = text.replace(*_TORCH_TEARDOWN_EXIT)
     target = tmp / "ddp_user.py"
-    target.write_text(text)
+    target.write_text(SCRIPT.read_text())
     return target
 
 
@@ -211,12 +201,24 @@ def _ranks_agree(op: Operator, world: int) -> None:
 
 
 def test_pytorchjob_runs_a_users_script_unchanged(operator: Callable[..., Operator], tmp_path: Path) -> None:
-    """A user's torchrun-style script as the job's command: the operator's pods run it through torchrun (ending by
-    os._exit: torch's own teardown abort, above, is not what this test is about)."""
-    script = _user_script(tmp_path, skip_teardown=True)
-    op = _finish(operator(render("-j", "2x2", "--run-id", new_run_id(), "--", str(script))))
+    """A user's torchrun-style script as the job's command: the rendered pods run it as `torchrun -m ddpkit run --
+    SCRIPT` (issue 37), so it is watched (the watch's summary) and leaves before the interpreter's teardown, where
+    torch 2.13's gloo can abort a rank of plain torchrun: the script ends by sys.exit as written."""
+    script = _user_script(tmp_path)
+    # the probe of this test only: does a watch run in this rank (the script itself does not know of ddpkit)
+    script.write_text(script.read_text().replace(
+        "dist.destroy_process_group()", "import sys as _s\n_w = _s.modules.get('ddpkit.watch')\n"
+        "_on = _w is not None and _w.active() is not None and _w.active().monitor is not None\n"
+        "print(f'WATCHED rank={rank} {_on}', flush=True)\ndist.destroy_process_group()", 1))
+    objects = render("-j", "2x2", "--run-id", new_run_id(), "--", str(script))
+    commands = [c["command"] for obj in objects for spec in obj.get("spec", {}).get("pytorchReplicaSpecs", {}).values()
+                for c in spec["template"]["spec"]["containers"]]
+    assert commands and all(c[:5] == ["torchrun", "-m", "ddpkit", "run", "--"] for c in commands), commands
+    op = _finish(operator(objects))
     assert all(p.succeeded for p in op.job), op.logs()
     _ranks_agree(op, 4)
+    logs = "".join(p.log() for p in op.job)
+    assert sorted(re.findall(r"WATCHED rank=(\d) True", logs)) == ["0", "1", "2", "3"], logs
 
 
 def test_elastic_pods_whose_command_is_ddpkit_run(operator: Callable[..., Operator], tmp_path: Path) -> None:

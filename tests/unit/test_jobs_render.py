@@ -60,6 +60,10 @@ CASES: dict[str, list[str]] = {
                                  "--", "check"],
     "k8s_trainjob.yaml": ["k8s", "-j", "2x2", "--image", "reg/ddpkit:cpu", "--k8s-kind", "trainjob", "--run-id",
                           "r5", "--", "train"],
+    # issue 37: a user's script runs through `ddpkit run` under torchrun and in a PyTorchJob (watched, a safe exit)
+    "torchrun_script.sh": ["torchrun", "-j", "1x2", "--run-id", "r8", "--", "my dir/train's.py", "--lr", "0.1"],
+    "k8s_pytorchjob_script.yaml": ["k8s", "-j", "2x2", "--image", "reg/user:cpu", "--run-id", "r9", "--",
+                                   "train.py", "--epochs", "3"],
     # issue 28: the hosts a report named bad, kept out of the next job
     "slurm_exclude.sbatch": ["slurm", "-j", "2x2", "--exclude-from", BAD_HOSTS, "--", "check"],
     "mpi_exclude.sh": ["mpi", "-j", "2x2", "--hosts", "n1,n2,n3", "--exclude-from", BAD_HOSTS, "--", "check"],

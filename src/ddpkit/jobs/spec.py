@@ -203,9 +203,11 @@ def python_argv(spec: JobSpec, python: str | None = None) -> list[str]:
 
 
 def torchrun_entry(spec: JobSpec) -> list[str]:
-    """What torchrun runs: ``-m ddpkit CMD ARGS`` or ``SCRIPT.py ARGS``."""
+    """What torchrun runs: ``-m ddpkit CMD ARGS``, or for a script ``-m ddpkit run -- SCRIPT.py ARGS``: the script
+    watched (a hung or killed rank named with its host) and ending as Python would end it without the interpreter's
+    teardown, where torch 2.13's gloo aborted ranks of plain torchrun (6 runs in 20: src/ddpkit/exiting.py)."""
     cmd = spec.job_command()
-    return ["-m", "ddpkit", *cmd] if cmd[0] in DDPKIT_COMMANDS else list(cmd)
+    return ["-m", "ddpkit", *cmd] if cmd[0] in DDPKIT_COMMANDS else ["-m", "ddpkit", "run", "--", *cmd]
 
 
 def header(spec: JobSpec, comment: str = "#") -> str:
