@@ -212,5 +212,8 @@ def _print_user_traceback(exc: BaseException, script: str | None) -> None:
                                                              and not name.startswith("<frozen")):
             break
         first = first.tb_next
+    if first is None and isinstance(exc, SyntaxError):  # the script did not compile: Python shows where, no frames
+        sys.stderr.write("".join(traceback.format_exception_only(type(exc), exc)))
+        return
     trimmed: TracebackType | None = first if first is not None else tb
     sys.stderr.write("".join(traceback.format_exception(type(exc), exc, trimmed)))

@@ -79,6 +79,12 @@ def test_a_script_that_raises_keeps_its_traceback_and_exit_code(tmp_path: Path) 
     assert f'File "{boom}", line 6, in <module>' in res.stderr
     assert res.stderr.rstrip().endswith("ValueError: boom from the script")
     assert "ddpkit" not in res.stderr.replace(str(tmp_path), "")  # none of ddpkit's frames or words
+    broken = tmp_path / "broken.py"  # a SyntaxError: where, as Python shows it, and none of ddpkit's frames
+    broken.write_text("import sys\ndef f(:\n    pass\n")
+    plain = subprocess.run([sys.executable, str(broken)], capture_output=True, text=True, timeout=60)
+    res = run_ddpkit("run", "--", str(broken), timeout=60)
+    assert (res.returncode, res.stderr) == (plain.returncode, plain.stderr) == (1, res.stderr), res.stderr
+    assert res.stderr.startswith(f'  File "{broken}", line 2') and "SyntaxError" in res.stderr, res.stderr
     exits = tmp_path / "exits.py"
     exits.write_text("import sys\nprint('bye')\nsys.exit(5)\n")
     res = run_ddpkit("run", "--", str(exits), timeout=60)
@@ -143,11 +149,16 @@ def test_the_watch_is_on_by_default_and_names_the_stalled_rank(tmp_path: Path, l
                      "sleep", "--fault-rank", "1", "--fault-step", "20", timeout=150,
                      env=ddpkit_env(DDPKIT_FAULTS=late) if late else None)
     assert res.returncode == 3, res.stderr[-4000:]
-    assert "failed first with exit code 3" in res.stderr, res.stderr[-2000:]
+    # the ranks ddpkit stopped are said as such: neither is "the rank that failed first" (issue 36)
+    assert "failed first" not in res.stderr and "stopped with exit 3: ddpkit stopped them" in res.stderr, \
+        res.stderr[-2000:]
     assert "ddpkit watch: HANG" in res.stderr
     assert "rank 1 on host" in res.stderr and "has not entered" in res.stderr, res.stderr[-4000:]
     assert "--- rank 0 on host" in res.stderr and "--- rank 1 on host" in res.stderr  # every live rank's stack
     assert "time.sleep(3600)" in res.stderr
+    # each stack starts in the user's script, not in ddpkit's runner (cli.py, script.py) or torch's worker wrapper
+    main_stacks = re.findall(r"Thread MainThread \(0x[0-9a-f]+\), most recent call last:\n(.*)\n", res.stderr)
+    assert len(main_stacks) == 2 and all("watch_user_job.py" in first for first in main_stacks), main_stacks
     assert any('"hang"' in line for line in events.read_text().splitlines())
     off = run_ddpkit("run", "--no-watch", "--", str(job), "--steps", "3", timeout=120)
     assert off.returncode == 0, off.stderr

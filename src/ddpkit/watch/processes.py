@@ -26,7 +26,11 @@ FLUSH_WAIT_S = 2.0
 
 #: Frames of the runner (runpy, ``python -m ddpkit.watch``) that only say how the script was started.
 _LAUNCH = ("<frozen runpy>", os.path.join(os.path.dirname(__file__), "__main__.py"))
-_WORKER = os.path.join(os.path.dirname(os.path.dirname(__file__)), "launch", "worker.py")
+_PACKAGE = os.path.dirname(os.path.dirname(__file__))
+#: The files a rank starts through before the command's or the user's own code: a stack begins after the last of
+#: them (ddpkit's agent's worker, the command line, ``ddpkit run``'s runner).
+_RUNNERS = frozenset(os.path.join(_PACKAGE, *parts) for parts in
+                     (("launch", "worker.py"), ("cli.py",), ("script.py",), ("watch", "__main__.py")))
 
 
 def process_state(pid: int) -> str:
@@ -49,8 +53,8 @@ def python_stacks() -> str:
         if ident == me or names.get(ident, "").startswith("ddpkit-watch"):
             continue
         frames = [f for f in traceback.extract_stack(frame) if not f.filename.startswith(_LAUNCH)]
-        # a rank forked by ddpkit's agent (``ddpkit check -n``): its frames begin at the worker's entry
-        starts = [i for i, f in enumerate(frames) if f.filename == _WORKER]
+        # the command's or the user's frames: after the runner's (a script under ``ddpkit run`` begins at its own)
+        starts = [i for i, f in enumerate(frames) if f.filename in _RUNNERS]
         frames = frames[starts[-1] + 1:] if starts else frames
         parts.append(f"  Thread {names.get(ident, '?')} ({ident:#x}), most recent call last:\n"
                      + "".join("    " + line for line in "".join(traceback.format_list(frames)).splitlines(True)))
