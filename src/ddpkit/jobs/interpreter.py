@@ -19,10 +19,34 @@ import shlex
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-if TYPE_CHECKING:
-    from ddpkit.jobs.spec import JobSpec
+
+class JobSpec(Protocol):
+    """What this module reads of a job (``ddpkit.jobs.spec.JobSpec`` has it all): a protocol, so that the spec, which
+    asks for the interpreter, and this module do not import each other."""
+
+    @property
+    def backend(self) -> str: ...
+    @property
+    def python(self) -> str | None: ...
+    @property
+    def venv(self) -> str | None: ...
+    @property
+    def conda_env(self) -> str | None: ...
+    @property
+    def container_image(self) -> str | None: ...
+    @property
+    def submitter(self) -> str: ...
+    @property
+    def hosts(self) -> object: ...
+    @property
+    def shape(self) -> _Shape: ...
+
+
+class _Shape(Protocol):
+    @property
+    def max_nodes(self) -> int: ...
 
 __all__ = ["Interpreter", "job_interpreter", "placement_notes"]
 
