@@ -40,31 +40,45 @@ class Command:
 
     name: str
     module: str
-    """Provides ``add_arguments(parser)`` and ``run(args) -> int`` (and, for a worker, optional ``PRELOAD``,
-    ``VERDICT`` and ``check_arguments(args)``, called before any rank starts)."""
+    """Provides ``add_arguments(parser)`` and ``run(args) -> int`` (and ``check_arguments(args)`` where
+    ``checks_first``)."""
     help: str
     """The one line ``ddpkit --help`` shows."""
     worker: bool = False
     """Runs on every rank: takes the launch options (-n, -j, --rdzv-*) and becomes an agent where no launcher
     started it."""
+    verdict: bool = False
+    """A worker whose result is a verdict (check, bench, env): under ddpkit's agent it is handed back in a file and
+    the rank exits 0 (``launch.worker.verdict_exit_code``), so that no verdict restarts the group."""
+    preload: tuple[str, ...] = ()
+    """Modules ddpkit's agent imports once so that the ranks it forks inherit them (each fresh rank paid 1.5-8 s for
+    torch and torch._dynamo, which DDP's constructor imports, on a loaded 2-core machine)."""
+    checks_first: bool = False
+    """The module's ``check_arguments(args)`` checks every input once, before any rank starts."""
 
 
 COMMANDS: tuple[Command, ...] = (
     Command("env", "ddpkit.env.cli", "show who this process is, in which world, and from which launcher",
-            worker=True),
+            worker=True, verdict=True),
     Command("check", "ddpkit.check", "prove the cluster is ready for PyTorch distributed, and name what is broken",
-            worker=True),
+            worker=True, verdict=True,
+            preload=("torch.nn.parallel", "torch._dynamo", "ddpkit.check.ddpsync", "ddpkit.runtime", "rich.table",
+                     "ddpkit.nodefacts", "psutil")),
     Command("submit", "ddpkit.jobs.cli", "render a job for torchrun, slurm, mpi or k8s, and submit it"),
     Command("status", "ddpkit.jobs.status", "show a Slurm job's state and exit code"),
     Command("logs", "ddpkit.jobs.logs", "print (or follow, -f) a Slurm job's output"),
     Command("recipe", "ddpkit.jobs.recipe", "an environment for the cluster: venv, conda, docker or enroot"),
     Command("bench", "ddpkit.bench.cli",
-            "benchmark every collective (nccl-tests conventions), verified, gated; --pairs", worker=True),
+            "benchmark every collective (nccl-tests conventions), verified, gated; --pairs", worker=True,
+            verdict=True),
     Command("report", "ddpkit.report", "render check and bench JSON files into one Markdown report with plots"),
     Command("train", "ddpkit.train.cli",
-            "the reference DDP job: trains, snapshots safely, resumes exactly, survives faults", worker=True),
+            "the reference DDP job: trains, snapshots safely, resumes exactly, survives faults", worker=True,
+            preload=("torch.nn.parallel", "torch._dynamo", "ddpkit.runtime", "ddpkit.train.jobs",
+                     "ddpkit.train.trainer", "ddpkit.watch.hooks", "ddpkit.watch.monitor")),
     Command("run", "ddpkit.script", "run your own DDP script, unchanged, under any launcher (or start -n ranks)",
-            worker=True),
+            worker=True, checks_first=True,
+            preload=("torch", "torch.distributed", "torch.nn.parallel", "torch._dynamo")),
 )
 _BY_NAME = {c.name: c for c in COMMANDS}
 #: Packages a command may need that a login node may lack: a missing one is a usage error, not a traceback.
@@ -181,13 +195,12 @@ def _launch_options(args: argparse.Namespace, shape: JobShape | None = None) -> 
     return options
 
 
-def _run_worker(module: ModuleType, args: argparse.Namespace, argv: list[str]) -> int:
+def _run_worker(command: Command, module: ModuleType, args: argparse.Namespace, argv: list[str]) -> int:
     from ddpkit.env import detect
     from ddpkit.launch import worker
 
-    check = getattr(module, "check_arguments", None)
-    if check is not None:  # every input checked once, before any rank starts
-        check(args)
+    if command.checks_first:  # every input checked once, before any rank starts
+        module.check_arguments(args)
     world = detect()
     if world.is_agent:  # a Kubeflow pod asked for several processes: be its agent, as torchrun would be
         return _launch(argv, _kubeflow_agent_options(world))
@@ -195,14 +208,14 @@ def _run_worker(module: ModuleType, args: argparse.Namespace, argv: list[str]) -
         shape = _launch_shape(args)
         if shape.max_nodes * shape.nproc_per_node > 1:
             options = _launch_options(args, shape)
-            return _launch(argv, replace(options, preload=tuple(getattr(module, "PRELOAD", ()))))
+            return _launch(argv, replace(options, preload=command.preload))
     elif (args.nproc_per_node or args.job) and worker.LAUNCHED not in os.environ:
         log.warning("started by %s: -n/-j are ignored (the launcher decides the ranks)", world.launcher)
     if world.launcher == "torchrun" and worker.launched_by_ddpkit():
         from ddpkit.launch.worker import die_with_agent, verdict_exit_code
 
         die_with_agent()  # a worker of ddpkit's own launcher: never outlive the agent
-        if getattr(module, "VERDICT", False):
+        if command.verdict:
             code = int(module.run(args))
             _linger()
             return verdict_exit_code(code)
@@ -259,7 +272,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         command = _BY_NAME[args.command]
         module = _load(command.name)
         if command.worker:
-            return _run_worker(module, args, argv)
+            return _run_worker(command, module, args, argv)
         return int(module.run(args))
     except DdpkitError as exc:
         print(f"ddpkit: error: {exc.message()}", file=sys.stderr)

@@ -32,7 +32,7 @@ from ddpkit.errors import ConfigError
 from ddpkit.exiting import caused_by_peer, exit_code, yield_to_first_failure
 from ddpkit.log import get_logger
 
-__all__ = ["PRELOAD", "add_arguments", "check_arguments", "run", "run_target"]
+__all__ = ["add_arguments", "check_arguments", "run", "run_target"]
 
 log = get_logger(__name__)
 
@@ -40,10 +40,6 @@ log = get_logger(__name__)
 # process exits. Freed here instead, a DDP model whose process group the script had destroyed drops the group's
 # last reference in the Reducer's destructor, whose join of gloo's threads hung 3 runs in 10 of `run -n 2`.
 _KEPT: list[object] = []
-
-# imported once by ddpkit's agent, so forked ranks start with them (a DDP script's first DistributedDataParallel
-# call imports torch._dynamo: 1.5 s per rank here)
-PRELOAD = ("torch", "torch.distributed", "torch.nn.parallel", "torch._dynamo")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

@@ -46,10 +46,6 @@ if TYPE_CHECKING:
 
 __all__ = ["add_arguments", "run"]
 
-# Under `ddpkit check -n N` the agent imports these once and forks the ranks (ddpkit.launch.agent): DDP's first use
-# imports torch._dynamo, 1.5-2.5 s per rank, most of the check's cost over a bare hello world.
-PRELOAD = ("torch.nn.parallel", "torch._dynamo", "ddpkit.check.ddpsync", "ddpkit.runtime", "rich.table",
-           "ddpkit.nodefacts", "psutil")
 log = get_logger(__name__)
 MARGIN_S = 5.0  # gloo's own timeout and the other ranks' store waits trail a phase's deadline by this much
 #: A rank whose interpreter is wedged (the watch's thread cannot run) dumps its stacks and ends (faulthandler, exit 1)
@@ -170,10 +166,6 @@ def _store_errors() -> tuple[type[BaseException], ...]:
     import torch.distributed as dist
 
     return (dist.DistError,) if hasattr(dist, "DistError") else (RuntimeError,)
-
-
-#: Its exit code is a verdict: under ddpkit's launcher the workers hand it to the agent (launch.worker).
-VERDICT = True
 
 
 def run(args: argparse.Namespace) -> int:

@@ -48,10 +48,6 @@ def _connect(info: WorldInfo, timeout: float, backend: str | None) -> tuple[dict
         shutdown()
 
 
-#: Its exit code is a verdict: under ddpkit's launcher the workers hand it to the agent (launch.worker).
-VERDICT = True
-
-
 def run(args: argparse.Namespace) -> int:
     info = detect()
     connected, world = _connect(info, args.timeout, args.backend) if args.connect else (None, [])

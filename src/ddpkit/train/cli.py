@@ -42,12 +42,8 @@ if TYPE_CHECKING:
     from ddpkit.train.stops import LostPeerReport
     from ddpkit.train.trainer import Trainer
 
-__all__ = ["PRELOAD", "add_arguments", "config_from_args", "run"]
+__all__ = ["add_arguments", "config_from_args", "run"]
 
-# Under `ddpkit train -n N` the agent imports these once and forks the ranks (ddpkit.launch.agent), as `check` does:
-# torch and torch._dynamo (which DDP's constructor imports) cost each fresh rank 3-8 s on a loaded 2-core machine.
-PRELOAD = ("torch.nn.parallel", "torch._dynamo", "ddpkit.runtime", "ddpkit.train.jobs", "ddpkit.train.trainer",
-           "ddpkit.watch.hooks", "ddpkit.watch.monitor")
 log = get_logger(__name__)
 
 
