@@ -9,25 +9,17 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import math
-import os
 import sys
-import time
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from types import ModuleType
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import Any, NoReturn
 
 from ddpkit import __version__
 from ddpkit.errors import EXIT_USAGE, ConfigError, DdpkitError
 from ddpkit.exiting import leave
-from ddpkit.inputs import check_local_ranks, endpoint, local_ranks, shape_text
+from ddpkit.inputs import endpoint, local_ranks, shape_text
 from ddpkit.log import configure, get_logger
-
-if TYPE_CHECKING:
-    from ddpkit.env import WorldInfo
-    from ddpkit.launch.agent import LaunchOptions
-    from ddpkit.launch.shape import JobShape
 
 __all__ = ["main", "program"]
 
@@ -153,112 +145,6 @@ def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
     return parser
 
 
-def _launch_shape(args: argparse.Namespace) -> JobShape:
-    """The local ranks -n/-j ask for (1x1 when neither): checked here, before any launcher module loads."""
-    from ddpkit.launch.shape import JobShape, parse_job_shape
-
-    if args.job and args.nproc_per_node:
-        raise ConfigError("both -n and -j were given", "one of them", "use -j NNODESxNPROC alone")
-    shape = parse_job_shape(args.job) if args.job else JobShape(min_nodes=1, max_nodes=1,
-                                                                nproc_per_node=args.nproc_per_node or 1)
-    check_local_ranks(shape.nproc_per_node, "-j" if args.job else "-n")
-    return shape
-
-
-def _launch_options(args: argparse.Namespace, shape: JobShape | None = None) -> LaunchOptions:
-    from ddpkit.launch.agent import LaunchOptions
-
-    shape = shape or _launch_shape(args)
-    if shape.max_nodes > 1 and not args.rdzv_endpoint:
-        raise ConfigError(f"-j {args.job} spans several nodes but no --rdzv-endpoint was given",
-                          "HOST:PORT of the rendezvous on the first node",
-                          "add --rdzv-endpoint FIRST_NODE:29400 on every node")
-    if args.max_restarts < 0:
-        raise ConfigError(f"--max-restarts {args.max_restarts}", "0 or more", "pass --max-restarts 0 or more")
-    conf = []
-    for item in args.rdzv_conf:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise ConfigError(f"--rdzv-conf {item!r}", "KEY=VALUE", "write --rdzv-conf is_host=true")
-        conf.append((key, value))
-    options = LaunchOptions(shape=shape, rdzv_endpoint=args.rdzv_endpoint, rdzv_backend=args.rdzv_backend,
-                            rdzv_conf=tuple(conf), run_id=args.run_id, max_restarts=args.max_restarts,
-                            local_addr=args.local_addr)
-    collective = getattr(args, "collective_timeout", None)
-    if collective:
-        # a lost link is given up by the rendezvous store's reads no sooner than by the collectives (plus the
-        # workers' probe and a margin for the link to return before a restart: ddpkit.launch.stops)
-        options = replace(options, store_timeout=math.ceil(collective) + 60)
-    if shape.max_nodes > 1 and getattr(args, "timeout", None):
-        # a command's --timeout (seconds to wait for every rank) bounds the node rendezvous too
-        options = replace(options, rdzv_timeout=max(1, math.ceil(args.timeout)))
-    return options
-
-
-def _run_worker(command: Command, module: ModuleType, args: argparse.Namespace, argv: list[str]) -> int:
-    from ddpkit.env import detect
-    from ddpkit.launch import worker
-
-    if command.checks_first:  # every input checked once, before any rank starts
-        module.check_arguments(args)
-    world = detect()
-    if world.is_agent:  # a Kubeflow pod asked for several processes: be its agent, as torchrun would be
-        return _launch(argv, _kubeflow_agent_options(world))
-    if world.launcher == "none":
-        shape = _launch_shape(args)
-        if shape.max_nodes * shape.nproc_per_node > 1:
-            options = _launch_options(args, shape)
-            return _launch(argv, replace(options, preload=command.preload))
-    elif (args.nproc_per_node or args.job) and worker.LAUNCHED not in os.environ:
-        log.warning("started by %s: -n/-j are ignored (the launcher decides the ranks)", world.launcher)
-    if world.launcher == "torchrun" and worker.launched_by_ddpkit():
-        from ddpkit.launch.worker import die_with_agent, verdict_exit_code
-
-        die_with_agent()  # a worker of ddpkit's own launcher: never outlive the agent
-        if command.verdict:
-            code = int(module.run(args))
-            _linger()
-            return verdict_exit_code(code)
-    return int(module.run(args))
-
-
-def _linger() -> None:
-    """Test hook (DDPKIT_FAULTS="linger:rank=R:ms=N"): rank R finishes N ms after the others, as a rank on a slower
-    node does."""
-    from ddpkit.fault_injection import fault
-
-    linger = fault("linger", rank=int(os.environ.get("RANK", "0")))
-    if linger is not None:
-        time.sleep(float(linger.get("ms", 2000)) / 1e3)
-
-
-def _kubeflow_agent_options(world: WorldInfo) -> LaunchOptions:
-    """The pod's PET_* settings, as ddpkit.env.kubeflow read them, as launch options for this pod's agent: the
-    shape (elastic MIN:MAX), rendezvous endpoint, backend, conf, id and restarts torchrun would use."""
-    from ddpkit.launch.agent import LaunchOptions
-    from ddpkit.launch.shape import JobShape
-
-    plan = world.agent
-    if plan is None:  # detect() gives every agent a plan; a hand-built WorldInfo may not
-        raise ConfigError(f"{world.launcher} agent without a rendezvous plan", "a Kubeflow pod's PET_* variables",
-                          "run inside the pod, or pass -j and --rdzv-endpoint")
-    shape = JobShape(min_nodes=plan.min_nodes, max_nodes=plan.max_nodes, nproc_per_node=plan.nproc_per_node)
-    conf = plan.rdzv_conf
-    if plan.min_nodes == plan.max_nodes and plan.rdzv_backend == "c10d" and plan.node_rank is not None \
-            and not any(k == "is_host" for k, _ in conf):
-        # a fixed-size job whose endpoint is the master pod: the pod of node rank 0 hosts the store
-        conf = (*conf, ("is_host", str(plan.node_rank == 0).lower()))
-    return LaunchOptions(shape=shape, rdzv_endpoint=plan.rdzv_endpoint, rdzv_backend=plan.rdzv_backend,
-                         rdzv_conf=conf, run_id=plan.run_id, max_restarts=plan.max_restarts)
-
-
-def _launch(argv: list[str], options: LaunchOptions) -> int:
-    """Be this node's agent: every worker runs this module's ``main`` with the same argv."""
-    from ddpkit.launch.agent import Entrypoint, launch
-
-    return launch(options, Entrypoint(main=main, module="ddpkit"), argv)
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
@@ -272,7 +158,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         command = _BY_NAME[args.command]
         module = _load(command.name)
         if command.worker:
-            return _run_worker(command, module, args, argv)
+            from ddpkit.lifecycle import run_rank
+
+            return run_rank(command, module, args, argv, main)
         return int(module.run(args))
     except DdpkitError as exc:
         print(f"ddpkit: error: {exc.message()}", file=sys.stderr)

@@ -27,10 +27,14 @@ import sys
 import traceback
 from pathlib import Path
 from types import TracebackType
+from typing import TYPE_CHECKING
 
 from ddpkit.errors import ConfigError
 from ddpkit.exiting import caused_by_peer, exit_code, yield_to_first_failure
 from ddpkit.log import get_logger
+
+if TYPE_CHECKING:
+    from ddpkit.env.start import RankStart
 
 __all__ = ["add_arguments", "check_arguments", "run", "run_target"]
 
@@ -85,14 +89,13 @@ def check_arguments(args: argparse.Namespace) -> None:
                               f"create it first (mkdir -p {events.parent}) or choose another --events")
 
 
-def run(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace, start: RankStart) -> int:
     """In a rank: export torch's variables for the world the launcher made, then run the script."""
-    from ddpkit.env import detect
     from ddpkit.runtime import export_world, set_env
 
     words = _target(args)
     check_arguments(args)
-    world = export_world(detect())
+    world = export_world(start.world)
     if not world.sources.get("node_rank", "").startswith("unknown"):
         set_env("GROUP_RANK", str(world.node_rank))
     if not world.local_world_known:

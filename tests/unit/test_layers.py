@@ -24,8 +24,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     # 3: the commands and the launcher, side by side
     ("ddpkit.check", "ddpkit.bench", "ddpkit.train", "ddpkit.script", "ddpkit.env.cli", "ddpkit.jobs",
      "ddpkit.launch"),
-    # 4: what check and bench wrote -> one report
-    ("ddpkit.report",),
+    # 4: what check and bench wrote -> one report; a rank's start (the agent, or the command in this rank)
+    ("ddpkit.report", "ddpkit.lifecycle"),
     # 5: argv -> a command (and the package's public entry points, which load lazily)
     ("ddpkit.cli", "ddpkit.__main__", "ddpkit.__init__"),
 )

@@ -20,7 +20,7 @@ import os
 import socket
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ddpkit import __version__
 from ddpkit.baseline import DEFAULT_TOLERANCE, baseline_path
@@ -32,6 +32,9 @@ from ddpkit.errors import EXIT_CHECK_FAILED, EXIT_OK, ConfigError
 from ddpkit.inputs import output_path, seconds
 from ddpkit.log import get_logger
 from ddpkit.remedy import add_on_fail_argument
+
+if TYPE_CHECKING:
+    from ddpkit.env.start import RankStart
 
 __all__ = ["add_arguments", "run"]
 
@@ -184,7 +187,7 @@ def _member(rt: Any, device: str, gpu_uuid: str | None) -> dict[str, Any]:
             "torch": torch.__version__, "cuda": torch.version.cuda or "none", "facts": facts}
 
 
-def run(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace, start: RankStart) -> int:
     import torch.distributed as dist
 
     from ddpkit import runtime
@@ -196,7 +199,7 @@ def run(args: argparse.Namespace) -> int:
 
     opts = _options(args)
     cfg = opts["sweep"]
-    comm, world = None, None
+    comm, world = None, start.world
     if args.transport != "torch":  # MPI's world is checked against torch's before the process group starts
         backend = runtime.pick_backend(args.backend)
         if backend != "gloo":  # MPI gets numpy views of the buffers: host memory only
@@ -204,9 +207,7 @@ def run(args: argparse.Namespace) -> int:
                               "CPU tensors (backend gloo): ddpkit hands MPI numpy views of host memory",
                               "pass --backend gloo, or --transport torch on GPUs")
         from ddpkit.comm.mpi_transport import open_mpi_world
-        from ddpkit.env import detect
 
-        world = detect()
         comm = open_mpi_world(world.rank, world.world_size, option=f"--transport {args.transport}")
     rt = runtime.init(backend=args.backend, timeout=timedelta(seconds=args.timeout), world=world)
     try:

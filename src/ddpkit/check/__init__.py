@@ -31,7 +31,7 @@ from ddpkit.baseline import baseline_path
 from ddpkit.check import collectives, ddpsync, render
 from ddpkit.check.consistency import judge_consistency, judge_network
 from ddpkit.check.rollcall import check_in, collect, judge, local_record, read_all
-from ddpkit.env import WorldInfo, detect
+from ddpkit.env import WorldInfo
 from ddpkit.env.evidence import lone_world_evidence
 from ddpkit.errors import EXIT_MISSING, ConfigError, DeadlineExpired
 from ddpkit.fault_injection import fault
@@ -43,6 +43,8 @@ from ddpkit.remedy import add_on_fail_argument, drain, report_lines
 
 if TYPE_CHECKING:
     import torch.distributed as dist
+
+    from ddpkit.env.start import RankStart
 
 __all__ = ["add_arguments", "run"]
 
@@ -168,13 +170,13 @@ def _store_errors() -> tuple[type[BaseException], ...]:
     return (dist.DistError,) if hasattr(dist, "DistError") else (RuntimeError,)
 
 
-def run(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace, start: RankStart) -> int:
     if args.timeout <= 0 or args.phase_timeout <= 0:
         raise ConfigError(f"--timeout {args.timeout} / --phase-timeout {args.phase_timeout}", "positive seconds",
                           "pass e.g. --timeout 30 --phase-timeout 60")
     from ddpkit.runtime import device_identity, pick_backend, pick_device
 
-    world = detect()
+    world = start.world
     backend = pick_backend(args.backend)
     device = pick_device(backend, world.local_rank)
     from ddpkit.comm.gradients import plan_transport

@@ -7,9 +7,13 @@ import json
 import os
 import sys
 from datetime import timedelta
+from typing import TYPE_CHECKING
 
-from ddpkit.env import LAUNCHERS, WorldInfo, detect, explain
+from ddpkit.env import LAUNCHERS, WorldInfo, explain
 from ddpkit.inputs import seconds
+
+if TYPE_CHECKING:
+    from ddpkit.env.start import RankStart
 
 _FIELDS = ("launcher", "rank", "local_rank", "world_size", "local_world_size", "node_rank", "num_nodes",
            "master_addr", "master_port", "hosts", "restart_count", "run_id")
@@ -48,8 +52,8 @@ def _connect(info: WorldInfo, timeout: float, backend: str | None) -> tuple[dict
         shutdown()
 
 
-def run(args: argparse.Namespace) -> int:
-    info = detect()
+def run(args: argparse.Namespace, start: RankStart) -> int:
+    info = start.world
     connected, world = _connect(info, args.timeout, args.backend) if args.connect else (None, [])
     if args.json:
         record = info.as_dict()

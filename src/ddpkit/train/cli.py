@@ -39,6 +39,7 @@ from ddpkit.train.summary import RunSummary
 from ddpkit.worker_context import WorkerContext
 
 if TYPE_CHECKING:
+    from ddpkit.env.start import RankStart
     from ddpkit.train.stops import LostPeerReport
     from ddpkit.train.trainer import Trainer
 
@@ -168,8 +169,8 @@ def _report(summary: RunSummary) -> None:
             f"({'within' if d.within_interval else 'BEYOND'} the snapshot interval)")
 
 
-def run(args: argparse.Namespace) -> int:
-    context = WorkerContext.from_environ()
+def run(args: argparse.Namespace, start: RankStart) -> int:
+    context = start.context
     marks = {"launched": context.started_at, "worker": time.time()}
     config = config_from_args(args)
     _check_restartable(config, context)
@@ -180,7 +181,6 @@ def run(args: argparse.Namespace) -> int:
 
     import ddpkit
     from ddpkit.comm.gradients import plan_transport
-    from ddpkit.env import detect
     from ddpkit.runtime import pick_backend
     from ddpkit.train.jobs import load_job
     from ddpkit.train.stops import LostPeerReport
@@ -189,7 +189,7 @@ def run(args: argparse.Namespace) -> int:
 
     job = load_job(config)  # user code fails here, before any process group or training
     marks["job"] = time.time()
-    world = detect()
+    world = start.world
     # before the process group: MPI is initialised and its world checked against torch's here (exit 2 if not)
     transport = plan_transport(args.grad_transport, backend=pick_backend(args.backend), rank=world.rank,
                                world_size=world.world_size)
