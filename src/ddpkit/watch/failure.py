@@ -13,13 +13,13 @@ import contextlib
 import threading
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ddpkit.log import get_logger
 from ddpkit.watch.processes import process_state
 
 if TYPE_CHECKING:
-    from ddpkit.watch.monitor import Monitor
+    from ddpkit.watch.recorder import Recorder
 
 __all__ = ["FailureReport"]
 
@@ -28,10 +28,29 @@ log = get_logger(__name__)
 GONE_WAIT_S = 0.3
 
 
+class WatchView(Protocol):
+    """What the failure report reads of its rank's watch (``watch.monitor.Monitor`` has it): a narrow view, so that
+    the report and the monitor, which owns it, do not import each other."""
+
+    rank: int
+    rec: Recorder
+    store: Any
+    """The job's store, every call bounded (``watch.store.BoundedStore``)."""
+    seen: dict[int, tuple[Any, float]]
+    """rank -> (heartbeat, when it last changed, on this rank's clock)."""
+    last_read: dict[int, dict[str, Any] | None]
+    """The records of the last read the store answered."""
+
+    @property
+    def aborting(self) -> bool: ...
+    def read(self) -> dict[int, dict[str, Any] | None]: ...
+    def emit(self, lines: list[str], event: dict[str, Any]) -> None: ...
+
+
 class FailureReport:
     """The failure report of one rank's watch (``Monitor.failures``)."""
 
-    def __init__(self, monitor: Monitor) -> None:
+    def __init__(self, monitor: WatchView) -> None:
         self.monitor = monitor
         self._lock = threading.Lock()
         self._reported = False
