@@ -16,6 +16,8 @@ it names. Writes benchmarks/results/bench_watch.{json,md}.
 (d) longrun (``--parts longrun``, not in the default set: 5 minutes): the issue's no-false-alarm run at full length.
 (e) pairs: the added time per step with watched and unwatched steps alternating one by one in one process
     (benchmarks/watch_step_pairs.py), resolved to about a microsecond.
+(f) p2p (``--parts p2p``, not in the default set: about 3 minutes): the same for a two-stage pipeline whose step
+    makes 4 point-to-point calls per rank (benchmarks/watch_p2p_pairs.py, torchrun, 2 ranks).
 """
 
 from __future__ import annotations
@@ -120,6 +122,32 @@ def step_pairs(processes: int = 6, pairs: int = 10000) -> dict[str, Any]:
         out.setdefault("added", {})[model] = {kind: _pooled([r["added"][model][kind]["mean_us"] for r in runs])
                                               for kind in ("cpu", "wall")}
         out["params"] = runs[0]["params"]
+    return out
+
+
+def p2p_pairs(runs: int = 3, pairs: int = 2000) -> dict[str, Any]:
+    """Microseconds the watch adds to a step of point-to-point calls (benchmarks/watch_p2p_pairs.py), in ``runs``
+    torchrun jobs of 2 ranks: per rank, the mean of the runs' means with its 95% interval from their spread."""
+    data = []
+    for _ in range(runs):
+        with tempfile.TemporaryDirectory() as tmp:
+            path = Path(tmp) / "p.json"
+            done = subprocess.run([*torchrun(2), str(ROOT / "benchmarks" / "watch_p2p_pairs.py"), "--pairs",
+                                   str(pairs), "--json", str(path)], capture_output=True, text=True,
+                                  env=ddpkit_env(PYTHONPATH=str(ROOT)), timeout=900, cwd=ROOT)
+            if done.returncode != 0:
+                raise RuntimeError(done.stderr[-3000:])
+            print(done.stdout, end="", flush=True)
+            data.append(json.loads(path.read_text()))
+    out: dict[str, Any] = {"runs": runs, "pairs": pairs, "p2p_calls_per_step": data[0]["p2p_calls_per_step"],
+                           "activation_bytes": data[0]["activation_bytes"], "ranks": {}}
+    for rank in (0, 1):
+        per_run = [d["ranks"][rank] for d in data]
+        out["ranks"][str(rank)] = {
+            "watched_p2p_calls": [r["watched_p2p_calls"] for r in per_run],
+            "unwatched_step_us": {k: statistics.median(r["unwatched_step_us"][k] for r in per_run)
+                                  for k in ("wall", "cpu")},
+            "added": {k: _pooled([r["added"][k]["mean_us"] for r in per_run]) for k in ("cpu", "wall")}}
     return out
 
 
@@ -328,6 +356,25 @@ def write(result: dict[str, Any]) -> None:
                 md.append(f"- {o['case']}: a 2-rank step is about {step_us:.0f} us; the added CPU's upper 95% bound "
                           f"is {high / step_us:.2%} of it ({'within' if high / step_us <= 0.01 else 'above'} 1%).")
         md.append("")
+    if "p2p_pairs" in result:
+        pp = result["p2p_pairs"]
+        md += ["## Added time per step of point-to-point calls (benchmarks/watch_p2p_pairs.py)", "",
+               f"torchrun, 2 ranks on gloo: a two-stage pipeline, {pp['p2p_calls_per_step']} point-to-point calls "
+               f"per rank and step (send, recv, isend and irecv with wait; {pp['activation_bytes']} B each); "
+               f"{pp['pairs']} pairs of steps, watched and unwatched alternating step by step; {pp['runs']} runs. "
+               "Mean of the runs' mean per-step differences, 95% interval from their spread (Student's t). The "
+               "CPU is the rank's main thread's, waits included: a rank slowed by its watch also keeps its peer "
+               "waiting longer, so the figure bounds the watch's own work from above.", "",
+               "| rank | unwatched step (wall; CPU) | added CPU per step | runs' means | added wall per step | "
+               "added CPU / step wall |", "|---|---|---|---|---|---|"]
+        for rank, d in pp["ranks"].items():
+            cpu, wall, step = d["added"]["cpu"], d["added"]["wall"], d["unwatched_step_us"]
+            spread = ", ".join(f"{m:.1f}" for m in cpu["process_means_us"])
+            md.append(f"| {rank} | {step['wall']:.0f} us; {step['cpu']:.0f} us | **{cpu['mean_us']:.2f} us** "
+                      f"[{cpu['ci95_us'][0]:.2f}, {cpu['ci95_us'][1]:.2f}] | {spread} | {wall['mean_us']:.2f} us "
+                      f"[{wall['ci95_us'][0]:.2f}, {wall['ci95_us'][1]:.2f}] | "
+                      f"{cpu['ci95_us'][1] / step['wall']:.2%} (upper bound) |")
+        md.append("")
     if "attribution" in result:
         rows = result["attribution"]
         md += ["## Attribution (--hang-after 4)", "",
@@ -372,7 +419,7 @@ def main() -> int:
         "overhead": ("overhead", lambda: overhead(args.rounds)), "cost": ("cost", added_cost),
         "pairs": ("step_pairs", step_pairs), "attribution": ("attribution", attribution),
         "sensitivity": ("sensitivity", lambda: sensitivity([1, 2, 3, 5, 10], clean_runs=3)),
-        "longrun": ("longrun", long_clean_run)}
+        "longrun": ("longrun", long_clean_run), "p2p": ("p2p_pairs", p2p_pairs)}
     result["parts_when"] = {}
     for part, (key, run) in runners.items():
         if part in parts:

@@ -11,8 +11,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["Hang", "deadline_text", "diagnose_deadline", "diagnose_hang", "find_desync", "rank_list", "straggler",
-           "summary_lines"]
+__all__ = ["Hang", "deadline_text", "diagnose_deadline", "diagnose_hang", "find_desync", "p2p_lines", "rank_list",
+           "straggler", "summary_lines"]
 
 Record = Mapping[str, Any]
 #: Fewer steps than this on any rank: no straggler verdict (too little to compare).
@@ -55,7 +55,7 @@ def _calls(rec: Record) -> dict[int, tuple[str, int | None, str]]:
     """The collectives this record names: seq -> (op, bytes, call site)."""
     calls = {seq: (op, nbytes, site) for seq, op, nbytes, site in rec.get("recent", [])}
     waiting = rec.get("waiting")
-    if waiting:
+    if waiting and "peers" not in waiting:  # a point-to-point call is numbered apart
         calls[waiting["seq"]] = (waiting["op"], waiting["bytes"], waiting["site"])
     return calls
 
@@ -77,6 +77,52 @@ def find_desync(records: Mapping[int, Record]) -> dict[str, Any] | None:
                  "hosts": sorted({records[r]["host"] for r, _ in members}), "site": members[0][1]}
                 for (op, nbytes), members in sorted(groups.items(), key=lambda g: g[1][0][0])]}
     return None
+
+
+def _ends(peers: list[list[Any]]) -> str:
+    """``from rank 0``, ``to rank 1``, ``from any rank``; a batch's: ``(send to rank 1, recv from rank 1)``."""
+    ends = [f"{'to' if d == 'send' else 'from'} {'any rank' if p is None else f'rank {p}'}" for d, p in peers]
+    return ends[0] if len(ends) == 1 else f"({', '.join(f'{d} {e}' for (d, _), e in zip(peers, ends, strict=True))})"
+
+
+def _peer_state(me: int, direction: str, peer: int, records: Mapping[int, Record | None],
+                stale: Mapping[int, float]) -> str:
+    """What the rank at the other end of a point-to-point call does: how many of the matching calls it posted
+    toward ``me``, and where it is now."""
+    rec = records.get(peer)
+    if rec is None:
+        return f"rank {peer} never reported to the watch"
+    if peer in stale:
+        return f"rank {peer} stopped answering"
+    mine = "recv" if direction == "send" else "send"
+    posted = int(rec.get("p2p", {}).get(mine, {}).get(str(me), 0))
+    count = f"has posted {posted} {'send' if mine == 'send' else 'receive'}{'s' if posted != 1 else ''} " \
+            f"{'to' if mine == 'send' else 'from'} rank {me}"
+    w = rec.get("waiting")
+    if w and "peers" in w:
+        where = f"waits in {w['op']} #{w['seq']} {_ends(w['peers'])} (called at {w['site']})"
+    elif w:
+        where = f"is in {w['op']} #{w['seq']} (called at {w['site']})"
+    elif rec.get("phase"):
+        where = f"is in marked phase '{rec['phase']['name']}'"
+    else:
+        where = "waits in no collective or point-to-point call"
+    return f"rank {peer} on host {rec['host']} is alive, {count} and {where}"
+
+
+def p2p_lines(blocked: Mapping[int, Mapping[str, Any]], records: Mapping[int, Record | None],
+              stale: Mapping[int, float]) -> list[str]:
+    """A line per rank blocked in a point-to-point call (``blocked``: rank -> its record's ``waiting``, which has
+    ``peers``): the call, and each peer's part: ``rank 1 on host vm has waited 12 s in recv #3 from rank 0 (called
+    at job.py:14); rank 0 on host vm is alive, has posted 2 sends to rank 1 and is in barrier #5 (...)``."""
+    lines = []
+    for r, w in sorted(blocked.items()):
+        rec = records[r] or {}
+        peers = {(d, p) for d, p in w["peers"] if p is not None}
+        states = [_peer_state(r, d, p, records, stale) for d, p in sorted(peers, key=lambda e: (e[1], e[0]))]
+        lines.append(f"  rank {r} on host {rec.get('host')} has waited {w['for']:.0f} s in {w['op']} #{w['seq']} "
+                     f"{_ends(w['peers'])} (called at {w['site']})" + "".join(f"; {s}" for s in states))
+    return lines
 
 
 @dataclass
@@ -103,6 +149,9 @@ def diagnose_hang(records: Mapping[int, Record | None], stale: Mapping[int, floa
                              "reporter": reporter, "hosts": {str(r): rec["host"] for r, rec in alive.items()}}
     # a rank that stopped answering published its last record some time before: where it waited then is history
     waiting = {r: rec["waiting"] for r, rec in alive.items() if rec.get("waiting") and r not in stale}
+    # ranks blocked in a point-to-point call (``peers``): numbered apart from the collectives, worded apart
+    p2p = {r: w for r, w in waiting.items() if "peers" in w}
+    waiting = {r: w for r, w in waiting.items() if r not in p2p}
     # ranks with a model on DDP's C++ path: the process group's count of collectives issued (C++ ones included)
     counted = {r: rec["group_seq"] for r, rec in alive.items() if rec.get("group_seq") is not None and r not in stale}
     # what the counted collectives are: DDP's C++ path, or ddpkit's own gradient hook (``Recorder.counted_as``)
@@ -161,6 +210,9 @@ def diagnose_hang(records: Mapping[int, Record | None], stale: Mapping[int, floa
         lines.append(f"  {rank_list(ahead)} on {', '.join(sorted({alive[r]['host'] for r in ahead}))} "
                      f"{'has' if len(ahead) == 1 else 'have'} issued it (up to #{high}) and wait in it")
         event.update(group_collective=low + 1, behind=behind, waiting=ahead)
+    lines.extend(p2p_lines(p2p, records, stale))
+    if p2p:
+        event.update(p2p={str(r): w for r, w in p2p.items()})
     for r in stopped:
         rec = alive[r]
         lines.append(f"  {_where(rec)} (pid {rec['pid']}) stopped answering: no heartbeat for {stale[r]:.0f} s "
@@ -175,7 +227,7 @@ def diagnose_hang(records: Mapping[int, Record | None], stale: Mapping[int, floa
                  f"called at {c['site']}" for c in desync["calls"]]
         lines.append(f"  DESYNC at collective #{desync['seq']}: " + "; ".join(parts))
     event.update(stopped=stopped, never_reported=never, desync=desync)
-    if explain_none and not behind and not stopped and not never and desync is None and not cpp_desync:
+    if explain_none and not behind and not stopped and not never and desync is None and not cpp_desync and not p2p:
         lines.append("  every rank waits in a collective it entered; no rank is behind (a backend-level hang)")
     return Hang(lines=lines, event=event, behind=behind, stopped=stopped)
 

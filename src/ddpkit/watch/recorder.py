@@ -8,6 +8,11 @@ it does not need: a call is entered by one counter write and one dict insert, an
 counted: it is ``entered`` less the calls still open, read by the watch's thread from snapshots (``list(dict)`` is
 atomic). The cold paths (phases, the exit summary) keep a lock. Nothing here talks to the store (``monitor.py``
 does).
+
+Point-to-point calls (``send``, ``recv``, their async forms and ``batch_isend_irecv``) are numbered apart from the
+collectives, per peer and direction (``recv #3 from rank 0`` is the third receive this rank posted for rank 0): ranks
+legitimately make different numbers of them, so they take no part in the collectives' numbering, in the group's count
+(``group_seq``, which gloo advances for them too) or in a desync.
 """
 
 from __future__ import annotations
@@ -22,7 +27,12 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["Live", "Recorder", "call_site", "future_error"]
+__all__ = ["Live", "P2PCall", "Peers", "Recorder", "call_site", "future_error"]
+
+#: A point-to-point call's ends: (``send`` or ``recv``, the peer's global rank, None for any source) per operation.
+Peers = tuple[tuple[str, int | None], ...]
+#: A posted point-to-point call: op, bytes, call site, peers, its number (per peer and direction; a batch's: by batch).
+P2PCall = tuple[str, int | None, str, Peers, int]
 
 #: Steps kept for the timings (median, p99, wait share).
 WINDOW = 256
@@ -113,6 +123,25 @@ class Recorder:
         self._sample_end = 0
         self._rate = DDP_SAMPLE_RATE  # DDP's sample rate now
         self._read_at = 0  # the step at which DDP's statistic was last read
+        # point-to-point: the calls this rank blocks in (id -> [about, since], about = (op, bytes, site, peers, seq));
+        # the calls posted per direction and peer; how many returned (the monitor's progress); how many of them the
+        # default group counted as collectives (gloo counts each)
+        self._p2p_open: dict[int, list[Any]] = {}
+        self.p2p_posted: dict[str, dict[int | None, int]] = {"send": {}, "recv": {}}
+        self.p2p_batches = 0
+        self.p2p_returned = 0
+        self.p2p_in_group = 0
+        self.p2p_per_op: int | None = None
+        """How many collectives the default group counts per point-to-point operation (gloo: 1), from the first."""
+        self.p2p_first_base: int | None = None
+        """The default group's count before the first point-to-point call, while it runs (``p2p_per_op`` unknown)."""
+        self.world: Any = None
+        """The default group, once a point-to-point call looked it up."""
+        self._sites: dict[tuple[str, int], str] = {}  # call site by (file, line)
+        self.requests: dict[int, tuple[Any, P2PCall]] = {}
+        """An async point-to-point call's request (a ``Work``; by id, as a plain dict costs the call least) -> the
+        call: a wait on it is a wait in that call. Dropped once only this dict holds the request (``record``)."""
+        self._not_user = (*self.skip, "<frozen")
 
     def count_group(self, model: Any, counter: Any = None) -> None:
         """``model`` (DDP, no Python hook) stays on DDP's C++ all-reduce path: its all-reduces are counted by the
@@ -136,7 +165,10 @@ class Recorder:
         if group is None:
             return None
         counter = self._counter
-        return int(group._get_sequence_number_for_group()) + (counter.issued if counter is not None else 0)
+        base = self.p2p_first_base if group is self.world else None
+        issued = int(group._get_sequence_number_for_group()) if base is None else base
+        issued += counter.issued if counter is not None else 0
+        return issued - self.p2p_in_group if group is self.world else issued
 
     def _sampled_sync(self) -> float | None:
         """The latest sampled iteration's gradient-sync time (s), once per new sample."""
@@ -190,6 +222,71 @@ class Recorder:
                     self.done(call)
                 else:
                     self.fail(call, error)
+
+    # -- point-to-point -------------------------------------------------------------------------------------------
+    def site(self) -> str:
+        """``call_site`` for the per-call path: the first frame outside torch and the watch, formatted once per
+        line (formatting cost a point-to-point call more than the rest of its record)."""
+        frame: Any = sys._getframe(1)
+        skip = self._not_user
+        while frame is not None and frame.f_code.co_filename.startswith(skip):
+            frame = frame.f_back
+        if frame is None:
+            return "(no Python caller)"
+        code = frame.f_code
+        key = (code.co_filename, frame.f_lineno)  # a code object's hash is computed anew each time: not the key
+        site = self._sites.get(key)
+        if site is None:
+            site = self._sites[key] = f"{os.path.basename(code.co_filename)}:{frame.f_lineno} ({code.co_name})"
+        return site
+
+    def p2p_post(self, op: str, peers: Peers, site: str) -> P2PCall:
+        """A point-to-point call is posted on the default group (``peers``: (``send`` or ``recv``, global rank or
+        None for any source) per operation): what it is, numbered per peer and direction (a batch: by batches)."""
+        seq = 0
+        for direction, peer in peers:
+            posted = self.p2p_posted[direction]
+            seq = posted[peer] = posted.get(peer, 0) + 1
+        if len(peers) != 1:
+            self.p2p_batches += 1
+            seq = self.p2p_batches
+        return (op, None, site, peers, seq)
+
+    def p2p_block(self, about: P2PCall) -> list[Any]:
+        """This rank blocks in ``about`` (a blocking call, or a wait on an async one's request) until ``p2p_done``."""
+        call = [about, time.monotonic()]
+        self._p2p_open[id(call)] = call
+        return call
+
+    def p2p_learn(self, ops: int, counted: int) -> None:
+        """The default group counted ``counted`` collectives for the first point-to-point call (``ops`` operations)."""
+        self.p2p_in_group += counted
+        self.p2p_per_op = counted // ops
+        self.p2p_first_base = None
+
+    def p2p_done(self, call: list[Any] | None) -> None:
+        """A point-to-point call returned (posted, or waited for: ``call``)."""
+        if call is not None:
+            self._p2p_open.pop(id(call), None)
+        self.p2p_returned += 1
+
+    def p2p_fail(self, call: list[Any] | None, about: P2PCall, error: BaseException) -> None:
+        """A point-to-point call failed (a peer gone): reported at once, as a failed collective is."""
+        if call is not None:
+            self._p2p_open.pop(id(call), None)
+        if self.failed is None:
+            self.failed = {"seq": about[4], "op": about[0], "site": about[2], "error": str(error).strip(),
+                           "peers": [list(p) for p in about[3]]}
+        if self.on_failure is not None:
+            self.on_failure()
+
+    def _p2p_waiting(self, now: float) -> dict[str, Any] | None:
+        call = min(list(self._p2p_open.values()), key=lambda c: c[1], default=None)
+        if call is None:
+            return None
+        op, nbytes, site, peers, seq = call[0]
+        return {"seq": seq, "op": op, "bytes": nbytes, "site": site, "for": round(now - call[1], 3),
+                "peers": [list(p) for p in peers]}
 
     # -- steps and phases -------------------------------------------------------------------------------------
     def step(self) -> None:
@@ -288,6 +385,9 @@ class Recorder:
 
     def record(self, beat: int, *, final: bool = False) -> dict[str, Any]:
         self.sweep()
+        for key, (work, _) in list(self.requests.items()):
+            if sys.getrefcount(work) <= 3:  # this dict, ``work`` and the call's argument: nobody can wait on it
+                self.requests.pop(key, None)
         now = time.monotonic()
         entered = self.entered
         calls = [c for c in list(self._open.values()) if c[3] <= entered]
@@ -296,9 +396,13 @@ class Recorder:
             phase = self.phases[-1] if self.phases else None
         out: dict[str, Any] = {
             "rank": self.rank, "host": self.host, "pid": os.getpid(), "beat": beat, "entered": entered,
-            "completed": entered - len(calls), "step": self.steps, "first_step_done": self.steps > 1,
+            # the calls that returned, point-to-point ones included: the monitor's measure of progress (a healthy
+            # send / recv exchange makes no collective progress)
+            "completed": entered - len(calls) + self.p2p_returned, "step": self.steps,
+            "first_step_done": self.steps > 1,
             "recent": [[seq, *about] for seq, about in list(self._recent)],
-            "waiting": None if oldest is None else {
+            # the oldest open collective, else the point-to-point call this rank blocks in (it has ``peers``)
+            "waiting": self._p2p_waiting(now) if oldest is None else {
                 "seq": oldest[3], "op": oldest[0][0], "bytes": oldest[0][1], "site": oldest[0][2],
                 "for": round(now - oldest[1], 3)},
             "phase": None if phase is None else {"name": phase[0], "for": round(now - phase[1], 3),
@@ -306,6 +410,9 @@ class Recorder:
             "stage": None if self.stage is None else list(self.stage),
             "final": final, "failed": self.failed is not None,
         }
+        if self.p2p_returned or self._p2p_open:
+            out["p2p"] = {direction: {str(peer): n for peer, n in posted.items()}
+                          for direction, posted in self.p2p_posted.items()}
         out["group_seq"] = self.group_seq()
         if out["group_seq"] is not None:
             out["counted_as"] = self.counted_as

@@ -1,0 +1,77 @@
+"""Point-to-point calls in the watch, without processes: how a rank's record shows them and how a report words them."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ddpkit.watch.diagnose import diagnose_hang, p2p_lines
+from ddpkit.watch.recorder import Recorder
+
+
+def _record(rank: int, *, waiting: dict[str, Any] | None = None, entered: int = 0,
+            p2p: dict[str, dict[str, int]] | None = None) -> dict[str, Any]:
+    return {"rank": rank, "host": "vm", "pid": 100 + rank, "beat": 1, "entered": entered, "completed": entered,
+            "step": 3, "first_step_done": True, "recent": [], "waiting": waiting, "phase": None, "stage": None,
+            "final": False, "failed": False, "group_seq": None, "timings": {"steps": 3, "timed": 0},
+            **({"p2p": p2p} if p2p is not None else {})}
+
+
+RECV = {"seq": 3, "op": "recv", "bytes": None, "site": "job.py:14 (main)", "for": 12.0, "peers": [["recv", 0]]}
+
+
+def test_a_blocked_receive_is_worded_with_its_peer_and_what_the_peer_does() -> None:
+    barrier = {"seq": 5, "op": "barrier", "bytes": None, "site": "job.py:20 (main)", "for": 11.0}
+    records = {0: _record(0, waiting=barrier, entered=5, p2p={"send": {"1": 2}, "recv": {}}),
+               1: _record(1, waiting=RECV, entered=4, p2p={"send": {}, "recv": {"0": 3}})}
+    hang = diagnose_hang(records, {}, idle=12, deadline=5, reporter=1)
+    text = "\n".join(hang.lines)
+    assert ("  rank 1 on host vm has waited 12 s in recv #3 from rank 0 (called at job.py:14 (main)); rank 0 on host "
+            "vm is alive, has posted 2 sends to rank 1 and is in barrier #5 (called at job.py:20 (main))") in text
+    assert hang.behind == [1] and "has not entered barrier #5" in text  # the collective picture is unchanged
+    assert "DESYNC" not in text and hang.event["p2p"]["1"]["op"] == "recv"
+
+
+def test_a_receive_from_a_rank_doing_nothing_is_not_called_a_backend_hang() -> None:
+    records = {0: _record(0), 1: _record(1, waiting=RECV)}
+    hang = diagnose_hang(records, {}, idle=6, deadline=5, reporter=1)
+    assert hang.lines[1:] == ["  rank 1 on host vm has waited 12 s in recv #3 from rank 0 (called at job.py:14 "
+                              "(main)); rank 0 on host vm is alive, has posted 0 sends to rank 1 and waits in no "
+                              "collective or point-to-point call"]
+
+
+def test_a_batch_names_each_peer_and_a_stopped_or_absent_one() -> None:
+    batch = {"seq": 2, "op": "batch_isend_irecv", "bytes": None, "site": "job.py:9 (f)", "for": 7.0,
+             "peers": [["send", 2], ["recv", 0], ["recv", None]]}
+    lines = p2p_lines({1: batch}, {0: _record(0), 1: _record(1, waiting=batch), 2: None}, {0: 4.0})
+    assert lines == ["  rank 1 on host vm has waited 7 s in batch_isend_irecv #2 (send to rank 2, recv from rank 0, "
+                     "recv from any rank) (called at job.py:9 (f)); rank 0 stopped answering; rank 2 never reported "
+                     "to the watch"]
+
+
+class _Group:
+    def __init__(self) -> None:
+        self.seq = 0
+
+    def _get_sequence_number_for_group(self) -> int:
+        return self.seq
+
+
+def test_point_to_point_calls_are_numbered_per_peer_and_kept_out_of_the_groups_count() -> None:
+    rec = Recorder(1, 2)
+    group = _Group()
+    rec._group = rec.world = group
+    assert rec.p2p_post("recv", (("recv", 0),), "a.py:1 (f)")[4] == 1
+    about = rec.p2p_post("recv", (("recv", 0),), "a.py:2 (f)")
+    assert about[4] == 2 and rec.p2p_post("send", (("send", 0),), "a.py:3 (f)")[4] == 1
+    group.seq = 3  # gloo counts each point-to-point operation as one of the group's collectives
+    rec.p2p_learn(3, 3)
+    call = rec.p2p_block(about)
+    record = rec.record(1)
+    assert record["waiting"]["op"] == "recv" and record["waiting"]["seq"] == 2
+    assert record["waiting"]["peers"] == [["recv", 0]] and record["entered"] == 0
+    assert record["group_seq"] == 0  # the ranks' collective counts stay comparable
+    assert record["p2p"] == {"send": {"0": 1}, "recv": {"0": 2}}
+    before = record["completed"]
+    rec.p2p_done(call)
+    after = rec.record(2)
+    assert after["waiting"] is None and after["completed"] == before + 1  # progress the monitor sees
