@@ -122,6 +122,15 @@ def add_worker_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--local-addr", default=None, help="this node's address as the other nodes reach it")
     g.add_argument("--max-restarts", type=int, default=0, metavar="N",
                    help="restart the local worker group up to N times after a failure")
+    g.add_argument("--heal", action="store_true",
+                   help="run, train: after a failed attempt, classify it (host, job, preempted, unknown), "
+                        "record it in the run's ledger and relaunch where another attempt can help; a failure of "
+                        "the program itself twice in a row ends with exit 93 (do not requeue). One host (-n N) today")
+    g.add_argument("--max-attempts", type=int, default=3, metavar="N",
+                   help="with --heal: attempts at most, the first included (default 3)")
+    g.add_argument("--run-dir", default=None, metavar="PATH",
+                   help="with --heal: the run directory, for the ledger and each attempt's rank logs (default: a "
+                        "new .ddpkit-runs/RUN_ID under the current directory; reuse one to continue its ledger)")
     p.add_argument("--backend", default=None, help="process-group backend (default: nccl with CUDA, else gloo)")
 
 

@@ -16,7 +16,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     # 0: no torch at module level, no ddpkit import above this line
     ("ddpkit", "ddpkit.errors", "ddpkit.log", "ddpkit.worker_context", "ddpkit.stopping", "ddpkit.ports",
      "ddpkit.inputs", "ddpkit.netinfo", "ddpkit.fault_injection", "ddpkit.launch.shape", "ddpkit.nodefacts",
-     "ddpkit.baseline", "ddpkit.remedy", "ddpkit.outcome", "ddpkit.nodejudge", "ddpkit.exiting"),
+     "ddpkit.baseline", "ddpkit.remedy", "ddpkit.outcome", "ddpkit.nodejudge", "ddpkit.exiting",
+     "ddpkit.heal.classify", "ddpkit.heal.ledger", "ddpkit.heal.policy"),
     # 1: who am I in which world
     ("ddpkit.env",),
     # 2: the process group, and the collectives that check, bench and train share; the watch over them
@@ -24,8 +25,9 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     # 3: the commands and the launcher, side by side
     ("ddpkit.check", "ddpkit.bench", "ddpkit.train", "ddpkit.script", "ddpkit.env.cli", "ddpkit.jobs",
      "ddpkit.launch"),
-    # 4: what check and bench wrote -> one report; a rank's start (the agent, or the command in this rank)
-    ("ddpkit.report", "ddpkit.lifecycle"),
+    # 4: what check and bench wrote -> one report; a rank's start (the agent, or the command in this rank); the
+    # healing supervisor around the agent (its pure rules, ddpkit.heal.classify/ledger/policy, are in layer 0)
+    ("ddpkit.report", "ddpkit.lifecycle", "ddpkit.heal"),
     # 5: argv -> a command (and the package's public entry points, which load lazily)
     ("ddpkit.cli", "ddpkit.__main__", "ddpkit.__init__"),
 )

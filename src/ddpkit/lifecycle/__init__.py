@@ -55,6 +55,11 @@ def run_rank(command: WorkerCommand, module: ModuleType, args: argparse.Namespac
     if command.checks_first:  # every input checked once, before any rank starts
         module.check_arguments(args)
     world = detect()
+    if getattr(args, "heal", False) and not launched_by_ddpkit():  # the agent once per attempt (ddpkit.heal)
+        from ddpkit.heal import supervise
+
+        return supervise(world, args, lambda: replace(launch_options(args), preload=command.preload),
+                         lambda options: _launch(argv, options, main))
     if world.is_agent:  # a Kubeflow pod asked for several processes: be its agent, as torchrun would be
         return _launch(argv, kubeflow_agent_options(world), main)
     if world.launcher == "none":

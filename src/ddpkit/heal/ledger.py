@@ -1,0 +1,208 @@
+"""The run's ledger: one JSON line per event in ``RUN_DIR/ledger.jsonl``, appended and never rewritten.
+
+Events: a supervisor started (``SupervisorStarted``), an attempt started (``AttemptStarted``: its number, time,
+hosts and ranks), an attempt ended (``AttemptEnded``: time, exit code, the classification, the action taken, the
+progress it reported, the line said to the person watching). Each line is written whole, flushed and fsynced
+before the supervisor goes on: a supervisor killed at any moment leaves every line it finished, and at most one
+torn last line, which reading skips. A second supervisor on the same run directory (a rerun, a requeued job)
+appends: attempt numbers continue.
+
+Every record is a dataclass with ``to_json``/``from_json`` (torch elastic's ``_RoleInstanceInfo`` serialize and
+deserialize are the model); ``kind`` names the record type on the line. Pure: no torch, no processes.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import os
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar
+
+from ddpkit.heal.classify import Classification
+
+__all__ = ["LEDGER", "Action", "AttemptEnded", "AttemptStarted", "Ledger", "Record", "SupervisorStarted",
+           "read_records"]
+
+LEDGER = "ledger.jsonl"
+
+
+class Action(enum.Enum):
+    """What the supervisor did after an attempt ended."""
+
+    RETRY = "retry"
+    """Another attempt was started."""
+    STOP = "stop"
+    """The run ended: it completed, was preempted, or failed in a way another attempt cannot mend."""
+    GIVE_UP = "give-up"
+    """The run ended because no attempt was left (``--max-attempts``)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class SupervisorStarted:
+    """A supervisor began on this run directory (the first, or one after a rerun or requeue)."""
+
+    KIND: ClassVar[str] = "supervisor-started"
+    time: float
+    pid: int
+    host: str
+    max_attempts: int
+    command: tuple[str, ...] = ()
+    """The command line the ranks run (ddpkit's argv)."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": self.KIND, **asdict(self)}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> SupervisorStarted:
+        return cls(time=float(data["time"]), pid=int(data["pid"]), host=str(data["host"]),
+                   max_attempts=int(data["max_attempts"]), command=tuple(data.get("command", ())))
+
+
+@dataclass(frozen=True, kw_only=True)
+class AttemptStarted:
+    KIND: ClassVar[str] = "attempt-started"
+    attempt: int
+    """1 for the run directory's first attempt; a later supervisor continues the count."""
+    time: float
+    hosts: tuple[str, ...]
+    ranks: int
+    """The world size of the attempt."""
+    logs: str | None = None
+    """Where the attempt's per-rank logs are, where they are kept."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": self.KIND, **asdict(self)}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> AttemptStarted:
+        return cls(attempt=int(data["attempt"]), time=float(data["time"]), hosts=tuple(data["hosts"]),
+                   ranks=int(data["ranks"]), logs=data.get("logs"))
+
+
+@dataclass(frozen=True, kw_only=True)
+class AttemptEnded:
+    KIND: ClassVar[str] = "attempt-ended"
+    attempt: int
+    time: float
+    exit_code: int
+    action: Action
+    classification: Classification | None = None
+    """None for an attempt that succeeded (exit 0)."""
+    progress: int | None = None
+    """The newest snapshot step the job reported by the attempt's end; None when unknown (a user's script)."""
+    decision: str = ""
+    """The line said to the person watching."""
+    exit_code_of_run: int | None = field(default=None)
+    """The run's exit code, where the action ended the run."""
+
+    def to_dict(self) -> dict[str, Any]:
+        data = {"kind": self.KIND, **asdict(self)}
+        data["action"] = self.action.value
+        data["classification"] = self.classification.to_dict() if self.classification else None
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> AttemptEnded:
+        found = data.get("classification")
+        progress = data.get("progress")
+        run_code = data.get("exit_code_of_run")
+        return cls(attempt=int(data["attempt"]), time=float(data["time"]), exit_code=int(data["exit_code"]),
+                   action=Action(data["action"]), classification=Classification.from_dict(found) if found else None,
+                   progress=None if progress is None else int(progress), decision=str(data.get("decision", "")),
+                   exit_code_of_run=None if run_code is None else int(run_code))
+
+
+Record = SupervisorStarted | AttemptStarted | AttemptEnded
+_TYPES: dict[str, type[SupervisorStarted] | type[AttemptStarted] | type[AttemptEnded]] = {
+    t.KIND: t for t in (SupervisorStarted, AttemptStarted, AttemptEnded)}
+
+
+def to_json(record: Record) -> str:
+    """One line (no newline in it)."""
+    return json.dumps(record.to_dict(), sort_keys=True)
+
+
+def from_json(line: str) -> Record:
+    """The record of one line; ValueError for a line that is not one (a torn write, an unknown kind)."""
+    data = json.loads(line)
+    if not isinstance(data, dict) or data.get("kind") not in _TYPES:
+        raise ValueError(f"not a ledger record: {line[:80]!r}")
+    return _TYPES[data["kind"]].from_dict(data)
+
+
+def read_records(path: str | Path) -> list[Record]:
+    """Every record of a ledger file, oldest first; an unreadable line (the torn last write of a supervisor killed
+    mid-line) is skipped. A missing file is an empty ledger."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return []
+    found: list[Record] = []
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        try:
+            found.append(from_json(line))
+        except (ValueError, KeyError, TypeError):
+            continue
+    return found
+
+
+class Ledger:
+    """``RUN_DIR/ledger.jsonl``: appended one fsynced line at a time."""
+
+    def __init__(self, run_dir: str | Path) -> None:
+        self.run_dir = Path(run_dir)
+        self.path = self.run_dir / LEDGER
+
+    def append(self, record: Record) -> None:
+        """Write ``record`` as one line and fsync it (and, for a new file, its directory)."""
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        new = not self.path.exists()
+        line = to_json(record) + "\n"
+        # O_APPEND: one write() call per line, so two writers never interleave within a line
+        fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            if os.fstat(fd).st_size and not _ends_with_newline(fd):
+                line = "\n" + line  # a torn last line stays alone on its line
+            os.write(fd, line.encode("utf-8"))
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        if new:
+            _fsync_dir(self.run_dir)
+
+    def records(self) -> list[Record]:
+        return read_records(self.path)
+
+    def ended(self) -> list[AttemptEnded]:
+        return [r for r in self.records() if isinstance(r, AttemptEnded)]
+
+    def next_attempt(self) -> int:
+        """The number of the next attempt: one more than any recorded (started or ended)."""
+        numbers = [r.attempt for r in self.records() if isinstance(r, AttemptStarted | AttemptEnded)]
+        return max(numbers, default=0) + 1
+
+    def __iter__(self) -> Iterator[Record]:
+        return iter(self.records())
+
+
+def _ends_with_newline(fd: int) -> bool:
+    size = os.fstat(fd).st_size
+    return os.pread(fd, 1, size - 1) == b"\n"
+
+
+def _fsync_dir(directory: Path) -> None:
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)

@@ -1,0 +1,134 @@
+"""ddpkit.heal.supervisor without processes: the evidence read from the agent's lines and the ranks' logs, the
+refusals, and the loop around a stand-in agent (the real agent: tests/multiproc/test_heal.py)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from pathlib import Path
+
+import pytest
+
+from ddpkit.errors import ConfigError
+from ddpkit.heal.classify import FailureClass
+from ddpkit.heal.ledger import Action, AttemptEnded, Ledger
+from ddpkit.heal.supervisor import gather, supervise
+from ddpkit.launch.agent import LaunchOptions
+from ddpkit.launch.shape import JobShape
+
+
+def record(msg: str, *args: object, name: str = "ddpkit.launch.failure") -> logging.LogRecord:
+    return logging.LogRecord(name, logging.ERROR, __file__, 1, msg, args, None)
+
+
+def test_the_agents_root_cause_line_is_read_from_its_arguments() -> None:
+    killed = gather(137, [record("rank %d (pid %d) was killed by %s first", 1, 4242, "SIGKILL")], None, "vm")
+    (rank,) = killed.ranks
+    assert (rank.rank, rank.signal, rank.first, rank.host) == (1, "SIGKILL", True, "vm")
+    failed = gather(5, [record("rank %d (pid %d) failed first with exit code %d%s", 0, 1, 5, "")], None, "vm")
+    assert failed.ranks[0].exit_code == 5
+    stopped = gather(3, [record("rank(s) %s stopped with exit %d: ddpkit stopped them", "0, 1", 3)], None, "vm")
+    assert sorted(r.rank for r in stopped.ranks if r.stopped_by_ddpkit) == [0, 1]
+    outside = gather(143, [record("received %s from outside the job: the workers were stopped%s", "SIGTERM", "",
+                                  name="ddpkit.launch.agent")], None, "vm")
+    assert outside.outside_signal == "SIGTERM"
+
+
+def test_tracebacks_and_the_watchs_report_are_read_from_the_rank_logs(tmp_path: Path) -> None:
+    logs = tmp_path / "attempt-0"
+    logs.mkdir()
+    (logs / "rank-0.stderr.log").write_text("ddpkit watch: HANG: no rank has made progress for 60 s\n"
+                                            "  rank 1 on host node2 (pid 77) stopped answering: no heartbeat\n")
+    (logs / "rank-1.stderr.log").write_text("Traceback (most recent call last):\n  File \"x.py\", line 3\n"
+                                            "ValueError: bad batch\n")
+    evidence = gather(1, [record("rank %d (pid %d) failed first with exit code %d%s", 1, 9, 1, "")], str(tmp_path),
+                      "vm")
+    by_rank = {r.rank: r for r in evidence.ranks}
+    assert by_rank[1].exception == "ValueError: bad batch" and by_rank[1].first
+    assert evidence.watch is not None and evidence.watch.stopped_answering == ((1, "node2"),)
+    assert evidence.watch.hang
+
+
+def _args(tmp_path: Path, **kw: object) -> argparse.Namespace:
+    return argparse.Namespace(**{"command": "run", "max_attempts": 3, "run_dir": str(tmp_path / "run"),
+                                 "ddpkit_argv": ["run", "-n", "2", "--heal"], **kw})
+
+
+class _World:
+    launcher = "none"
+    is_agent = False
+
+
+def _options(nproc: int = 2, **kw: object) -> LaunchOptions:
+    return LaunchOptions(shape=JobShape(min_nodes=1, max_nodes=1, nproc_per_node=nproc), **kw)  # type: ignore[arg-type]
+
+
+def test_a_killed_rank_is_relaunched_and_a_clean_attempt_ends_the_run(tmp_path: Path) -> None:
+    codes = iter([137, 0])
+
+    def agent(options: LaunchOptions) -> int:
+        code = next(codes)
+        if code:
+            logging.getLogger("ddpkit.launch.failure").error("rank %d (pid %d) was killed by %s first", 1, 3, "SIGKILL")
+        return code
+
+    assert supervise(_World(), _args(tmp_path), _options, agent) == 0  # type: ignore[arg-type]
+    ended = Ledger(tmp_path / "run").ended()
+    assert [e.action for e in ended] == [Action.RETRY, Action.STOP]
+    assert ended[0].classification is not None and ended[0].classification.kind is FailureClass.HOST
+
+
+def test_a_healthy_run_is_one_attempt(tmp_path: Path) -> None:
+    calls: list[LaunchOptions] = []
+    assert supervise(_World(), _args(tmp_path), _options, lambda o: calls.append(o) or 0) == 0  # type: ignore[arg-type,func-returns-value]
+    assert len(calls) == 1
+    (only,) = Ledger(tmp_path / "run").ended()
+    assert isinstance(only, AttemptEnded) and only.action is Action.STOP and only.classification is None
+
+
+def test_give_up_after_max_attempts(tmp_path: Path) -> None:
+    assert supervise(_World(), _args(tmp_path, max_attempts=2), _options, lambda o: 5) == 5  # type: ignore[arg-type]
+    assert [e.action for e in Ledger(tmp_path / "run").ended()] == [Action.RETRY, Action.GIVE_UP]
+
+
+@pytest.mark.parametrize(("world", "args", "options", "words"), [
+    ("torchrun", {}, {}, "--heal under torchrun"),
+    ("none", {"command": "check"}, {}, "--heal with ddpkit check"),
+    ("none", {}, {"nproc": 1}, "one rank"),
+    ("none", {}, {"max_restarts": 2}, "--max-restarts 2"),
+    ("none", {"max_attempts": 0}, {}, "--max-attempts 0"),
+])
+def test_where_it_does_not_heal_today_it_refuses(tmp_path: Path, world: str, args: dict[str, object],
+                                                 options: dict[str, object], words: str) -> None:
+    there = type("W", (), {"launcher": world, "is_agent": False})()
+    with pytest.raises(ConfigError, match=words.replace("-", r"\-")):
+        supervise(there, _args(tmp_path, **args), lambda: _options(**options),  # type: ignore[arg-type]
+                  lambda o: pytest.fail("no attempt may start"))
+    assert not (tmp_path / "run").exists()
+
+
+def test_trains_progress_is_its_newest_snapshot_step(tmp_path: Path) -> None:
+    from ddpkit.heal.supervisor import newest_snapshot_step
+
+    for step in (256, 288):
+        (tmp_path / f"snapshot.{step:09d}.pt").write_bytes(b"")
+    train = argparse.Namespace(command="train", snapshot_path=f"{tmp_path}/")
+    assert newest_snapshot_step(train) == 288
+    assert newest_snapshot_step(argparse.Namespace(command="train", snapshot_path=None)) is None
+    assert newest_snapshot_step(argparse.Namespace(command="run")) is None
+
+
+def test_an_exception_out_of_the_agent_is_recorded_and_goes_on(tmp_path: Path) -> None:
+    def agent(options: LaunchOptions) -> int:
+        raise ConfigError("the rendezvous failed")
+
+    with pytest.raises(ConfigError):
+        supervise(_World(), _args(tmp_path), _options, agent)  # type: ignore[arg-type]
+    (only,) = Ledger(tmp_path / "run").ended()
+    assert only.action is Action.STOP and only.exit_code == 2 and "the rendezvous failed" in only.decision
+
+
+def test_heal_across_hosts_is_refused(tmp_path: Path) -> None:
+    across = LaunchOptions(shape=JobShape(min_nodes=2, max_nodes=2, nproc_per_node=1), rdzv_endpoint="h:29400")
+    with pytest.raises(ConfigError, match="several hosts"):
+        supervise(_World(), _args(tmp_path), lambda: across, lambda o: pytest.fail("no attempt"))  # type: ignore[arg-type]
