@@ -16,16 +16,20 @@ import tempfile
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from ddpkit.errors import EXIT_PREEMPTED, DeadlineExpired
+from ddpkit.errors import EXIT_PREEMPTED, EXIT_PREEMPTED_UNSAVED, DeadlineExpired
 from ddpkit.launch import worker
 from ddpkit.launch.addresses import hosts_endpoint, local_addr_towards
-from ddpkit.launch.failure import drop_exit_tracebacks, quiet_late_rendezvous_close, root_cause
+from ddpkit.launch.failure import drop_exit_tracebacks, first_failure, quiet_late_rendezvous_close, root_cause
 from ddpkit.launch.rendezvous import RendezvousWatch, describe_missing
 from ddpkit.launch.shape import JobShape
 from ddpkit.launch.stops import FORWARDED, LostPeerBackstop, handle_outside_signals, lost_reports
 from ddpkit.log import get_logger
 from ddpkit.runtime import share_cores
+
+if TYPE_CHECKING:
+    from ddpkit.launch.ranklogs import RankLogs
 
 __all__ = ["Entrypoint", "LaunchOptions", "launch"]
 
@@ -68,6 +72,14 @@ class LaunchOptions:
     """Modules the agent imports once and its workers inherit by fork (``ddpkit check`` preloads torch._dynamo,
     which DistributedDataParallel imports at 1.5-2.5 s per worker). Empty, or DDPKIT_START_METHOD=spawn: every
     worker is a fresh ``python -m MODULE`` process."""
+    rank_logs: bool | None = None
+    """Each rank's stdout and stderr in files of the run's log directory, echoed as ``[host:rank] line``, and a
+    failed attempt said in one screen (``ddpkit.launch.ranklogs``). None: for ``ddpkit run`` (a user's script,
+    whose ranks share the screen), not for ddpkit's own commands (their reports are written for a terminal: check's
+    tables, train's progress bar, and they prefix their own log lines)."""
+    log_dir: str | None = None
+    """The run's log directory with ``rank_logs``; None: a new ``$TMPDIR/ddpkit-run-XXXX``, removed when the run
+    succeeds, kept and named when it fails."""
 
 
 def launch(options: LaunchOptions, entrypoint: Entrypoint, argv: list[str]) -> int:
@@ -116,6 +128,10 @@ def launch(options: LaunchOptions, entrypoint: Entrypoint, argv: list[str]) -> i
     if options.store_timeout is not None:
         conf.setdefault("read_timeout", options.store_timeout)
     forked = _preload(options.preload)
+    ranks = _rank_logs(options, argv)
+    if ranks:  # before ddpkit's own filters: those drop some of the lines that say the attempt is failing
+        for name in _TORCH_FAILURE_LOGGERS:
+            logging.getLogger(name).addFilter(ranks.failure_seen)
     logging.getLogger("torch.distributed.elastic.multiprocessing.api").addFilter(drop_exit_tracebacks)
     logging.getLogger("torch.distributed.elastic.rendezvous.dynamic_rendezvous").addFilter(quiet_late_rendezvous_close)
     config = LaunchConfig(
@@ -132,20 +148,28 @@ def launch(options: LaunchOptions, entrypoint: Entrypoint, argv: list[str]) -> i
         start_method="fork" if forked else "spawn",
         local_addr=local_addr,
         signals_to_handle=torch_signals,
+        logs_specs=ranks.specs if ranks else None,
     )
     watch = RendezvousWatch(endpoint, config.run_id) if endpoint and options.rdzv_backend == "c10d" else None
     backstop = LostPeerBackstop(stop_dir, cleanup=lambda: shutil.rmtree(mark_dir, ignore_errors=True))
+    code = 1
     try:
         if endpoint and options.rdzv_backend == "c10d" and not _hosts_store(endpoint, conf):
             await_endpoint(endpoint, float(conf["join_timeout"]))  # type: ignore[arg-type]
-        with watch or contextlib.nullcontext(), backstop:
+        with watch or contextlib.nullcontext(), backstop, ranks.started() if ranks else contextlib.nullcontext():
             if forked:
                 elastic_launch(config, entrypoint=worker.forked_worker(entrypoint.main))(argv)
             else:
                 elastic_launch(config, entrypoint=sys.executable)("-m", entrypoint.module, *argv)
         code = worker.read_verdict(results)
     except ChildFailedError as exc:
-        return root_cause(exc)
+        code = root_cause(exc)
+        first = first_failure(exc)
+        if ranks and first is None and code in (EXIT_PREEMPTED, EXIT_PREEMPTED_UNSAVED):
+            ranks.release()  # a preemption is no failure: the ranks' own lines say how they stopped
+        elif ranks:
+            ranks.say_failure(exc, first)
+        return code
     except SignalException as exc:
         left = _preempted_code(mark)
         log.warning("received %s from outside the job: the workers were stopped%s", exc.sigval.name,
@@ -157,7 +181,34 @@ def launch(options: LaunchOptions, entrypoint: Entrypoint, argv: list[str]) -> i
     finally:
         os.environ.pop(worker.RESULT_DIR, None)  # this agent's own exit code is not a worker's result
         shutil.rmtree(mark_dir, ignore_errors=True)
+        if ranks:
+            for name in _TORCH_FAILURE_LOGGERS:
+                logging.getLogger(name).removeFilter(ranks.failure_seen)
+            if code == 0 and options.log_dir is None:
+                shutil.rmtree(ranks.directory, ignore_errors=True)
     return code
+
+
+#: torch's loggers whose lines say that a worker failed and the others are being ended
+_TORCH_FAILURE_LOGGERS = ("torch.multiprocessing.spawn", "torch.distributed.elastic.multiprocessing.api")
+
+
+def _rank_logs(options: LaunchOptions, argv: list[str]) -> RankLogs | None:
+    """The run's per-rank logs and screen, where ``options.rank_logs`` asks for them (None: for ``ddpkit run``,
+    the command argv names: its first word that is not an option)."""
+    wanted = options.rank_logs
+    if wanted is None:
+        words = argv[:argv.index("--")] if "--" in argv else argv
+        wanted = next((w for w in words if not w.startswith("-")), None) == "run"
+    if not wanted:
+        return None
+    import socket
+
+    from ddpkit.launch.ranklogs import RankLogs
+
+    directory = options.log_dir or tempfile.mkdtemp(prefix="ddpkit-run-")
+    os.makedirs(directory, exist_ok=True)
+    return RankLogs(directory, socket.gethostname().split(".", 1)[0], sys.stdout, sys.stderr)
 
 
 def _hosts_store(endpoint: str, conf: dict[str, object]) -> bool:

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import logging
 import signal
+from typing import Any
 
 from ddpkit.errors import EXIT_MISSING, EXIT_PREEMPTED, EXIT_PREEMPTED_UNSAVED
 from ddpkit.log import get_logger
 
-__all__ = ["drop_exit_tracebacks", "failure_order", "quiet_late_rendezvous_close", "root_cause"]
+__all__ = ["drop_exit_tracebacks", "failure_order", "first_failure", "quiet_late_rendezvous_close", "root_cause"]
 
 log = get_logger(__name__)
 
@@ -22,17 +23,16 @@ def root_cause(exc: object) -> int:
     stopped = sorted(r for r, f in failures.items() if f.exitcode == EXIT_MISSING)
     if stopped:  # ddpkit ended the job (a stalled rank it ended is no failure of its own either)
         log.error("rank(s) %s stopped with exit %d: ddpkit stopped them (a hang the watch reported, ranks missing, or "
-                  "a deadline expired: the lines above name the rank that stopped answering)",
+                  "a deadline expired: the watch's report names the rank that stopped answering)",
                   ", ".join(map(str, stopped)), EXIT_MISSING)
         return EXIT_MISSING
-    rank, first = min(failures.items(), key=lambda kv: failure_order(kv[0], int(kv[1].exitcode), kv[1].timestamp))
+    rank, first = _first(failures)
     code = int(first.exitcode)
     if code < 0:
         name = signal.Signals(-code).name if -code in signal.Signals._value2member_map_ else str(-code)
         log.error("rank %d (pid %d) was killed by %s first", rank, first.pid, name)
         return 128 - code
-    preempted = (EXIT_PREEMPTED, EXIT_PREEMPTED_UNSAVED)
-    if code in preempted and all(f.exitcode in (*preempted, -signal.SIGTERM) for f in failures.values()):
+    if _all_preempted(failures, code):
         if code == EXIT_PREEMPTED:
             log.warning("the workers stopped after a preemption signal and wrote a snapshot (exit %d): run the "
                         "same command again to resume", code)
@@ -44,6 +44,26 @@ def root_cause(exc: object) -> int:
     log.error("rank %d (pid %d) failed first with exit code %d%s", rank, first.pid, code,
               f"; then ranks {others}" if others else "")
     return code
+
+
+def first_failure(exc: object) -> int | None:
+    """The rank ``root_cause`` names as the one that failed first; None where it names none: ddpkit stopped the
+    ranks (exit 3), or they all stopped after a preemption."""
+    failures = getattr(exc, "failures", {})
+    if not failures or any(f.exitcode == EXIT_MISSING for f in failures.values()):
+        return None
+    rank, first = _first(failures)
+    return None if _all_preempted(failures, int(first.exitcode)) else rank
+
+
+def _first(failures: dict[int, Any]) -> tuple[int, Any]:
+    return min(failures.items(), key=lambda kv: failure_order(kv[0], int(kv[1].exitcode), kv[1].timestamp))
+
+
+def _all_preempted(failures: dict[int, Any], code: int) -> bool:
+    """Every rank stopped after a preemption signal (the first with 75 or 76, the others so or ended by SIGTERM)."""
+    preempted = (EXIT_PREEMPTED, EXIT_PREEMPTED_UNSAVED)
+    return code in preempted and all(f.exitcode in (*preempted, -signal.SIGTERM) for f in failures.values())
 
 
 def failure_order(rank: int, code: int, timestamp: float) -> tuple[int, float, int]:
