@@ -1,6 +1,7 @@
-"""`ddpkit run -n 2 --heal`: a rank killed by SIGKILL is relaunched and the run completes; a script that raises on
-every rank stops after two attempts with exit 93 (do not requeue), the exception first; a clean run is one
-attempt; under torchrun --heal is refused. Each reads the run's ledger as a user would (ddpkit.heal.ledger)."""
+"""`ddpkit run -n 2 --heal`: a rank killed by SIGKILL, or stopped (SIGSTOP) and named by the watch, is relaunched
+and the run completes; a script that raises on every rank stops after two attempts with exit 93 (do not requeue),
+the exception first; a clean run is one attempt; under torchrun --heal is refused. Each reads the run's ledger as
+a user would (ddpkit.heal.ledger)."""
 
 from __future__ import annotations
 
@@ -37,6 +38,26 @@ for step in range(4):
         with open(marker, "w") as f:
             f.write(f"{time.time():.3f}")
         os.kill(os.getpid(), signal.SIGKILL)
+print(f"DONE rank={rank}", flush=True)
+dist.destroy_process_group()
+"""
+
+#: rank 1 stops (SIGSTOP) at step 2 of the first attempt only: alive, silent, as a rank on a frozen host
+STOPPED_ONCE = """\
+import os, signal, sys, time
+import torch
+import torch.distributed as dist
+
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+marker = sys.argv[1]
+t = torch.ones(4)
+for step in range(4):
+    dist.all_reduce(t)
+    time.sleep(0.1)
+    if step == 2 and rank == 1 and not os.path.exists(marker):
+        open(marker, "w").close()
+        os.kill(os.getpid(), signal.SIGSTOP)
 print(f"DONE rank={rank}", flush=True)
 dist.destroy_process_group()
 """
@@ -100,6 +121,21 @@ def test_a_rank_killed_by_sigkill_is_relaunched_and_the_run_completes(tmp_path: 
     next_step = max(float(t) for t in re.findall(r"FIRST_STEP rank=\d at=([\d.]+)", res.stdout))
     print(f"kill -> relaunched attempt's first step: {next_step - killed_at:.2f} s")
     assert 0 < next_step - killed_at < 60, out
+
+
+def test_a_rank_that_stopped_answering_is_a_host_fault_named_by_the_watch_and_relaunched(tmp_path: Path) -> None:
+    script, run_dir = _script(tmp_path, STOPPED_ONCE), tmp_path / "run"
+    res = run_ddpkit("run", "-n", "2", "--heal", "--run-dir", str(run_dir), "--hang-after", "5", "--",
+                     str(script), str(tmp_path / "stopped-once"), timeout=240, cwd=tmp_path)
+    out = res.stdout + res.stderr
+    assert res.returncode == 0, out
+    first, second = _ended(run_dir)
+    assert first.classification is not None and first.classification.kind is FailureClass.HOST, out
+    assert first.classification.culprit_ranks == (1,)
+    assert first.classification.reason.startswith("rank 1 on host ") and "stopped answering" in \
+        first.classification.reason
+    assert any("stopped answering" in line for line in first.classification.evidence)
+    assert first.action is Action.RETRY and second.exit_code == 0
 
 
 def test_an_exception_on_every_rank_stops_after_two_attempts_with_do_not_requeue(tmp_path: Path) -> None:
