@@ -125,22 +125,29 @@ def step_pairs(processes: int = 6, pairs: int = 10000) -> dict[str, Any]:
     return out
 
 
-def p2p_pairs(runs: int = 3, pairs: int = 2000) -> dict[str, Any]:
+def _p2p_run(pairs: int, *extra: str) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "p.json"
+        done = subprocess.run([*torchrun(2), str(ROOT / "benchmarks" / "watch_p2p_pairs.py"), "--pairs", str(pairs),
+                               "--json", str(path), *extra], capture_output=True, text=True,
+                              env=ddpkit_env(PYTHONPATH=str(ROOT)), timeout=900, cwd=ROOT)
+        if done.returncode != 0:
+            raise RuntimeError(done.stderr[-3000:])
+        print(done.stdout, end="", flush=True)
+        return dict(json.loads(path.read_text()))
+
+
+def p2p_pairs(runs: int = 3, pairs: int = 2000, spin_us: float = 2.0) -> dict[str, Any]:
     """Microseconds the watch adds to a step of point-to-point calls (benchmarks/watch_p2p_pairs.py), in ``runs``
-    torchrun jobs of 2 ranks: per rank, the mean of the runs' means with its 95% interval from their spread."""
-    data = []
-    for _ in range(runs):
-        with tempfile.TemporaryDirectory() as tmp:
-            path = Path(tmp) / "p.json"
-            done = subprocess.run([*torchrun(2), str(ROOT / "benchmarks" / "watch_p2p_pairs.py"), "--pairs",
-                                   str(pairs), "--json", str(path)], capture_output=True, text=True,
-                                  env=ddpkit_env(PYTHONPATH=str(ROOT)), timeout=900, cwd=ROOT)
-            if done.returncode != 0:
-                raise RuntimeError(done.stderr[-3000:])
-            print(done.stdout, end="", flush=True)
-            data.append(json.loads(path.read_text()))
+    torchrun jobs of 2 ranks: per rank, the mean of the runs' means with its 95% interval from their spread. Then
+    one control run: ``spin_us`` of busy Python before each call instead of the watch (what a known delay reads
+    as, the peer's longer wait included)."""
+    data = [_p2p_run(pairs) for _ in range(runs)]
+    control = _p2p_run(pairs, "--spin-us", str(spin_us))
     out: dict[str, Any] = {"runs": runs, "pairs": pairs, "p2p_calls_per_step": data[0]["p2p_calls_per_step"],
-                           "activation_bytes": data[0]["activation_bytes"], "ranks": {}}
+                           "activation_bytes": data[0]["activation_bytes"], "ranks": {},
+                           "control": {"spin_us": spin_us, "added_cpu_us": {
+                               str(r["rank"]): r["added"]["cpu"] for r in control["ranks"]}}}
     for rank in (0, 1):
         per_run = [d["ranks"][rank] for d in data]
         out["ranks"][str(rank)] = {
@@ -374,6 +381,13 @@ def write(result: dict[str, Any]) -> None:
                       f"[{cpu['ci95_us'][0]:.2f}, {cpu['ci95_us'][1]:.2f}] | {spread} | {wall['mean_us']:.2f} us "
                       f"[{wall['ci95_us'][0]:.2f}, {wall['ci95_us'][1]:.2f}] | "
                       f"{cpu['ci95_us'][1] / step['wall']:.2%} (upper bound) |")
+        if "control" in pp:
+            c = pp["control"]
+            spent = c["spin_us"] * pp["p2p_calls_per_step"]
+            read = "; ".join(f"rank {r}: {a['mean_us']:.1f} us [{a['ci95_us'][0]:.1f}, {a['ci95_us'][1]:.1f}]"
+                             for r, a in c["added_cpu_us"].items())
+            md += ["", f"Control (one run): {c['spin_us']:g} us of busy Python before each call instead of the watch, "
+                   f"{spent:g} us a step spent, read as {read} added CPU a step."]
         md.append("")
     if "attribution" in result:
         rows = result["attribution"]

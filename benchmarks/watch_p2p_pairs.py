@@ -2,7 +2,7 @@
 watched and unwatched steps alternate *step by step* in the same two ranks, so the machine's load drifts alike
 for both (the method of benchmarks/watch_step_pairs.py, on two ranks).
 
-    torchrun --standalone --nproc-per-node 2 benchmarks/watch_p2p_pairs.py --json PATH [--pairs 4000]
+    torchrun --standalone --nproc-per-node 2 benchmarks/watch_p2p_pairs.py --json PATH [--pairs 4000] [--spin-us US]
 
 The step: a two-stage pipeline on gloo (rank 0 holds the first stage, rank 1 the second), two micro-batches of
 32 x 64 activations, one moved with ``send`` / ``recv``, one with ``isend`` / ``irecv`` and ``wait``; each rank
@@ -16,6 +16,10 @@ CPU, more than the watch itself.)
 
 Per step: the main thread's CPU time (``time.thread_time_ns``) and wall time. Figures per rank: the mean per-step
 difference (watched - unwatched) with its 95% interval, and the unwatched step's median CPU and wall time.
+
+``--spin-us US`` (a control): the "watched" step is torch's own too, with US microseconds of busy Python before
+each call instead of the watch. A rank waiting in gloo spends CPU while it waits, so a delay on one rank shows in
+its peer's CPU as well: the control says how much a known delay reads as.
 """
 
 from __future__ import annotations
@@ -51,6 +55,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--pairs", type=int, default=4000)
     parser.add_argument("--json", required=True)
+    parser.add_argument("--spin-us", type=float, default=None, help="a control: busy Python, not the watch")
     args = parser.parse_args()
     torch.set_num_threads(1)
     session = install(WatchOptions(summary=False))
@@ -86,8 +91,22 @@ def main() -> None:
         opt.step()
         return time.perf_counter_ns() - wall, time.thread_time_ns() - cpu
 
+    def spun(op: Any, ns: float) -> Any:
+        def call(*args: Any, **kwargs: Any) -> Any:
+            end = time.perf_counter_ns() + ns
+            while time.perf_counter_ns() < end:
+                pass
+            return op(*args, **kwargs)
+        return call
+
     def step() -> tuple[int, int]:
-        return run(*watched_ops)
+        if args.spin_us is None:
+            return run(*watched_ops)
+        hooks._inside.depth = True
+        try:
+            return run(*[spun(op, args.spin_us * 1e3) for op in torch_ops])
+        finally:
+            hooks._inside.depth = False
 
     def unwatched() -> tuple[int, int]:
         hooks._inside.depth = True  # as inside a watched call: torch's nested isend and wait pass through
@@ -122,7 +141,7 @@ def main() -> None:
     uninstall()
     dist.destroy_process_group()
     if rank == 0:
-        Path(args.json).write_text(json.dumps({"ranks": all_ranks, "p2p_calls_per_step": 4,
+        Path(args.json).write_text(json.dumps({"ranks": all_ranks, "p2p_calls_per_step": 4, "spin_us": args.spin_us,
                                                "activation_bytes": BATCH * WIDTH * 4}, indent=1))
         for r in all_ranks:
             assert r is not None
