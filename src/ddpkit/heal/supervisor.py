@@ -76,7 +76,8 @@ def supervise(world: WorldInfo, args: argparse.Namespace, options_for: Callable[
         attempt = ledger.next_attempt()
         logs = run_dir / f"attempt-{attempt}"
         attempt_options = _with_log_dir(options, logs)
-        kept = str(logs) if attempt_options is not options else None
+        # the agent writes rank logs for ddpkit run only (LaunchOptions.rank_logs): train's ranks print to the screen
+        kept = str(logs) if attempt_options is not options and args.command == "run" else None
         ledger.append(AttemptStarted(attempt=attempt, time=time.time(), hosts=(host,), ranks=ranks, logs=kept))
         with _agent_lines() as lines:
             try:
