@@ -8,7 +8,7 @@ import pytest
 
 from ddpkit.errors import ConfigError
 from ddpkit.watch.diagnose import diagnose_deadline, diagnose_hang, find_desync, straggler, summary_lines
-from ddpkit.watch.options import FIRST_STEP_FACTOR, MIN_HANG_S, WatchOptions, hang_deadline
+from ddpkit.watch.options import FIRST_STEP_FACTOR, MIN_HANG_S, MIN_STOP_S, WatchOptions, hang_deadline, stop_deadline
 
 
 def rec(rank: int, host: str = "h1", *, entered: int = 10, step: int = 5, waiting: dict[str, Any] | None = None,
@@ -33,25 +33,94 @@ def test_deadline_fixed_adaptive_and_first_step() -> None:
     assert hang_deadline(adaptive, slowest_gap=50, first_step_done=True) == 100  # never below the slowest seen
 
 
+def test_stop_deadline_waits_past_the_report_unless_told() -> None:
+    """Left alone the watch reports at the adaptive deadline and stops every rank only after MIN_STOP_S (or the
+    report's deadline when that is longer); a given --hang-after stops at the report as before; --stop-after is
+    kept, but never before the report; --on-hang report never stops."""
+    assert stop_deadline(WatchOptions(), report_deadline=MIN_HANG_S) == MIN_STOP_S == 600
+    assert stop_deadline(WatchOptions(), report_deadline=5 * 200) == 1000  # a job whose slow stretches are long
+    assert stop_deadline(WatchOptions(hang_after=4), report_deadline=4) == 4
+    assert stop_deadline(WatchOptions(hang_after=5, stop_after=20), report_deadline=5) == 20
+    assert stop_deadline(WatchOptions(stop_after=20), report_deadline=MIN_HANG_S) == MIN_HANG_S
+    assert stop_deadline(WatchOptions(on_hang="report"), report_deadline=MIN_HANG_S) is None
+
+
 @pytest.mark.parametrize("fields", [{"hang_after": 0}, {"on_hang": "kill"}, {"report_every": -1},
-                                    {"straggler_share": 1.5}])
+                                    {"straggler_share": 1.5}, {"hang_after": float("inf")},
+                                    {"hang_after": float("nan")}, {"stop_after": float("inf")},
+                                    {"stop_after": float("nan")}, {"stop_after": 0}, {"report_every": float("inf")},
+                                    {"report_every": float("nan")}, {"stop_after": 60, "on_hang": "report"}])
 def test_bad_options_refused_with_a_fix(fields: dict[str, Any]) -> None:
     with pytest.raises(ConfigError) as caught:
         WatchOptions(**fields)
     assert "Fix:" in str(caught.value)
 
 
-def test_rank_behind_named_with_host_and_the_waiters() -> None:
+@pytest.mark.parametrize("argv", [["--hang-after", "inf"], ["--report-every", "inf"], ["--stop-after", "nan"]])
+def test_options_from_args_refuse_what_would_turn_the_watch_off(argv: list[str]) -> None:
+    """``ddpkit run`` checks the watch's flags in its parent, before any rank starts: a ConfigError, no process."""
+    import argparse
+
+    from ddpkit.watch.__main__ import add_arguments, options_from_args
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    with pytest.raises(ConfigError):
+        options_from_args(parser.parse_args(argv))
+    assert options_from_args(parser.parse_args(["--stop-after", "900"])).stop_after == 900
+
+
+def test_the_runner_takes_stop_after_with_its_value() -> None:
+    """``python -m ddpkit.watch --stop-after 900 job.py``: 900 is the option's, not the script."""
+    from ddpkit.watch.__main__ import _split
+
+    assert _split(["--stop-after", "900", "job.py", "--lr", "1"]) == (["--stop-after", "900"], ["job.py", "--lr", "1"])
+
+
+def test_live_rank_the_others_wait_for_is_named_busy_not_a_hang() -> None:
+    """Rank 1 answers and runs outside any collective (a checkpoint, an evaluation) while the others wait."""
     records = {0: rec(0, "h1", entered=412, step=21, waiting=wait(412)),
                1: rec(1, "h2", entered=411, step=21),
                2: rec(2, "h1", entered=412, step=21, waiting=wait(412, seconds=33)),
                3: rec(3, "h2", entered=412, step=21, waiting=wait(412, seconds=32))}
-    hang = diagnose_hang(records, {}, idle=31, deadline=30, reporter=0)
+    hang = diagnose_hang(records, {}, idle=31, deadline=30, reporter=0,
+                         busy_at={1: "torch.save(state, path) at job.py:20 (main)", 0: "loss.backward() at job.py:9"})
     text = "\n".join(hang.lines)
-    assert hang.behind == [1] and hang.stopped == []
-    assert "rank 1 on host h2 has not entered all_reduce #412 (4 KiB, step 20, called at train.py:40 (main))" in text
-    assert "ranks 0, 2 and 3 on h1, h2 have waited 31 s in it" in text
+    assert hang.behind == [1] and hang.stopped == [] and hang.busy == [1]
+    assert hang.lines[0] == ("ddpkit watch: ranks 0 and 2 on host h1 and rank 3 on host h2 have waited 31 s in "
+                             "all_reduce #412 for rank 1 on host h2, which is alive and busy outside any collective "
+                             "(its stack below)")
+    assert "HANG" not in text
+    assert ("rank 1 on host h2 has not entered all_reduce #412 (4 KiB, step 20, called at train.py:40 (main)); last "
+            "entered #411, step 20; busy in torch.save(state, path) at job.py:20 (main)") in text
     assert hang.event["waiting"] == [0, 2, 3] and hang.event["collective"]["seq"] == 412
+    assert hang.event["busy"] == [1] and hang.event["busy_at"] == {"1": "torch.save(state, path) at job.py:20 (main)"}
+
+
+def test_rank_behind_with_a_stopped_one_is_a_hang() -> None:
+    records = {0: rec(0, "h1", entered=412, step=21, waiting=wait(412)),
+               1: rec(1, "h2", entered=411, step=21),
+               2: rec(2, "h1", entered=400, step=20),
+               3: rec(3, "h2", entered=412, step=21, waiting=wait(412, seconds=32))}
+    hang = diagnose_hang(records, {2: 6.0}, idle=31, deadline=30, reporter=0)
+    text = "\n".join(hang.lines)
+    assert hang.behind == [1, 2] and hang.stopped == [2] and hang.busy == []
+    assert hang.lines[0].startswith("ddpkit watch: HANG: no rank has made progress for 31 s (deadline 30 s)")
+    assert "rank 1 on host h2 has not entered all_reduce #412 (4 KiB, step 20, called at train.py:40 (main))" in text
+    assert "ranks 0 and 3 on h1, h2 have waited 31 s in all_reduce #412" in text
+
+
+def test_live_rank_behind_by_count_is_named_busy() -> None:
+    """A hookless model on DDP's C++ path: rank 1 issued the next gradient all-reduce (counted), rank 0 evaluates."""
+    records = {0: {**rec(0, entered=3, step=40), "group_seq": 120},
+               1: {**rec(1, entered=3, step=41), "group_seq": 121}}
+    hang = diagnose_hang(records, {}, idle=64, deadline=60, reporter=1,
+                         busy_at={0: "evaluate(model) at job.py:30 (main)"})
+    assert hang.busy == [0] and hang.behind == [0]
+    assert hang.lines[0] == ("ddpkit watch: rank 1 on host h1 has waited 64 s in the group's collective #121 for "
+                             "rank 0 on host h1, which is alive and busy outside any collective (its stack below)")
+    assert hang.lines[-1] == "  rank 1 on h1 has issued it (up to #121) and waits for it to complete"
+    assert "busy in evaluate(model) at job.py:30 (main)" in hang.lines[1]
 
 
 def test_stopped_rank_named_from_its_silence_not_its_old_record() -> None:
@@ -62,6 +131,7 @@ def test_stopped_rank_named_from_its_silence_not_its_old_record() -> None:
     text = "\n".join(hang.lines)
     assert hang.behind == [1] and hang.stopped == [1]
     assert "#21" in text and "rank 1 on host h1 (pid 101) stopped answering: no heartbeat for 6 s" in text
+    assert "last seen at collective #17, step 16" in text and ", ," not in text
 
 
 def test_desync_names_both_call_sites() -> None:
@@ -123,6 +193,31 @@ def test_summary_per_rank_and_host() -> None:
     lines, event = summary_lines({0: rec(0, "h1", timings=timing(0.02)), 1: rec(1, "h2", timings=timing(0.01, 0.2))})
     assert event["ranks"]["1"]["wait_share"] == 0.05 and event["hosts"]["h2"]["ranks"] == [1]
     assert any(line.startswith("  host h1: rank 0, step p50 100.00 ms") for line in lines)
+
+
+def test_summary_says_na_where_no_gradient_sync_was_sampled() -> None:
+    unsampled = {**timing(0.0), "sync_samples": 0}
+    lines, event = summary_lines({0: rec(0, "h1", timings=unsampled), 1: rec(1, "h1", timings=timing(0.01))})
+    assert event["ranks"]["0"]["wait_share"] is None and event["ranks"]["1"]["wait_share"] == 0.1
+    assert event["hosts"]["h1"]["wait_share"] == 0.1
+    assert lines[2].split()[-1] == "n/a" and lines[3].split()[-1] == "10.0%" and lines[-1].endswith("wait 10.0%")
+    lines, event = summary_lines({0: rec(0, "h1", timings=unsampled)})
+    assert lines[-1].endswith("wait n/a") and event["hosts"]["h1"]["wait_share"] is None
+
+
+def test_where_main_runs_names_the_users_line() -> None:
+    """What a rank posts with its stacks: the line of the user's code its main thread runs (here: this test, in a
+    ``join`` of the standard library, which is skipped)."""
+    import threading
+
+    from ddpkit.watch.monitor import where_main_runs
+
+    seen: list[str | None] = []
+    t = threading.Thread(target=lambda: seen.append(where_main_runs()))
+    t.start()
+    t.join()
+    assert seen[0] is not None and seen[0].startswith("t.join() at test_watch_units.py:"), seen
+    assert seen[0].endswith("(test_where_main_runs_names_the_users_line)")
 
 
 def test_recorder_deadline_phases_are_numbered_and_overdue_only_past_their_deadline() -> None:

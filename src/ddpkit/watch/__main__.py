@@ -20,7 +20,7 @@ from typing import NoReturn
 from ddpkit.errors import DdpkitError
 from ddpkit.exiting import exit_code, leave
 from ddpkit.watch import WatchOptions, install, sigterm
-from ddpkit.watch.options import ON_HANG
+from ddpkit.watch.options import MIN_STOP_S, ON_HANG
 
 __all__ = ["add_arguments", "main", "options_from_args"]
 
@@ -29,9 +29,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The watch's options, for ``ddpkit run`` and this runner."""
     parser.add_argument("--hang-after", type=float, default=None, metavar="S",
                         help="seconds with no progress on any rank before the hang report (default: adaptive, "
-                             "at least 60 s and twice the slowest stretch seen; x5 until the first step ends)")
+                             "at least 60 s and twice the slowest stretch seen; x5 until the first step ends); "
+                             "given without --stop-after, every rank also stops then")
+    parser.add_argument("--stop-after", type=float, default=None, metavar="S",
+                        help="under --on-hang abort: seconds with no progress on any rank before every rank stops "
+                             f"(exit 3), never before the report (default: {MIN_STOP_S:g} s, or the report's "
+                             "deadline when longer; with --hang-after alone: at the report)")
     parser.add_argument("--on-hang", choices=ON_HANG, default="abort",
-                        help="abort: report, then every rank stops (exit 3); report: report and keep waiting")
+                        help="abort: report, then every rank stops (exit 3) after --stop-after; report: report "
+                             "and keep waiting")
     parser.add_argument("--report-every", type=float, default=60.0, metavar="S",
                         help="seconds between straggler checks (default 60)")
     parser.add_argument("--events", type=Path, default=None, metavar="PATH",
@@ -39,14 +45,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def options_from_args(args: argparse.Namespace) -> WatchOptions:
-    return WatchOptions(hang_after=args.hang_after, on_hang=args.on_hang, report_every=args.report_every,
-                        events=args.events)
+    """The watch's options from ``add_arguments``' flags; ConfigError for a bad value (pure: a parent process
+    checks them before any rank starts)."""
+    return WatchOptions(hang_after=args.hang_after, stop_after=args.stop_after, on_hang=args.on_hang,
+                        report_every=args.report_every, events=args.events)
 
 
 def _split(argv: list[str]) -> tuple[list[str], list[str]]:
     """(the watch's own arguments, the script and its arguments / the module's arguments): everything after
     ``--``, after ``-m MODULE``, or from the first word that is not an option of ours, belongs to the program."""
-    valued = {"--hang-after", "--on-hang", "--report-every", "--events"}
+    valued = {"--hang-after", "--stop-after", "--on-hang", "--report-every", "--events"}
     i = 0
     while i < len(argv):
         word = argv[i]

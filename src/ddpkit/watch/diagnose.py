@@ -51,6 +51,29 @@ def _where(rec: Record) -> str:
     return f"rank {rec['rank']} on host {rec['host']}"
 
 
+def _on_hosts(ranks: list[int], alive: Mapping[int, Record]) -> str:
+    """``rank 0 on host vm``, ``ranks 0 and 2 on host vm``, ``rank 0 on host a and rank 2 on host b``."""
+    by_host: dict[str, list[int]] = defaultdict(list)
+    for r in sorted(ranks):
+        by_host[alive[r]["host"]].append(r)
+    parts = [f"{rank_list(rs)} on host {host}" for host, rs in by_host.items()]
+    return parts[0] if len(parts) == 1 else f"{', '.join(parts[:-1])} and {parts[-1]}"
+
+
+def _busy_headline(waiters: str, plural: bool, waited: float, what: str, busy: list[int],
+                   alive: Mapping[int, Record]) -> str:
+    """The others wait in a collective for live ranks that run outside any: not a hang of the job (a checkpoint
+    written by rank 0 alone, an evaluation), though it may become one."""
+    one = len(busy) == 1
+    return (f"ddpkit watch: {waiters} {'have' if plural else 'has'} waited {waited:.0f} s in {what} for "
+            f"{_on_hosts(busy, alive)}, which {'is' if one else 'are'} alive and busy outside any collective "
+            f"({'its stack' if one else 'their stacks'} below)")
+
+
+def _busy_state(rank: int, busy_at: Mapping[int, str]) -> str:
+    return f"busy in {busy_at[rank]}" if rank in busy_at else "busy outside any collective"
+
+
 def _calls(rec: Record) -> dict[int, tuple[str, int | None, str]]:
     """The collectives this record names: seq -> (op, bytes, call site)."""
     calls = {seq: (op, nbytes, site) for seq, op, nbytes, site in rec.get("recent", [])}
@@ -133,13 +156,23 @@ class Hang:
     event: dict[str, Any] = field(default_factory=dict)
     behind: list[int] = field(default_factory=list)
     stopped: list[int] = field(default_factory=list)
+    busy: list[int] = field(default_factory=list)
+    """Live ranks the others wait for while they run outside any collective (not a hang of the job, yet)."""
 
 
 def diagnose_hang(records: Mapping[int, Record | None], stale: Mapping[int, float], *, idle: float,
-                  deadline: float, reporter: int, explain_none: bool = True) -> Hang:
+                  deadline: float, reporter: int, explain_none: bool = True, name_busy: bool = True,
+                  busy_at: Mapping[int, str] | None = None) -> Hang:
     """Which ranks are behind (have not entered the collective the others wait in), which stopped answering,
     which sit in different collectives at one sequence number (desync). ``explain_none``: when none of these is
-    found, say so (every rank waits in a collective it entered)."""
+    found, say so (every rank waits in a collective it entered). ``busy_at``: where a live rank's main thread
+    runs, by rank (``torch.save(state, path) at job.py:20 (main)``).
+
+    When the ranks behind all answer and run outside any collective (not in a marked phase) while the others wait,
+    and nothing else is wrong (no rank stopped, no desync), the headline names them as the ranks everyone waits
+    for, not as a hang of the job (``Hang.busy``; ``name_busy`` False: not, for a report with a headline of its
+    own)."""
+    busy_at = busy_at or {}
     alive = {r: rec for r, rec in records.items() if rec is not None}
     never = sorted(r for r, rec in records.items() if rec is None)
     stopped = sorted(r for r in alive if r in stale)
@@ -162,6 +195,11 @@ def diagnose_hang(records: Mapping[int, Record | None], stale: Mapping[int, floa
     last = {**counted, **{r: alive[r].get("group_seq") or 0 for r in stopped}}
     behind: list[int] = []
     cpp_desync: list[int] = []
+    # live ranks outside any collective (and outside a marked phase): busy in the user's code
+    outside = {r for r, rec in alive.items() if r not in stale and not rec.get("waiting") and not rec.get("phase")}
+    desync = find_desync(alive)
+    quiet = name_busy and not stopped and not never and desync is None and not p2p
+    busy: list[int] = []
     if waiting:
         seq = min(w["seq"] for w in waiting.values())
         target = next(w for w in waiting.values() if w["seq"] == seq)
@@ -177,15 +215,22 @@ def diagnose_hang(records: Mapping[int, Record | None], stale: Mapping[int, floa
         in_step = _step(alive[inside[0]])
         waited = min(waiting[r]["for"] for r in inside)
         what = f"{target['op']} #{seq} ({_size(target['bytes'])}{in_step}, called at {target['site']})"
+        busy = behind if behind and quiet and not cpp_desync and set(behind) <= outside else []
+        if busy:
+            lines[0] = _busy_headline(_on_hosts(inside, alive), len(inside) > 1, waited, f"{target['op']} #{seq}", busy,
+                                      alive)
         for r in behind:
             rec = alive[r]
             state = "it stopped answering" if r in stale else (
                 f"in marked phase '{rec['phase']['name']}' for {rec['phase']['for']:.0f} s" if rec.get("phase")
                 else f"last entered #{rec['entered']}{_step(rec)}")
+            if r in busy:
+                state += f"; {_busy_state(r, busy_at)}"
             lines.append(f"  {_where(rec)} has not entered {what}; {state}")
-        lines.append(f"  {rank_list(inside)} on {', '.join(sorted({alive[r]['host'] for r in inside}))} "
-                     f"{'has' if len(inside) == 1 else 'have'} waited {waited:.0f} s in "
-                     + ("it" if behind else what))
+        if not busy:
+            lines.append(f"  {rank_list(inside)} on {', '.join(sorted({alive[r]['host'] for r in inside}))} "
+                         f"{'has' if len(inside) == 1 else 'have'} waited {waited:.0f} s in "
+                         + (f"{target['op']} #{seq}" if behind else what))
         event.update(collective={"seq": seq, "op": target["op"], "bytes": target["bytes"], "step": step,
                                  "site": target["site"]}, behind=behind, waiting=inside, waited_s=waited)
         if cpp_desync:
@@ -199,16 +244,24 @@ def diagnose_hang(records: Mapping[int, Record | None], stale: Mapping[int, floa
         low = min(last.values())
         behind = sorted(r for r, c in last.items() if c == low)
         ahead = sorted(r for r, c in counted.items() if c > low)
+        busy = behind if quiet and set(behind) <= outside else []
+        ahead_on = f"{rank_list(ahead)} on {', '.join(sorted({alive[r]['host'] for r in ahead}))}"
+        if busy:
+            lines[0] = _busy_headline(_on_hosts(ahead, alive), len(ahead) > 1, idle,
+                                      f"the group's collective #{low + 1}", busy, alive)
         for r in behind:
             rec = alive[r]
             state = (f"in marked phase '{rec['phase']['name']}' for {rec['phase']['for']:.0f} s" if rec.get("phase")
                      else _step(rec, "") or "before its first step")
             if r in stopped:
                 state = "it stopped answering"
+            if r in busy:
+                state += f"; {_busy_state(r, busy_at)}"
             lines.append(f"  {_where(rec)} has not entered the group's collective #{low + 1} ({counted_as}: "
                          f"counted, not seen one by one); last issued #{low}; {state}")
-        lines.append(f"  {rank_list(ahead)} on {', '.join(sorted({alive[r]['host'] for r in ahead}))} "
-                     f"{'has' if len(ahead) == 1 else 'have'} issued it (up to #{high}) and wait in it")
+        one = len(ahead) == 1
+        lines.append(f"  {ahead_on} {'has' if one else 'have'} issued it (up to #{high}) and "
+                     f"{'waits' if one else 'wait'} for it to complete")
         event.update(group_collective=low + 1, behind=behind, waiting=ahead)
     lines.extend(p2p_lines(p2p, records, stale))
     if p2p:
@@ -216,20 +269,20 @@ def diagnose_hang(records: Mapping[int, Record | None], stale: Mapping[int, floa
     for r in stopped:
         rec = alive[r]
         lines.append(f"  {_where(rec)} (pid {rec['pid']}) stopped answering: no heartbeat for {stale[r]:.0f} s "
-                     f"(stopped, killed, or its host lost); last seen at collective #{rec['entered']}, "
+                     f"(stopped, killed, or its host lost); last seen at collective #{rec['entered']}"
                      f"{_step(rec)}")
     for r in never:
         lines.append(f"  rank {r} never reported to the watch (it did not reach the point where the watch "
                      "begins: init_process_group, or ddpkit check's connection to the job's store)")
-    desync = find_desync(alive)
     if desync is not None:
         parts = [f"{rank_list(c['ranks'])} on {', '.join(c['hosts'])} in {c['op']} ({_size(c['bytes'])}) "
                  f"called at {c['site']}" for c in desync["calls"]]
         lines.append(f"  DESYNC at collective #{desync['seq']}: " + "; ".join(parts))
-    event.update(stopped=stopped, never_reported=never, desync=desync)
+    event.update(stopped=stopped, never_reported=never, desync=desync, busy=busy,
+                 busy_at={str(r): busy_at[r] for r in busy if r in busy_at})
     if explain_none and not behind and not stopped and not never and desync is None and not cpp_desync and not p2p:
         lines.append("  every rank waits in a collective it entered; no rank is behind (a backend-level hang)")
-    return Hang(lines=lines, event=event, behind=behind, stopped=stopped)
+    return Hang(lines=lines, event=event, behind=behind, stopped=stopped, busy=busy)
 
 
 def deadline_text(index: int, phase: str, seconds: float, reporter: int,
@@ -264,7 +317,8 @@ def diagnose_deadline(records: Mapping[int, Record | None], stale: Mapping[int, 
               for r, rec in records.items()}
     text = deadline_text(index, name, seconds, reporter, stages)
     host = (records.get(reporter) or {}).get("host", "?")
-    detail = diagnose_hang(records, stale, idle=spent, deadline=seconds, reporter=reporter, explain_none=False)
+    detail = diagnose_hang(records, stale, idle=spent, deadline=seconds, reporter=reporter, explain_none=False,
+                           name_busy=False)
     lines = [f"ddpkit watch: DEADLINE: {text} (host {host})", *detail.lines[1:]]
     event = {**detail.event, "event": "hang", "deadline_phase": {"index": index, "phase": name, "seconds": seconds,
                                                                  "rank": reporter}, "text": text}
@@ -306,8 +360,9 @@ def straggler(records: Mapping[int, Record], share: float) -> tuple[str, dict[st
 
 
 def summary_lines(records: Mapping[int, Record]) -> tuple[list[str], dict[str, Any]]:
-    """Per rank and per host: steps, step time p50/p99 (ms) and the share of a step spent in gradient sync.
-    A host's p50 is the median of its ranks' p50s, its p99 the largest of their p99s."""
+    """Per rank and per host: steps, step time p50/p99 (ms) and the share of a step spent in gradient sync
+    (``n/a`` where no gradient sync was sampled). A host's p50 is the median of its ranks' p50s, its p99 the largest
+    of their p99s, its wait the mean of its sampled ranks'."""
     rows = {r: rec["timings"] for r, rec in sorted(records.items()) if _timed(rec["timings"]) > 0}
     if not rows:
         return [], {}
@@ -318,16 +373,24 @@ def summary_lines(records: Mapping[int, Record]) -> tuple[list[str], dict[str, A
     for r, t in rows.items():
         host = records[r]["host"]
         hosts[host].append(r)
-        wait = t["sync_mean"] / t["step_mean"] if t["step_mean"] > 0 else 0.0
+        sampled = t.get("sync_samples", 1) > 0 and t["step_mean"] > 0
+        wait = round(t["sync_mean"] / t["step_mean"], 4) if sampled else None
         lines.append(f"  {r:>4}  {host:<16} {t['steps']:>6} {t['step_p50'] * 1e3:>9.2f} {t['step_p99'] * 1e3:>9.2f} "
-                     f"{wait:>6.1%}")
+                     f"{_share(wait):>6}")
         event["ranks"][str(r)] = {"host": host, "steps": t["steps"], "step_p50_s": t["step_p50"],
-                                  "step_p99_s": t["step_p99"], "wait_share": round(wait, 4)}
+                                  "step_p99_s": t["step_p99"], "wait_share": wait}
     for host, ranks in sorted(hosts.items()):
         p50 = sorted(rows[r]["step_p50"] for r in ranks)[len(ranks) // 2]
         p99 = max(rows[r]["step_p99"] for r in ranks)
-        wait = sum(event["ranks"][str(r)]["wait_share"] for r in ranks) / len(ranks)
+        shares = [event["ranks"][str(r)]["wait_share"] for r in ranks]
+        shares = [w for w in shares if w is not None]
+        wait = round(sum(shares) / len(shares), 4) if shares else None
         lines.append(f"  host {host}: {rank_list(ranks)}, step p50 {p50 * 1e3:.2f} ms, p99 {p99 * 1e3:.2f} ms, "
-                     f"wait {wait:.1%}")
-        event["hosts"][host] = {"ranks": ranks, "step_p50_s": p50, "step_p99_s": p99, "wait_share": round(wait, 4)}
+                     f"wait {_share(wait)}")
+        event["hosts"][host] = {"ranks": ranks, "step_p50_s": p50, "step_p99_s": p99, "wait_share": wait}
     return lines, event
+
+
+def _share(wait: float | None) -> str:
+    """A share of a step (``12.5%``), or ``n/a`` where none was measured (no gradient sync sampled)."""
+    return "n/a" if wait is None else f"{wait:.1%}"

@@ -1,10 +1,13 @@
 """The watch's thread on every rank: publish this rank's progress in the job's store, watch everyone's, and when no
-rank has progressed past the deadline, report once (first rank to claim it) with every live rank's stacks.
+rank has progressed past the deadline, report once (first rank to claim it) with every live rank's stacks; under
+``--on-hang abort``, stop every rank once no progress was made for ``--stop-after`` (``options.stop_deadline``).
+When progress resumes after a report, the reporter says so once and frees the claim (a later hang gets its own).
 
 Store keys (under a prefix per job and restart): ``rec/<rank>`` (this rank's record, every heartbeat),
-``claim`` (the hang being reported: ``<reporter>:<collective>``, first writer wins), ``stacks/<claim>/<rank>``
-(each live rank's Python stacks, posted when it sees a claim), ``abort`` (the ranks to stop, set by the reporter
-under ``--on-hang abort``), ``final/<rank>`` (the last record, for the exit summary).
+``claim`` (the hang being reported: ``<reporter>:<collective>:<beat>``, first writer wins; empty again once
+progress resumed), ``stacks/<claim>/<rank>`` (each live rank's ``RankStacks``, posted when it sees a claim),
+``abort`` (the ranks to stop, set by the rank that stops the job), ``final/<rank>`` (the last record, for the exit
+summary).
 
 The thread runs while the rank's main thread sits in a collective (the backends release the GIL there), so a rank
 blocked in gloo, MPI or NCCL still answers; a rank that is stopped (SIGSTOP), killed, or on a lost host does not,
@@ -15,11 +18,14 @@ from __future__ import annotations
 
 import contextlib
 import json
+import linecache
 import os
 import sys
+import sysconfig
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ddpkit.errors import EXIT_MISSING
@@ -27,7 +33,7 @@ from ddpkit.fault_injection import fault
 from ddpkit.log import get_logger
 from ddpkit.watch.diagnose import Hang, diagnose_deadline, diagnose_hang, straggler, summary_lines
 from ddpkit.watch.failure import FailureReport
-from ddpkit.watch.options import WatchOptions, hang_deadline
+from ddpkit.watch.options import WatchOptions, hang_deadline, stop_deadline
 from ddpkit.watch.processes import STACK_WAIT_S, end_stopped, leave, python_stacks
 from ddpkit.watch.recorder import Recorder
 from ddpkit.watch.store import BoundedStore
@@ -50,6 +56,58 @@ FINAL_WAIT_S = 3.0
 #: The longest the watch waits for one answer of the job's store (``watch/store.py``: TCPStore's own timeout does not
 #: hold when the store's host stops answering).
 STORE_CALL_S = 10.0
+#: A rank other than the reporter stops the job this long after the time the report gave (the reporter stops it at
+#: that time, unless it went silent since).
+STOP_GRACE_S = 5.0
+
+
+@dataclass(frozen=True)
+class RankStacks:
+    """What a rank posts for a claim (``stacks/<claim>/<rank>``): every thread's Python stack, and the line of the
+    user's code its main thread runs (``where_main_runs``)."""
+
+    stacks: str
+    where: str | None
+
+    @classmethod
+    def here(cls) -> RankStacks:
+        return cls(stacks=python_stacks(), where=where_main_runs())
+
+    def dumps(self) -> str:
+        return json.dumps(asdict(self))
+
+    @classmethod
+    def loads(cls, raw: bytes) -> RankStacks:
+        return cls(**json.loads(raw.decode()))
+
+
+def where_main_runs() -> str | None:
+    """``torch.save(state, path) at job.py:20 (main)``: the innermost frame of the main thread outside torch, the
+    standard library and the watch (the user's line that is running), or None."""
+    import torch
+
+    skip = (os.path.dirname(torch.__file__), sysconfig.get_paths()["stdlib"], os.path.dirname(__file__), "<")
+    frame = sys._current_frames().get(threading.main_thread().ident or -1)
+    while frame is not None:
+        name = frame.f_code.co_filename
+        if not name.startswith(skip):
+            line = linecache.getline(name, frame.f_lineno).strip()
+            return f"{line or '?'} at {os.path.basename(name)}:{frame.f_lineno} ({frame.f_code.co_name})"
+        frame = frame.f_back
+    return None
+
+
+@dataclass
+class Reported:
+    """A claim this rank reported that has not ended: when the job last made progress before it, and where the
+    ranks the others waited for were (``Hang.busy``). ``hang``: a hang (its end is said), not a phase deadline."""
+
+    claim: str
+    since: float
+    hang: bool
+    busy_at: dict[int, str] = field(default_factory=dict)
+
+
 class Monitor:
     """The watch thread of one rank. ``start()`` once the process group exists; ``finish()`` before it goes."""
 
@@ -60,6 +118,8 @@ class Monitor:
         self.rank, self.world = recorder.rank, recorder.world_size
         self.keys = [f"rec/{r}" for r in range(self.world)]
         self.beat = 0
+        self.last_read: dict[int, dict[str, Any] | None] = {}
+        """The records of the last ``read`` that the store answered: what a report says once the store is gone."""
         self._stop = threading.Event()
         self.failures = FailureReport(self)
         recorder.on_failure = self.failures.now  # a collective failed on this rank: report at once
@@ -70,7 +130,7 @@ class Monitor:
         self._progress_at = time.monotonic()
         self._slowest_gap = 0.0
         self._answered: set[str] = set()
-        self._reported: str | None = None
+        self._reported: Reported | None = None
         self._overdue: set[int] = set()  # this rank's phases whose passed deadline was claimed
         self.aborting = False  # a hang report ordered every rank to stop: a collective failing now is the abort
         self._next_straggler = time.monotonic() + options.report_every
@@ -108,6 +168,7 @@ class Monitor:
         out: dict[int, dict[str, Any] | None] = dict.fromkeys(range(self.world))
         for r, raw in zip(present, values, strict=True):
             out[r] = json.loads(bytes(raw).decode())
+        self.last_read = out
         return out
 
     def _poll(self) -> None:
@@ -115,7 +176,7 @@ class Monitor:
         claim = self.store.get("claim").decode() if self.store.check(["claim"]) else ""
         if claim and claim not in self._answered:
             self._answered.add(claim)
-            self.store.set(f"stacks/{claim}/{self.rank}", python_stacks())
+            self.store.set(f"stacks/{claim}/{self.rank}", RankStacks.here().dumps())
         if self.store.check(["abort"]):
             self._abort(json.loads(self.store.get("abort").decode()))
         records = self.read()
@@ -127,8 +188,8 @@ class Monitor:
         overdue = self.rec.overdue()
         if overdue is not None and overdue[0] not in self._overdue and not claim:
             self._overdue.add(overdue[0])  # each phase's deadline is reported once, whatever --on-hang says
-            self._claim(records, stale, f"{self.rank}:phase{overdue[0]}",
-                        lambda recs: diagnose_deadline(recs, stale, overdue=overdue, reporter=self.rank))
+            self._claim(records, stale, f"{self.rank}:phase{overdue[0]}:{self.beat}",
+                        lambda recs, _: diagnose_deadline(recs, stale, overdue=overdue, reporter=self.rank))
             return
         alive = {r: rec for r, rec in records.items() if rec is not None}
         if self.rank == 0 and now >= self._next_straggler:
@@ -142,48 +203,71 @@ class Monitor:
         if progress != self._progress or in_phase:
             if progress != self._progress and not in_phase:
                 self._slowest_gap = max(self._slowest_gap, now - self._progress_at)
+            if self._reported is not None:
+                self._resumed(now, said=progress != self._progress)
             self._progress, self._progress_at = progress, now
-            if self._reported and self._reported == claim and self.options.on_hang == "report":
-                self.store.compare_set("claim", claim, "")  # progress again: a later hang gets its own report
-                self._reported = None
             return
         idle = now - self._progress_at
         # a silent rank's record may predate its first step by any amount: the live ranks say how far the job got
         answering = [rec for r, rec in alive.items() if r not in stale]
         first_done = len(alive) == self.world and bool(answering) and all(rec["first_step_done"] for rec in answering)
-        deadline = hang_deadline(self.options, slowest_gap=self._slowest_gap, first_step_done=first_done)
+        deadline = max(hang_deadline(self.options, slowest_gap=self._slowest_gap, first_step_done=first_done),
+                       STALE_S + 1)
+        stop = stop_deadline(self.options, report_deadline=deadline)
         # a rank on DDP's C++ path is seen waiting only by count: some rank has issued more collectives than another
         counts = {rec["group_seq"] for r, rec in alive.items() if r not in stale and rec.get("group_seq") is not None}
         waiting = any(rec.get("waiting") for r, rec in alive.items() if r not in stale) or len(counts) > 1
-        if idle > max(deadline, STALE_S + 1) and (waiting or stale) and not claim:
+        if idle > deadline and (waiting or stale) and not claim:
             seqs = [rec["waiting"]["seq"] for rec in records.values() if rec and rec.get("waiting")]
-            self._claim(records, stale, f"{self.rank}:{min(seqs) if seqs else 0}",
-                        lambda recs: diagnose_hang(recs, stale, idle=idle, deadline=deadline, reporter=self.rank))
+            self._claim(records, stale, f"{self.rank}:{min(seqs) if seqs else 0}:{self.beat}",
+                        lambda recs, at: diagnose_hang(recs, stale, idle=idle, deadline=deadline, reporter=self.rank,
+                                                       busy_at=at),
+                        stop_at=None if stop is None or stop <= deadline else time.time() + stop - idle)
+        elif claim and stop is not None and stop > deadline and (waiting or stale):
+            mine = self._reported is not None and self._reported.claim == claim
+            if idle > stop + (0 if mine else STOP_GRACE_S):  # the reporter went silent: another rank stops the job
+                self._stop_job(records, stale, idle, stop)
 
     # -- the report -------------------------------------------------------------------------------------------
     def _claim(self, records: dict[int, dict[str, Any] | None], stale: dict[int, float], mine: str,
-               describe: Callable[[dict[int, dict[str, Any] | None]], Hang]) -> None:
-        """Report the hang ``mine`` names (first rank to claim it), worded by ``describe(records)``."""
+               describe: Callable[[dict[int, dict[str, Any] | None], dict[int, str]], Hang],
+               stop_at: float | None = None) -> None:
+        """Report the hang ``mine`` names (first rank to claim it), worded by ``describe(records, where each live
+        rank's main thread runs)``. Under ``abort``, every rank stops now, or, when ``stop_at`` (the wall clock) is
+        given, then (``_poll``) unless progress resumes first."""
         if self.store.compare_set("claim", "", mine).decode() != mine:
             return  # another rank reports this one
-        self._reported = mine
+        self._reported = Reported(claim=mine, since=self._progress_at, hang=":phase" not in mine)
         self._answered.add(mine)
-        self.store.set(f"stacks/{mine}/{self.rank}", python_stacks())
+        self.store.set(f"stacks/{mine}/{self.rank}", RankStacks.here().dumps())
         live = [r for r in range(self.world) if records[r] is not None and r not in stale]
         keys = {r: f"stacks/{mine}/{r}" for r in live}
         until = time.monotonic() + STACK_WAIT_S
         while time.monotonic() < until and not self.store.check(list(keys.values())):
             time.sleep(0.05)
-        stacks = {r: self.store.get(k).decode() for r, k in keys.items() if self.store.check([k])}
+        posted = {r: RankStacks.loads(self.store.get(k)) for r, k in keys.items() if self.store.check([k])}
+        stacks = {r: p.stacks for r, p in posted.items()}
         try:
-            hang = describe(self.read())
+            where = {r: p.where for r, p in posted.items() if p.where is not None}
+            hang = describe(self.read(), where)
+            self._reported.busy_at = {r: where[r] for r in hang.busy if r in where}
         except Exception as exc:  # a report without its diagnosis beats silence (the loop takes errors for the store's)
             log.error("watch: the hang report could not be worded (%r)", exc)
             hang = Hang(lines=[f"ddpkit watch: HANG: no rank has made progress (claim {mine}); the diagnosis failed: "
                                f"{exc!r}; the stacks follow"], event={"event": "hang", "reporter": self.rank,
                                                                      "diagnosis_error": repr(exc)})
         lines = list(hang.lines)
-        for r in sorted(stacks):
+        if self.options.on_hang == "report":
+            lines[0] += "; the watch does not stop the job (--on-hang report)"
+        elif stop_at is not None:
+            lines[0] += f"; every rank stops at {time.strftime('%H:%M:%S', time.localtime(stop_at))} unless " \
+                        "progress resumes"
+            hang.event["stop_at"] = round(stop_at, 3)
+        else:
+            if hang.busy:  # --hang-after (or a --stop-after within it) declared this long a hang: it is one here
+                lines[0] = lines[0].replace("ddpkit watch: ", "ddpkit watch: HANG: ", 1)
+            lines[0] += f"; every rank stops now (exit {EXIT_MISSING})"
+        for r in sorted(stacks, key=lambda r: (r not in hang.busy, r)):  # the ranks the others wait for first
             rec = records[r] or {}
             lines.append(f"--- rank {r} on host {rec.get('host')} (pid {rec.get('pid')}): Python stacks")
             lines.append(stacks[r].rstrip("\n"))
@@ -193,21 +277,59 @@ class Monitor:
         hang.event["stacks"] = {str(r): s for r, s in stacks.items()}
         hang.event["on_hang"] = self.options.on_hang
         self.emit(lines, hang.event)
-        if self.options.on_hang == "abort":
-            hosts = {r: rec["host"] for r, rec in records.items() if rec is not None}
-            doomed = [{"rank": r, "host": hosts[r], "pid": records[r]["pid"],  # type: ignore[index]
-                       "by": min((q for q in live if hosts[q] == hosts[r]), default=None)}
-                      for r in stale if r in hosts]
-            order = {"reporter": self.rank, "stopped": doomed, "silent": sorted(stale), "live": len(live),
-                     "hosts": {str(r): h for r, h in hosts.items()}, "headline": lines[0],
-                     "deadline": hang.event.get("text")}
+        if self.options.on_hang == "abort" and stop_at is None:
+            order = self._order(records, stale, lines[0], hang.event.get("text"))
             self.aborting = True
             self.store.set("abort", json.dumps(order))
-            until = time.monotonic() + STACK_WAIT_S
-            with contextlib.suppress(Exception):  # a rank that hosts the store may leave first, taking it along
-                while time.monotonic() < until and int(self.store.add("abort/seen", 0)) < len(live) - 1:
-                    time.sleep(0.05)
-            self._abort(order)
+            self._stop_every_rank(order)
+
+    def _resumed(self, now: float, *, said: bool) -> None:
+        """Progress again after this rank's report: free the claim (a later hang gets its own report) and, for a
+        hang, say once how long the job paused (``said``: progress resumed, not a marked phase begun)."""
+        reported, self._reported = self._reported, None
+        assert reported is not None
+        self.store.compare_set("claim", reported.claim, "")
+        if not (said and reported.hang):
+            return
+        paused = now - reported.since
+        was = "; ".join(f"rank {r} was in {w}" for r, w in sorted(reported.busy_at.items()))
+        self.emit([f"ddpkit watch: progress resumed after {paused:.0f} s" + (f" ({was})" if was else "")],
+                  {"event": "resumed", "reporter": self.rank, "paused_s": round(paused, 1),
+                   "busy_at": {str(r): w for r, w in reported.busy_at.items()}})
+
+    def _stop_job(self, records: dict[int, dict[str, Any] | None], stale: dict[int, float], idle: float,
+                  stop: float) -> None:
+        """No progress for ``stop`` s since a hang was reported: every rank stops (exit 3); one order per job."""
+        line = (f"ddpkit watch: no rank has made progress for {idle:.0f} s (stop after {stop:g} s): every rank "
+                f"stops (exit {EXIT_MISSING})")
+        order = self._order(records, stale, line, None)
+        self.aborting = True
+        won = self.store.compare_set("abort", "", json.dumps(order)).decode()
+        if won == json.dumps(order):
+            self.emit([line], {"event": "stop", "reporter": self.rank, "idle_s": round(idle, 1),
+                               "stop_after_s": stop, "silent": sorted(stale)})
+            self._stop_every_rank(order)
+        else:
+            self._abort(json.loads(won))  # another rank stops the job
+
+    def _order(self, records: dict[int, dict[str, Any] | None], stale: dict[int, float], headline: str,
+               text: str | None) -> dict[str, Any]:
+        """The abort order (``abort`` in the store): who stops the ranks that stopped answering on each host."""
+        hosts = {r: rec["host"] for r, rec in records.items() if rec is not None}
+        live = [r for r in hosts if r not in stale]
+        doomed = [{"rank": r, "host": hosts[r], "pid": records[r]["pid"],  # type: ignore[index]
+                   "by": min((q for q in live if hosts[q] == hosts[r]), default=None)}
+                  for r in stale if r in hosts]
+        return {"reporter": self.rank, "stopped": doomed, "silent": sorted(stale), "live": len(live),
+                "hosts": {str(r): h for r, h in hosts.items()}, "headline": headline, "deadline": text}
+
+    def _stop_every_rank(self, order: dict[str, Any]) -> None:
+        """The order is in the store: wait (at most STACK_WAIT_S) until the other live ranks saw it, then stop."""
+        until = time.monotonic() + STACK_WAIT_S
+        with contextlib.suppress(Exception):  # a rank that hosts the store may leave first, taking it along
+            while time.monotonic() < until and int(self.store.add("abort/seen", 0)) < order["live"] - 1:
+                time.sleep(0.05)
+        self._abort(order)
 
     def emit(self, lines: list[str], event: dict[str, Any]) -> None:
         sys.stdout.flush()

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
 from ddpkit.errors import ConfigError
 
-__all__ = ["FIRST_STEP_FACTOR", "MIN_HANG_S", "ON_HANG", "SLOWEST_FACTOR", "WatchOptions", "hang_deadline"]
+__all__ = ["FIRST_STEP_FACTOR", "MIN_HANG_S", "MIN_STOP_S", "ON_HANG", "SLOWEST_FACTOR", "WatchOptions",
+           "hang_deadline", "stop_deadline"]
 
 ON_HANG = ("abort", "report")
 #: The adaptive deadline's floor (``hang_after`` left unset): a minute with no progress on any rank.
@@ -17,18 +19,27 @@ SLOWEST_FACTOR = 2.0
 #: Until every rank has finished its first step (compilation, data loading, DDP's first construction), the deadline
 #: is this many times longer: an unmarked slow first step raises no alarm.
 FIRST_STEP_FACTOR = 5.0
+#: Under ``--on-hang abort`` with neither ``stop_after`` nor ``hang_after`` given, every rank stops only after this
+#: long without progress (and never before the report): a healthy job pauses for minutes (rank 0 alone writing a
+#: checkpoint or evaluating while the others wait in the next collective). torch's own collective timeouts are 10
+#: min (NCCL) and 30 min (gloo); NVIDIA's resiliency extension uses heartbeat timeouts of 5 to 45 min.
+MIN_STOP_S = 600.0
 
 
 @dataclass(frozen=True, kw_only=True)
 class WatchOptions:
-    """How one job is watched (``ddpkit run``'s ``--hang-after``, ``--on-hang``, ``--report-every``, ``--events``)."""
+    """How one job is watched (``ddpkit run``'s ``--hang-after``, ``--stop-after``, ``--on-hang``,
+    ``--report-every``, ``--events``). Seconds are finite and above 0 (``inf`` would turn a check off)."""
 
     hang_after: float | None = None
     """Seconds with no progress on any rank (while one waits in a collective) before the hang report. None: adapt:
     at least MIN_HANG_S, and never shorter than SLOWEST_FACTOR x the slowest stretch without progress seen."""
+    stop_after: float | None = None
+    """Under ``abort``: seconds with no progress on any rank before every rank stops (never before the report).
+    None: at the report when ``hang_after`` is given, else ``max(MIN_STOP_S, the report's deadline)``."""
     on_hang: str = "abort"
-    """``abort``: after the report every rank stops and the job exits 3 (so the scheduler frees the nodes);
-    ``report``: the report only, the job keeps waiting."""
+    """``abort``: the report, then every rank stops and the job exits 3 (so the scheduler frees the nodes) once
+    ``stop_after`` passed without progress; ``report``: the report only, the job keeps waiting."""
     report_every: float = 60.0
     """Seconds between straggler checks (a line only when one rank or host makes the others wait)."""
     straggler_share: float = 0.10
@@ -41,14 +52,22 @@ class WatchOptions:
     """Seconds between two publications of a rank's progress in the job's store."""
 
     def __post_init__(self) -> None:
-        if self.hang_after is not None and not self.hang_after > 0:
-            raise ConfigError(f"--hang-after {self.hang_after:g}", "a number of seconds above 0",
+        # inf would turn the watch off without a word, nan compares false with everything
+        if self.hang_after is not None and not _seconds(self.hang_after):
+            raise ConfigError(f"--hang-after {self.hang_after:g}", "a finite number of seconds above 0",
                               "pass e.g. --hang-after 120, or leave it out for the adaptive deadline")
+        if self.stop_after is not None and not _seconds(self.stop_after):
+            raise ConfigError(f"--stop-after {self.stop_after:g}", "a finite number of seconds above 0",
+                              f"pass e.g. --stop-after 1800, or leave it out ({MIN_STOP_S:g} s at least)")
         if self.on_hang not in ON_HANG:
             raise ConfigError(f"--on-hang {self.on_hang}", f"one of {', '.join(ON_HANG)}",
                               "pass --on-hang abort (stop every rank, exit 3) or --on-hang report")
-        if not self.report_every > 0:
-            raise ConfigError(f"--report-every {self.report_every:g}", "a number of seconds above 0",
+        if self.stop_after is not None and self.on_hang == "report":
+            raise ConfigError(f"--stop-after {self.stop_after:g} with --on-hang report",
+                              "--stop-after only under --on-hang abort (report never stops the job)",
+                              "leave out --stop-after, or pass --on-hang abort")
+        if not _seconds(self.report_every):
+            raise ConfigError(f"--report-every {self.report_every:g}", "a finite number of seconds above 0",
                               "pass e.g. --report-every 60")
         if not 0 < self.straggler_share < 1:
             raise ConfigError(f"straggler share {self.straggler_share:g}", "a fraction between 0 and 1",
@@ -66,3 +85,21 @@ def hang_deadline(options: WatchOptions, *, slowest_gap: float, first_step_done:
     if options.hang_after is None:
         base = max(base, SLOWEST_FACTOR * slowest_gap)
     return base if first_step_done else base * FIRST_STEP_FACTOR
+
+
+def stop_deadline(options: WatchOptions, *, report_deadline: float) -> float | None:
+    """Seconds without progress on any rank after which every rank stops (exit 3); never before the report
+    (``report_deadline``: what ``hang_deadline`` gave). None: never (``on_hang="report"``).
+
+    A given ``hang_after`` with no ``stop_after`` keeps its meaning: report and stop at once."""
+    if options.on_hang == "report":
+        return None
+    if options.stop_after is not None:
+        return max(options.stop_after, report_deadline)
+    if options.hang_after is not None:
+        return report_deadline
+    return max(MIN_STOP_S, report_deadline)
+
+
+def _seconds(value: float) -> bool:
+    return math.isfinite(value) and value > 0
