@@ -5,6 +5,7 @@ and `ddpkit submit slurm --tasks-per-rank` render (which used to fail: "environm
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import subprocess
@@ -18,7 +19,13 @@ from tests.helpers import IS_ROOT, ddpkit_env, free_port, require_tools, run_ddp
 from tests.infra.slurm_fixture import in_cluster, slurm_cluster_fixture  # noqa: F401 (the fixture)
 from tests.infra.test_jobs_slurm import VENV, _job_id
 from tests.multiproc.test_run import SCRIPT, TEARDOWN_PROBE, assert_replicas_identical
-from tests.multiproc.test_run_harmless import FAILS, UNCLOSED, assert_written_in_full
+from tests.multiproc.test_run_harmless import (
+    FAILS,
+    STOPS_RANK_0,
+    UNCLOSED,
+    assert_frozen_rank_0_named,
+    assert_written_in_full,
+)
 
 pytestmark = [pytest.mark.infra, pytest.mark.multiproc]
 RUN = [sys.executable, "-m", "ddpkit", "run", "--"]
@@ -132,3 +139,17 @@ def test_under_mpirun_the_rank_that_failed_first_is_mpiruns_first(how: str, code
         assert res.returncode == code, f"attempt {attempt}: {out[-4000:]}"
         assert re.search(said, out), out[-4000:]
         assert "rank 1 on host" in out and "is gone" in out, out[-4000:]
+
+
+def test_under_mpirun_a_frozen_rank_0_that_holds_the_store_is_named_and_the_job_stopped(tmp_path: Path) -> None:
+    require_tools("mpirun")
+    script = tmp_path / "stops.py"
+    script.write_text(STOPS_RANK_0)
+    events = tmp_path / "events.jsonl"
+    res = subprocess.run([*MPIRUN, sys.executable, "-m", "ddpkit", "run", "--hang-after", "8", "--stop-after", "25",
+                          "--events", str(events), "--", str(script)], capture_output=True, text=True,
+                         errors="replace", timeout=180, env=ddpkit_env(MASTER_PORT=free_port(),
+                                                                       MASTER_ADDR="127.0.0.1"))
+    out = res.stdout + res.stderr
+    assert res.returncode == 3, out[-4000:]
+    assert_frozen_rank_0_named(out, [json.loads(x) for x in events.read_text().splitlines()], 8)

@@ -6,6 +6,7 @@ torchrun; mpirun in tests/infra/test_run_launchers.py."""
 from __future__ import annotations
 
 import gzip
+import json
 import re
 import subprocess
 import sys
@@ -186,3 +187,42 @@ def test_a_rank_that_finished_leaves_and_its_peer_fails_at_once(watch: tuple[str
     assert "stopped answering" not in out and "HANG" not in out and not re.search(r"^\s*frame #\d+", out, re.M), out
     if not watch:
         assert re.search(rf"rank 0 on host {HOST} \(pid \d+\) is gone", out), out[-4000:]
+
+
+# rank 0 stops itself (SIGSTOP) at step 300, in its loop: under env:// rank 0 holds the job's store, so every other
+# rank's watch loses its store with it
+STOPS_RANK_0 = """
+import os, signal, time
+import torch, torch.distributed as dist
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(16, 16))
+for step in range(3000):
+    if step == 300 and rank == 0:
+        os.kill(os.getpid(), signal.SIGSTOP)
+    model(torch.randn(4, 16)).sum().backward()
+    time.sleep(0.005)
+dist.destroy_process_group()
+"""
+
+
+def assert_frozen_rank_0_named(out: str, events: list[dict[str, object]], hang_after: float) -> None:
+    hangs = [e for e in events if e["event"] == "hang"]
+    assert len(hangs) == 1 and hangs[0]["stopped"] == [0] and hangs[0]["holder"] == 0, (events, out[-4000:])
+    assert float(hangs[0]["idle"]) <= hang_after + 10, hangs  # named within the deadline + 10 s  # type: ignore[arg-type]
+    assert re.search(rf"held by rank 0 on host {HOST}, pid \d+\) has not answered for \d+ s: rank 0 is stopped "
+                     r"\(SIGSTOP\); this rank stops at \d\d:\d\d:\d\d", out), out[-4000:]
+    assert "stops (no progress and no store; exit 3)" in out, out[-4000:]
+
+
+def test_a_frozen_rank_0_that_holds_the_store_is_named_and_the_job_stopped(tmp_path: Path) -> None:
+    """A SIGSTOPped rank 0 (it holds the job's store) was a silent hang under `ddpkit run -n 2` (125 s, nothing said):
+    rank 1's watch now watches on alone, names rank 0 stopped at its deadline and stops the job at --stop-after."""
+    script = _write(tmp_path, "stops.py", STOPS_RANK_0)
+    events = tmp_path / "events.jsonl"
+    res = run_ddpkit("run", "-n", "2", "--hang-after", "8", "--stop-after", "25", "--events", str(events), "--",
+                     str(script), timeout=150)
+    out = res.stdout + res.stderr
+    assert res.returncode == 3, out[-4000:]
+    assert_frozen_rank_0_named(out, [json.loads(x) for x in events.read_text().splitlines()], 8)
+    assert "failed first" not in out, out[-4000:]

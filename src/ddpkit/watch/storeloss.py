@@ -1,0 +1,155 @@
+"""When the job's store stops answering: this rank watches on alone, from what it saw last.
+
+The watch's heartbeats, claims and abort orders go through the job's store. Its host is torchrun's agent, or rank 0
+itself (env:// under ``ddpkit run -n``, mpirun, srun: rank 0 creates the store at MASTER_ADDR:MASTER_PORT). A rank 0
+that is stopped (SIGSTOP), or whose host froze, takes the store along: every other rank's watch lost its only way
+to report, and the job hung in silence (issue 36: nothing in 125 s with ``--hang-after 10``).
+
+So a rank whose store stopped answering watches its own progress: while it progresses, the store's host simply
+finished or left, and nothing is said. When it has made no progress past the hang deadline, it reports on its own:
+the store's host (and, on this host, whether that process is stopped or gone, from /proc), the other ranks as last
+seen, this rank's stacks; at the stop deadline it stops (exit 3) and a stopped peer on this host is killed. Each rank
+decides for itself: with no store there is nothing to agree through, and a rank whose collective then fails
+("Connection reset by peer") is reported by the failure path as usual.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from ddpkit.watch.options import WatchOptions, hang_deadline, stop_deadline
+from ddpkit.watch.processes import process_state, python_stacks
+
+__all__ = ["KILL_AFTER_S", "StoreHost", "StoreLoss", "store_host"]
+
+#: How long after this rank has gone a stopped peer on its host is killed (its launcher sees this rank leave first).
+KILL_AFTER_S = 1.0
+
+
+@dataclass(frozen=True)
+class StoreHost:
+    """Who holds the job's store: rank 0's process, or the launcher's agent (torchrun's shared store)."""
+
+    address: str
+    """HOST:PORT, as the ranks connect to it."""
+    rank: int | None
+    """0 when rank 0 holds it; None when the launcher's agent does."""
+
+    def describe(self, records: dict[int, dict[str, Any] | None]) -> str:
+        if self.rank is None:
+            return f"the job's store at {self.address} (held by the launcher's agent)"
+        rec = records.get(self.rank) or {}
+        where = f" on host {rec['host']}, pid {rec['pid']}" if rec else ""
+        return f"the job's store at {self.address} (held by rank {self.rank}{where})"
+
+
+def store_host(environ: dict[str, str] | os._Environ[str] | None = None) -> StoreHost:
+    """From torch's variables in this rank: torchrun's workers share the agent's store unless
+    TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 (ddpkit's agent sets it); then, and under every other launcher, rank 0
+    creates it at MASTER_ADDR:MASTER_PORT."""
+    env = os.environ if environ is None else environ
+    address = f"{env.get('MASTER_ADDR', '?')}:{env.get('MASTER_PORT', '?')}"
+    agent = env.get("TORCHELASTIC_USE_AGENT_STORE", "").strip().lower() == "true"
+    return StoreHost(address=address, rank=None if agent else 0)
+
+
+class StoreLoss:
+    """One rank's watch while the job's store does not answer (``Monitor`` calls ``tick`` from its loop)."""
+
+    def __init__(self, *, rank: int, host: str, options: WatchOptions, records: dict[int, dict[str, Any] | None],
+                 progress: Callable[[], tuple[Any, ...]], emit: Callable[[list[str], dict[str, Any]], None],
+                 leave: Callable[[str | None], object], error: str, since: float, slowest_gap: float) -> None:
+        self.rank, self.host, self.options = rank, host, options
+        self.records = records  # as last read: who was where, with pids and hosts
+        self.progress = progress
+        self.emit, self.leave = emit, leave
+        self.error = error
+        self.lost_at = since
+        self._last = progress()
+        self._last_at = since
+        self._reported = False
+        first_done = bool(records) and all(rec and rec.get("first_step_done") for rec in records.values())
+        self.report_after = hang_deadline(options, slowest_gap=slowest_gap, first_step_done=first_done)
+        self.stop_after = stop_deadline(options, report_deadline=self.report_after)
+        self.holder = store_host()
+
+    def tick(self, now: float | None = None) -> None:
+        now = time.monotonic() if now is None else now
+        current = self.progress()
+        if current != self._last:
+            if self._reported:
+                self.emit([f"ddpkit watch: rank {self.rank} on host {self.host}: progress resumed after "
+                           f"{now - self._last_at:.0f} s, with the job's store still silent"],
+                          {"event": "resumed", "reporter": self.rank, "store_lost": self.error})
+                self._reported = False
+            self._last, self._last_at = current, now
+            return
+        idle = now - self._last_at
+        if not self._reported and idle >= self.report_after:
+            self._reported = True
+            self._report(idle)
+        if self.stop_after is not None and idle >= self.stop_after:
+            self._stop()
+
+    def _peers(self) -> dict[int, tuple[dict[str, Any], str]]:
+        """The other ranks as last seen, with their state where they run on this host."""
+        out = {}
+        for r, rec in sorted(self.records.items()):
+            if rec is None or r == self.rank:
+                continue
+            state = process_state(rec["pid"]) if rec["host"] == self.host else "elsewhere"
+            out[r] = (rec, state)
+        return out
+
+    def _report(self, idle: float) -> None:
+        peers = self._peers()
+        holder = self.holder.describe(self.records)
+        stopped = [r for r, (_, state) in peers.items() if state in ("stopped", "gone")]
+        culprit = ""
+        if self.holder.rank is not None and self.holder.rank in stopped:
+            state = peers[self.holder.rank][1]
+            culprit = f": rank {self.holder.rank} is {state}" + (" (SIGSTOP)" if state == "stopped" else "")
+        elif stopped:
+            culprit = "; on this host " + ", ".join(f"rank {r} is {peers[r][1]}" for r in stopped)
+        until = ""
+        if self.stop_after is not None:
+            at = time.strftime("%H:%M:%S", time.localtime(time.time() + self.stop_after - idle))
+            until = f"; this rank stops at {at} unless progress resumes"
+        lines = [f"ddpkit watch: HANG: rank {self.rank} on host {self.host} has made no progress for {idle:.0f} s and "
+                 f"{holder} has not answered for {time.monotonic() - self.lost_at:.0f} s{culprit}{until}"]
+        for r, (rec, state) in peers.items():
+            seen = {"stopped": "stopped (SIGSTOP)", "gone": "gone (its process no longer runs)",
+                    "running": "running", "elsewhere": "on another host: state unknown"}[state]
+            lines.append(f"  rank {r} on host {rec['host']} (pid {rec['pid']}): {seen}; last seen at step "
+                         f"{rec.get('step')}")
+        lines += [f"--- rank {self.rank} on host {self.host} (pid {os.getpid()}): Python stacks", python_stacks()]
+        self.emit(lines, {"event": "hang", "reporter": self.rank, "store_lost": self.error, "idle": round(idle, 1),
+                          "stopped": stopped, "holder": self.holder.rank})
+
+    def _stop(self) -> None:
+        """This rank stops, exit 3, and a stopped peer on this host is killed a moment later (it cannot end itself;
+        once continued it would find no abort order in a store it holds). Later, so that the launcher sees this
+        rank's exit 3 first: killed first, its death reached the launcher before and was named the job's first
+        failure. By a child of this rank, since this rank is gone by then; left to itself, torch's agent waited 30 s
+        before it SIGKILLed a stopped process its SIGTERM could not end."""
+        stopped = [rec["pid"] for rec, state in self._peers().values() if state == "stopped"]
+        parent = os.getpid()
+        if stopped and os.fork() == 0:  # the child only sleeps and signals: nothing that a lock could hold
+            # its copies of this rank's descriptors closed: the launcher's sentinel pipe of this rank (torch's
+            # forked workers) reads "exited" only once every copy of it is closed
+            os.closerange(3, os.sysconf("SC_OPEN_MAX") if hasattr(os, "sysconf") else 4096)
+            until = time.monotonic() + 10.0
+            while os.getppid() == parent and time.monotonic() < until:  # this rank gone first
+                time.sleep(0.05)
+            time.sleep(KILL_AFTER_S)
+            for pid in stopped:
+                with contextlib.suppress(OSError):
+                    os.kill(pid, signal.SIGKILL)
+            os._exit(0)
+        self.leave(f"ddpkit watch: rank {self.rank} on host {self.host} stops (no progress and no store; exit 3)")
