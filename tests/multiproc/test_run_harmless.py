@@ -226,3 +226,29 @@ def test_a_frozen_rank_0_that_holds_the_store_is_named_and_the_job_stopped(tmp_p
     assert res.returncode == 3, out[-4000:]
     assert_frozen_rank_0_named(out, [json.loads(x) for x in events.read_text().splitlines()], 8)
     assert "failed first" not in out, out[-4000:]
+
+
+# rank 0 finishes and leaves (its store with it); rank 1 works on alone for 20 s, its group still open
+RANK_0_LEAVES_FIRST = """
+import time
+import torch, torch.distributed as dist
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(16, 16))
+for step in range(400):
+    model(torch.randn(4, 16)).sum().backward()
+if rank == 1:
+    time.sleep(20)  # writing results alone
+    print("rank 1 wrote its results", flush=True)
+dist.destroy_process_group()
+"""
+
+
+def test_a_rank_that_works_on_after_the_store_holder_finished_is_left_alone(tmp_path: Path) -> None:
+    """The store's holder (rank 0) finished: its last record is final, so rank 1's watch does not take the silent
+    store for a frozen rank 0, however long rank 1 works on (--stop-after 12 < its 20 s)."""
+    script = _write(tmp_path, "leaves.py", RANK_0_LEAVES_FIRST)
+    res = run_ddpkit("run", "-n", "2", "--hang-after", "5", "--stop-after", "12", "--", str(script), timeout=150)
+    out = res.stdout + res.stderr
+    assert res.returncode == 0 and "rank 1 wrote its results" in out, out[-4000:]
+    assert "HANG" not in out, out[-4000:]

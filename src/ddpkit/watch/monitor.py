@@ -37,6 +37,7 @@ from ddpkit.watch.options import WatchOptions, hang_deadline, stop_deadline
 from ddpkit.watch.processes import STACK_WAIT_S, end_stopped, leave, python_stacks
 from ddpkit.watch.recorder import Recorder
 from ddpkit.watch.store import BoundedStore
+from ddpkit.watch.storeloss import StoreLoss, holder_left
 
 if TYPE_CHECKING:
     import torch.distributed as dist
@@ -135,6 +136,7 @@ class Monitor:
         self.aborting = False  # a hang report ordered every rank to stop: a collective failing now is the abort
         self._next_straggler = time.monotonic() + options.report_every
         self._store_failed_at: float | None = None
+        self._alone: StoreLoss | None = None  # this rank's watch while the store does not answer
         self.abort_handlers: list[Callable[[dict[str, Any]], object]] = []
         """Run on the watch's thread, in order, just before this rank exits 3 (``Session.on_abort``)."""
 
@@ -151,7 +153,7 @@ class Monitor:
                 self._publish()
                 if self.beat % poll_every == 0:
                     self._poll()
-                self._store_failed_at = None
+                self._store_failed_at, self._alone = None, None
             except Exception as exc:  # the store is the only thing that can fail here
                 if self._stop.is_set():
                     return
@@ -422,9 +424,20 @@ class Monitor:
         if now - self._store_failed_at < STALE_S:
             return
         rec = self.rec.record(self.beat)
-        if not rec["waiting"]:
-            log.debug("watch: the job's store is gone (%s); this rank waits in no collective: watching stops", exc)
-            self._stop.set()
+        if not rec["waiting"]:  # on DDP's C++ path a blocked rank waits in no watched call: watch on alone
+            if self._alone is None and holder_left(self.last_read, self.rec.host):
+                log.debug("watch: the job's store is gone with its holder, which left (%s): watching stops", exc)
+                self._stop.set()
+                return
+            if self._alone is None:
+                log.debug("watch: the job's store does not answer (%s): this rank watches its own progress", exc)
+                r = self.rec
+                self._alone = StoreLoss(rank=self.rank, host=r.host, options=self.options, records=self.last_read,
+                                        progress=lambda: (r.entered, r.steps, r.p2p_returned, r.group_seq()),
+                                        emit=self.emit, leave=leave, error=str(exc).strip().split("\n")[0],
+                                        since=min(self._progress_at, self._store_failed_at),
+                                        slowest_gap=self._slowest_gap)
+            self._alone.tick(now)
             return
         w = rec["waiting"]
         lines = [f"ddpkit watch: HANG: rank {self.rank} on host {self.rec.host} has waited {w['for']:.0f} s in "
@@ -448,7 +461,9 @@ class Monitor:
         if self._thread.is_alive() and self._thread is not threading.current_thread():
             self._thread.join(timeout=2 * self.options.heartbeat + 1)
         try:
-            self.store.set(f"final/{self.rank}", json.dumps(self.rec.record(self.beat + 1, final=True)))
+            last = json.dumps(self.rec.record(self.beat + 1, final=True))
+            self.store.set(self.keys[self.rank], last)  # the others see this rank finished, not silent
+            self.store.set(f"final/{self.rank}", last)
             if self.rank != 0 or not self.options.summary:
                 return
             keys = [f"final/{r}" for r in range(self.world)]

@@ -5,8 +5,9 @@ itself (env:// under ``ddpkit run -n``, mpirun, srun: rank 0 creates the store a
 that is stopped (SIGSTOP), or whose host froze, takes the store along: every other rank's watch lost its only way
 to report, and the job hung in silence (issue 36: nothing in 125 s with ``--hang-after 10``).
 
-So a rank whose store stopped answering watches its own progress: while it progresses, the store's host simply
-finished or left, and nothing is said. When it has made no progress past the hang deadline, it reports on its own:
+So a rank whose store stopped answering watches its own progress, unless the store's holder left on its own (its
+last record was final, or its process on this host is gone): then, as before, watching ends. While it progresses,
+nothing is said. When it has made no progress past the hang deadline, it reports on its own:
 the store's host (and, on this host, whether that process is stopped or gone, from /proc), the other ranks as last
 seen, this rank's stacks; at the stop deadline it stops (exit 3) and a stopped peer on this host is killed. Each rank
 decides for itself: with no store there is nothing to agree through, and a rank whose collective then fails
@@ -26,7 +27,7 @@ from typing import Any
 from ddpkit.watch.options import WatchOptions, hang_deadline, stop_deadline
 from ddpkit.watch.processes import process_state, python_stacks
 
-__all__ = ["KILL_AFTER_S", "StoreHost", "StoreLoss", "store_host"]
+__all__ = ["KILL_AFTER_S", "StoreHost", "StoreLoss", "holder_left", "store_host"]
 
 #: How long after this rank has gone a stopped peer on its host is killed (its launcher sees this rank leave first).
 KILL_AFTER_S = 1.0
@@ -57,6 +58,17 @@ def store_host(environ: dict[str, str] | os._Environ[str] | None = None) -> Stor
     address = f"{env.get('MASTER_ADDR', '?')}:{env.get('MASTER_PORT', '?')}"
     agent = env.get("TORCHELASTIC_USE_AGENT_STORE", "").strip().lower() == "true"
     return StoreHost(address=address, rank=None if agent else 0)
+
+
+def holder_left(records: dict[int, dict[str, Any] | None], host: str) -> bool:
+    """Whether the store's holder left on its own: its last record says it finished (the watch's final record), or it
+    ran on this host and its process is gone (it finished between two reads, or died: then this rank's collective
+    with it fails and the failure report says so). Either way there is nothing to watch for alone."""
+    holder = store_host()
+    last = records.get(holder.rank) if holder.rank is not None else None
+    if last is None:
+        return False
+    return bool(last.get("final")) or (last["host"] == host and process_state(last["pid"]) == "gone")
 
 
 class StoreLoss:
