@@ -187,11 +187,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_USAGE
 
 
-def program() -> NoReturn:
+def program(argv: Sequence[str] | None = None) -> NoReturn:
     """The ``ddpkit`` program (console script and ``python -m ddpkit``): ``main()``, then a prompt exit
     (``exiting.leave``: everything that matters is done when ``main`` returns; the interpreter's teardown after it
     took seconds, and can abort a rank under torch 2.13's gloo)."""
-    leave(main())
+    leave(main(argv))
 
 
 if __name__ == "__main__":

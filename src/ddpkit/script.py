@@ -49,7 +49,7 @@ _KEPT: list[object] = []
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("-m", "--module", action="store_true",
                    help="the target is a module, run as python -m runs it (sys.path[0] is the working directory)")
-    from ddpkit.watch.__main__ import add_arguments as watch_arguments
+    from ddpkit.watch.options import add_arguments as watch_arguments
 
     g = p.add_argument_group("the watch (docs/watch.md): a hung or slow rank named live, with its host and stacks")
     watch_arguments(g)  # type: ignore[arg-type]
@@ -76,7 +76,7 @@ def check_arguments(args: argparse.Namespace) -> None:
     _check_target(words[0], args.module)
     if args.no_watch:
         return
-    from ddpkit.watch.__main__ import options_from_args
+    from ddpkit.watch.options import options_from_args
 
     options_from_args(args)
     if args.events is not None:
@@ -103,7 +103,7 @@ def run(args: argparse.Namespace, start: RankStart) -> int:
     _python_signals()
     if not args.no_watch:  # on by default: a stalled rank is named, with its host and every rank's stack
         from ddpkit.watch import install, sigterm
-        from ddpkit.watch.__main__ import options_from_args
+        from ddpkit.watch.options import options_from_args
 
         install(options_from_args(args))
         sigterm.install()  # the launcher ending this rank: first name a rank on this host that is gone

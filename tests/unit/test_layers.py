@@ -29,7 +29,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     # healing supervisor around the agent (its pure rules, ddpkit.heal.classify/ledger/policy, are in layer 0)
     ("ddpkit.report", "ddpkit.lifecycle", "ddpkit.heal"),
     # 5: argv -> a command (and the package's public entry points, which load lazily)
-    ("ddpkit.cli", "ddpkit.__main__", "ddpkit.__init__"),
+    ("ddpkit.cli", "ddpkit.__main__", "ddpkit.__init__", "ddpkit.watch.__main__"),
 )
 #: In layer 3 each of these is its own package: none imports another.
 SIBLINGS = LAYERS[3]

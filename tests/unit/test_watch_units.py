@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import pytest
@@ -61,7 +62,7 @@ def test_options_from_args_refuse_what_would_turn_the_watch_off(argv: list[str])
     """``ddpkit run`` checks the watch's flags in its parent, before any rank starts: a ConfigError, no process."""
     import argparse
 
-    from ddpkit.watch.__main__ import add_arguments, options_from_args
+    from ddpkit.watch.options import add_arguments, options_from_args
 
     parser = argparse.ArgumentParser()
     add_arguments(parser)
@@ -213,7 +214,16 @@ def test_where_main_runs_names_the_users_line() -> None:
     from ddpkit.watch.monitor import where_main_runs
 
     seen: list[str | None] = []
-    t = threading.Thread(target=lambda: seen.append(where_main_runs()))
+
+    def sample() -> None:  # until the main thread is inside the join (it may still be starting this thread)
+        until = time.monotonic() + 5
+        while time.monotonic() < until:
+            seen[:] = [where_main_runs()]
+            if (seen[0] or "").startswith("t.join()"):
+                return
+            time.sleep(0.01)
+
+    t = threading.Thread(target=sample)
     t.start()
     t.join()
     assert seen[0] is not None and seen[0].startswith("t.join() at test_watch_units.py:"), seen

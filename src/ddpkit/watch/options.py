@@ -2,14 +2,25 @@
 
 from __future__ import annotations
 
+import argparse
 import math
 from dataclasses import dataclass
 from pathlib import Path
 
 from ddpkit.errors import ConfigError
 
-__all__ = ["FIRST_STEP_FACTOR", "MIN_HANG_S", "MIN_STOP_S", "ON_HANG", "SLOWEST_FACTOR", "WatchOptions",
-           "hang_deadline", "stop_deadline"]
+__all__ = [
+    "FIRST_STEP_FACTOR",
+    "MIN_HANG_S",
+    "MIN_STOP_S",
+    "ON_HANG",
+    "SLOWEST_FACTOR",
+    "WatchOptions",
+    "add_arguments",
+    "hang_deadline",
+    "options_from_args",
+    "stop_deadline",
+]
 
 ON_HANG = ("abort", "report")
 #: The adaptive deadline's floor (``hang_after`` left unset): a minute with no progress on any rank.
@@ -103,3 +114,29 @@ def stop_deadline(options: WatchOptions, *, report_deadline: float) -> float | N
 
 def _seconds(value: float) -> bool:
     return math.isfinite(value) and value > 0
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The watch's options, for ``ddpkit run`` (and ``python -m ddpkit.watch``, its other name)."""
+    parser.add_argument("--hang-after", type=float, default=None, metavar="S",
+                        help="seconds with no progress on any rank before the hang report (default: adaptive, "
+                             "at least 60 s and twice the slowest stretch seen; x5 until the first step ends); "
+                             "given without --stop-after, every rank also stops then")
+    parser.add_argument("--stop-after", type=float, default=None, metavar="S",
+                        help="under --on-hang abort: seconds with no progress on any rank before every rank stops "
+                             f"(exit 3), never before the report (default: {MIN_STOP_S:g} s, or the report's "
+                             "deadline when longer; with --hang-after alone: at the report)")
+    parser.add_argument("--on-hang", choices=ON_HANG, default="abort",
+                        help="abort: report, then every rank stops (exit 3) after --stop-after; report: report "
+                             "and keep waiting")
+    parser.add_argument("--report-every", type=float, default=60.0, metavar="S",
+                        help="seconds between straggler checks (default 60)")
+    parser.add_argument("--events", type=Path, default=None, metavar="PATH",
+                        help="append one JSON line per report (hang, straggler, summary) to PATH")
+
+
+def options_from_args(args: argparse.Namespace) -> WatchOptions:
+    """The watch's options from ``add_arguments``' flags; ConfigError for a bad value (pure: a parent process
+    checks them before any rank starts)."""
+    return WatchOptions(hang_after=args.hang_after, stop_after=args.stop_after, on_hang=args.on_hang,
+                        report_every=args.report_every, events=args.events)
