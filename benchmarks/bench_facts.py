@@ -5,7 +5,7 @@
     python -m benchmarks.bench_facts --render  # the Markdown again from the JSON
 
 Each round runs ``ddpkit check -n FACTS_RANKS --json`` twice, alternating, both through ``python -c`` calling
-``ddpkit.cli.main``: as shipped, and with ``ddpkit.nodefacts.gather`` replaced by a function that reads nothing
+``ddpkit.cli.main``: as shipped, and with ``ddpkit.verdicts.nodefacts.gather`` replaced by a function that reads nothing
 (patched in the agent before it forks the ranks, so every rank sees it). The figure is the check's own ``roll-call``
 timing (bench_scale's roll-call column): rank 0's wait from its check-in until every record arrived. Also: how many
 records carry facts (once per node: one at 64 local ranks) and ``facts_seconds``, the read itself on the rank that
@@ -33,7 +33,7 @@ ROUNDS = int(os.environ.get("FACTS_ROUNDS", "2"))
 TARGET_S = 0.5
 # Both variants start the same way (python -c calling ddpkit.cli.main), so only the facts differ.
 _START = "import sys; from ddpkit.cli import main; sys.exit(main(sys.argv[1:]))"
-_WITHOUT = "import ddpkit.nodefacts as f; f.gather = lambda **kw: None; " + _START
+_WITHOUT = "import ddpkit.verdicts.nodefacts as f; f.gather = lambda **kw: None; " + _START
 
 
 def _check(with_facts: bool) -> dict[str, Any]:
@@ -91,7 +91,7 @@ def _markdown(result: dict[str, Any]) -> list[str]:
 
 
 def main() -> int:
-    from ddpkit.nodefacts import gather
+    from ddpkit.verdicts.nodefacts import gather
 
     reads = []
     for _ in range(50):

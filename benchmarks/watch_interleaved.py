@@ -91,7 +91,7 @@ def main() -> None:
             dist.barrier()
             blocks[side].append(_block(rt, config, transport, side == "watched", thread_share))
     # through the job's store, not a collective: a last gloo all_gather's work freed during the interpreter's
-    # teardown aborted a rank (src/ddpkit/exiting.py; it happened here under mpirun)
+    # teardown aborted a rank (src/ddpkit/process/exiting.py; it happened here under mpirun)
     store = dist.distributed_c10d._get_default_store()
     store.set(f"watch_threads/{rt.rank}", json.dumps(thread_share))
     shares = [json.loads(store.get(f"watch_threads/{r}")) for r in range(rt.world_size)] if rt.rank == 0 else []

@@ -149,7 +149,7 @@ def main() -> None:
             print(f"rank {r['rank']}: added CPU per step {added['mean_us']:.2f} us [{added['ci95_us'][0]:.2f}, "
                   f"{added['ci95_us'][1]:.2f}]; unwatched step {r['unwatched_step_us']}")  # type: ignore[index]
     sys.stdout.flush()
-    os._exit(0)  # no interpreter teardown under gloo (ddpkit.exiting: it aborted ranks that succeeded)
+    os._exit(0)  # no interpreter teardown under gloo (ddpkit.process.exiting: it aborted ranks that succeeded)
 
 
 if __name__ == "__main__":

@@ -1,5 +1,5 @@
 """How often a DDP script that succeeded is aborted in the interpreter's teardown (torch 2.13's gloo:
-"terminate called without an active exception", SIGABRT; src/ddpkit/exiting.py has the backtrace), under plain
+"terminate called without an active exception", SIGABRT; src/ddpkit/process/exiting.py has the backtrace), under plain
 torchrun and under torchrun with ddpkit's watch runner, which leaves before that teardown.
 
     python scripts/reliability_teardown.py [--pairs 20] [--nproc 4]

@@ -71,7 +71,7 @@ class SlurmCluster:
         self.root = Path(self.root).resolve()
         self.nodes = [Node(name=f"node{i + 1}", ip=f"{SUBNET}.{11 + i}", netns=f"dj{self.run_id}{chr(97 + i)}",
                            veth=f"vj{self.run_id}{chr(97 + i)}") for i in range(self.nodes_count)]
-        # below ddpkit's derived torch ports (ddpkit.ports.PORT_RANGE, 20000-29999, from the job id): a slurmd on
+        # below ddpkit's derived torch ports (ddpkit.base.ports.PORT_RANGE, 20000-29999, from the job id): a slurmd on
         # 20001 once took the port that job 1's rank 0 needed for its store (EADDRINUSE)
         base = 12000 + (int(self.run_id, 16) % 3000) * 2
         self.ctld_port, self.slurmd_port = base, base + 1

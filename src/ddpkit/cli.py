@@ -16,10 +16,10 @@ from types import ModuleType
 from typing import Any, NoReturn
 
 from ddpkit import __version__
-from ddpkit.errors import EXIT_USAGE, ConfigError, DdpkitError
-from ddpkit.exiting import leave
-from ddpkit.inputs import endpoint, local_ranks, shape_text
-from ddpkit.log import configure, get_logger
+from ddpkit.base.errors import EXIT_USAGE, ConfigError, DdpkitError
+from ddpkit.base.inputs import endpoint, local_ranks, shape_text
+from ddpkit.base.log import configure, get_logger
+from ddpkit.process.exiting import leave
 
 __all__ = ["main", "program"]
 
@@ -50,12 +50,12 @@ class Command:
 
 
 COMMANDS: tuple[Command, ...] = (
-    Command("env", "ddpkit.env.cli", "show who this process is, in which world, and from which launcher",
+    Command("env", "ddpkit.whoami", "show who this process is, in which world, and from which launcher",
             worker=True, verdict=True),
     Command("check", "ddpkit.check", "prove the cluster is ready for PyTorch distributed, and name what is broken",
             worker=True, verdict=True,
             preload=("torch.nn.parallel", "torch._dynamo", "ddpkit.check.ddpsync", "ddpkit.runtime", "rich.table",
-                     "ddpkit.nodefacts", "psutil")),
+                     "ddpkit.verdicts.nodefacts", "psutil")),
     Command("submit", "ddpkit.jobs.cli", "render a job for torchrun, slurm, mpi or k8s, and submit it"),
     Command("status", "ddpkit.jobs.status", "show a Slurm job's state and exit code"),
     Command("logs", "ddpkit.jobs.logs", "print (or follow, -f) a Slurm job's output"),
@@ -68,7 +68,7 @@ COMMANDS: tuple[Command, ...] = (
             "the reference DDP job: trains, snapshots safely, resumes exactly, survives faults", worker=True,
             preload=("torch.nn.parallel", "torch._dynamo", "ddpkit.runtime", "ddpkit.train.jobs",
                      "ddpkit.train.trainer", "ddpkit.watch.hooks", "ddpkit.watch.monitor")),
-    Command("run", "ddpkit.script", "run your own DDP script, unchanged, under any launcher (or start -n ranks)",
+    Command("run", "ddpkit.run", "run your own DDP script, unchanged, under any launcher (or start -n ranks)",
             worker=True, checks_first=True,
             preload=("torch", "torch.distributed", "torch.nn.parallel", "torch._dynamo")),
 )

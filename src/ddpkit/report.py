@@ -20,9 +20,9 @@ from pathlib import Path
 from typing import Any
 
 from ddpkit import __version__
-from ddpkit.baseline import DEFAULT_TOLERANCE, baseline_path
-from ddpkit.errors import EXIT_OK, ConfigError
-from ddpkit.log import get_logger
+from ddpkit.base.errors import EXIT_OK, ConfigError
+from ddpkit.base.log import get_logger
+from ddpkit.verdicts.baseline import DEFAULT_TOLERANCE, baseline_path
 
 __all__ = ["add_arguments", "render", "run"]
 
@@ -172,8 +172,8 @@ def _against(data: dict[str, Any], base: Mapping[str, Any] | None, path: str | N
     """A run not judged at run time, judged now against ``base`` (``report --baseline``)."""
     if base is None or data.get("baseline"):
         return
-    from ddpkit.baseline import facts_of, judge_bench
-    from ddpkit.nodejudge import compare_to_baseline
+    from ddpkit.verdicts.baseline import facts_of, judge_bench
+    from ddpkit.verdicts.nodejudge import compare_to_baseline
 
     if data.get("kind") == "bench" and isinstance(data.get("world"), Mapping):
         result = judge_bench(data, base, tolerance)
@@ -209,7 +209,7 @@ def render(files: list[Path], output: Path, *, title: str = "ddpkit report", plo
     the runs are shown beside (runs judged against one at run time keep theirs)."""
     loaded = [(f, _load(f)) for f in files]
     if baseline is not None:
-        from ddpkit.baseline import load
+        from ddpkit.verdicts.baseline import load
 
         base = load(baseline)
         for _, data in loaded:

@@ -17,10 +17,10 @@ from dataclasses import dataclass, replace
 from datetime import timedelta
 from typing import TYPE_CHECKING
 
+from ddpkit.base.errors import ConfigError, EnvConflict
+from ddpkit.base.log import get_logger
+from ddpkit.base.netinfo import InterfaceChoice, gloo_interface
 from ddpkit.env import WorldInfo, detect, thread_count
-from ddpkit.errors import ConfigError, EnvConflict
-from ddpkit.log import get_logger
-from ddpkit.netinfo import InterfaceChoice, gloo_interface
 
 if TYPE_CHECKING:
     import torch

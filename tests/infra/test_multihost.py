@@ -51,7 +51,7 @@ def _assert_world_across(hosts: Hosts, runs: list[HostRun], master: str | None =
 def test_hosts_have_own_addresses_names_and_routes(two_hosts: Hosts) -> None:
     """The fixture's hosts are hosts: own hostname, own address; netinfo.route_to names the right interface."""
     h1, h2 = two_hosts[0], two_hosts[1]
-    probe = ("import json, socket; from ddpkit.netinfo import route_to, is_local_address; "
+    probe = ("import json, socket; from ddpkit.base.netinfo import route_to, is_local_address; "
              f"print(json.dumps([socket.gethostname(), route_to('{h1.hostname}'), route_to('{h2.ip}'), "
              f"is_local_address('{h1.ip}'), is_local_address('{h2.ip}'), "
              f"socket.create_connection(('{h1.ip}', 9), 5) and 1]))")

@@ -90,8 +90,8 @@ def test_submit_mpi_runs_a_script(flavour: str, tool: str, tmp_path: Path) -> No
 @pytest.mark.parametrize("code", [0, 7])
 def test_under_mpirun_a_rank_finalizes_mpi_and_skips_the_teardown(code: int, tmp_path: Path) -> None:
     """With mpi4py loaded, `ddpkit run` still leaves without the interpreter's teardown (where torch 2.13's gloo
-    aborted `train --grad-transport mpi` after it finished: src/ddpkit/exiting.py), after the atexit handlers (MPI
-    still usable there) and an MPI_Finalize of its own: without it, os._exit skips mpi4py's and Open MPI calls the
+    aborted `train --grad-transport mpi` after it finished: src/ddpkit/process/exiting.py), after the atexit handlers
+    (MPI still usable there) and an MPI_Finalize of its own: without it, os._exit skips mpi4py's and Open MPI calls the
     job failed; the script's exit code is mpirun's."""
     require_tools("mpirun")
     pytest.importorskip("mpi4py")

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from ddpkit.base.errors import EXIT_CHECK_FAILED, EXIT_OK, EXIT_USAGE
 from ddpkit.bench.busbw import OPS
-from ddpkit.errors import EXIT_CHECK_FAILED, EXIT_OK, EXIT_USAGE
 from tests.helpers import ROOT, ddpkit_env, run_ddpkit, run_torchrun_worker
 
 pytestmark = pytest.mark.multiproc

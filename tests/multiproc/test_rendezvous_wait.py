@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from ddpkit.errors import DeadlineExpired
+from ddpkit.base.errors import DeadlineExpired
 from ddpkit.launch.agent import await_endpoint
 from tests.helpers import ddpkit_env, free_port
 

@@ -190,7 +190,8 @@ def test_a_rank_leaves_with_the_scripts_exit_code_without_the_interpreters_teard
         runner: tuple[str, ...], code: str, expected: int, tmp_path: Path) -> None:
     """`ddpkit run` and `python -m ddpkit.watch` end a rank after the script's atexit handlers, with its exit code
     (sys.exit's message printed as Python prints it), and never reach the interpreter's teardown, where torch 2.13's
-    gloo can abort a rank that succeeded (src/ddpkit/exiting.py). `python SCRIPT` is the control: the probe sees it."""
+    gloo can abort a rank that succeeded (src/ddpkit/process/exiting.py). `python SCRIPT` is the control: the probe
+    sees it."""
     script = tmp_path / "probe.py"
     script.write_text(TEARDOWN_PROBE)
     mark = tmp_path / "mark"

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from ddpkit.errors import EXIT_IO
+from ddpkit.base.errors import EXIT_IO
 from tests.helpers import require_root, run_ddpkit
 
 pytestmark = pytest.mark.multiproc

@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
+from ddpkit.base.errors import EXIT_USAGE, ConfigError
 from ddpkit.bench.busbw import OPS, algbw_gbps, busbw_factor, busbw_gbps, element_count, per_rank_count
 from ddpkit.bench.results import csv_text, format_table, parse_gate, verdict
 from ddpkit.bench.schedules import judge
 from ddpkit.bench.sizes import format_size, parse_size, size_sweep
-from ddpkit.errors import EXIT_USAGE, ConfigError
 from ddpkit.report import render
 from tests.helpers import run_ddpkit
 

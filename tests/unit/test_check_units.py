@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from ddpkit.base.netinfo import interface_addresses, route_to
 from ddpkit.check import collectives, ddpsync
 from ddpkit.check.consistency import judge_consistency, judge_network
 from ddpkit.check.rollcall import distributed_env, judge
-from ddpkit.netinfo import interface_addresses, route_to
-from ddpkit.outcome import FAIL, PASS, SKIP, WARN, exit_code, failed
+from ddpkit.verdicts.outcome import FAIL, PASS, SKIP, WARN, exit_code, failed
 from ddpkit.watch.diagnose import deadline_text
 
 

@@ -7,8 +7,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from ddpkit.base.errors import EnvConflict
 from ddpkit.env import PORT_RANGE, derive_port, detect, expand_nodelist, explain, thread_count
-from ddpkit.errors import EnvConflict
 
 TORCHRUN = {"RANK": "3", "LOCAL_RANK": "1", "WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "2", "GROUP_RANK": "1",
             "GROUP_WORLD_SIZE": "2", "MASTER_ADDR": "node-a", "MASTER_PORT": "29500",

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from ddpkit.base.errors import EnvConflict
 from ddpkit.env import derive_port, detect, expand_nodelist
-from ddpkit.errors import EnvConflict
 
 # srun -N 4 -n 8 on a job whose script did `export RANK=$SLURM_PROCID ...` inside the step
 SRUN = {"SLURM_JOB_ID": "4242", "SLURM_STEP_ID": "0", "SLURM_PROCID": "5", "SLURM_LOCALID": "1",

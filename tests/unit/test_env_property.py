@@ -9,8 +9,8 @@ from dataclasses import dataclass
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from ddpkit.base.errors import EnvConflict
 from ddpkit.env import detect
-from ddpkit.errors import EnvConflict
 
 
 @dataclass(frozen=True)

@@ -23,8 +23,8 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from ddpkit.base.errors import DdpkitError
 from ddpkit.cli import _load, build_parser, main
-from ddpkit.errors import DdpkitError
 from ddpkit.lifecycle import launch_options as _launch_options
 from tests.helpers import ROOT, ddpkit_env
 from tests.unit.rendered import intended, sbatch_directives, shell_commands

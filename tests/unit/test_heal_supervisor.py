@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from ddpkit.errors import ConfigError
+from ddpkit.base.errors import ConfigError
+from ddpkit.base.shape import JobShape
 from ddpkit.heal.classify import FailureClass
 from ddpkit.heal.ledger import Action, AttemptEnded, Ledger
 from ddpkit.heal.supervisor import gather, supervise
 from ddpkit.launch.agent import LaunchOptions
-from ddpkit.launch.shape import JobShape
 
 
 def record(msg: str, *args: object, name: str = "ddpkit.launch.failure") -> logging.LogRecord:

@@ -13,7 +13,7 @@ RENDER_EVERY_BACKEND = """
 import json, sys
 from ddpkit.jobs.cli import render
 from ddpkit.jobs.spec import JobSpec
-from ddpkit.launch.shape import parse_job_shape
+from ddpkit.base.shape import parse_job_shape
 
 for backend in ("slurm", "torchrun", "mpi"):
     spec = JobSpec(backend=backend, shape=parse_job_shape("2x2"), command=("check",), rdzv_endpoint="node1:29400")
@@ -22,8 +22,8 @@ print(json.dumps(sorted(sys.modules)))
 """
 
 #: Modules that rendering must leave unloaded: the heavy or launcher-side parts.
-FORBIDDEN = ("torch", "ddpkit.launch.agent", "ddpkit.launch.addresses", "ddpkit.launch.rendezvous", "ddpkit.netinfo",
-             "ddpkit.cli", "ddpkit.runtime", "ddpkit.env")
+FORBIDDEN = ("torch", "ddpkit.launch.agent", "ddpkit.launch.addresses", "ddpkit.launch.rendezvous",
+             "ddpkit.base.netinfo", "ddpkit.cli", "ddpkit.runtime", "ddpkit.env")
 
 
 def test_rendering_jobs_loads_no_torch_launcher_or_detection() -> None:

@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
+from ddpkit.base.inputs import local_rank_limit
 from ddpkit.check import render
 from ddpkit.cli import main
-from ddpkit.inputs import local_rank_limit
-from ddpkit.outcome import Outcome
+from ddpkit.verdicts.outcome import Outcome
 
 
 def ddpkit(*argv: str) -> tuple[int, str, str]:
@@ -139,8 +139,8 @@ def test_env_timeout_must_be_finite_and_positive(value: str) -> None:
 @pytest.mark.parametrize("endpoint", ["node1:²", "node1:٣٣", "node1:" + "9" * 5000])
 def test_split_endpoint_refuses_ports_that_are_not_ascii_digits(endpoint: str) -> None:
     """Python API callers (JobSpec, rendezvous) once got a ValueError from int('²'): a ConfigError says why."""
-    from ddpkit.errors import ConfigError
-    from ddpkit.launch.shape import split_endpoint
+    from ddpkit.base.errors import ConfigError
+    from ddpkit.base.shape import split_endpoint
 
     with pytest.raises(ConfigError, match="ASCII digits"):
         split_endpoint(endpoint)

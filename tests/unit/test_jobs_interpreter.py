@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from ddpkit.errors import ConfigError
+from ddpkit.base.errors import ConfigError
+from ddpkit.base.shape import parse_job_shape
 from ddpkit.jobs import mpi, slurm, slurmctl, torchrun
 from ddpkit.jobs.interpreter import filesystem_of, job_interpreter, placement_notes
 from ddpkit.jobs.spec import JobSpec
-from ddpkit.launch.shape import parse_job_shape
 from tests.unit.rendered import shell_commands
 
 #: A submitting interpreter with every shell-special character a path can hold.

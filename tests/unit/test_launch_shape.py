@@ -2,8 +2,8 @@ from __future__ import annotations
 
 import pytest
 
-from ddpkit.errors import ConfigError
-from ddpkit.launch.shape import JobShape, parse_job_shape
+from ddpkit.base.errors import ConfigError
+from ddpkit.base.shape import JobShape, parse_job_shape
 
 
 @pytest.mark.parametrize(("text", "shape"), [

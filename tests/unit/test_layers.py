@@ -1,6 +1,7 @@
-"""The arrow of docs/architecture.md, enforced: every ``import`` in src/ddpkit (lazy ones in functions included) goes
-down the layers or stays in its own package; the commands (check, bench, train, env's and jobs' CLIs) and the
-launcher never import one another."""
+"""The arrow of docs/architecture.md, enforced: every ``import`` in src/ddpkit (lazy ones in functions and type-only
+ones included) goes down the layers or stays in its own package; the commands (check, bench, train, run, whoami,
+jobs) and the launcher never import one another; no two modules import each other, however indirectly; and the root
+of the package holds only its entry points, the command line, the runtime and the report."""
 
 from __future__ import annotations
 
@@ -11,28 +12,31 @@ import pytest
 
 SRC = Path(__file__).resolve().parents[2] / "src" / "ddpkit"
 
-#: Bottom first. A module belongs to the layer of its longest listed prefix.
+#: Bottom first: packages (and the few modules left at the root). A module belongs to the layer of its longest
+#: listed prefix.
 LAYERS: tuple[tuple[str, ...], ...] = (
-    # 0: no torch at module level, no ddpkit import above this line
-    ("ddpkit", "ddpkit.errors", "ddpkit.log", "ddpkit.worker_context", "ddpkit.stopping", "ddpkit.ports",
-     "ddpkit.inputs", "ddpkit.netinfo", "ddpkit.fault_injection", "ddpkit.launch.shape", "ddpkit.nodefacts",
-     "ddpkit.baseline", "ddpkit.remedy", "ddpkit.outcome", "ddpkit.nodejudge", "ddpkit.exiting",
-     "ddpkit.heal.classify", "ddpkit.heal.ledger", "ddpkit.heal.policy"),
-    # 1: who am I in which world
+    # 0: the basement: errors and exit codes, logging, input rules, ports, interfaces, job shapes, test faults
+    ("ddpkit", "ddpkit.base"),
+    # 1: a process's start and end protocol (what the agent tells its workers, why a run stopped, how a process
+    #    leaves) and judging what was measured; no torch at module level
+    ("ddpkit.process", "ddpkit.verdicts"),
+    # 2: who am I in which world
     ("ddpkit.env",),
-    # 2: the process group, and the collectives that check, bench and train share; the watch over them
+    # 3: the process group, and the collectives that check, bench and train share; the watch over them
     ("ddpkit.runtime", "ddpkit.comm", "ddpkit.watch"),
-    # 3: the commands and the launcher, side by side
-    ("ddpkit.check", "ddpkit.bench", "ddpkit.train", "ddpkit.script", "ddpkit.env.cli", "ddpkit.jobs",
-     "ddpkit.launch"),
-    # 4: what check and bench wrote -> one report; a rank's start (the agent, or the command in this rank); the
-    # healing supervisor around the agent (its pure rules, ddpkit.heal.classify/ledger/policy, are in layer 0)
+    # 4: the commands and the launcher, side by side
+    ("ddpkit.check", "ddpkit.bench", "ddpkit.train", "ddpkit.run", "ddpkit.whoami", "ddpkit.jobs", "ddpkit.launch"),
+    # 5: what check and bench wrote -> one report; a rank's start (the agent, or the command in this rank), and the
+    #    supervisor that heals a job by starting it again (its pure rules, heal.classify, ledger and policy, with it)
     ("ddpkit.report", "ddpkit.lifecycle", "ddpkit.heal"),
-    # 5: argv -> a command (and the package's public entry points, which load lazily)
+    # 6: argv -> a command (and the package's entry points: ``import ddpkit`` loads lazily, ``python -m ddpkit``
+    #    and ``python -m ddpkit.watch`` are ``ddpkit`` and ``ddpkit run``)
     ("ddpkit.cli", "ddpkit.__main__", "ddpkit.__init__", "ddpkit.watch.__main__"),
 )
-#: In layer 3 each of these is its own package: none imports another.
-SIBLINGS = LAYERS[3]
+#: Side by side in their layer: none imports another.
+SIBLINGS = LAYERS[4]
+#: What may stand loose at the package root (STYLE.md: entry points; everything else grouped by role).
+ROOT_MODULES = {"__init__", "__main__", "cli", "runtime", "report"}
 
 
 def _owner(module: str, table: tuple[str, ...]) -> str | None:
@@ -56,7 +60,7 @@ def module_name(path: Path) -> str:
 
 
 def imported(source: str, module: str, is_package: bool) -> list[tuple[int, str]]:
-    """(line, module) of each ddpkit module ``source`` imports."""
+    """(line, module) of each ddpkit module ``source`` imports (``TYPE_CHECKING`` blocks included)."""
     out = []
     for node in ast.walk(ast.parse(source)):
         if isinstance(node, ast.Import):
@@ -86,18 +90,101 @@ def violations(module: str, source: str, is_package: bool = False) -> list[str]:
         theirs = _owner(target, SIBLINGS)
         if them > me:
             found.append(f"{module}:{line} imports {target} (layer {them}) from layer {me}: upward")
-        elif me == them == 3 and mine != theirs:
+        elif me == them == LAYERS.index(SIBLINGS) and mine != theirs:
             found.append(f"{module}:{line} imports {target}: {mine} and {theirs} are side by side")
     return found
 
 
-def test_no_module_imports_up_the_arrow_or_across_to_a_sibling() -> None:
-    found = []
+def _sources() -> dict[str, tuple[str, bool]]:
+    out = {}
     for path in sorted(SRC.rglob("*.py")):
         name = module_name(path)
-        found += violations(name.removesuffix(".__init__") if name != "ddpkit.__init__" else name,
-                            path.read_text(), is_package=path.name == "__init__.py")
+        out[name.removesuffix(".__init__") if name != "ddpkit.__init__" else name] = (path.read_text(),
+                                                                                     path.name == "__init__.py")
+    return out
+
+
+def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The groups of modules that import one another, directly or not (Tarjan's strongly connected components of
+    more than one module, or a module importing itself)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in graph.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            group = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                group.append(w)
+                if w == v:
+                    break
+            if len(group) > 1 or v in graph.get(v, ()):
+                found.append(sorted(group))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def import_graph() -> dict[str, set[str]]:
+    sources = _sources()
+    graph: dict[str, set[str]] = {}
+    for name, (source, is_package) in sources.items():
+        graph[name] = {t for _, t in imported(source, name, is_package) if t in sources and t != name}
+    return graph
+
+
+def test_no_module_imports_up_the_arrow_or_across_to_a_sibling() -> None:
+    found = []
+    for name, (source, is_package) in _sources().items():
+        found += violations(name, source, is_package=is_package)
     assert not found, "\n".join(found)
+
+
+def test_no_import_circle_type_only_ones_included() -> None:
+    # a package importing its own submodules and being imported by them (``ddpkit.watch`` <-> ``ddpkit.watch.hooks``)
+    # is how a package hands its names on: only circles that cross a package's boundary, or two plain modules, count
+    found = [group for group in circles(import_graph())
+             if len({g.rsplit(".", 1)[0] if g not in _packages() else g for g in group}) > 1
+             or not any(g in _packages() for g in group)]
+    assert not found, "\n".join(" <-> ".join(group) for group in found)
+
+
+def _packages() -> set[str]:
+    return {module_name(p.parent / "x").rsplit(".", 1)[0] for p in SRC.rglob("__init__.py")}
+
+
+def test_a_circle_is_caught() -> None:
+    assert circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert circles({"a": {"b"}, "b": set()}) == []
+
+
+def test_the_root_holds_only_entry_points() -> None:
+    loose = {p.stem for p in SRC.glob("*.py")}
+    assert loose <= ROOT_MODULES, f"loose at the package root: {sorted(loose - ROOT_MODULES)}: put them in a package"
+    assert len(loose) <= 5
+
+
+def test_every_layer_names_packages_or_root_modules() -> None:
+    """The table names packages (and the root's modules), not lists of files inside packages."""
+    names = [n for group in LAYERS for n in group if n != "ddpkit"]
+    packages = _packages()
+    for name in names:
+        assert name in packages or name.rsplit(".", 1)[0] == "ddpkit" or name.endswith(".__main__"), name
 
 
 def test_an_upward_or_sideways_import_is_caught() -> None:
@@ -107,7 +194,9 @@ def test_an_upward_or_sideways_import_is_caught() -> None:
     assert violations("ddpkit.check.ddpsync", "import ddpkit.train.trainer\n")
     assert violations("ddpkit.env.slurm", "from ddpkit import runtime\n")
     assert violations("ddpkit.train.cli", "from ..launch import worker\n")  # relative
-    assert violations("ddpkit.stopping", "from ddpkit.launch import stops\n")
+    assert violations("ddpkit.process.stopping", "from ddpkit.launch import stops\n")
+    assert violations("ddpkit.base.log", "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+                      "    from ddpkit.env import WorldInfo\n")  # type-only imports count too
     with pytest.raises(AssertionError, match="in no layer"):  # a new module must be placed
         violations("ddpkit.newthing", "import os\n")
     assert not violations("ddpkit.train.trainer", "from ddpkit.comm.gradients import register_gradient_averaging\n"

@@ -10,11 +10,11 @@ from unittest import mock
 
 import pytest
 
+from ddpkit.base.errors import ConfigError
 from ddpkit.cli import main
 from ddpkit.comm.gradients import plan_transport
 from ddpkit.comm.mpi_transport import check_mpi_usable, mpi_library
 from ddpkit.env.mpi import mpi_launcher
-from ddpkit.errors import ConfigError
 from ddpkit.jobs.spec import asks_for_mpi
 
 

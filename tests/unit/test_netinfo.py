@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import ipaddress
 
+from ddpkit.base.netinfo import gloo_interface, interface_addresses, is_local_address, resolve, route_to
+from ddpkit.base.shape import endpoint_host
 from ddpkit.launch.addresses import hosts_endpoint
-from ddpkit.launch.shape import endpoint_host
-from ddpkit.netinfo import gloo_interface, interface_addresses, is_local_address, resolve, route_to
 
 
 def test_loopback_routes_over_lo() -> None:

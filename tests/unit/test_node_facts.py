@@ -12,13 +12,13 @@ from typing import Any
 
 import pytest
 
-from ddpkit import baseline
+from ddpkit.base.errors import ConfigError
 from ddpkit.bench.judged import slow_hosts
-from ddpkit.errors import ConfigError
-from ddpkit.nodefacts import gather
-from ddpkit.nodejudge import bad_hosts, compare_to_baseline, judge_nodes, node_facts
-from ddpkit.outcome import FAIL, PASS, WARN, failed
-from ddpkit.remedy import commands, drain, report_lines
+from ddpkit.verdicts import baseline
+from ddpkit.verdicts.nodefacts import gather
+from ddpkit.verdicts.nodejudge import bad_hosts, compare_to_baseline, judge_nodes, node_facts
+from ddpkit.verdicts.outcome import FAIL, PASS, WARN, failed
+from ddpkit.verdicts.remedy import commands, drain, report_lines
 
 FACTS = {"cores": 8, "memory_gib": 62.8, "numa_nodes": 1, "kernel": "6.1.0", "os": "Linux",
          "nic": {"name": "eth0", "speed_mbps": 25000, "mtu": 9000, "up": True, "driver": "mlx5_core"},

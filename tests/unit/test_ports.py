@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import subprocess
 
-from ddpkit.ports import PORT_RANGE, derive_port, derive_port_shell
+from ddpkit.base.ports import PORT_RANGE, derive_port, derive_port_shell
 
 
 def test_shell_and_python_derive_the_same_port() -> None:

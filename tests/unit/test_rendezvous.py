@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from ddpkit.base.shape import parse_job_shape
 from ddpkit.launch.rendezvous import JoinedNode, describe_missing
-from ddpkit.launch.shape import parse_job_shape
 
 
 def test_one_of_two_nodes() -> None:

@@ -7,8 +7,8 @@ import json
 import math
 from pathlib import Path
 
-from ddpkit.errors import EXIT_MISSING, EXIT_OK, EXIT_PREEMPTED, EXIT_PREEMPTED_UNSAVED
-from ddpkit.stopping import (
+from ddpkit.base.errors import EXIT_MISSING, EXIT_OK, EXIT_PREEMPTED, EXIT_PREEMPTED_UNSAVED
+from ddpkit.process.stopping import (
     RunOutcome,
     final_lost_report,
     leave_lost_report,
@@ -17,8 +17,8 @@ from ddpkit.stopping import (
     mark_outside_signal,
     signal_from_outside,
 )
+from ddpkit.process.worker_context import WorkerContext
 from ddpkit.train.summary import ResumedFrom, RunSummary
-from ddpkit.worker_context import WorkerContext
 
 
 def test_each_outcome_has_the_exit_code_the_readme_promises() -> None:

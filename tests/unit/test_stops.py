@@ -10,11 +10,11 @@ from types import SimpleNamespace
 
 import pytest
 
-from ddpkit.errors import EXIT_PREEMPTED, EXIT_PREEMPTED_UNSAVED
+from ddpkit.base.errors import EXIT_PREEMPTED, EXIT_PREEMPTED_UNSAVED
+from ddpkit.base.shape import parse_job_shape
 from ddpkit.launch.rendezvous import JoinedNode, describe_missing
-from ddpkit.launch.shape import parse_job_shape
 from ddpkit.launch.stops import handle_outside_signals, lost_reports
-from ddpkit.stopping import signal_from_outside
+from ddpkit.process.stopping import signal_from_outside
 from ddpkit.train.stops import LastSnapshot, describe_lost_peer, preemption_outcome
 
 HOSTS = ["h1 (10.0.0.1)", "h2 (10.0.0.2)"]

@@ -12,7 +12,7 @@ import pytest
 import torch
 from torch.utils.data import DistributedSampler
 
-from ddpkit.errors import ConfigError
+from ddpkit.base.errors import ConfigError
 from ddpkit.train.config import TrainConfig, parse_drill, snapshot_location
 from ddpkit.train.data import Batches, make_dataset
 from ddpkit.train.faults import DrillBook

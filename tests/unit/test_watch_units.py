@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from ddpkit.errors import ConfigError
+from ddpkit.base.errors import ConfigError
 from ddpkit.watch.diagnose import diagnose_deadline, diagnose_hang, find_desync, straggler, summary_lines
 from ddpkit.watch.options import FIRST_STEP_FACTOR, MIN_HANG_S, MIN_STOP_S, WatchOptions, hang_deadline, stop_deadline
 

@@ -23,15 +23,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ddpkit import __version__
-from ddpkit.baseline import DEFAULT_TOLERANCE, baseline_path
+from ddpkit.base.errors import EXIT_CHECK_FAILED, EXIT_OK, ConfigError
+from ddpkit.base.inputs import output_path, seconds
+from ddpkit.base.log import get_logger
 from ddpkit.bench.busbw import OPS
 from ddpkit.bench.ops import DTYPES, REDOPS
 from ddpkit.bench.pairs import DEFAULT_SECONDS
 from ddpkit.bench.sizes import parse_size, size_sweep
-from ddpkit.errors import EXIT_CHECK_FAILED, EXIT_OK, ConfigError
-from ddpkit.inputs import output_path, seconds
-from ddpkit.log import get_logger
-from ddpkit.remedy import add_on_fail_argument
+from ddpkit.verdicts.baseline import DEFAULT_TOLERANCE, baseline_path
+from ddpkit.verdicts.remedy import add_on_fail_argument
 
 if TYPE_CHECKING:
     from ddpkit.env.start import RankStart
@@ -178,7 +178,7 @@ def _member(rt: Any, device: str, gpu_uuid: str | None) -> dict[str, Any]:
 
     facts = None
     if rt.world.local_rank == 0:
-        from ddpkit.nodefacts import gather
+        from ddpkit.verdicts.nodefacts import gather
 
         facts = gather(master=os.environ.get("MASTER_ADDR"), rank=rt.rank)
     return {"rank": rt.rank, "host": socket.gethostname(), "pid": os.getpid(), "device": device,
@@ -191,11 +191,11 @@ def run(args: argparse.Namespace, start: RankStart) -> int:
     import torch.distributed as dist
 
     from ddpkit import runtime
-    from ddpkit.baseline import median_rows
     from ddpkit.bench import judged
     from ddpkit.bench.pairs import format_pairs, measure_pairs
     from ddpkit.bench.results import avg_busbw, format_table, total_wrong, verdict
     from ddpkit.bench.sweep import run_sweep
+    from ddpkit.verdicts.baseline import median_rows
 
     opts = _options(args)
     cfg = opts["sweep"]

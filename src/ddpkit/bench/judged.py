@@ -8,7 +8,7 @@ import argparse
 import sys
 from typing import Any
 
-from ddpkit.remedy import drain, merge, report_lines
+from ddpkit.verdicts.remedy import drain, merge, report_lines
 
 __all__ = ["act", "judge", "slow_hosts"]
 
@@ -29,8 +29,8 @@ def judge(args: argparse.Namespace, report: dict[str, Any]) -> None:
     """Add the baseline's verdict (``report["baseline"]``), and ``bad_hosts``; ``passed``/``reasons`` updated."""
     entries = slow_hosts(report.get("pairs"))
     if args.baseline:
-        from ddpkit.baseline import facts_of, judge_bench, load
-        from ddpkit.nodejudge import compare_to_baseline
+        from ddpkit.verdicts.baseline import facts_of, judge_bench, load
+        from ddpkit.verdicts.nodejudge import compare_to_baseline
 
         base = load(args.baseline)
         result = judge_bench(report, base, args.tolerance)
@@ -73,7 +73,7 @@ def act(args: argparse.Namespace, report: dict[str, Any]) -> None:
             print(f"# not saved as a baseline: this run failed ({args.save_baseline} left as it was)",
                   file=sys.stderr)
             return
-        from ddpkit.baseline import from_bench, save
+        from ddpkit.verdicts.baseline import from_bench, save
 
         facts = {str(m["host"]): m["facts"] for m in report["world"]["members"] if m.get("facts")}
         save(args.save_baseline, from_bench(report, argv=sys.argv[1:], facts=facts))

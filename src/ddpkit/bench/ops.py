@@ -12,10 +12,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from ddpkit.base.fault_injection import fault
 from ddpkit.bench.busbw import per_rank_count
 from ddpkit.comm.closed_form import BENCH, mismatches
 from ddpkit.comm.torch_compat import all_gather_single, reduce_scatter_single
-from ddpkit.fault_injection import fault
 
 if TYPE_CHECKING:
     import torch

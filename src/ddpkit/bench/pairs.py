@@ -26,6 +26,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from ddpkit.base.fault_injection import fault
+from ddpkit.base.log import get_logger
 from ddpkit.bench.schedules import (
     Link,
     Pair,
@@ -38,8 +40,6 @@ from ddpkit.bench.schedules import (
     round_robin,
     schedule_cost,
 )
-from ddpkit.fault_injection import fault
-from ddpkit.log import get_logger
 
 if TYPE_CHECKING:
     import torch

@@ -6,8 +6,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from ddpkit.base.errors import ConfigError
 from ddpkit.bench.sizes import format_size
-from ddpkit.errors import ConfigError
 
 __all__ = ["plot_busbw"]
 

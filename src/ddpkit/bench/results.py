@@ -12,8 +12,8 @@ import statistics
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from ddpkit.base.errors import ConfigError
 from ddpkit.bench.busbw import OPS
-from ddpkit.errors import ConfigError
 
 __all__ = ["CSV_FIELDS", "avg_busbw", "csv_text", "format_table", "gate_failures", "parse_gate", "total_wrong",
            "verdict"]

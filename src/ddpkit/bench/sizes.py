@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from ddpkit.errors import ConfigError
+from ddpkit.base.errors import ConfigError
 
 __all__ = ["format_size", "parse_size", "size_sweep"]
 

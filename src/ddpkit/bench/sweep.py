@@ -16,9 +16,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from ddpkit.base.log import get_logger
 from ddpkit.bench.busbw import algbw_gbps, busbw_gbps, element_count
 from ddpkit.bench.ops import ROOTED, Case, count_wrong, modes, prepare, unsupported_reason
-from ddpkit.log import get_logger
 
 if TYPE_CHECKING:
     import torch

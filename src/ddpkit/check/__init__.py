@@ -27,19 +27,19 @@ from dataclasses import replace
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
-from ddpkit.baseline import baseline_path
+from ddpkit.base.errors import EXIT_MISSING, ConfigError, DeadlineExpired
+from ddpkit.base.fault_injection import fault
+from ddpkit.base.inputs import output_path, seconds
+from ddpkit.base.log import get_logger
 from ddpkit.check import collectives, ddpsync, render
 from ddpkit.check.consistency import judge_consistency, judge_network
 from ddpkit.check.rollcall import check_in, collect, judge, local_record, read_all
 from ddpkit.env import WorldInfo
 from ddpkit.env.evidence import lone_world_evidence
-from ddpkit.errors import EXIT_MISSING, ConfigError, DeadlineExpired
-from ddpkit.fault_injection import fault
-from ddpkit.inputs import output_path, seconds
-from ddpkit.log import get_logger
-from ddpkit.nodejudge import bad_hosts, judge_nodes, node_facts
-from ddpkit.outcome import FAIL, Outcome, exit_code, failed
-from ddpkit.remedy import add_on_fail_argument, drain, report_lines
+from ddpkit.verdicts.baseline import baseline_path
+from ddpkit.verdicts.nodejudge import bad_hosts, judge_nodes, node_facts
+from ddpkit.verdicts.outcome import FAIL, Outcome, exit_code, failed
+from ddpkit.verdicts.remedy import add_on_fail_argument, drain, report_lines
 
 if TYPE_CHECKING:
     import torch.distributed as dist
@@ -245,8 +245,8 @@ def _roll_call(store: dist.Store, report: Report, record: dict[str, Any], timeou
                   local_world_size=world.local_world_size, timeout=timeout, waited=waited)
     report.outcomes += found + judge_consistency(records) + [judge_network(records)] + judge_nodes(records)
     if report.args.baseline:
-        from ddpkit.baseline import facts_of, load
-        from ddpkit.nodejudge import compare_to_baseline
+        from ddpkit.verdicts.baseline import facts_of, load
+        from ddpkit.verdicts.nodejudge import compare_to_baseline
 
         report.outcomes.append(compare_to_baseline(records, facts_of(load(report.args.baseline))))
     fatal = exit_code(found)

@@ -14,9 +14,9 @@ from dataclasses import asdict, dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
+from ddpkit.base.fault_injection import fault
 from ddpkit.comm.closed_form import CHECK, mismatches
-from ddpkit.fault_injection import fault
-from ddpkit.outcome import PASS, SKIP, Outcome, failed
+from ddpkit.verdicts.outcome import PASS, SKIP, Outcome, failed
 
 if TYPE_CHECKING:
     import torch

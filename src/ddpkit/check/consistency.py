@@ -6,7 +6,7 @@ from collections import defaultdict
 from collections.abc import Sequence
 from typing import Any
 
-from ddpkit.outcome import PASS, WARN, Outcome, failed
+from ddpkit.verdicts.outcome import PASS, WARN, Outcome, failed
 
 __all__ = ["WARN_PREFIXES", "judge_consistency", "judge_network"]
 

@@ -18,8 +18,8 @@ from dataclasses import asdict, dataclass
 from itertools import pairwise
 from typing import TYPE_CHECKING, Any
 
-from ddpkit.fault_injection import fault
-from ddpkit.outcome import PASS, Outcome, failed
+from ddpkit.base.fault_injection import fault
+from ddpkit.verdicts.outcome import PASS, Outcome, failed
 
 if TYPE_CHECKING:
     import torch

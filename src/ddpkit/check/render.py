@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from ddpkit.outcome import FAIL, PASS, SKIP, WARN, Outcome
+from ddpkit.verdicts.outcome import FAIL, PASS, SKIP, WARN, Outcome
 
 __all__ = ["fold_node", "print_checks", "print_nodes", "print_rank_lines", "print_verdict", "rank_ranges",
            "verdict_line", "write_json"]

@@ -21,12 +21,12 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ddpkit import __version__
+from ddpkit.base.errors import EXIT_MISSING, EXIT_USAGE
+from ddpkit.base.fault_injection import fault
+from ddpkit.base.netinfo import route_to
 from ddpkit.env import WorldInfo
-from ddpkit.errors import EXIT_MISSING, EXIT_USAGE
-from ddpkit.fault_injection import fault
-from ddpkit.netinfo import route_to
-from ddpkit.outcome import PASS, Outcome, failed
 from ddpkit.runtime import shared_gpus
+from ddpkit.verdicts.outcome import PASS, Outcome, failed
 
 if TYPE_CHECKING:
     import torch.distributed as dist
@@ -59,7 +59,7 @@ def local_record(world: WorldInfo, *, device: str, gpu_uuid: str | None) -> Reco
     choice = interface_choice()
     facts, facts_s = None, None
     if world.local_rank == 0:  # once per node: its other ranks share the machine
-        from ddpkit.nodefacts import gather
+        from ddpkit.verdicts.nodefacts import gather
 
         t = time.perf_counter()
         facts = gather(master=master, rank=world.rank)

@@ -40,10 +40,10 @@ from typing import Any, Protocol
 import torch
 import torch.distributed as dist
 
+from ddpkit.base.errors import ConfigError
+from ddpkit.base.log import get_logger
 from ddpkit.comm import GRAD_TRANSPORTS
 from ddpkit.comm.torch_compat import all_gather_single
-from ddpkit.errors import ConfigError
-from ddpkit.log import get_logger
 
 __all__ = ["GRAD_TRANSPORTS", "PYTHON_HOOK_MAX_PARAMS", "TRANSPORTS", "GradientAveraging", "Rider", "choose_transport",
            "plan_transport", "register_gradient_averaging"]

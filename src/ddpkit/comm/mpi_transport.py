@@ -23,9 +23,9 @@ from typing import Any
 
 import torch
 
+from ddpkit.base.errors import ConfigError, EnvConflict
+from ddpkit.base.log import get_logger
 from ddpkit.env.mpi import mpi_launcher
-from ddpkit.errors import ConfigError, EnvConflict
-from ddpkit.log import get_logger
 
 __all__ = ["MPI_DTYPES", "check_mpi_usable", "mpi_allreduce_sum", "mpi_comm", "mpi_library", "open_mpi_world"]
 

@@ -18,6 +18,7 @@ import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 
+from ddpkit.base.errors import EnvConflict
 from ddpkit.env import flux, kubeflow, lsf, mpi, pals, slurm, torchrun
 from ddpkit.env.evidence import refuse_hidden_world
 from ddpkit.env.master import resolve_master
@@ -31,7 +32,6 @@ from ddpkit.env.record import (
     is_ip_address,
     present,
 )
-from ddpkit.errors import EnvConflict
 
 __all__ = [
     "LAUNCHERS",

@@ -14,9 +14,9 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from ddpkit.base.errors import EnvConflict
 from ddpkit.env import flux, lsf, pals, slurm
 from ddpkit.env.record import WorldInfo, parse_count, present
-from ddpkit.errors import EnvConflict
 
 __all__ = ["FAMILIES", "Family", "lone_world_evidence", "refuse_hidden_world", "visible_families"]
 

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from ddpkit.base.errors import EnvConflict
 from ddpkit.env.master import resolve_master
 from ddpkit.env.record import VarReader, WorldInfo, present
-from ddpkit.errors import EnvConflict
 
 NAME = "flux"
 TABLE = {

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from ddpkit.errors import EnvConflict
+from ddpkit.base.errors import EnvConflict
 
 __all__ = ["read_hostfile"]
 

@@ -19,8 +19,8 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 
+from ddpkit.base.errors import EnvConflict
 from ddpkit.env.record import AgentPlan, VarReader, WorldInfo, parse_count, present
-from ddpkit.errors import EnvConflict
 
 NAME = "kubeflow"
 TABLE = {

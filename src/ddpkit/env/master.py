@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from ddpkit.base.errors import EnvConflict
 from ddpkit.env.record import VarReader, derive_port, is_ip_address
-from ddpkit.errors import EnvConflict
 
 __all__ = ["AZURE_MASTER_VARS", "resolve_master"]
 

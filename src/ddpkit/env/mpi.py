@@ -17,10 +17,10 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 
+from ddpkit.base.errors import EnvConflict
 from ddpkit.env import slurm
 from ddpkit.env.master import resolve_master
 from ddpkit.env.record import VarReader, WorldInfo, expand_nodelist, present
-from ddpkit.errors import EnvConflict
 
 OPENMPI_TABLE = {
     "rank": "OMPI_COMM_WORLD_RANK",

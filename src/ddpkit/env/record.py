@@ -9,8 +9,8 @@ from dataclasses import dataclass, field
 
 import hostlist
 
-from ddpkit.errors import EnvConflict
-from ddpkit.ports import PORT_RANGE, derive_port  # defined once, shared with the job renderers
+from ddpkit.base.errors import EnvConflict
+from ddpkit.base.ports import PORT_RANGE, derive_port  # defined once, shared with the job renderers
 
 __all__ = ["PORT_RANGE", "AgentPlan", "VarReader", "WorldInfo", "derive_port", "expand_nodelist", "is_ip_address",
            "parse_count", "present"]

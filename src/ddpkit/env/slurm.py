@@ -17,9 +17,9 @@ from collections.abc import Mapping
 
 import hostlist
 
+from ddpkit.base.errors import EnvConflict
 from ddpkit.env.master import resolve_master
 from ddpkit.env.record import VarReader, WorldInfo, expand_nodelist, parse_count, present
-from ddpkit.errors import EnvConflict
 
 NAME = "slurm"
 TABLE = {

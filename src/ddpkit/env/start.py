@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ddpkit.env.record import WorldInfo
-from ddpkit.worker_context import WorkerContext
+from ddpkit.process.worker_context import WorkerContext
 
 __all__ = ["RankStart"]
 

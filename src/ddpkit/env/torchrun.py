@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from ddpkit.base.errors import EnvConflict
 from ddpkit.env.record import VarReader, WorldInfo, present
-from ddpkit.errors import EnvConflict
 
 NAME = "torchrun"
 TABLE = {

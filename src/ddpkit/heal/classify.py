@@ -17,7 +17,7 @@ The rules, in order (the first that holds decides)::
     anything else (ddpkit stopped the ranks and nothing says why)                   -> unknown
 
 A rank "failed on its own" when ddpkit did not stop it (exit 3: the watch's abort; SIGTERM: its agent ending the
-survivors) and its exception is not a peer's failure (``ddpkit.exiting.PEER_GONE``).
+survivors) and its exception is not a peer's failure (``ddpkit.process.exiting.PEER_GONE``).
 """
 
 from __future__ import annotations
@@ -28,8 +28,8 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from ddpkit.errors import EXIT_PREEMPTED, EXIT_PREEMPTED_UNSAVED
-from ddpkit.exiting import PEER_GONE
+from ddpkit.base.errors import EXIT_PREEMPTED, EXIT_PREEMPTED_UNSAVED
+from ddpkit.process.exiting import PEER_GONE
 
 __all__ = ["Classification", "Evidence", "FailureClass", "RankEvidence", "WatchReport", "classify", "exception_line",
            "rank_list"]
@@ -70,7 +70,7 @@ class RankEvidence:
 
     @property
     def peer_failure(self) -> bool:
-        """Its exception is a collective's failure because a peer is gone (``ddpkit.exiting.PEER_GONE``)."""
+        """Its exception is a collective's failure because a peer is gone (``ddpkit.process.exiting.PEER_GONE``)."""
         return self.exception is not None and any(words in self.exception for words in PEER_GONE)
 
     @property

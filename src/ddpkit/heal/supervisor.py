@@ -33,11 +33,11 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ddpkit.errors import EXIT_MISSING, ConfigError, DdpkitError
+from ddpkit.base.errors import EXIT_MISSING, ConfigError, DdpkitError
+from ddpkit.base.log import get_logger
 from ddpkit.heal.classify import Evidence, RankEvidence, WatchReport, classify, exception_line
 from ddpkit.heal.ledger import Action, AttemptEnded, AttemptStarted, Ledger, SupervisorStarted
 from ddpkit.heal.policy import HealPolicy, Outcome, decide
-from ddpkit.log import get_logger
 
 if TYPE_CHECKING:
     from ddpkit.env import WorldInfo

@@ -20,10 +20,10 @@ import tempfile
 import uuid
 from pathlib import Path
 
-from ddpkit.errors import ConfigError
-from ddpkit.inputs import endpoint, output_path, seconds, shape_text
+from ddpkit.base.errors import ConfigError
+from ddpkit.base.inputs import endpoint, output_path, seconds, shape_text
+from ddpkit.base.log import get_logger
 from ddpkit.jobs.spec import JobSpec
-from ddpkit.log import get_logger
 
 __all__ = ["add_arguments", "build_spec", "render", "run"]
 
@@ -83,7 +83,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def build_spec(args: argparse.Namespace, argv: list[str]) -> JobSpec:
-    from ddpkit.launch.shape import parse_job_shape
+    from ddpkit.base.shape import parse_job_shape
 
     command = list(args.job_command)
     if command[:1] == ["--"]:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ddpkit.errors import ConfigError
+from ddpkit.base.errors import ConfigError
 
 __all__ = ["bad_host_names"]
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ddpkit.errors import ConfigError
+from ddpkit.base.errors import ConfigError
 from ddpkit.jobs.spec import JobSpec, header, torchrun_entry
 
 __all__ = ["ETCD_IMAGE", "SNAPSHOT_DIR", "manifests", "render"]

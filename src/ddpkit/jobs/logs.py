@@ -12,7 +12,7 @@ import sys
 import time
 from pathlib import Path
 
-from ddpkit.errors import ConfigError
+from ddpkit.base.errors import ConfigError
 from ddpkit.jobs import slurmctl
 
 __all__ = ["add_arguments", "run"]

@@ -21,7 +21,7 @@ from importlib import metadata
 from pathlib import Path
 
 from ddpkit import __version__
-from ddpkit.errors import ConfigError
+from ddpkit.base.errors import ConfigError
 
 __all__ = ["add_arguments", "pins", "render", "run"]
 

@@ -5,7 +5,7 @@ Two shapes of step, both launched by one ``srun``:
 - default, the seeds' pattern: one task per node running a torchrun agent (``srun torchrun`` needs exactly one
   task per node). The rendezvous is on the allocation's first node, named by Slurm's own hostlist parser
   (``scontrol show hostnames``, never a regex), on a port derived from the job id (``20000 + id % 10000``,
-  ddpkit.ports.derive_port), with the job id as the rendezvous id. torch's c10d rendezvous recognises its
+  ddpkit.base.ports.derive_port), with the job id as the rendezvous id. torch's c10d rendezvous recognises its
   own host by name, so the first node's agent hosts the store. Ranks are torchrun's: elastic shapes and
   ``--max-restarts`` work.
 - ``--tasks-per-rank``: one srun task per rank, no agent; each rank is ``python -m ddpkit ...``, whose Slurm
@@ -30,10 +30,10 @@ output is opened in append mode, so the requeued run's log follows the first run
 
 from __future__ import annotations
 
+from ddpkit.base.ports import derive_port_shell
 from ddpkit.jobs.shell import Raw, preamble, wrap
 from ddpkit.jobs.spec import DDPKIT_COMMANDS, JobSpec, asks_for_mpi, python_argv
 from ddpkit.jobs.torchrun import RESTART_FIX, torchrun_argv
-from ddpkit.ports import derive_port_shell
 
 __all__ = ["render"]
 

@@ -15,8 +15,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ddpkit.errors import ConfigError, DeadlineExpired
-from ddpkit.log import get_logger
+from ddpkit.base.errors import ConfigError, DeadlineExpired
+from ddpkit.base.log import get_logger
 
 __all__ = ["JobState", "describe", "exit_code", "job_state", "reason_text", "sbatch", "wait"]
 

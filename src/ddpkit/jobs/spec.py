@@ -23,9 +23,9 @@ import sys
 from dataclasses import dataclass, field
 
 from ddpkit import __version__
-from ddpkit.errors import ConfigError
+from ddpkit.base.errors import ConfigError
+from ddpkit.base.shape import JobShape, split_endpoint
 from ddpkit.jobs.interpreter import job_interpreter
-from ddpkit.launch.shape import JobShape, split_endpoint
 
 __all__ = ["BACKENDS", "DDPKIT_COMMANDS", "JobSpec", "asks_for_mpi", "header", "python_argv", "torchrun_entry"]
 
@@ -205,7 +205,7 @@ def python_argv(spec: JobSpec, python: str | None = None) -> list[str]:
 def torchrun_entry(spec: JobSpec) -> list[str]:
     """What torchrun runs: ``-m ddpkit CMD ARGS``, or for a script ``-m ddpkit run -- SCRIPT.py ARGS``: the script
     watched (a hung or killed rank named with its host) and ending as Python would end it without the interpreter's
-    teardown, where torch 2.13's gloo aborted ranks of plain torchrun (6 runs in 20: src/ddpkit/exiting.py)."""
+    teardown, where torch 2.13's gloo aborted ranks of plain torchrun (6 runs in 20: src/ddpkit/process/exiting.py)."""
     cmd = spec.job_command()
     return ["-m", "ddpkit", *cmd] if cmd[0] in DDPKIT_COMMANDS else ["-m", "ddpkit", "run", "--", *cmd]
 

@@ -12,10 +12,10 @@ with its own ``NODE_RANK`` (0 on the master's node); no elasticity, no restarts 
 
 from __future__ import annotations
 
+from ddpkit.base.shape import DEFAULT_RDZV_PORT, split_endpoint
 from ddpkit.jobs.interpreter import job_interpreter
 from ddpkit.jobs.shell import Raw, preamble, wrap
 from ddpkit.jobs.spec import JobSpec, torchrun_entry
-from ddpkit.launch.shape import DEFAULT_RDZV_PORT, split_endpoint
 
 __all__ = ["render", "torchrun_argv"]
 

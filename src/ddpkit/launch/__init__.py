@@ -12,12 +12,12 @@ Modules, each importing only those listed before it:
 - ``addresses``: this node's address towards the rendezvous host, and whether this node hosts the store.
 - ``failure``: the root cause of a failed worker group, in one line.
 - ``rendezvous``: who joined a c10d rendezvous, so a timeout names the missing hosts.
-- ``stops``: the agent's half of ``ddpkit.stopping`` (signals from outside marked, the lost-peer backstop).
+- ``stops``: the agent's half of ``ddpkit.process.stopping`` (signals from outside marked, the lost-peer backstop).
 - ``agent``: LaunchOptions and launch(options, entrypoint, argv): the elastic agent itself.
 
 This ``__init__`` imports only ``shape``, so ``from ddpkit.launch import JobShape`` stays torch-free.
 """
 
-from ddpkit.launch.shape import JobShape, parse_job_shape
+from ddpkit.base.shape import JobShape, parse_job_shape
 
 __all__ = ["JobShape", "parse_job_shape"]

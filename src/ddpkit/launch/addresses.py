@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import socket
 
-from ddpkit.launch.shape import DEFAULT_RDZV_PORT, split_endpoint
-from ddpkit.log import get_logger
+from ddpkit.base.log import get_logger
+from ddpkit.base.shape import DEFAULT_RDZV_PORT, split_endpoint
 
 __all__ = ["hosts_endpoint", "local_addr_towards"]
 
@@ -16,7 +16,7 @@ def local_addr_towards(endpoint: str) -> str | None:
     """This node's address on the interface that routes to the rendezvous host: the address the other nodes
     (and this node's workers, as MASTER_ADDR when it is node 0) use for it. None (torch's default, the
     hostname) where no route is found or the endpoint is loopback."""
-    from ddpkit.netinfo import route_to
+    from ddpkit.base.netinfo import route_to
 
     host, _ = split_endpoint(endpoint)
     try:
@@ -37,7 +37,7 @@ def hosts_endpoint(endpoint: str) -> bool:
     where the hostname resolves to 127.0.1.1: then no agent hosts the store and every agent times out."""
     from torch.distributed.elastic.rendezvous.utils import _matches_machine_hostname
 
-    from ddpkit.netinfo import is_local_address, resolve
+    from ddpkit.base.netinfo import is_local_address, resolve
 
     host, port = split_endpoint(endpoint)
     try:

@@ -18,14 +18,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from ddpkit.errors import EXIT_PREEMPTED, EXIT_PREEMPTED_UNSAVED, DeadlineExpired
+from ddpkit.base.errors import EXIT_PREEMPTED, EXIT_PREEMPTED_UNSAVED, DeadlineExpired
+from ddpkit.base.log import get_logger
+from ddpkit.base.shape import JobShape
 from ddpkit.launch import worker
 from ddpkit.launch.addresses import hosts_endpoint, local_addr_towards
 from ddpkit.launch.failure import drop_exit_tracebacks, first_failure, quiet_late_rendezvous_close, root_cause
 from ddpkit.launch.rendezvous import RendezvousWatch, describe_missing
-from ddpkit.launch.shape import JobShape
 from ddpkit.launch.stops import FORWARDED, LostPeerBackstop, handle_outside_signals, lost_reports
-from ddpkit.log import get_logger
 from ddpkit.runtime import share_cores
 
 if TYPE_CHECKING:

@@ -10,7 +10,7 @@ import signal
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from ddpkit.errors import EXIT_MISSING
+from ddpkit.base.errors import EXIT_MISSING
 
 __all__ = ["RankEnd", "digest", "is_noise", "last_traceback", "rank_list", "watch_report"]
 

@@ -7,8 +7,8 @@ import logging
 import signal
 from typing import Any
 
-from ddpkit.errors import EXIT_MISSING, EXIT_PREEMPTED, EXIT_PREEMPTED_UNSAVED
-from ddpkit.log import get_logger
+from ddpkit.base.errors import EXIT_MISSING, EXIT_PREEMPTED, EXIT_PREEMPTED_UNSAVED
+from ddpkit.base.log import get_logger
 
 __all__ = ["drop_exit_tracebacks", "failure_order", "first_failure", "quiet_late_rendezvous_close", "root_cause"]
 

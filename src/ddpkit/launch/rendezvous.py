@@ -13,8 +13,8 @@ import threading
 from dataclasses import dataclass
 from datetime import timedelta
 
-from ddpkit.launch.shape import DEFAULT_RDZV_PORT, JobShape, split_endpoint
-from ddpkit.log import get_logger
+from ddpkit.base.log import get_logger
+from ddpkit.base.shape import DEFAULT_RDZV_PORT, JobShape, split_endpoint
 
 __all__ = ["JoinedNode", "RendezvousWatch", "describe_missing"]
 
@@ -32,7 +32,7 @@ class JoinedNode:
 
     def name(self) -> str:
         """``hostname (address)`` where the address maps back to a name, else the address."""
-        from ddpkit.netinfo import is_local_address, resolve
+        from ddpkit.base.netinfo import is_local_address, resolve
 
         try:
             ip = resolve(self.addr)

@@ -7,7 +7,7 @@ a restart, and ``_shutdown`` in ``run``'s ``finally`` when the rendezvous store 
 two apart from the signal (Python's handlers do not see the sender), so the agent says so: it handles the
 signals itself and, before torch forwards one, writes its name to ``STOP_DIR/signal``. A SIGTERM with no such
 mark comes from the agent: a failure, reported as one (ddpkit.train.stops). Both halves of that protocol, and the
-state machine they make, are written down once in ddpkit.stopping; this module is the agent's use of it.
+state machine they make, are written down once in ddpkit.process.stopping; this module is the agent's use of it.
 
 The mark is written in the agent's signal handler, before the SignalException that makes torch forward the signal is
 raised: it exists before any worker gets the forwarded signal. When the signal reaches the workers directly as
@@ -27,9 +27,9 @@ import threading
 from collections.abc import Callable
 from types import FrameType
 
-from ddpkit.errors import EXIT_MISSING
-from ddpkit.log import get_logger
-from ddpkit.stopping import OUTSIDE_MARK_GRACE_S, final_lost_report, lost_reports, mark_outside_signal
+from ddpkit.base.errors import EXIT_MISSING
+from ddpkit.base.log import get_logger
+from ddpkit.process.stopping import OUTSIDE_MARK_GRACE_S, final_lost_report, lost_reports, mark_outside_signal
 
 __all__ = ["BACKSTOP_S", "FORWARDED", "OUTSIDE_MARK_GRACE_S", "LostPeerBackstop", "handle_outside_signals",
            "lost_reports"]

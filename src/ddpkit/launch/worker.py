@@ -1,7 +1,7 @@
 """The worker side of ddpkit's launcher: what the agent tells its workers, and what they hand back.
 
-The agent exports the variables named in ``ddpkit.worker_context`` (re-exported here) before it starts the workers;
-the workers read them through ``WorkerContext.from_environ()``. No torch import at module level.
+The agent exports the variables named in ``ddpkit.process.worker_context`` (re-exported here) before it starts the
+workers; the workers read them through ``WorkerContext.from_environ()``. No torch import at module level.
 """
 
 from __future__ import annotations
@@ -12,12 +12,12 @@ import signal
 import sys
 from collections.abc import Callable
 
-from ddpkit.errors import EXIT_PREEMPTED
-from ddpkit.exiting import wind_up
-from ddpkit.log import get_logger
+from ddpkit.base.errors import EXIT_PREEMPTED
+from ddpkit.base.log import get_logger
+from ddpkit.process.exiting import wind_up
 
 # the names the agent and its workers share are defined once, in the bottom layer (train reads them there too)
-from ddpkit.worker_context import (
+from ddpkit.process.worker_context import (
     LAUNCHED,
     LAUNCHED_AT,
     PREEMPTED_MARK,
@@ -120,7 +120,7 @@ def forked_worker(main: Callable[[list[str]], int]) -> Callable[[list[str]], Non
 
 def run_forked_worker(main: Callable[[list[str]], int], argv: list[str]) -> None:
     """The body of a forked worker: logging set up afresh for its rank, ``main(argv)``, then exit with its code."""
-    from ddpkit import log as ddpkit_log
+    from ddpkit.base import log as ddpkit_log
 
     # The agent configured logging before its rank existed; configure afresh so lines carry this rank.
     for handler in list(logging.getLogger("ddpkit").handlers):

@@ -5,7 +5,7 @@
 for several processes) or runs the command in this rank with one typed record of both (``RankStart``): no command
 reads its launcher a second time. A worker of ddpkit's own agent dies with its agent, and a verdict command hands
 its verdict back in a file (``launch.worker.verdict_exit_code``). How the process then leaves is
-``ddpkit.exiting.leave`` (the program) or ``launch.worker.run_forked_worker`` (a rank forked by the agent).
+``ddpkit.process.exiting.leave`` (the program) or ``launch.worker.run_forked_worker`` (a rank forked by the agent).
 """
 
 from __future__ import annotations
@@ -19,16 +19,16 @@ from dataclasses import replace
 from types import ModuleType
 from typing import TYPE_CHECKING, Protocol
 
+from ddpkit.base.errors import ConfigError
+from ddpkit.base.inputs import check_local_ranks
+from ddpkit.base.log import get_logger
 from ddpkit.env.start import RankStart
-from ddpkit.errors import ConfigError
-from ddpkit.inputs import check_local_ranks
-from ddpkit.log import get_logger
-from ddpkit.worker_context import LAUNCHED, WorkerContext, launched_by_ddpkit
+from ddpkit.process.worker_context import LAUNCHED, WorkerContext, launched_by_ddpkit
 
 if TYPE_CHECKING:
+    from ddpkit.base.shape import JobShape
     from ddpkit.env import WorldInfo
     from ddpkit.launch.agent import LaunchOptions
-    from ddpkit.launch.shape import JobShape
 
 __all__ = ["RankStart", "WorkerCommand", "run_rank"]
 
@@ -82,7 +82,7 @@ def run_rank(command: WorkerCommand, module: ModuleType, args: argparse.Namespac
 
 def launch_shape(args: argparse.Namespace) -> JobShape:
     """The local ranks -n/-j ask for (1x1 when neither): checked here, before any launcher module loads."""
-    from ddpkit.launch.shape import JobShape, parse_job_shape
+    from ddpkit.base.shape import JobShape, parse_job_shape
 
     if args.job and args.nproc_per_node:
         raise ConfigError("both -n and -j were given", "one of them", "use -j NNODESxNPROC alone")
@@ -126,8 +126,8 @@ def launch_options(args: argparse.Namespace, shape: JobShape | None = None) -> L
 def kubeflow_agent_options(world: WorldInfo) -> LaunchOptions:
     """The pod's PET_* settings, as ddpkit.env.kubeflow read them, as launch options for this pod's agent: the
     shape (elastic MIN:MAX), rendezvous endpoint, backend, conf, id and restarts torchrun would use."""
+    from ddpkit.base.shape import JobShape
     from ddpkit.launch.agent import LaunchOptions
-    from ddpkit.launch.shape import JobShape
 
     plan = world.agent
     if plan is None:  # detect() gives every agent a plan; a hand-built WorldInfo may not
@@ -153,7 +153,7 @@ def _launch(argv: list[str], options: LaunchOptions, main: Callable[[list[str]],
 def _linger() -> None:
     """Test hook (DDPKIT_FAULTS="linger:rank=R:ms=N"): rank R finishes N ms after the others, as a rank on a slower
     node does."""
-    from ddpkit.fault_injection import fault
+    from ddpkit.base.fault_injection import fault
 
     linger = fault("linger", rank=int(os.environ.get("RANK", "0")))
     if linger is not None:

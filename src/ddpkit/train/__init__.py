@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ddpkit.stopping import RunOutcome
+from ddpkit.process.stopping import RunOutcome
 from ddpkit.train.config import Drill, TrainConfig
 from ddpkit.train.summary import RunSummary
 

@@ -28,15 +28,15 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ddpkit.base.errors import ConfigError
+from ddpkit.base.inputs import check_output_path, output_path, seconds
+from ddpkit.base.log import get_logger
 from ddpkit.comm import GRAD_TRANSPORTS
-from ddpkit.errors import ConfigError
-from ddpkit.inputs import check_output_path, output_path, seconds
-from ddpkit.log import get_logger
-from ddpkit.stopping import RunOutcome, leave_preempted_code
+from ddpkit.process.stopping import RunOutcome, leave_preempted_code
+from ddpkit.process.worker_context import WorkerContext
 from ddpkit.train.config import MODELS, PREEMPT_SIGNALS, TrainConfig, check_job_spec, parse_drill
 from ddpkit.train.output import say
 from ddpkit.train.summary import RunSummary
-from ddpkit.worker_context import WorkerContext
 
 if TYPE_CHECKING:
     from ddpkit.env.start import RankStart

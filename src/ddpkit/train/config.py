@@ -13,7 +13,7 @@ import signal
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from ddpkit.errors import ConfigError
+from ddpkit.base.errors import ConfigError
 
 __all__ = ["MODELS", "PREEMPT_SIGNALS", "Drill", "TrainConfig", "check_job_spec", "parse_drill",
            "snapshot_location"]

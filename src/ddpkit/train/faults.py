@@ -5,8 +5,8 @@ gradient averaging hook (``comm/gradients.py``), which appends it to the last gr
 extra number; no extra collective, no extra round trip). When backward returns, every rank holds the same sum of
 flags, so all ranks stop after the same step, even when the signal reached a single rank, and none is left waiting
 in a collective. The ranks then agree whether any signal came from outside the job (``agree_on_cause``; the
-agent's own SIGTERMs are no preemption, see ddpkit/stopping.py); if one did, rank 0 writes a snapshot and all exit
-with 75 (EXIT_PREEMPTED), or 76 when no --snapshot-path leaves nothing to resume from. Models too large for that
+agent's own SIGTERMs are no preemption, see ddpkit/process/stopping.py); if one did, rank 0 writes a snapshot and all
+exit with 75 (EXIT_PREEMPTED), or 76 when no --snapshot-path leaves nothing to resume from. Models too large for that
 hook keep DDP's C++ all-reduce, and the watch votes on the flags every VOTE_EVERY steps instead.
 
 Drills are remembered in ``DIR/NAME.drills.json`` beside the snapshots: a drill fires once per snapshot
@@ -28,8 +28,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ddpkit.log import get_logger
-from ddpkit.stopping import signal_from_outside
+from ddpkit.base.log import get_logger
+from ddpkit.process.stopping import signal_from_outside
 from ddpkit.train.config import Drill
 from ddpkit.train.summary import DrillResult
 

@@ -7,7 +7,7 @@ import importlib
 import torch
 from torch import nn
 
-from ddpkit.errors import ConfigError
+from ddpkit.base.errors import ConfigError
 from ddpkit.train.config import TrainConfig
 from ddpkit.train.data import make_dataset, make_model
 from ddpkit.train.trainer import TrainJob

@@ -35,8 +35,8 @@ from typing import IO, Any, cast
 import numpy as np
 import torch
 
-from ddpkit.errors import DiskFull
-from ddpkit.log import get_logger
+from ddpkit.base.errors import DiskFull
+from ddpkit.base.log import get_logger
 
 __all__ = ["MAGIC", "SnapshotDir", "SnapshotInfo", "read_header", "read_snapshot", "write_snapshot"]
 

@@ -28,8 +28,8 @@ import torch.distributed as dist
 from torch import nn
 
 import ddpkit
-from ddpkit.errors import ConfigError
-from ddpkit.log import get_logger
+from ddpkit.base.errors import ConfigError
+from ddpkit.base.log import get_logger
 from ddpkit.train.config import TrainConfig, snapshot_location
 from ddpkit.train.output import say
 from ddpkit.train.rng import capture_rng, restore_rng, seed_everything

@@ -1,7 +1,7 @@
-"""How a training run stops, told truly: the worker's half of ``ddpkit.stopping``'s state machine.
+"""How a training run stops, told truly: the worker's half of ``ddpkit.process.stopping``'s state machine.
 
 - A preemption is a signal from outside the job (Slurm, a scancel, a user). Under ddpkit's launcher the agent
-  marks the signals it received (``ddpkit.stopping``); a SIGTERM without that mark is the agent stopping its
+  marks the signals it received (``ddpkit.process.stopping``); a SIGTERM without that mark is the agent stopping its
   workers after a failure, a lost rendezvous store or a membership change: not a preemption, and never reported as
   one. Under other launchers (srun, mpirun, torchrun) every signal counts as from outside: they leave no mark
   (torchrun's own stops look like preemptions there, but a stop after a lost peer still fails as below).
@@ -23,9 +23,9 @@ import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from ddpkit.log import get_logger
-from ddpkit.stopping import RunOutcome, leave_lost_report
-from ddpkit.worker_context import WorkerContext
+from ddpkit.base.log import get_logger
+from ddpkit.process.stopping import RunOutcome, leave_lost_report
+from ddpkit.process.worker_context import WorkerContext
 
 if TYPE_CHECKING:
     from ddpkit.runtime import Runtime

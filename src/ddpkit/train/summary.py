@@ -9,7 +9,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from ddpkit.stopping import RunOutcome
+from ddpkit.process.stopping import RunOutcome
 from ddpkit.train.timeline import phases
 
 __all__ = ["DrillResult", "ResumedFrom", "RunSummary", "percentile"]

@@ -10,7 +10,7 @@
 then per step: forward, backward (DDP averages the gradients, the ranks' stop flags riding along), wait for an
 async snapshot's copy, optimizer step, drills, the stop vote; per epoch: the loss line and a snapshot. Training
 continues at the step after the snapshot: nothing saved is run again. How a run ends is a ``RunOutcome``
-(ddpkit/stopping.py: the state machine), reported in a ``RunSummary`` (train/summary.py).
+(ddpkit/process/stopping.py: the state machine), reported in a ``RunSummary`` (train/summary.py).
 """
 
 from __future__ import annotations
@@ -30,9 +30,10 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import Dataset
 
+from ddpkit.base.log import get_logger
 from ddpkit.comm.gradients import register_gradient_averaging
-from ddpkit.log import get_logger
-from ddpkit.stopping import RunOutcome, mark_outside_signal
+from ddpkit.process.stopping import RunOutcome, mark_outside_signal
+from ddpkit.process.worker_context import WorkerContext
 from ddpkit.train.config import TrainConfig
 from ddpkit.train.data import Batches
 from ddpkit.train.faults import DrillBook, PreemptionWatch, requeue_slurm_job
@@ -41,7 +42,6 @@ from ddpkit.train.progress import Progress, on_terminal
 from ddpkit.train.snapshotter import Snapshotter
 from ddpkit.train.stops import PROBE_S, describe_lost_peer, host_table, preemption_outcome
 from ddpkit.train.summary import RunSummary, percentile
-from ddpkit.worker_context import WorkerContext
 
 if TYPE_CHECKING:
     from ddpkit.runtime import Runtime
@@ -214,7 +214,7 @@ class Trainer:
             mark_outside_signal(self.context.stop_dir, f"SIG{self.cfg.preempt_signal}")
             os.kill(os.getpid(), self.cfg.preempt_signum)
 
-    # ---- how the run ends (ddpkit/stopping.py) -------------------------------------------------------
+    # ---- how the run ends (ddpkit/process/stopping.py) -------------------------------------------------------
     def _stop(self, ddp: DDP, watch: PreemptionWatch, epoch: int, next_batch: int, step: int, t_start: float,
               losses: list[torch.Tensor]) -> RunSummary:
         """Every rank stopped after ``step``: stopped by the job's own agent, or preempted (saved or not)."""

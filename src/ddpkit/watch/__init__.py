@@ -31,8 +31,8 @@ from contextlib import contextmanager
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
-from ddpkit.exiting import caused_by_peer
-from ddpkit.log import get_logger
+from ddpkit.base.log import get_logger
+from ddpkit.process.exiting import caused_by_peer
 from ddpkit.watch.options import WatchOptions
 from ddpkit.watch.recorder import Live
 

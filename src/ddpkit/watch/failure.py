@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
-from ddpkit.log import get_logger
+from ddpkit.base.log import get_logger
 from ddpkit.watch.processes import process_state
 
 if TYPE_CHECKING:

@@ -28,9 +28,9 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from ddpkit.errors import EXIT_MISSING
-from ddpkit.fault_injection import fault
-from ddpkit.log import get_logger
+from ddpkit.base.errors import EXIT_MISSING
+from ddpkit.base.fault_injection import fault
+from ddpkit.base.log import get_logger
 from ddpkit.watch.diagnose import Hang, diagnose_deadline, diagnose_hang, straggler, summary_lines
 from ddpkit.watch.failure import FailureReport
 from ddpkit.watch.options import WatchOptions, hang_deadline, stop_deadline

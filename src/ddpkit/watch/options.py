@@ -7,7 +7,7 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from ddpkit.errors import ConfigError
+from ddpkit.base.errors import ConfigError
 
 __all__ = [
     "FIRST_STEP_FACTOR",

@@ -13,8 +13,8 @@ import time
 import traceback
 from typing import NoReturn
 
-from ddpkit.errors import EXIT_MISSING
-from ddpkit.exiting import flush_files
+from ddpkit.base.errors import EXIT_MISSING
+from ddpkit.process.exiting import flush_files
 
 __all__ = ["STACK_WAIT_S", "end_stopped", "leave", "process_state", "python_stacks"]
 
@@ -30,7 +30,8 @@ _PACKAGE = os.path.dirname(os.path.dirname(__file__))
 #: The files a rank starts through before the command's or the user's own code: a stack begins after the last of
 #: them (ddpkit's agent's worker, the command line, ``ddpkit run``'s runner).
 _RUNNERS = frozenset(os.path.join(_PACKAGE, *parts) for parts in
-                     (("launch", "worker.py"), ("cli.py",), ("script.py",), ("watch", "__main__.py")))
+                     (("launch", "worker.py"), ("cli.py",), ("lifecycle", "__init__.py"), ("run", "__init__.py"),
+                      ("watch", "__main__.py")))
 
 
 def process_state(pid: int) -> str:

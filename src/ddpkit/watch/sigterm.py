@@ -26,7 +26,7 @@ import threading
 import types
 from typing import TYPE_CHECKING, NoReturn
 
-from ddpkit.log import get_logger
+from ddpkit.base.log import get_logger
 
 if TYPE_CHECKING:
     from ddpkit.watch.monitor import Monitor

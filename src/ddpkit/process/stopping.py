@@ -35,7 +35,7 @@ import os
 import time
 from pathlib import Path
 
-from ddpkit.errors import EXIT_MISSING, EXIT_OK, EXIT_PREEMPTED, EXIT_PREEMPTED_UNSAVED
+from ddpkit.base.errors import EXIT_MISSING, EXIT_OK, EXIT_PREEMPTED, EXIT_PREEMPTED_UNSAVED
 
 __all__ = ["OUTSIDE_MARK_GRACE_S", "RunOutcome", "final_lost_report", "leave_lost_report", "leave_preempted_code",
            "lost_reports", "mark_outside_signal", "signal_from_outside"]

@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from ddpkit.errors import ConfigError
+from ddpkit.base.errors import ConfigError
 
 __all__ = ["DEFAULT_RDZV_PORT", "JobShape", "endpoint_host", "parse_job_shape", "split_endpoint"]
 

@@ -17,8 +17,8 @@ import platform
 from pathlib import Path
 from typing import Any
 
-from ddpkit.fault_injection import fault
-from ddpkit.netinfo import route_to
+from ddpkit.base.fault_injection import fault
+from ddpkit.base.netinfo import route_to
 
 __all__ = ["gather", "gpu_facts", "nic_facts"]
 

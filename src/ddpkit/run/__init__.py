@@ -29,9 +29,9 @@ from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING
 
-from ddpkit.errors import ConfigError
-from ddpkit.exiting import caused_by_peer, exit_code, yield_to_first_failure
-from ddpkit.log import get_logger
+from ddpkit.base.errors import ConfigError
+from ddpkit.base.log import get_logger
+from ddpkit.process.exiting import caused_by_peer, exit_code, yield_to_first_failure
 
 if TYPE_CHECKING:
     from ddpkit.env.start import RankStart
@@ -80,7 +80,7 @@ def check_arguments(args: argparse.Namespace) -> None:
 
     options_from_args(args)
     if args.events is not None:
-        from ddpkit.inputs import check_output_path
+        from ddpkit.base.inputs import check_output_path
 
         events = check_output_path(str(args.events), "--events")
         if not events.parent.is_dir():
@@ -203,7 +203,7 @@ def _exec_script(path: str) -> None:
 
 def _print_user_traceback(exc: BaseException, script: str | None) -> None:
     tb = exc.__traceback__
-    ours = (os.path.dirname(os.path.abspath(__file__)), os.path.dirname(runpy.__file__ or ""))
+    ours = (os.path.dirname(os.path.dirname(os.path.abspath(__file__))), os.path.dirname(runpy.__file__ or ""))
     first = tb
     while first is not None:  # drop ddpkit's and runpy's frames: the traceback starts in the user's code
         name = first.tb_frame.f_code.co_filename

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from ddpkit.errors import EXIT_CHECK_FAILED, EXIT_MISSING, EXIT_OK, EXIT_USAGE
+from ddpkit.base.errors import EXIT_CHECK_FAILED, EXIT_MISSING, EXIT_OK, EXIT_USAGE
 
 __all__ = ["FAIL", "PASS", "SKIP", "WARN", "Outcome", "exit_code", "failed"]
 

@@ -9,8 +9,8 @@ import sys
 from datetime import timedelta
 from typing import TYPE_CHECKING
 
+from ddpkit.base.inputs import seconds
 from ddpkit.env import LAUNCHERS, WorldInfo, explain
-from ddpkit.inputs import seconds
 
 if TYPE_CHECKING:
     from ddpkit.env.start import RankStart

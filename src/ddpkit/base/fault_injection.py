@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import os
 
-from ddpkit.log import get_logger
+from ddpkit.base.log import get_logger
 
 __all__ = ["ENV_VAR", "fault"]
 

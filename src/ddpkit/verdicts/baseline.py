@@ -24,7 +24,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from ddpkit.errors import ConfigError
+from ddpkit.base.errors import ConfigError
 
 __all__ = ["DEFAULT_TOLERANCE", "JUDGED_FROM", "KIND", "from_bench", "judge_bench", "load", "median_rows", "save"]
 

@@ -1,6 +1,6 @@
 """Node facts judged across nodes, and against a baseline: which node is different, and in what (pure logic).
 
-Each node's facts (``ddpkit.nodefacts.gather``, read by its local rank 0) are flattened into fields
+Each node's facts (``ddpkit.verdicts.nodefacts.gather``, read by its local rank 0) are flattened into fields
 (``nic.mtu``, ``gpu.pcie_width``...). A field where one node differs from the others' most common value (on a
 tie, rank 0's node's) is named with the hosts that differ. A difference that breaks collectives or throughput
 (MTU, link speed, GPU count, PCIe width) is a FAIL; one that is only unusual (kernel, memory, cores...) is a
@@ -14,7 +14,7 @@ from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ddpkit.outcome import PASS, WARN, Outcome, failed
+from ddpkit.verdicts.outcome import PASS, WARN, Outcome, failed
 
 __all__ = ["FAIL_FIELDS", "compare_to_baseline", "flatten", "judge_nodes", "node_facts"]
 
@@ -190,8 +190,8 @@ def bad_hosts(outcomes: Sequence[Outcome], records: Sequence[Record], *, hosts: 
               local_world_size: int) -> list[dict[str, Any]]:
     """Every host a failed check names, with the reasons: the hosts an outcome names itself (node facts), else
     the hosts of its bad ranks (a missing rank's host from the launcher's host list, where it gives one)."""
-    from ddpkit.outcome import FAIL
-    from ddpkit.remedy import merge
+    from ddpkit.verdicts.outcome import FAIL
+    from ddpkit.verdicts.remedy import merge
 
     by_rank = {int(r["rank"]): r for r in records}
     by_host = {str(r["host"]): r.get("slurm_node") for r in records}

@@ -27,7 +27,7 @@ LAUNCHED_AT = "DDPKIT_LAUNCHED_AT"
 RESULT_DIR = "DDPKIT_RESULT_DIR"
 #: A path a worker that stopped cleanly after a preemption signal writes its exit code to, so the agent can say so.
 PREEMPTED_MARK = "DDPKIT_PREEMPTED_MARK"
-#: A directory shared by the agent and its workers about why the workers stop (the protocol: ddpkit.stopping).
+#: A directory shared by the agent and its workers about why the workers stop (the protocol: ddpkit.process.stopping).
 STOP_DIR = "DDPKIT_STOP_DIR"
 #: ``fork`` (default with a CPU build of torch: workers forked from the agent, preloaded modules inherited) or
 #: ``spawn`` (fresh processes; always with a CUDA build, see launch.agent._preload).
@@ -73,7 +73,7 @@ class WorkerContext:
     started_at: float
     """When the command started (the agent's start under ddpkit's launcher, else this process's), epoch seconds."""
     stop_dir: str | None
-    """The agent's directory about why workers stop (ddpkit.stopping); None under other launchers."""
+    """The agent's directory about why workers stop (ddpkit.process.stopping); None under other launchers."""
     preempted_mark: str | None
     """Where a preempted worker leaves its exit code for ddpkit's agent; None under other launchers."""
     result_dir: str | None

@@ -13,7 +13,7 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-from ddpkit.errors import ConfigError
+from ddpkit.base.errors import ConfigError
 
 __all__ = ["check_local_ranks", "check_output_path", "endpoint", "local_rank_limit", "local_ranks",
            "output_path", "seconds", "shape_text"]
