@@ -30,8 +30,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     #    supervisor that heals a job by starting it again (its pure rules, heal.classify, ledger and policy, with it)
     ("ddpkit.report", "ddpkit.lifecycle", "ddpkit.heal"),
     # 6: argv -> a command (and the package's entry points: ``import ddpkit`` loads lazily, ``python -m ddpkit``
-    #    and ``python -m ddpkit.watch`` are ``ddpkit`` and ``ddpkit run``)
-    ("ddpkit.cli", "ddpkit.__main__", "ddpkit.__init__", "ddpkit.watch.__main__"),
+    #    is ``ddpkit``; ``python -m ddpkit.watch`` execs ``python -m ddpkit run``, importing nothing above the watch)
+    ("ddpkit.cli", "ddpkit.__main__", "ddpkit.__init__"),
 )
 #: Side by side in their layer: none imports another.
 SIBLINGS = LAYERS[4]

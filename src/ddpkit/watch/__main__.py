@@ -12,6 +12,7 @@ used to be a second runner, which drifted from ``ddpkit run`` in eight steps.
 
 from __future__ import annotations
 
+import os
 import sys
 from typing import NoReturn
 
@@ -47,9 +48,12 @@ def run_argv(argv: list[str]) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> NoReturn:
-    from ddpkit.cli import program
-
-    program(run_argv(list(sys.argv[1:] if argv is None else argv)))
+    """Become ``python -m ddpkit run ...`` (exec: the same process, as every launcher sees it; nothing imported
+    here from above the watch)."""
+    words = run_argv(list(sys.argv[1:] if argv is None else argv))
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execv(sys.executable, [sys.executable, "-m", "ddpkit", *words])
 
 
 if __name__ == "__main__":
