@@ -362,3 +362,16 @@ def test_a_report_reaches_the_process_stderr_while_sys_stderr_is_swapped(capfd: 
     finally:
         sys.stderr = saved
     assert swapped == "" and "rank 1 on host h1 (pid 7) is gone" in capfd.readouterr().err
+
+
+def test_an_abort_order_goes_through_the_store_typed_and_comes_back_whole() -> None:
+    from ddpkit.watch.records import AbortOrder, StoppedRank
+
+    order = AbortOrder.from_headline(2, "ddpkit watch: HANG: rank 1 on host b stopped answering",
+                                     stopped=(StoppedRank(rank=1, host="b", pid=77, by=3),), silent=(1,), live=3,
+                                     hosts={0: "a", 1: "b", 2: "a", 3: "b"}, deadline=None)
+    back = AbortOrder.from_json(order.to_json().encode())
+    assert back == order and back.reason == "HANG: rank 1 on host b stopped answering"
+    assert back.headline == "ddpkit watch: HANG: rank 1 on host b stopped answering"
+    lost = AbortOrder.from_headline(0, "ddpkit watch: HANG: the store is gone", silent=None, store_lost="reset")
+    assert AbortOrder.from_json(lost.to_json()).silent is None  # a rank that lost the store cannot know who is silent

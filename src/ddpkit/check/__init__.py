@@ -45,6 +45,7 @@ if TYPE_CHECKING:
     import torch.distributed as dist
 
     from ddpkit.env.start import RankStart
+    from ddpkit.watch.records import AbortOrder
 
 __all__ = ["add_arguments", "run"]
 
@@ -196,10 +197,9 @@ def run(args: argparse.Namespace, start: RankStart) -> int:
     session = watch.install(watch.WatchOptions(hang_after=args.phase_timeout + MARGIN_S, summary=False),
                             store=getattr(store, "clone", lambda: store)(), rank=rank, world_size=size)
 
-    def on_abort(order: dict[str, Any]) -> None:  # rank 0 prints what it knows before every rank exits 3
+    def on_abort(order: AbortOrder) -> None:  # rank 0 prints what it knows before every rank exits 3
         if rank == 0:
-            report.emit(EXIT_MISSING, deadline=order.get("deadline") or order["headline"].removeprefix(
-                "ddpkit watch: "))
+            report.emit(EXIT_MISSING, deadline=order.deadline or order.reason)
 
     session.on_abort(on_abort)
 

@@ -45,6 +45,7 @@ from ddpkit.train.summary import RunSummary, percentile
 
 if TYPE_CHECKING:
     from ddpkit.runtime import Runtime
+    from ddpkit.watch.records import AbortOrder
 
 __all__ = ["TrainJob", "Trainer"]
 
@@ -263,13 +264,11 @@ class Trainer:
                                   phase=self.phase, snapshot=self.snapshots.last, answered=answered, error=error,
                                   stalled=stalled)
 
-    def lost_in_stall(self, order: dict[str, Any]) -> str:
+    def lost_in_stall(self, order: AbortOrder) -> str:
         """The lost-peer message when the watch's hang report stops the job (its abort ``order``)."""
         self.summary.outcome = RunOutcome.PEER_LOST
-        silent = order.get("silent")
-        answered = None if silent is None else set(range(self.world)) - set(silent)
-        headline = str(order.get("headline", "")).removeprefix("ddpkit watch: ")
-        return self.describe_lost(answered, headline, stalled=True)
+        answered = None if order.silent is None else set(range(self.world)) - set(order.silent)
+        return self.describe_lost(answered, order.reason, stalled=True)
 
     def _finish(self, step: int, t_start: float) -> RunSummary:
         s, times = self.summary, self.step_times

@@ -42,6 +42,7 @@ if TYPE_CHECKING:
     from ddpkit.watch.hooks import Hooks
     from ddpkit.watch.monitor import Monitor
     from ddpkit.watch.recorder import Recorder
+    from ddpkit.watch.records import AbortOrder
 
 __all__ = ["Session", "WatchOptions", "active", "install", "note_exception", "phase", "uninstall", "watch"]
 
@@ -58,7 +59,7 @@ class Session:
         self.options = options
         self.recorder: Recorder | None = None
         self.monitor: Monitor | None = None
-        self._abort_handlers: list[Callable[[dict[str, Any]], object]] = []
+        self._abort_handlers: list[Callable[[AbortOrder], object]] = []
         self.hooks: Hooks = Hooks(_live, self._begin, self.finish)
 
     def _begin(self, init_args: dict[str, Any]) -> None:
@@ -87,11 +88,10 @@ class Session:
         _sync_live()
         log.info("watch: rank %d of %d watched", rank, world_size)
 
-    def on_abort(self, handler: Callable[[dict[str, Any]], object]) -> None:
+    def on_abort(self, handler: Callable[[AbortOrder], object]) -> None:
         """Call ``handler(order)`` on the watch's thread just before this rank exits 3 after a hang report (quick:
-        the other ranks are leaving too). ``order``: ``reporter`` (rank), ``silent`` (the ranks that stopped
-        answering, sorted; None when this rank lost the job's store), ``hosts`` (rank -> host, as text keys),
-        ``headline`` (the report's first line), ``store_lost`` (the error, when the store was lost)."""
+        the other ranks are leaving too). ``order``: a ``watch.records.AbortOrder`` (its reporter, reason, the ranks
+        that stopped answering, their hosts)."""
         self._abort_handlers.append(handler)
 
     def answering(self, wait: float) -> set[int] | None:

@@ -36,6 +36,7 @@ from ddpkit.watch.failure import FailureReport
 from ddpkit.watch.options import WatchOptions, hang_deadline, stop_deadline
 from ddpkit.watch.processes import STACK_WAIT_S, end_stopped, leave, python_stacks
 from ddpkit.watch.recorder import Recorder
+from ddpkit.watch.records import AbortOrder, StoppedRank
 from ddpkit.watch.store import BoundedStore
 from ddpkit.watch.storeloss import StoreLoss, holder_left
 
@@ -137,7 +138,7 @@ class Monitor:
         self._next_straggler = time.monotonic() + options.report_every
         self._store_failed_at: float | None = None
         self._alone: StoreLoss | None = None  # this rank's watch while the store does not answer
-        self.abort_handlers: list[Callable[[dict[str, Any]], object]] = []
+        self.abort_handlers: list[Callable[[AbortOrder], object]] = []
         """Run on the watch's thread, in order, just before this rank exits 3 (``Session.on_abort``)."""
 
     def start(self) -> Monitor:
@@ -180,7 +181,7 @@ class Monitor:
             self._answered.add(claim)
             self.store.set(f"stacks/{claim}/{self.rank}", RankStacks.here().dumps())
         if self.store.check(["abort"]):
-            self._abort(json.loads(self.store.get("abort").decode()))
+            self._abort(AbortOrder.from_json(self.store.get("abort")))
         records = self.read()
         for r, rec in records.items():
             if rec is not None and (r not in self.seen or self.seen[r][0] != rec["beat"]):
@@ -282,7 +283,7 @@ class Monitor:
         if self.options.on_hang == "abort" and stop_at is None:
             order = self._order(records, stale, lines[0], hang.event.get("text"))
             self.aborting = True
-            self.store.set("abort", json.dumps(order))
+            self.store.set("abort", order.to_json())
             self._stop_every_rank(order)
 
     def _resumed(self, now: float, *, said: bool) -> None:
@@ -306,30 +307,30 @@ class Monitor:
                 f"stops (exit {EXIT_MISSING})")
         order = self._order(records, stale, line, None)
         self.aborting = True
-        won = self.store.compare_set("abort", "", json.dumps(order)).decode()
-        if won == json.dumps(order):
+        won = self.store.compare_set("abort", "", order.to_json()).decode()
+        if won == order.to_json():
             self.emit([line], {"event": "stop", "reporter": self.rank, "idle_s": round(idle, 1),
                                "stop_after_s": stop, "silent": sorted(stale)})
             self._stop_every_rank(order)
         else:
-            self._abort(json.loads(won))  # another rank stops the job
+            self._abort(AbortOrder.from_json(won))  # another rank stops the job
 
     def _order(self, records: dict[int, dict[str, Any] | None], stale: dict[int, float], headline: str,
-               text: str | None) -> dict[str, Any]:
+               text: str | None) -> AbortOrder:
         """The abort order (``abort`` in the store): who stops the ranks that stopped answering on each host."""
         hosts = {r: rec["host"] for r, rec in records.items() if rec is not None}
         live = [r for r in hosts if r not in stale]
-        doomed = [{"rank": r, "host": hosts[r], "pid": records[r]["pid"],  # type: ignore[index]
-                   "by": min((q for q in live if hosts[q] == hosts[r]), default=None)}
-                  for r in stale if r in hosts]
-        return {"reporter": self.rank, "stopped": doomed, "silent": sorted(stale), "live": len(live),
-                "hosts": {str(r): h for r, h in hosts.items()}, "headline": headline, "deadline": text}
+        doomed = tuple(StoppedRank(rank=r, host=hosts[r], pid=records[r]["pid"],  # type: ignore[index]
+                                   by=min((q for q in live if hosts[q] == hosts[r]), default=None))
+                       for r in stale if r in hosts)
+        return AbortOrder.from_headline(self.rank, headline, stopped=doomed, silent=tuple(sorted(stale)),
+                                        live=len(live), hosts=hosts, deadline=text)
 
-    def _stop_every_rank(self, order: dict[str, Any]) -> None:
+    def _stop_every_rank(self, order: AbortOrder) -> None:
         """The order is in the store: wait (at most STACK_WAIT_S) until the other live ranks saw it, then stop."""
         until = time.monotonic() + STACK_WAIT_S
         with contextlib.suppress(Exception):  # a rank that hosts the store may leave first, taking it along
-            while time.monotonic() < until and int(self.store.add("abort/seen", 0)) < order["live"] - 1:
+            while time.monotonic() < until and int(self.store.add("abort/seen", 0)) < order.live - 1:
                 time.sleep(0.05)
         self._abort(order)
 
@@ -344,7 +345,7 @@ class Monitor:
             with open(self.options.events, "a", encoding="utf-8") as f:
                 f.write(json.dumps(event) + "\n")
 
-    def _abort(self, order: dict[str, Any]) -> None:
+    def _abort(self, order: AbortOrder) -> None:
         """Stop this rank (exit 3); first stop the ranks that stopped answering on this host (SIGCONT, SIGKILL),
         which no signal of their own can end. ``os._exit``: a thread blocked in C cannot hold the process.
 
@@ -354,24 +355,24 @@ class Monitor:
         hosts the job's store (rank 0 under ``ddpkit check`` or env://) until the others have seen the order."""
         self.aborting = True
         host = self.rec.host
-        mine = [d["pid"] for d in order.get("stopped", []) if d["by"] == self.rank and d["host"] == host]
+        mine = [d.pid for d in order.stopped if d.by == self.rank and d.host == host]
         if mine:
             end_stopped(mine)
-        if order.get("reporter") != self.rank:
+        if order.reporter != self.rank:
             with contextlib.suppress(Exception):  # the reporter may have left with its store
                 self.store.add("abort/seen", 1)
         self._run_abort_handlers(order)
         with contextlib.suppress(Exception):  # a rank that hosted the store left (after its own handlers ran)
             handled = int(self.store.add("abort/handled", 1))
             until = time.monotonic() + HANDLERS_WAIT_S
-            while handled < order.get("live", 1) and time.monotonic() < until:
+            while handled < order.live and time.monotonic() < until:
                 time.sleep(0.05)
                 handled = int(self.store.add("abort/handled", 0))
         late = fault("abort-late", rank=self.rank)  # test hook: this rank leaves after the others
         if late is not None:
             time.sleep(float(late.get("ms", 1500)) / 1e3)
-        leave(None if order.get("reporter") == self.rank else
-              f"ddpkit watch: rank {self.rank} on host {host} stops (hang reported by rank {order.get('reporter')}; "
+        leave(None if order.reporter == self.rank else
+              f"ddpkit watch: rank {self.rank} on host {host} stops (hang reported by rank {order.reporter}; "
               f"exit {EXIT_MISSING})")
 
     def await_abort(self) -> None:
@@ -385,7 +386,7 @@ class Monitor:
         self._thread.join(timeout=ABORT_WAIT_S)
         leave(f"ddpkit watch: rank {self.rank} on host {self.rec.host} stops (hang reported; exit {EXIT_MISSING})")
 
-    def _run_abort_handlers(self, order: dict[str, Any]) -> None:
+    def _run_abort_handlers(self, order: AbortOrder) -> None:
         for handler in self.abort_handlers:
             try:
                 handler(order)
@@ -447,8 +448,8 @@ class Monitor:
                  f"--- rank {self.rank} on host {self.rec.host} (pid {os.getpid()}): Python stacks", python_stacks()]
         self.emit(lines, {"event": "hang", "reporter": self.rank, "store_lost": str(exc), "waiting": w})
         if self.options.on_hang == "abort":
-            self._run_abort_handlers({"reporter": self.rank, "store_lost": str(exc), "silent": None,
-                                      "headline": lines[0]})
+            self._run_abort_handlers(AbortOrder.from_headline(self.rank, lines[0], silent=None,
+                                                              store_lost=str(exc)))
             leave(None)
         self._stop.set()
 
