@@ -72,7 +72,11 @@ def evaluate():
             time.sleep(0.05)
 
 
+if mode == "first-step" and rank == 0:
+    time.sleep(seconds)  # a slow first step: data loading, compilation (rank 1 waits in its first all-reduce)
 train(20)
+if mode == "all-sleep":
+    time.sleep(seconds)  # every rank at once: nobody waits for anybody
 if mode in ("checkpoint", "checkpoint-then-stop"):
     if rank == 0:
         write_checkpoint(os.path.join(os.path.dirname(os.path.abspath(__file__)), "model.pt"))
@@ -149,11 +153,20 @@ def start(tmp: Path, mode: str, seconds: float, *watch: str) -> Job:
     return Job(popen, events, tag, time.monotonic())
 
 
+#: The issue's other healthy pauses: a 150 s checkpoint, a 90 s slow first step, every rank sleeping at once.
+LONGER = {"checkpoint": 150.0, "first-step": 90.0, "all-sleep": PAUSE_S}
+
+
 @pytest.fixture(scope="module")
 def paused(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Job]]:
-    """Both 75 s pauses at once, at the watch's defaults (each job's ranks mostly sleep or wait)."""
+    """Every healthy pause at once, at the watch's defaults (each job's ranks mostly sleep or wait): both 75 s
+    pauses, and the longer ones (keyed ``longer-MODE``)."""
     tmp = tmp_path_factory.mktemp("paused")
     jobs = {mode: start(tmp, mode, PAUSE_S) for mode in ("checkpoint", "eval")}
+    for mode, seconds in LONGER.items():
+        where = tmp / f"longer-{mode}"
+        where.mkdir()
+        jobs[f"longer-{mode}"] = start(where, mode, seconds)
     yield jobs
     for job in jobs.values():
         job.kill()
@@ -191,6 +204,24 @@ def test_a_checkpoint_longer_than_the_deadline_is_reported_once_and_resumes(paus
     _reported_then_resumed(done, "rank 1", "time.sleep(seconds)  # a slow filesystem")
     assert "(write_checkpoint)" in done.of("hang")[0]["busy_at"]["0"]
     assert done.of("hang")[0]["collective"]["op"] == "barrier"
+
+
+@pytest.mark.parametrize("mode", sorted(LONGER))
+def test_the_other_healthy_pauses_finish_with_at_most_one_report(mode: str, paused: dict[str, Job]) -> None:
+    """A 150 s checkpoint is reported once and resumes (every rank stops only after 600 s); a 90 s slow first step
+    (the deadline is 5x until every rank finished its first step) and every rank sleeping at once (nobody waits)
+    raise no report at all."""
+    done = paused[f"longer-{mode}"].wait(timeout=420)
+    out = done.output
+    assert done.code == 0, out[-6000:]
+    assert out.count("rank 0 done") == 1 and out.count("rank 1 done") == 1, out[-6000:]
+    assert "HANG" not in out and "stops (" not in out and not done.of("stop"), out[-6000:]
+    if mode == "checkpoint":
+        assert len(done.of("hang")) == 1 and len(done.of("resumed")) == 1, done.events
+        assert done.of("resumed")[0]["paused_s"] > LONGER[mode] - 15, done.events
+    else:
+        assert not done.of("hang") and "ddpkit watch: " not in out.replace("ddpkit watch: summary", ""), out[-6000:]
+    assert leftover(done.tag) == []
 
 
 def test_an_evaluation_longer_than_the_deadline_is_reported_once_and_resumes(paused: dict[str, Job]) -> None:

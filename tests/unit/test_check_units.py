@@ -8,7 +8,7 @@ from ddpkit.base.netinfo import interface_addresses, route_to
 from ddpkit.check import collectives, ddpsync
 from ddpkit.check.consistency import judge_consistency, judge_network
 from ddpkit.check.rollcall import distributed_env, judge
-from ddpkit.verdicts.outcome import FAIL, PASS, SKIP, WARN, exit_code, failed
+from ddpkit.verdicts.outcome import FAIL, PASS, SKIP, WARN, failed, verdict_code
 from ddpkit.watch.diagnose import deadline_text
 
 
@@ -48,13 +48,13 @@ def test_duplicate_ranks_world_size_disagreement_and_shared_gpus() -> None:
     assert found["one-gpu-per-rank"].bad_ranks == (0, 1) and "ranks 0 and 1 share GPU GPU-a on n1" in \
         found["one-gpu-per-rank"].detail
     assert found["roll-call"].bad_ranks == (2,)
-    assert exit_code(found.values()) == 3  # a missing rank outranks the environment errors
+    assert verdict_code(found.values()) == 3  # a missing rank outranks the environment errors
 
 
 def test_complete_world_passes() -> None:
     found = _judge([_rec(r) for r in range(4)])
     assert list(found) == ["roll-call"] and found["roll-call"].status == PASS
-    assert exit_code(found.values()) == 0
+    assert verdict_code(found.values()) == 0
 
 
 def test_version_mismatch_fails_and_comm_settings_warn_by_host() -> None:
@@ -81,7 +81,7 @@ def test_unsupported_op_is_a_skip_and_a_wrong_rank_is_named() -> None:
                    for _ in range(3)]
     skip = collectives.combine("all_to_all", unsupported, "gloo")
     assert skip.status == SKIP and skip.detail.startswith("not supported by gloo")
-    assert exit_code([skip]) == 0
+    assert verdict_code([skip]) == 0
     lone = collectives.combine("send_recv_ring", [collectives.OpResult(op="send_recv_ring", status="skipped",
                                                                        error="a ring needs at least 2 ranks")], "gloo")
     assert lone.status == SKIP and "gloo" not in lone.detail
@@ -119,9 +119,9 @@ def test_deadline_diagnosis_names_ranks_behind() -> None:
 
 
 def test_exit_code_priority() -> None:
-    assert exit_code([failed("a", "x"), failed("b", "y", code=2)]) == 2
-    assert exit_code([failed("a", "x"), failed("b", "y", code=3), failed("c", "z", code=2)]) == 3
-    assert exit_code([failed("a", "x")]) == 1
+    assert verdict_code([failed("a", "x"), failed("b", "y", code=2)]) == 2
+    assert verdict_code([failed("a", "x"), failed("b", "y", code=3), failed("c", "z", code=2)]) == 3
+    assert verdict_code([failed("a", "x")]) == 1
 
 
 def test_distributed_env_keeps_only_what_matters() -> None:

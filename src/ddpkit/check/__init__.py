@@ -38,7 +38,7 @@ from ddpkit.env import WorldInfo
 from ddpkit.env.evidence import lone_world_evidence
 from ddpkit.verdicts.baseline import baseline_path
 from ddpkit.verdicts.nodejudge import bad_hosts, judge_nodes, node_facts
-from ddpkit.verdicts.outcome import FAIL, Outcome, exit_code, failed
+from ddpkit.verdicts.outcome import FAIL, Outcome, failed, verdict_code
 from ddpkit.verdicts.remedy import add_on_fail_argument, drain, report_lines
 
 if TYPE_CHECKING:
@@ -98,7 +98,7 @@ class Report:
             outcomes = list(self.outcomes)
             if deadline is not None:
                 outcomes.append(failed("deadline", deadline, code=EXIT_MISSING))
-            code = exit_code(outcomes) if code is None else code
+            code = verdict_code(outcomes) if code is None else code
             seconds = time.monotonic() - self.start
             if self.records:
                 render.print_nodes(self.records, per_rank=getattr(self.args, "per_rank", False))
@@ -249,7 +249,7 @@ def _roll_call(store: dist.Store, report: Report, record: dict[str, Any], timeou
         from ddpkit.verdicts.nodejudge import compare_to_baseline
 
         report.outcomes.append(compare_to_baseline(records, facts_of(load(report.args.baseline))))
-    fatal = exit_code(found)
+    fatal = verdict_code(found)
     verdict = "go" if fatal == 0 else str(fatal)
     store.set("rollcall/verdict", verdict)
     if records:  # rank 0's own cost: from the last rank's arrival to the verdict the others wait for

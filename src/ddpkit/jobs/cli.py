@@ -169,7 +169,7 @@ def _submit_slurm(spec: JobSpec, text: str, args: argparse.Namespace, output_fil
         return 0
     final = slurmctl.wait(job_id, timeout=args.wait_timeout,
                           on_change=lambda now: print(f"ddpkit: job {job_id} {now}", file=sys.stderr, flush=True))
-    code = slurmctl.exit_code(final)
+    code = slurmctl.job_exit_code(final)
     print(f"ddpkit: job {job_id} {final.state} exit code {code} (restarts {final.restarts}); log {final.stdout}",
           file=sys.stderr)
     return code

@@ -18,7 +18,7 @@ from pathlib import Path
 from ddpkit.base.errors import ConfigError, DeadlineExpired
 from ddpkit.base.log import get_logger
 
-__all__ = ["JobState", "describe", "exit_code", "job_state", "reason_text", "sbatch", "wait"]
+__all__ = ["JobState", "describe", "job_exit_code", "job_state", "reason_text", "sbatch", "wait"]
 
 log = get_logger(__name__)
 CALL_TIMEOUT = 30.0
@@ -144,7 +144,7 @@ def job_state(job_id: str) -> JobState:
     return found
 
 
-def exit_code(state: JobState) -> int:
+def job_exit_code(state: JobState) -> int:
     """The job's exit code as a process's: its status, else 128 + signal, else 1 for a job that did not complete."""
     if state.exit_status:
         return state.exit_status

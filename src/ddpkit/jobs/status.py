@@ -22,7 +22,7 @@ def run(args: argparse.Namespace) -> int:
     st = slurmctl.job_state(args.job_id)
     record = {"job_id": st.job_id, "name": st.name, "state": st.state, "reason": st.reason, "nodes": st.nodes,
               "restarts": st.restarts, "exit_status": st.exit_status, "exit_signal": st.exit_signal,
-              "exit_code": None if st.active else slurmctl.exit_code(st), "log": st.stdout, "source": st.source}
+              "exit_code": None if st.active else slurmctl.job_exit_code(st), "log": st.stdout, "source": st.source}
     if args.json:
         print(json.dumps(record, sort_keys=True))
         return 0

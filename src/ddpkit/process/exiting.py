@@ -30,8 +30,17 @@ import sys
 import threading
 from typing import NoReturn
 
-__all__ = ["PEER_GONE", "YIELD_S", "caused_by_peer", "close_files", "exit_code", "flush_files", "leave",
-           "wind_up", "yield_to_first_failure"]
+__all__ = [
+    "PEER_GONE",
+    "YIELD_S",
+    "caused_by_peer",
+    "close_files",
+    "flush_files",
+    "leave",
+    "sys_exit_code",
+    "wind_up",
+    "yield_to_first_failure",
+]
 
 #: The words of a backend's error when a peer of this rank is gone (it exited, was killed, or its host is cut off):
 #: gloo's transport (tcp/pair.cc), NCCL's watchdog and abort, and the store's client. Such an error is this rank's
@@ -46,7 +55,7 @@ PEER_GONE = ("Connection closed by peer", "Connection reset by peer", "Broken pi
 YIELD_S = 2.0
 
 
-def exit_code(code: object) -> int:
+def sys_exit_code(code: object) -> int:
     """What Python's exit does with sys.exit's argument: None is 0, an int is itself, anything else is printed
     and gives 1."""
     if code is None:

@@ -88,6 +88,9 @@ class WorkerContext:
     """Rank 0's host, where the workers' store listens (``MASTER_ADDR``)."""
     master_port: int | None
     """The workers' store's port (``MASTER_PORT``)."""
+    agent_store: bool = False
+    """The workers share their elastic agent's store (``TORCHELASTIC_USE_AGENT_STORE=True``: torchrun's default);
+    else rank 0 creates the store at MASTER_ADDR:MASTER_PORT (ddpkit's agent, mpirun, srun)."""
 
     @classmethod
     def from_environ(cls, environ: Mapping[str, str] | None = None) -> WorkerContext:
@@ -99,7 +102,8 @@ class WorkerContext:
                    restart_count=_int(env.get("TORCHELASTIC_RESTART_COUNT")),
                    max_restarts=_int(env.get("TORCHELASTIC_MAX_RESTARTS")),
                    run_id=env.get("TORCHELASTIC_RUN_ID") or "run", master_addr=env.get("MASTER_ADDR") or None,
-                   master_port=int(port) if port.isdigit() else None)
+                   master_port=int(port) if port.isdigit() else None,
+                   agent_store=env.get("TORCHELASTIC_USE_AGENT_STORE", "").strip().lower() == "true")
 
     @property
     def restartable(self) -> bool:

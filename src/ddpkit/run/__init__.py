@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING
 
 from ddpkit.base.errors import ConfigError
 from ddpkit.base.log import get_logger
-from ddpkit.process.exiting import caused_by_peer, exit_code, yield_to_first_failure
+from ddpkit.process.exiting import caused_by_peer, sys_exit_code, yield_to_first_failure
 
 if TYPE_CHECKING:
     from ddpkit.env.start import RankStart
@@ -159,7 +159,7 @@ def run_target(target: str, argv: list[str], *, module: bool = False) -> int:
         return 0
     except SystemExit as exc:
         _KEPT.append(exc)  # its traceback holds the script's frames
-        return exit_code(exc.code)
+        return sys_exit_code(exc.code)
     except KeyboardInterrupt:
         raise
     except BaseException as exc:  # the script's own failure: its traceback, as Python would print it

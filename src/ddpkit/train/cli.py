@@ -133,7 +133,7 @@ def _on_watch_abort(trainer: Trainer, lost: LostPeerReport) -> None:
 
     session = active()
     if session is not None:
-        session.on_abort(lambda order: lost.leave(trainer.lost_in_stall(order)))
+        session.on_abort(lambda order: lost.hand_over(trainer.lost_in_stall(order)))
 
 
 def _check_restartable(config: TrainConfig, context: WorkerContext) -> None:
@@ -214,7 +214,7 @@ def run(args: argparse.Namespace, start: RankStart) -> int:
         from ddpkit.watch import note_exception
 
         note_exception()  # the watch's failure report: the ranks gone on this host, at once
-        lost.leave(trainer.lost_peer(exc))
+        lost.hand_over(trainer.lost_peer(exc))
         return RunOutcome.PEER_LOST.exit_code
     finally:
         ddpkit.shutdown()

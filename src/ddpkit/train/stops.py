@@ -129,7 +129,7 @@ class LostPeerReport:
         self._lock = threading.Lock()
         self.message: str | None = None
 
-    def leave(self, message: str) -> bool:
+    def hand_over(self, message: str) -> bool:
         """Log and leave ``message`` unless a report was left already; True when this call left it."""
         with self._lock:
             if self.message is not None:

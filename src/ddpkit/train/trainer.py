@@ -104,7 +104,7 @@ class Trainer:
         if start.resumed_from is not None:
             summary.snapshots_loaded, summary.resumed_from = 1, start.resumed_from
         self.hosts = host_table(self.rt)
-        ddp, watch = self._wrap()
+        ddp, preemption = self._wrap()
         step = start.step
         summary.marks["loop"] = time.time()
         t_start = time.perf_counter()
@@ -130,35 +130,37 @@ class Trainer:
                     summary.marks.setdefault("first_step", time.time())  # a restart: kill -> first resumed step
                     self._fire_drill(epoch, batch, step)
                     self.phase = f"the stop-flag vote after step {step} (epoch {epoch})"
-                    if watch.should_stop(step):  # a stop signal reached some rank: all stop after this step
+                    if preemption.should_stop(step):  # a stop signal reached some rank: all stop after this step
                         self.step_times += times
-                        return self._stop(ddp, watch, epoch, batch + 1, step, t_start, losses)
+                        return self._stop(ddp, preemption, epoch, batch + 1, step, t_start, losses)
                 self.step_times += times
                 self._end_epoch(ddp, epoch, step, time.perf_counter() - t_epoch, times, losses)
-            watch.drain()
+            preemption.drain()
             self.snapshots.close()
         finally:
             progress.stop()
-            watch.uninstall()
+            preemption.uninstall()
         return self._finish(step, t_start)
 
     def _wrap(self) -> tuple[DDP, PreemptionWatch]:
-        """The model in DDP, its gradient averaging, and the watch that turns stop signals into one common step."""
+        """The model in DDP, its gradient averaging, and the preemption watch that turns stop signals into one common
+        step."""
         device = self.rt.device
         model = self.job.model.to(device)
         # gradients live in DDP's all-reduce buckets (no copy into the bucket and back each step, one copy of the
         # gradients in memory instead of two); the arithmetic is the same, results are bitwise equal
         ddp = DDP(model, device_ids=[device.index] if device.type == "cuda" else None, gradient_as_bucket_view=True)
-        watch = PreemptionWatch((signal.SIGTERM, self.cfg.preempt_signum), device, self.world,
+        preemption = PreemptionWatch((signal.SIGTERM, self.cfg.preempt_signum), device, self.world,
                                 stop_dir=self.context.stop_dir).install()
         # How gradients are averaged (comm/gradients.py): small models through ddpkit's hook, with the transport
         # that suits the backend, the ranks' stop flags riding on the last bucket; larger ones by DDP's own C++
         # all-reduce (None), the stop flags then voted on every few steps.
-        averaging = register_gradient_averaging(ddp, world_size=self.world, rider=watch, transport=self.transport)
-        watch.rides_gradients(averaging is not None)
+        averaging = register_gradient_averaging(ddp, world_size=self.world, rider=preemption, transport=self.transport)
+        preemption.rides_gradients(averaging is not None)
         self.summary.grad_transport = averaging.transport if averaging is not None else "ddp all-reduce"
-        self.summary.stop_flags = "gradient all-reduce" if watch.piggyback else f"vote every {watch.VOTE_EVERY} steps"
-        return ddp, watch
+        self.summary.stop_flags = ("gradient all-reduce" if preemption.piggyback
+                                   else f"vote every {preemption.VOTE_EVERY} steps")
+        return ddp, preemption
 
     def _train_step(self, ddp: DDP, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """One step; returns the loss, detached and not read back (a device synchronisation on GPU)."""
@@ -216,16 +218,17 @@ class Trainer:
             os.kill(os.getpid(), self.cfg.preempt_signum)
 
     # ---- how the run ends (ddpkit/process/stopping.py) -------------------------------------------------------
-    def _stop(self, ddp: DDP, watch: PreemptionWatch, epoch: int, next_batch: int, step: int, t_start: float,
+    def _stop(self, ddp: DDP, preemption: PreemptionWatch, epoch: int, next_batch: int, step: int, t_start: float,
               losses: list[torch.Tensor]) -> RunSummary:
         """Every rank stopped after ``step``: stopped by the job's own agent, or preempted (saved or not)."""
         summary = self.summary
         next_epoch, next_batch = (epoch + 1, 0) if next_batch >= self.steps_per_epoch else (epoch, next_batch)
         self.phase = f"the vote on why the ranks stop, after step {step}"
-        outside, signalled = watch.agree_on_cause()
+        outside, signalled = preemption.agree_on_cause()
         if not outside:  # only the job's own agents sent signals: they are stopping the group after a failure
-            summary.outcome, summary.signal, summary.global_step = RunOutcome.STOPPED_BY_AGENT, watch.received, step
-            who = f"rank {self.rank} got {watch.received}" if watch.received else \
+            summary.outcome, summary.signal = RunOutcome.STOPPED_BY_AGENT, preemption.received
+            summary.global_step = step
+            who = f"rank {self.rank} got {preemption.received}" if preemption.received else \
                 f"{signalled} other rank(s) got a stop signal"
             log.error("stopped after step %d: %s, and no agent received a signal from outside the job: an agent is "
                       "stopping its workers (after a failure, a lost rendezvous store or a membership change); not a "
@@ -238,7 +241,7 @@ class Trainer:
             self._save(ddp, epoch=epoch, next_epoch=next_epoch, next_batch=next_batch, step=step, urgent=True,
                        losses=losses if next_batch else None)
         summary.outcome, line = preemption_outcome(self.snapshots.last, step)
-        summary.signal = watch.received or "another rank's signal"
+        summary.signal = preemption.received or "another rank's signal"
         if self.rank == 0:
             say(f"Preempted at epoch {epoch}, step {step}: {line}")
             if self.cfg.requeue:

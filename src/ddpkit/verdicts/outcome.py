@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 from ddpkit.base.errors import EXIT_CHECK_FAILED, EXIT_MISSING, EXIT_OK, EXIT_USAGE
 
-__all__ = ["FAIL", "PASS", "SKIP", "WARN", "Outcome", "exit_code", "failed"]
+__all__ = ["FAIL", "PASS", "SKIP", "WARN", "Outcome", "failed", "verdict_code"]
 
 PASS, FAIL, WARN, SKIP = "PASS", "FAIL", "WARN", "SKIP"
 
@@ -33,7 +33,7 @@ class Outcome:
 
     def as_dict(self) -> dict[str, object]:
         return {"name": self.name, "status": self.status, "detail": self.detail, "seconds": self.seconds,
-                "bad_ranks": list(self.bad_ranks), "exit_code": self.exit_code if self.status == FAIL else 0,
+                "bad_ranks": list(self.bad_ranks), "verdict_code": self.exit_code if self.status == FAIL else 0,
                 **({"data": self.data} if self.data else {})}
 
 
@@ -43,7 +43,7 @@ def failed(name: str, detail: str, *, bad_ranks: Iterable[int] = (), code: int =
                    seconds=seconds, data=data or {})
 
 
-def exit_code(outcomes: Iterable[Outcome]) -> int:
+def verdict_code(outcomes: Iterable[Outcome]) -> int:
     """Missing ranks or an expired deadline (3) outrank an environment error (2), which outranks a failure (1)."""
     codes = {o.exit_code for o in outcomes if o.status == FAIL}
     for code in (EXIT_MISSING, EXIT_USAGE, EXIT_CHECK_FAILED):

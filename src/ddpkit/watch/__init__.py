@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 from ddpkit.base.log import get_logger
 from ddpkit.process.exiting import caused_by_peer
+from ddpkit.process.worker_context import WorkerContext
 from ddpkit.watch.options import WatchOptions
 from ddpkit.watch.recorder import Live
 
@@ -122,7 +123,8 @@ def _watch_store(init_args: dict[str, Any]) -> dist.Store:
     import torch.distributed.distributed_c10d as c10d
 
     method = str(init_args.get("init_method") or "")
-    host, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")
+    context = WorkerContext.from_environ()
+    host, port = context.master_addr, str(context.master_port) if context.master_port is not None else None
     if method.startswith("tcp://"):
         host, _, port = method[len("tcp://"):].split("?")[0].rpartition(":")
     prefix = _prefix()
@@ -138,8 +140,8 @@ def _watch_store(init_args: dict[str, Any]) -> dist.Store:
 
 def _prefix() -> str:
     """One key namespace per restart of the job, and per watch in this process (every rank installs as many)."""
-    run = os.environ.get("TORCHELASTIC_RUN_ID", "run")
-    return f"ddpkit-watch/{run}/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/{_installs}/"
+    context = WorkerContext.from_environ()
+    return f"ddpkit-watch/{context.run_id}/{context.restart_count}/{_installs}/"
 
 
 _session: Session | None = None

@@ -34,7 +34,7 @@ from ddpkit.base.log import get_logger
 from ddpkit.watch.diagnose import Hang, diagnose_deadline, diagnose_hang, straggler, summary_lines
 from ddpkit.watch.failure import FailureReport
 from ddpkit.watch.options import WatchOptions, hang_deadline, stop_deadline
-from ddpkit.watch.processes import STACK_WAIT_S, end_stopped, leave, python_stacks
+from ddpkit.watch.processes import STACK_WAIT_S, end_stopped, python_stacks, stop_rank
 from ddpkit.watch.recorder import Recorder
 from ddpkit.watch.records import AbortOrder, StoppedRank
 from ddpkit.watch.store import BoundedStore
@@ -371,7 +371,7 @@ class Monitor:
         late = fault("abort-late", rank=self.rank)  # test hook: this rank leaves after the others
         if late is not None:
             time.sleep(float(late.get("ms", 1500)) / 1e3)
-        leave(None if order.reporter == self.rank else
+        stop_rank(None if order.reporter == self.rank else
               f"ddpkit watch: rank {self.rank} on host {host} stops (hang reported by rank {order.reporter}; "
               f"exit {EXIT_MISSING})")
 
@@ -384,7 +384,7 @@ class Monitor:
         if not self.aborting or self._thread is threading.current_thread():
             return
         self._thread.join(timeout=ABORT_WAIT_S)
-        leave(f"ddpkit watch: rank {self.rank} on host {self.rec.host} stops (hang reported; exit {EXIT_MISSING})")
+        stop_rank(f"ddpkit watch: rank {self.rank} on host {self.rec.host} stops (hang reported; exit {EXIT_MISSING})")
 
     def _run_abort_handlers(self, order: AbortOrder) -> None:
         for handler in self.abort_handlers:
@@ -435,7 +435,7 @@ class Monitor:
                 r = self.rec
                 self._alone = StoreLoss(rank=self.rank, host=r.host, options=self.options, records=self.last_read,
                                         progress=lambda: (r.entered, r.steps, r.p2p_returned, r.group_seq()),
-                                        emit=self.emit, leave=leave, error=str(exc).strip().split("\n")[0],
+                                        emit=self.emit, stop=stop_rank, error=str(exc).strip().split("\n")[0],
                                         since=min(self._progress_at, self._store_failed_at),
                                         slowest_gap=self._slowest_gap)
             self._alone.tick(now)
@@ -450,7 +450,7 @@ class Monitor:
         if self.options.on_hang == "abort":
             self._run_abort_handlers(AbortOrder.from_headline(self.rank, lines[0], silent=None,
                                                               store_lost=str(exc)))
-            leave(None)
+            stop_rank(None)
         self._stop.set()
 
     # -- the end ----------------------------------------------------------------------------------------------

@@ -16,7 +16,7 @@ from typing import NoReturn
 from ddpkit.base.errors import EXIT_MISSING
 from ddpkit.process.exiting import flush_files
 
-__all__ = ["STACK_WAIT_S", "end_stopped", "leave", "process_state", "python_stacks"]
+__all__ = ["STACK_WAIT_S", "end_stopped", "process_state", "python_stacks", "stop_rank"]
 
 #: How long the reporter waits for the live ranks' stacks, for the others to see the abort, and for a stopped rank
 #: to go once sent SIGCONT.
@@ -62,7 +62,7 @@ def python_stacks() -> str:
     return "".join(parts)
 
 
-def leave(line: str | None) -> NoReturn:
+def stop_rank(line: str | None) -> NoReturn:
     """End this rank with exit 3 (EXIT_MISSING), after ``line`` on stderr: ``os._exit``, since a thread blocked in C
     (the rank's main thread in a collective) cannot hold the process then."""
     if line is not None:

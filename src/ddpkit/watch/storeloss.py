@@ -24,6 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from ddpkit.process.worker_context import WorkerContext
 from ddpkit.watch.options import WatchOptions, hang_deadline, stop_deadline
 from ddpkit.watch.processes import process_state, python_stacks
 
@@ -50,14 +51,13 @@ class StoreHost:
         return f"the job's store at {self.address} (held by rank {self.rank}{where})"
 
 
-def store_host(environ: dict[str, str] | os._Environ[str] | None = None) -> StoreHost:
-    """From torch's variables in this rank: torchrun's workers share the agent's store unless
+def store_host(context: WorkerContext | None = None) -> StoreHost:
+    """From how this rank was started: torchrun's workers share the agent's store unless
     TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 (ddpkit's agent sets it); then, and under every other launcher, rank 0
     creates it at MASTER_ADDR:MASTER_PORT."""
-    env = os.environ if environ is None else environ
-    address = f"{env.get('MASTER_ADDR', '?')}:{env.get('MASTER_PORT', '?')}"
-    agent = env.get("TORCHELASTIC_USE_AGENT_STORE", "").strip().lower() == "true"
-    return StoreHost(address=address, rank=None if agent else 0)
+    ctx = context or WorkerContext.from_environ()
+    address = f"{ctx.master_addr or '?'}:{ctx.master_port or '?'}"
+    return StoreHost(address=address, rank=None if ctx.agent_store else 0)
 
 
 def holder_left(records: dict[int, dict[str, Any] | None], host: str) -> bool:
@@ -76,11 +76,11 @@ class StoreLoss:
 
     def __init__(self, *, rank: int, host: str, options: WatchOptions, records: dict[int, dict[str, Any] | None],
                  progress: Callable[[], tuple[Any, ...]], emit: Callable[[list[str], dict[str, Any]], None],
-                 leave: Callable[[str | None], object], error: str, since: float, slowest_gap: float) -> None:
+                 stop: Callable[[str | None], object], error: str, since: float, slowest_gap: float) -> None:
         self.rank, self.host, self.options = rank, host, options
         self.records = records  # as last read: who was where, with pids and hosts
         self.progress = progress
-        self.emit, self.leave = emit, leave
+        self.emit, self.stop = emit, stop
         self.error = error
         self.lost_at = since
         self._last = progress()
@@ -164,4 +164,4 @@ class StoreLoss:
                 with contextlib.suppress(OSError):
                     os.kill(pid, signal.SIGKILL)
             os._exit(0)
-        self.leave(f"ddpkit watch: rank {self.rank} on host {self.host} stops (no progress and no store; exit 3)")
+        self.stop(f"ddpkit watch: rank {self.rank} on host {self.host} stops (no progress and no store; exit 3)")
