@@ -342,8 +342,11 @@ class Monitor:
         print("\n".join(lines), file=sys.__stderr__ or sys.stderr, flush=True)
         if self.options.events is not None:
             event = {"time": round(time.time(), 3), **event}
-            with open(self.options.events, "a", encoding="utf-8") as f:
-                f.write(json.dumps(event) + "\n")
+            try:
+                with open(self.options.events, "a", encoding="utf-8") as f:
+                    f.write(json.dumps(event) + "\n")
+            except OSError as exc:  # the report is on stderr already: a lost events file must not end the job
+                log.warning("watch: could not append to --events %s (%s)", self.options.events, exc)
 
     def _abort(self, order: AbortOrder) -> None:
         """Stop this rank (exit 3); first stop the ranks that stopped answering on this host (SIGCONT, SIGKILL),
