@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -375,3 +376,15 @@ def test_an_abort_order_goes_through_the_store_typed_and_comes_back_whole() -> N
     assert back.headline == "ddpkit watch: HANG: rank 1 on host b stopped answering"
     lost = AbortOrder.from_headline(0, "ddpkit watch: HANG: the store is gone", silent=None, store_lost="reset")
     assert AbortOrder.from_json(lost.to_json()).silent is None  # a rank that lost the store cannot know who is silent
+
+
+def test_an_events_file_that_cannot_be_written_is_a_warning_not_a_failure(tmp_path: Path, capfd: Any) -> None:
+    """``--events`` into a directory removed mid-run: the report still reaches stderr and nothing raises (it failed
+    inside the user's destroy_process_group before)."""
+    from types import SimpleNamespace
+
+    from ddpkit.watch.monitor import Monitor
+
+    gone = SimpleNamespace(options=SimpleNamespace(events=tmp_path / "removed" / "events.jsonl"))
+    Monitor.emit(gone, ["ddpkit watch: a report"], {"event": "hang"})  # type: ignore[arg-type]
+    assert "ddpkit watch: a report" in capfd.readouterr().err
