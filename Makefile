@@ -7,7 +7,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 DEBS := munge slurmctld slurmd slurm-client libpmix-dev openmpi-bin libopenmpi-dev mpich libmpich-dev \
-        iproute2 etcd-server shellcheck procps
+        iproute2 etcd-server shellcheck procps chromium
 
 .PHONY: run test lint unit bench venv infra-deps clean
 
@@ -19,7 +19,8 @@ $(STAMP): pyproject.toml constraints.txt
 
 venv: $(STAMP)
 
-# Debian packages for the infrastructure tests (real MPI, Slurm, etcd, network namespaces).
+# Debian packages for the infrastructure tests (real MPI, Slurm, etcd, network namespaces) and the headless browser
+# that opens ddpkit report's HTML page (chromium).
 # Installed only when running as root; elsewhere those tests skip and say why.
 infra-deps:
 	@if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \

@@ -18,8 +18,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     # 0: the basement: errors and exit codes, logging, input rules, ports, interfaces, job shapes, test faults
     ("ddpkit", "ddpkit.base"),
     # 1: a process's start and end protocol (what the agent tells its workers, why a run stopped, how a process
-    #    leaves) and judging what was measured; no torch at module level
-    ("ddpkit.process", "ddpkit.verdicts"),
+    #    leaves) and judging what was measured; the goodput ledger's records and accounting; no torch at module level
+    ("ddpkit.process", "ddpkit.verdicts", "ddpkit.goodput"),
     # 2: who am I in which world
     ("ddpkit.env",),
     # 3: the process group, and the collectives that check, bench and train share; the watch over them
@@ -28,7 +28,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("ddpkit.check", "ddpkit.bench", "ddpkit.train", "ddpkit.run", "ddpkit.whoami", "ddpkit.jobs", "ddpkit.launch"),
     # 5: what check and bench wrote -> one report; a rank's start (the agent, or the command in this rank), and the
     #    supervisor that heals a job by starting it again (its pure rules, heal.classify, ledger and policy, with it)
-    ("ddpkit.report", "ddpkit.lifecycle", "ddpkit.heal"),
+    #    a run directory's ledgers -> an HTML page, a trace, a Prometheus textfile (reports)
+    ("ddpkit.report", "ddpkit.reports", "ddpkit.lifecycle", "ddpkit.heal"),
     # 6: argv -> a command (and the package's entry points: ``import ddpkit`` loads lazily, ``python -m ddpkit``
     #    is ``ddpkit``; ``python -m ddpkit.watch`` execs ``python -m ddpkit run``, importing nothing above the watch)
     ("ddpkit.cli", "ddpkit.__main__", "ddpkit.__init__"),

@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING
 
 from ddpkit.base.errors import EXIT_MISSING, ConfigError, DdpkitError
 from ddpkit.base.log import get_logger
+from ddpkit.goodput.records import ATTEMPT_VAR, RUN_DIR_VAR
 from ddpkit.heal.classify import Evidence, RankEvidence, WatchReport, classify, exception_line
 from ddpkit.heal.ledger import Action, AttemptEnded, AttemptStarted, Ledger, SupervisorStarted
 from ddpkit.heal.policy import HealPolicy, Outcome, decide
@@ -72,6 +73,7 @@ def supervise(world: WorldInfo, args: argparse.Namespace, options_for: Callable[
           f"attempt(s)", file=sys.stderr, flush=True)
     ledger.append(SupervisorStarted(time=time.time(), pid=os.getpid(), host=host, max_attempts=policy.max_attempts,
                                     command=tuple(getattr(args, "ddpkit_argv", ()))))
+    _start_goodput(run_dir, host)
     for of_session in range(1, policy.max_attempts + 1):
         attempt = ledger.next_attempt()
         logs = run_dir / f"attempt-{attempt}"
@@ -79,6 +81,7 @@ def supervise(world: WorldInfo, args: argparse.Namespace, options_for: Callable[
         # the agent writes rank logs for ddpkit run only (LaunchOptions.rank_logs): train's ranks print to the screen
         kept = str(logs) if attempt_options is not options and args.command == "run" else None
         ledger.append(AttemptStarted(attempt=attempt, time=time.time(), hosts=(host,), ranks=ranks, logs=kept))
+        os.environ[ATTEMPT_VAR] = str(attempt)  # train's rank 0 writes its goodput lines under this attempt
         with _agent_lines() as lines:
             try:
                 code = launch_attempt(attempt_options)
@@ -102,6 +105,24 @@ def supervise(world: WorldInfo, args: argparse.Namespace, options_for: Callable[
         if decision.action is not Action.RETRY:
             return int(decision.exit_code if decision.exit_code is not None else code)
     raise AssertionError("the policy gives up at --max-attempts")  # decide() never retries the last attempt
+
+
+def _start_goodput(run_dir: Path, host: str) -> None:
+    """The goodput ledger's first line (this process's start: its imports count as start-up), and the run
+    directory told to the ranks (``DDPKIT_RUN_DIR``, ``DDPKIT_ATTEMPT``: ddpkit/goodput/records.py)."""
+    from ddpkit.goodput.records import GOODPUT, RunStarted, append_line, to_json
+    from ddpkit.process.worker_context import process_started_at
+
+    before = os.environ.get(RUN_DIR_VAR)
+    if before and Path(before).resolve() != run_dir.resolve():
+        log.warning("%s was %s; the ranks write their goodput lines to this run's directory, %s", RUN_DIR_VAR,
+                    before, run_dir)
+    os.environ[RUN_DIR_VAR] = str(run_dir)
+    fd = os.open(run_dir / GOODPUT, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        append_line(fd, to_json(RunStarted(time=process_started_at(), pid=os.getpid(), host=host)))
+    finally:
+        os.close(fd)
 
 
 def gather(code: int, lines: list[logging.LogRecord], logs: str | None, host: str) -> Evidence:

@@ -40,6 +40,7 @@ from ddpkit.train.summary import RunSummary
 
 if TYPE_CHECKING:
     from ddpkit.env.start import RankStart
+    from ddpkit.goodput.records import GoodputLog
     from ddpkit.train.stops import LostPeerReport
     from ddpkit.train.trainer import Trainer
 
@@ -137,10 +138,28 @@ def _on_watch_abort(trainer: Trainer, lost: LostPeerReport) -> None:
 
 
 def _check_restartable(config: TrainConfig, context: WorkerContext) -> None:
-    if any(d.kind == "kill-worker" for d in config.drills) and context.max_restarts < 1:
+    from ddpkit.goodput.records import ATTEMPT_VAR
+
+    healed = bool(os.environ.get(ATTEMPT_VAR))  # under --heal the supervisor starts the next attempt
+    if any(d.kind == "kill-worker" for d in config.drills) and context.max_restarts < 1 and not healed:
         raise ConfigError("--drill kill-worker needs an elastic agent that restarts workers, and none allows "
                           "a restart here", "torch elastic with --max-restarts 1 or more",
-                          "add --max-restarts 3 (with -n N), or torchrun --max-restarts 3")
+                          "add --max-restarts 3 (with -n N) or --heal, or torchrun --max-restarts 3")
+
+
+def _goodput_log(args: argparse.Namespace, rank: int, world_size: int, context: WorkerContext) -> GoodputLog | None:
+    """Rank 0's goodput ledger in the run directory (the supervisor's under --heal, else --run-dir), or None."""
+    from ddpkit.goodput.records import GoodputLog, attempt_from_environ, run_dir_from_environ
+    from ddpkit.process.worker_context import process_started_at
+
+    run_dir = run_dir_from_environ() or getattr(args, "run_dir", None)
+    if rank != 0 or not run_dir:
+        return None
+    log_ = GoodputLog(run_dir, attempt=attempt_from_environ(context.restart_count))
+    first = context.restart_count == 0  # a restarted worker group's process starts at its fork
+    log_.started(time=time.time(), process=context.started_at if first else process_started_at(),
+                 world_size=world_size)
+    return log_
 
 
 def _deterministic() -> None:
@@ -199,7 +218,8 @@ def run(args: argparse.Namespace, start: RankStart) -> int:
     rt = ddpkit.init(backend=args.backend, timeout=timedelta(seconds=config.collective_timeout + BACKSTOP_S),
                      world=world, watch=options)
     marks["group"] = time.time()
-    trainer = Trainer(job, config, rt, transport=transport, context=context)
+    goodput = _goodput_log(args, rt.rank, rt.world_size, context)
+    trainer = Trainer(job, config, rt, transport=transport, context=context, goodput=goodput)
     lost = LostPeerReport(rt.rank, context)
     _on_watch_abort(trainer, lost)
     try:
@@ -218,6 +238,8 @@ def run(args: argparse.Namespace, start: RankStart) -> int:
         return RunOutcome.PEER_LOST.exit_code
     finally:
         ddpkit.shutdown()
+        if goodput is not None:
+            goodput.close()
     if summary.outcome is RunOutcome.STOPPED_BY_AGENT:
         if summary.signal:  # end as the agent's SIGTERM asked: the agent reports the failure behind it
             signal.signal(signal.SIGTERM, signal.SIG_DFL)

@@ -44,6 +44,7 @@ from ddpkit.train.stops import PROBE_S, describe_lost_peer, host_table, preempti
 from ddpkit.train.summary import RunSummary, percentile
 
 if TYPE_CHECKING:
+    from ddpkit.goodput.records import GoodputLog
     from ddpkit.runtime import Runtime
     from ddpkit.watch.records import AbortOrder
 
@@ -70,8 +71,10 @@ class TrainJob:
 
 class Trainer:
     def __init__(self, job: TrainJob, config: TrainConfig, runtime: Runtime, *, transport: str | None = None,
-                 context: WorkerContext | None = None) -> None:
+                 context: WorkerContext | None = None, goodput: GoodputLog | None = None) -> None:
         self.job, self.cfg, self.rt = job, config, runtime
+        self.goodput = goodput
+        """Rank 0's goodput ledger (ddpkit/goodput), or None: steps, snapshot loads and saves, the end."""
         self.transport = transport  # a gradients.TRANSPORTS name (plan_transport), or None: the backend's own
         self.context = context or WorkerContext.from_environ()
         self.rank, self.world = runtime.rank, runtime.world_size
@@ -98,7 +101,11 @@ class Trainer:
         cfg, summary = self.cfg, self.summary
         # before load() seeds the generators: importing rich draws from Python's global RNG (rich.style)
         progress = Progress(self.rank == 0 and cfg.progress is not False and (cfg.progress or on_terminal()))
+        loading = time.time()
         start = self.snapshots.load(self.job.model, self.job.optimizer, self.drills.fired)
+        goodput = self.goodput
+        if goodput is not None:
+            goodput.loaded(loading, time.time(), start.step if start.resumed_from is not None else None)
         self.drills.fired = dict(start.drills_fired)
         summary.skipped_snapshots, summary.loss_history = start.skipped, start.loss_history
         if start.resumed_from is not None:
@@ -120,12 +127,15 @@ class Trainer:
                 t_epoch = time.perf_counter()
                 for batch, (x, y) in enumerate(self.batches.epoch(epoch, first), start=first):
                     t0 = time.perf_counter()
+                    w0 = time.time() if goodput is not None else 0.0
                     self.phase = f"the gradient all-reduce of step {step + 1} (epoch {epoch}, batch {batch})"
                     loss = self._train_step(ddp, x, y)
                     step += 1
                     losses.append(loss)  # on the device: read back once per epoch (or by the progress bar)
                     self.samples += len(x)
                     times.append(time.perf_counter() - t0)
+                    if goodput is not None:  # gathered in memory; one fsynced line per second
+                        goodput.step(w0, time.time(), step)
                     progress.advance(loss)
                     summary.marks.setdefault("first_step", time.time())  # a restart: kill -> first resumed step
                     self._fire_drill(epoch, batch, step)
@@ -140,6 +150,8 @@ class Trainer:
         finally:
             progress.stop()
             preemption.uninstall()
+            if goodput is not None:  # every way out (a lost peer's exception included) keeps the steps done
+                goodput.flush()
         return self._finish(step, t_start)
 
     def _wrap(self) -> tuple[DDP, PreemptionWatch]:
@@ -188,8 +200,11 @@ class Trainer:
     def _save(self, ddp: DDP, *, epoch: int, next_epoch: int, next_batch: int, step: int, urgent: bool,
               losses: list[torch.Tensor] | None = None) -> None:
         self.phase = f"the snapshot of step {step} (gathering RNG states to rank 0)"
+        began = time.time()
         self.snapshots.save(ddp.module, self.job.optimizer, epoch=epoch, next_epoch=next_epoch, next_batch=next_batch,
                             step=step, urgent=urgent, loss_history=self.summary.loss_history, losses=losses or ())
+        if self.goodput is not None:
+            self.goodput.saved(began, time.time(), step)
 
     # ---- drills ---------------------------------------------------------------------------------------
     def _fire_drill(self, epoch: int, batch: int, step: int) -> None:
@@ -287,4 +302,6 @@ class Trainer:
         resumed = s.resumed_from.global_step if s.resumed_from else None
         interval = self.cfg.save_every * self.steps_per_epoch
         s.drills = self.drills.report(resumed, interval) if self.rank == 0 else []
+        if self.goodput is not None:
+            self.goodput.finished(s.marks["loop_end"], step, s.outcome.value)
         return s

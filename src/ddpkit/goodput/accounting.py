@@ -1,0 +1,246 @@
+"""From a run's records to where its wall-clock time went: pure (no files, no clocks, no torch).
+
+The wall clock runs from the run's start (the supervisor's process start, ``RunStarted``; else the first
+attempt's) to the last attempt's end, and every second of it lands in exactly one category:
+
+- ``startup``: before the first attempt, and in each attempt from its start to its first step (imports,
+  rendezvous, the process group, wrapping the model), less the snapshot load;
+- ``checkpoint_load`` and ``checkpoint_save``: the time the training thread was held by them;
+- ``training``: inside the steps that made progress; ``lost_progress``: inside the steps that did again what an
+  earlier attempt had done (a step number at or below the furthest step reached before), counted by step;
+- ``loop_other``: the loop's own time between steps (data, the epoch's loss line, the stop vote);
+- ``failure``: in a failed attempt, from its last record to its end: the hang until detection, and teardown;
+- ``teardown``: in an attempt that finished, from its last record to its end (the process group's end, exit);
+- ``relaunch``: between one attempt's end and the next one's start.
+
+So the categories add up to the wall clock by construction (``loop_other`` is the remainder inside the loop; a
+negative remainder, which only clocks that disagree make, is clipped and shows as a sum that misses the wall).
+goodput = training / wall clock, overall and per window of ``window_s``.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from ddpkit.goodput.records import Finished, GoodputRecord, Loaded, RankStarted, RunStarted, Saved, Steps
+
+__all__ = ["AttemptAccount", "AttemptSpan", "Category", "Split", "account"]
+
+
+class Category(enum.Enum):
+    STARTUP = "startup"
+    CHECKPOINT_LOAD = "checkpoint_load"
+    TRAINING = "training"
+    LOST_PROGRESS = "lost_progress"
+    CHECKPOINT_SAVE = "checkpoint_save"
+    LOOP_OTHER = "loop_other"
+    FAILURE = "failure"
+    TEARDOWN = "teardown"
+    RELAUNCH = "relaunch"
+
+    @property
+    def words(self) -> str:
+        return _WORDS[self]
+
+
+_WORDS = {Category.STARTUP: "start-up (imports, rendezvous)", Category.CHECKPOINT_LOAD: "checkpoint load",
+          Category.TRAINING: "training steps", Category.LOST_PROGRESS: "lost progress (steps done again)",
+          Category.CHECKPOINT_SAVE: "checkpoint save", Category.LOOP_OTHER: "loop between steps",
+          Category.FAILURE: "hang until detection, teardown", Category.TEARDOWN: "teardown after the last step",
+          Category.RELAUNCH: "relaunch between attempts"}
+
+
+@dataclass(frozen=True, kw_only=True)
+class AttemptSpan:
+    """One attempt as its supervisor saw it (the heal ledger's start and end), or as rank 0's records show it."""
+
+    attempt: int
+    start: float
+    end: float | None
+    """None: the attempt has no recorded end (running, or its supervisor was killed): its last record ends it."""
+    exit_code: int | None = None
+    cause: str = ""
+    """The classification's reason, in words ("" for a success)."""
+    failure_class: str | None = None
+    hosts: tuple[str, ...] = ()
+
+
+@dataclass(kw_only=True)
+class AttemptAccount:
+    attempt: int
+    start: float
+    end: float
+    exit_code: int | None
+    cause: str
+    failure_class: str | None
+    seconds: dict[Category, float]
+    first_step: int | None = None
+    last_step: int | None = None
+    resumed_from: int | None = None
+    lost_steps: int = 0
+    steps: list[Steps] = field(default_factory=list)
+    saves: list[Saved] = field(default_factory=list)
+    loads: list[Loaded] = field(default_factory=list)
+    first_step_at: float | None = None
+    """When this attempt's first step began (the end of its start-up)."""
+
+
+@dataclass(kw_only=True)
+class Split:
+    start: float
+    end: float
+    seconds: dict[Category, float]
+    attempts: list[AttemptAccount]
+    windows: list[tuple[float, float]]
+    """(window start, goodput in that window), one per ``window_s``."""
+    window_s: float
+    lost_steps: int
+    furthest_step: int
+
+    @property
+    def wall_s(self) -> float:
+        return self.end - self.start
+
+    @property
+    def accounted_s(self) -> float:
+        return sum(self.seconds.values())
+
+    @property
+    def goodput(self) -> float:
+        return self.seconds[Category.TRAINING] / self.wall_s if self.wall_s > 0 else 0.0
+
+
+def _zero() -> dict[Category, float]:
+    return dict.fromkeys(Category, 0.0)
+
+
+def _by_attempt(records: Sequence[GoodputRecord]) -> dict[int, list[GoodputRecord]]:
+    out: dict[int, list[GoodputRecord]] = {}
+    for r in records:
+        if not isinstance(r, RunStarted):
+            out.setdefault(r.attempt, []).append(r)
+    return out
+
+
+def _last_time(records: Sequence[GoodputRecord]) -> float | None:
+    times = [r.end if isinstance(r, Loaded | Steps | Saved) else r.time for r in records
+             if not isinstance(r, RunStarted)]
+    return max(times, default=None)
+
+
+def _spans_from_records(by_attempt: dict[int, list[GoodputRecord]]) -> list[AttemptSpan]:
+    """Without a heal ledger (``ddpkit train --run-dir`` under torch elastic's restarts): an attempt from its rank 0's
+    process start to its last record."""
+    spans = []
+    for number, recs in sorted(by_attempt.items()):
+        started = [r for r in recs if isinstance(r, RankStarted)]
+        start = min((r.process for r in started), default=None)
+        last = _last_time(recs)
+        if start is None or last is None:
+            continue
+        done = [r for r in recs if isinstance(r, Finished)]
+        spans.append(AttemptSpan(attempt=number, start=start, end=last, exit_code=0 if done else None,
+                                 cause="" if done else "no record after the last step"))
+    return spans
+
+
+def account(attempts: Sequence[AttemptSpan], records: Sequence[GoodputRecord], *, window_s: float = 60.0,
+            now: float | None = None) -> Split:
+    """The run's split. ``attempts``: the heal ledger's (empty: derived from ``records``); ``now``: the end of an
+    attempt with no recorded end and no records (a run still starting)."""
+    by_attempt = _by_attempt(records)
+    spans = sorted(attempts or _spans_from_records(by_attempt), key=lambda a: a.start)
+    if not spans:
+        raise ValueError("no attempt recorded: nothing to account for")
+    run_starts = [r.time for r in records if isinstance(r, RunStarted)]
+    start = min([*run_starts, spans[0].start])
+    total = _zero()
+    total[Category.STARTUP] += spans[0].start - start
+    accounts: list[AttemptAccount] = []
+    furthest = 0
+    previous_end = start
+    for index, span in enumerate(spans):
+        recs = by_attempt.get(span.attempt, [])
+        end = span.end if span.end is not None else (_last_time(recs) or now or span.start)
+        if index:
+            total[Category.RELAUNCH] += max(0.0, span.start - previous_end)
+        one = _attempt(span, end, recs, furthest)
+        accounts.append(one)
+        for category, seconds in one.seconds.items():
+            total[category] += seconds
+        if one.last_step is not None:
+            furthest = max(furthest, one.last_step)
+        previous_end = end
+    split = Split(start=start, end=previous_end, seconds=total, attempts=accounts, windows=[], window_s=window_s,
+                  lost_steps=sum(a.lost_steps for a in accounts), furthest_step=furthest)
+    split.windows = _windows(split, window_s)
+    return split
+
+
+def _recomputed(window: Steps, furthest: int) -> int:
+    """How many of the window's steps an earlier attempt had already done."""
+    return max(0, min(window.last, furthest) - window.first + 1)
+
+
+def _attempt(span: AttemptSpan, end: float, recs: list[GoodputRecord], furthest: int) -> AttemptAccount:
+    steps = sorted((r for r in recs if isinstance(r, Steps)), key=lambda r: r.start)
+    saves = [r for r in recs if isinstance(r, Saved)]
+    loads = [r for r in recs if isinstance(r, Loaded)]
+    finished = [r for r in recs if isinstance(r, Finished)]
+    seconds = _zero()
+    load = sum(r.end - r.start for r in loads)
+    save = sum(r.end - r.start for r in saves)
+    busy = sum(r.busy_s for r in steps)
+    lost_steps = sum(_recomputed(r, furthest) for r in steps)
+    lost = sum(r.busy_s * _recomputed(r, furthest) / r.count for r in steps)
+    last_record = _last_time(recs)
+    activity_end = min(end, last_record) if last_record is not None else span.start
+    seconds[Category.CHECKPOINT_LOAD] = load
+    seconds[Category.CHECKPOINT_SAVE] = save
+    seconds[Category.TRAINING] = busy - lost
+    seconds[Category.LOST_PROGRESS] = lost
+    if steps:
+        first_at = steps[0].start
+        seconds[Category.STARTUP] = max(0.0, first_at - span.start - load)
+        seconds[Category.LOOP_OTHER] = max(0.0, activity_end - first_at - busy - save)
+    else:
+        first_at = None
+        seconds[Category.STARTUP] = max(0.0, activity_end - span.start - load - save)
+    tail = max(0.0, end - activity_end)
+    ok = bool(finished) and (span.exit_code in (None, 0) or finished[-1].outcome != "completed")
+    seconds[Category.TEARDOWN if ok else Category.FAILURE] = tail
+    resumed = next((r.step for r in loads if r.step is not None), None)
+    return AttemptAccount(attempt=span.attempt, start=span.start, end=end, exit_code=span.exit_code,
+                          cause=span.cause, failure_class=span.failure_class, seconds=seconds,
+                          first_step=steps[0].first if steps else None, last_step=max((r.last for r in steps),
+                                                                                      default=None),
+                          resumed_from=resumed, lost_steps=lost_steps, steps=steps, saves=saves, loads=loads,
+                          first_step_at=first_at)
+
+
+def _windows(split: Split, width: float) -> list[tuple[float, float]]:
+    """Goodput per window: the training time inside it (a ``Steps`` line's progress spread evenly over its span)."""
+    if width <= 0 or split.wall_s <= 0:
+        return []
+    count = max(1, int(-(-split.wall_s // width)))
+    trained = [0.0] * count
+    furthest = 0
+    for attempt in split.attempts:
+        for r in attempt.steps:
+            useful = r.busy_s * (r.count - _recomputed(r, furthest)) / r.count
+            span = max(r.end - r.start, 1e-9)
+            for i in range(count):
+                lo = split.start + i * width
+                overlap = min(r.end, lo + width) - max(r.start, lo)
+                if overlap > 0 or (span <= 1e-9 and lo <= r.start < lo + width):
+                    trained[i] += useful * (min(1.0, max(overlap, 0.0) / span) if span > 1e-9 else 1.0)
+        if attempt.last_step is not None:
+            furthest = max(furthest, attempt.last_step)
+    out = []
+    for i in range(count):
+        lo = split.start + i * width
+        length = min(width, split.end - lo)
+        out.append((lo, trained[i] / length if length > 0 else 0.0))
+    return out

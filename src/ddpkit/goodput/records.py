@@ -1,0 +1,228 @@
+"""The goodput ledger's lines, ``RUN_DIR/goodput.jsonl`` (beside the heal ledger, ``ledger.jsonl``), and rank 0's
+writer.
+
+Who writes what: the one-host supervisor (``ddpkit run|train -n N --heal``) a ``RunStarted`` line with its
+process's start (imports included) and tells its ranks the run directory and the attempt number through
+``DDPKIT_RUN_DIR`` and ``DDPKIT_ATTEMPT``; ``ddpkit train``'s rank 0 (with ``--run-dir`` or under ``--heal``)
+a ``RankStarted`` line, the snapshot it loaded (``Loaded``), one ``Steps`` line per second of training (or per
+window of ``every_s``: never a line per step), each snapshot it saved (``Saved``) and, where it finished,
+``Finished``. Each line is written whole with one ``write()`` on an ``O_APPEND`` descriptor and fsynced: a job
+killed at any moment keeps every line it wrote, and at most one torn last line, which reading skips.
+
+The attempts themselves (their start and end, their cause) are the heal ledger's; ``accounting`` joins the two.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, ClassVar
+
+__all__ = ["ATTEMPT_VAR", "GOODPUT", "RUN_DIR_VAR", "Finished", "GoodputLog", "GoodputRecord", "Loaded",
+           "RankStarted", "RunStarted", "Saved", "Steps", "append_line", "attempt_from_environ", "read_goodput",
+           "run_dir_from_environ"]
+
+GOODPUT = "goodput.jsonl"
+#: Set by the supervisor for its ranks: where the run's ledgers are, and the attempt the ranks belong to.
+RUN_DIR_VAR = "DDPKIT_RUN_DIR"
+ATTEMPT_VAR = "DDPKIT_ATTEMPT"
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunStarted:
+    """The supervisor's process began (``time``: the process's start, before its imports)."""
+
+    KIND: ClassVar[str] = "run-started"
+    time: float
+    pid: int
+    host: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class RankStarted:
+    """Rank 0 of an attempt is ready to load its snapshot."""
+
+    KIND: ClassVar[str] = "rank-started"
+    attempt: int
+    time: float
+    """When rank 0 wrote this line (imports, rendezvous and the process group are behind it)."""
+    process: float
+    """When rank 0's process started (a restarted worker group's: its fork)."""
+    pid: int
+    host: str
+    world_size: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class Loaded:
+    """The snapshot the ranks agreed on was loaded (``step``: its global step; None: none, a fresh start)."""
+
+    KIND: ClassVar[str] = "loaded"
+    attempt: int
+    start: float
+    end: float
+    step: int | None
+
+
+@dataclass(frozen=True, kw_only=True)
+class Steps:
+    """Training steps ``first``..``last`` (global, 1-based), from the start of the first to the end of the last;
+    ``busy_s``: the time inside the steps (the rest of the span is the loop's own: data, epoch ends)."""
+
+    KIND: ClassVar[str] = "steps"
+    attempt: int
+    start: float
+    end: float
+    first: int
+    last: int
+    busy_s: float
+    p50_ms: float
+    """Rank 0's median step time in the window."""
+
+    @property
+    def count(self) -> int:
+        return self.last - self.first + 1
+
+
+@dataclass(frozen=True, kw_only=True)
+class Saved:
+    """A snapshot of ``step``: the time the training thread was held by it (an async one: its in-memory copy)."""
+
+    KIND: ClassVar[str] = "saved"
+    attempt: int
+    start: float
+    end: float
+    step: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class Finished:
+    """Rank 0's loop ended (completed, or stopped by a preemption signal): ``outcome`` as ``RunOutcome.value``."""
+
+    KIND: ClassVar[str] = "finished"
+    attempt: int
+    time: float
+    step: int
+    outcome: str
+
+
+GoodputRecord = RunStarted | RankStarted | Loaded | Steps | Saved | Finished
+_TYPES: dict[str, Any] = {t.KIND: t for t in (RunStarted, RankStarted, Loaded, Steps, Saved, Finished)}
+
+
+def to_json(record: GoodputRecord) -> str:
+    return json.dumps({"kind": record.KIND, **asdict(record)}, sort_keys=True)
+
+
+def from_json(line: str) -> GoodputRecord:
+    """The record of one line; ValueError for a line that is not one (a torn write, an unknown kind)."""
+    data = json.loads(line)
+    if not isinstance(data, dict) or data.get("kind") not in _TYPES:
+        raise ValueError(f"not a goodput record: {line[:80]!r}")
+    kind = _TYPES[data.pop("kind")]
+    record: GoodputRecord = kind(**data)
+    return record
+
+
+def read_goodput(path: str | Path) -> list[GoodputRecord]:
+    """Every record of a goodput file (or of ``RUN_DIR/goodput.jsonl`` for a directory), oldest first; a line that
+    does not read (a torn last write) is skipped; a missing file is an empty ledger."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / GOODPUT
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return []
+    found: list[GoodputRecord] = []
+    for line in text.splitlines():
+        if line.strip():
+            try:
+                found.append(from_json(line))
+            except (ValueError, TypeError):
+                continue
+    return found
+
+
+def append_line(fd: int, line: str) -> None:
+    """One whole line with one ``write()`` (O_APPEND: writers never interleave within a line), fsynced; a torn last
+    line left by a killed writer stays alone on its line."""
+    size = os.fstat(fd).st_size
+    if size and os.pread(fd, 1, size - 1) != b"\n":
+        line = "\n" + line
+    os.write(fd, (line + "\n").encode("utf-8"))
+    os.fsync(fd)
+
+
+def run_dir_from_environ() -> str | None:
+    return os.environ.get(RUN_DIR_VAR) or None
+
+
+def attempt_from_environ(restart_count: int) -> int:
+    """The attempt a rank belongs to: the supervisor's number, else torch elastic's restarts + 1."""
+    try:
+        return int(os.environ[ATTEMPT_VAR])
+    except (KeyError, ValueError):
+        return restart_count + 1
+
+
+class GoodputLog:
+    """Rank 0's writer: steps gathered in memory and written once per ``every_s`` seconds (one fsynced line), so a
+    step costs two clock reads and a few additions; checkpoints, loads and the end are written when they happen.
+
+    ``flush()`` writes the steps not yet written (the trainer calls it on every way out of its loop)."""
+
+    def __init__(self, run_dir: str | Path, *, attempt: int, every_s: float = 1.0) -> None:
+        self.path = Path(run_dir) / GOODPUT
+        self.attempt, self.every_s = attempt, every_s
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._fd: int | None = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
+        self._times: list[float] = []
+        self._start = self._end = 0.0
+        self._first = self._last = 0
+
+    def write(self, record: GoodputRecord) -> None:
+        if self._fd is not None:
+            append_line(self._fd, to_json(record))
+
+    def started(self, *, time: float, process: float, world_size: int) -> None:
+        self.write(RankStarted(attempt=self.attempt, time=time, process=process, pid=os.getpid(),
+                               host=socket.gethostname().split(".", 1)[0], world_size=world_size))
+
+    def loaded(self, start: float, end: float, step: int | None) -> None:
+        self.write(Loaded(attempt=self.attempt, start=start, end=end, step=step))
+
+    def step(self, start: float, end: float, step: int) -> None:
+        """Step ``step`` ran from ``start`` to ``end`` (epoch seconds)."""
+        if not self._times:
+            self._start, self._first = start, step
+        self._times.append(end - start)
+        self._end, self._last = end, step
+        if end - self._start >= self.every_s:
+            self.flush()
+
+    def saved(self, start: float, end: float, step: int) -> None:
+        self.flush()
+        self.write(Saved(attempt=self.attempt, start=start, end=end, step=step))
+
+    def finished(self, time: float, step: int, outcome: str) -> None:
+        self.flush()
+        self.write(Finished(attempt=self.attempt, time=time, step=step, outcome=outcome))
+
+    def flush(self) -> None:
+        times = self._times
+        if not times:
+            return
+        ordered = sorted(times)
+        self._times = []
+        self.write(Steps(attempt=self.attempt, start=self._start, end=self._end, first=self._first, last=self._last,
+                         busy_s=sum(ordered), p50_ms=ordered[len(ordered) // 2] * 1e3))
+
+    def close(self) -> None:
+        self.flush()
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None

@@ -1,0 +1,147 @@
+"""ddpkit.goodput: rank 0's ledger lines (a line per second of steps, never per step, torn lines skipped) and the
+accounting: every second of the wall clock in one category, lost progress = the steps done again, goodput per
+window. A run of three attempts (two killed, resumed from snapshots) is simulated on a fake clock."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from ddpkit.goodput.accounting import AttemptSpan, Category, account
+from ddpkit.goodput.records import GOODPUT, GoodputLog, RunStarted, Steps, append_line, read_goodput, to_json
+
+STEP_S = 0.010  # each fake step takes 10 ms
+GAP_S = 0.002  # and the loop spends 2 ms between steps
+
+
+def _attempt(run_dir: Path, attempt: int, t: float, *, resume: int | None, last: int, save_every: int = 32,
+             finish: bool) -> float:
+    """Rank 0 of one attempt on a fake clock from ``t``: start-up 3 s, a load, steps to ``last`` with a snapshot
+    every ``save_every`` steps (0.05 s each); returns the time of its last record."""
+    log = GoodputLog(run_dir, attempt=attempt, every_s=1.0)
+    t += 3.0
+    log.started(time=t, process=t - 3.0, world_size=2)
+    log.loaded(t, t + 0.2, resume)
+    t += 0.2
+    last_record = t
+    for step in range((resume or 0) + 1, last + 1):
+        log.step(t, t + STEP_S, step)
+        last_record = t + STEP_S
+        t += STEP_S + GAP_S
+        if step % save_every == 0:
+            log.saved(t, t + 0.05, step)
+            last_record = t + 0.05
+            t += 0.05
+    if finish:
+        log.finished(last_record, last, "completed")
+    log.close()
+    return last_record
+
+
+def _three_attempts(run_dir: Path) -> tuple[list[AttemptSpan], float, float]:
+    """Attempt 1 killed after step 49 (snapshot 32), attempt 2 after step 113 (snapshot 96), attempt 3 finishes
+    at 160. Each failure is found 5 s after the last step, each relaunch takes 0.5 s. Returns the spans (as the heal
+    ledger has them), the run's start and its end."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    start = 1000.0
+    with open(run_dir / GOODPUT, "a") as f:
+        f.write(to_json(RunStarted(time=start, pid=1, host="vm")) + "\n")
+    a1 = start + 0.4
+    e1 = _attempt(run_dir, 1, a1, resume=None, last=49, finish=False) + 5.0
+    a2 = e1 + 0.5
+    e2 = _attempt(run_dir, 2, a2, resume=32, last=113, finish=False) + 5.0
+    a3 = e2 + 0.5
+    e3 = _attempt(run_dir, 3, a3, resume=96, last=160, finish=True) + 0.3
+    spans = [AttemptSpan(attempt=1, start=a1, end=e1, exit_code=137, cause="rank 1 on host vm was killed by SIGKILL",
+                         failure_class="host"),
+             AttemptSpan(attempt=2, start=a2, end=e2, exit_code=137, cause="rank 1 on host vm was killed by SIGKILL",
+                         failure_class="host"),
+             AttemptSpan(attempt=3, start=a3, end=e3, exit_code=0)]
+    return spans, start, e3
+
+
+def test_the_categories_add_up_to_the_wall_clock_and_lost_progress_is_the_steps_done_again(tmp_path: Path) -> None:
+    spans, start, end = _three_attempts(tmp_path)
+    split = account(spans, read_goodput(tmp_path))
+    assert split.wall_s == pytest.approx(end - start)
+    assert abs(split.accounted_s - split.wall_s) <= 0.01 * split.wall_s
+    s = split.seconds
+    # steps 33-49 and 97-113 were done twice: 34 steps, and their time is lost progress, not training
+    assert split.lost_steps == (49 - 32) + (113 - 96) == 34
+    assert s[Category.LOST_PROGRESS] == pytest.approx(34 * STEP_S)
+    assert s[Category.TRAINING] == pytest.approx(160 * STEP_S)  # each of the 160 steps counted once
+    assert s[Category.CHECKPOINT_LOAD] == pytest.approx(3 * 0.2)
+    assert s[Category.CHECKPOINT_SAVE] == pytest.approx(5 * 0.05)  # 32 (attempt 1), 64, 96, 128, 160
+    assert s[Category.FAILURE] == pytest.approx(2 * 5.0)
+    assert s[Category.RELAUNCH] == pytest.approx(2 * 0.5)
+    assert s[Category.TEARDOWN] == pytest.approx(0.3)
+    assert s[Category.STARTUP] == pytest.approx(0.4 + 3 * 3.0)
+    # a gap after each step but the last of the two killed attempts (the third ends with a snapshot)
+    assert s[Category.LOOP_OTHER] == pytest.approx((49 + 81 + 64 - 2) * GAP_S)
+    assert split.goodput == pytest.approx(160 * STEP_S / (end - start))
+    assert [a.resumed_from for a in split.attempts] == [None, 32, 96]
+    assert [a.lost_steps for a in split.attempts] == [0, 17, 17]
+    assert split.furthest_step == 160
+
+
+def test_a_second_of_steps_is_one_line_not_one_line_per_step(tmp_path: Path) -> None:
+    log = GoodputLog(tmp_path, attempt=1, every_s=1.0)
+    t = 0.0
+    for step in range(1, 1001):  # 1000 steps of 10 ms: 10 s
+        log.step(t, t + 0.01, step)
+        t += 0.01
+    log.close()
+    lines = [r for r in read_goodput(tmp_path) if isinstance(r, Steps)]
+    assert 9 <= len(lines) <= 11
+    assert [r.first for r in lines] == [1] + [r.last + 1 for r in lines[:-1]]  # contiguous, none lost
+    assert lines[-1].last == 1000
+    assert sum(r.busy_s for r in lines) == pytest.approx(10.0)
+    assert lines[0].p50_ms == pytest.approx(10.0)
+
+
+def test_a_torn_last_line_is_skipped_and_the_next_line_starts_its_own(tmp_path: Path) -> None:
+    path = tmp_path / GOODPUT
+    path.write_text(to_json(RunStarted(time=1.0, pid=1, host="vm")) + "\n" + '{"kind": "steps", "atte')
+    log = GoodputLog(tmp_path, attempt=1)
+    log.finished(2.0, 0, "completed")
+    log.close()
+    kinds = [type(r).__name__ for r in read_goodput(path)]
+    assert kinds == ["RunStarted", "Finished"]
+    assert all(json.loads(line) for line in path.read_text().splitlines()[2:])
+
+
+def test_append_line_writes_whole_lines(tmp_path: Path) -> None:
+    import os
+
+    fd = os.open(tmp_path / "f", os.O_RDWR | os.O_APPEND | os.O_CREAT)
+    append_line(fd, "a")
+    append_line(fd, "b")
+    os.close(fd)
+    assert (tmp_path / "f").read_text() == "a\nb\n"
+
+
+def test_without_a_heal_ledger_the_attempts_are_rank_0s_records(tmp_path: Path) -> None:
+    """ddpkit train --run-dir under torch elastic's restarts: no supervisor, so no heal ledger."""
+    _three_attempts(tmp_path)
+    split = account([], read_goodput(tmp_path))
+    assert [a.attempt for a in split.attempts] == [1, 2, 3]
+    assert split.lost_steps == 34
+    assert abs(split.accounted_s - split.wall_s) <= 0.01 * split.wall_s
+    assert split.attempts[-1].exit_code == 0 and split.attempts[0].exit_code is None
+
+
+def test_goodput_per_window_is_the_training_inside_each_window(tmp_path: Path) -> None:
+    spans, start, end = _three_attempts(tmp_path)
+    split = account(spans, read_goodput(tmp_path), window_s=1.0)
+    assert len(split.windows) == int(-(-(end - start) // 1.0))
+    assert all(0.0 <= g <= 1.0 for _, g in split.windows)
+    assert split.windows[0][1] == 0.0  # the first second is start-up
+    trained = sum(g * min(1.0, end - lo) for lo, g in split.windows)
+    assert trained == pytest.approx(split.seconds[Category.TRAINING], rel=0.01)
+
+
+def test_a_run_with_no_attempt_cannot_be_accounted() -> None:
+    with pytest.raises(ValueError, match="no attempt"):
+        account([], [])
