@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from ddpkit.base.errors import ConfigError
+from ddpkit.goodput.accounting import Category
 from ddpkit.heal.classify import Classification, FailureClass
 from ddpkit.heal.ledger import Action, AttemptEnded, AttemptStarted, Ledger, SupervisorStarted
 from ddpkit.report import add_arguments
@@ -107,3 +108,21 @@ def test_json_files_with_html_are_refused_and_an_empty_directory_is_no_run(tmp_p
     (tmp_path / "empty").mkdir()
     with pytest.raises(ConfigError, match="holds no attempt"):
         report_run(_args(str(tmp_path / "empty")))
+
+
+def test_a_run_of_a_users_script_under_heal_is_attempts_with_unmeasured_insides(tmp_path: Path) -> None:
+    """ddpkit run --heal: the supervisor's ledgers only; the script's steps are not seen, and a successful attempt
+    is not called a hang."""
+    run_dir = tmp_path / "run"
+    ledger = Ledger(run_dir)
+    ledger.append(AttemptStarted(attempt=1, time=10.0, hosts=("vm",), ranks=2))
+    ledger.append(AttemptEnded(attempt=1, time=14.0, exit_code=137, action=Action.RETRY))
+    ledger.append(AttemptStarted(attempt=2, time=14.5, hosts=("vm",), ranks=2))
+    ledger.append(AttemptEnded(attempt=2, time=20.0, exit_code=0, action=Action.STOP))
+    view = load_run(run_dir)
+    seconds = view.split.seconds
+    assert seconds[Category.UNMEASURED] == pytest.approx(4.0 + 5.5) and seconds[Category.RELAUNCH] == 0.5
+    assert seconds[Category.FAILURE] == 0 and view.split.goodput == 0
+    page = tmp_path / "p.html"
+    report_run(_args(str(run_dir), "--html", str(page), "--trace", str(tmp_path / "t.json")))
+    assert page.read_text().count("<svg") == 3  # no step time recorded: said in words instead

@@ -11,7 +11,8 @@ attempt's) to the last attempt's end, and every second of it lands in exactly on
 - ``loop_other``: the loop's own time between steps (data, the epoch's loss line, the stop vote);
 - ``failure``: in a failed attempt, from its last record to its end: the hang until detection, and teardown;
 - ``teardown``: in an attempt that finished, from its last record to its end (the process group's end, exit);
-- ``relaunch``: between one attempt's end and the next one's start.
+- ``relaunch``: between one attempt's end and the next one's start;
+- ``unmeasured``: an attempt whose rank 0 wrote nothing (``ddpkit run``'s script: ddpkit does not see its steps).
 
 So the categories add up to the wall clock by construction (``loop_other`` is the remainder inside the loop; a
 negative remainder, which only clocks that disagree make, is clipped and shows as a sum that misses the wall).
@@ -39,6 +40,7 @@ class Category(enum.Enum):
     FAILURE = "failure"
     TEARDOWN = "teardown"
     RELAUNCH = "relaunch"
+    UNMEASURED = "unmeasured"
 
     @property
     def words(self) -> str:
@@ -49,7 +51,8 @@ _WORDS = {Category.STARTUP: "start-up (imports, rendezvous)", Category.CHECKPOIN
           Category.TRAINING: "training steps", Category.LOST_PROGRESS: "lost progress (steps done again)",
           Category.CHECKPOINT_SAVE: "checkpoint save", Category.LOOP_OTHER: "loop between steps",
           Category.FAILURE: "hang until detection, teardown", Category.TEARDOWN: "teardown after the last step",
-          Category.RELAUNCH: "relaunch between attempts"}
+          Category.RELAUNCH: "relaunch between attempts",
+          Category.UNMEASURED: "inside an attempt with no rank records (a user's script)"}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -190,6 +193,10 @@ def _attempt(span: AttemptSpan, end: float, recs: list[GoodputRecord], furthest:
     loads = [r for r in recs if isinstance(r, Loaded)]
     finished = [r for r in recs if isinstance(r, Finished)]
     seconds = _zero()
+    if not recs:
+        seconds[Category.UNMEASURED] = max(0.0, end - span.start)
+        return AttemptAccount(attempt=span.attempt, start=span.start, end=end, exit_code=span.exit_code,
+                              cause=span.cause, failure_class=span.failure_class, seconds=seconds)
     load = sum(r.end - r.start for r in loads)
     save = sum(r.end - r.start for r in saves)
     busy = sum(r.busy_s for r in steps)

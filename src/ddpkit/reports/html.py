@@ -22,7 +22,8 @@ __all__ = ["COLORS", "render_html"]
 #: One colour per category, the same in every figure.
 COLORS = {Category.STARTUP: "#9e9e9e", Category.CHECKPOINT_LOAD: "#7e57c2", Category.TRAINING: "#2e7d32",
           Category.LOST_PROGRESS: "#ef6c00", Category.CHECKPOINT_SAVE: "#1565c0", Category.LOOP_OTHER: "#b0bec5",
-          Category.FAILURE: "#c62828", Category.TEARDOWN: "#6d4c41", Category.RELAUNCH: "#f9a825"}
+          Category.FAILURE: "#c62828", Category.TEARDOWN: "#6d4c41", Category.RELAUNCH: "#f9a825",
+          Category.UNMEASURED: "#e0e0e0"}
 
 _STYLE = """body{font-family:system-ui,sans-serif;margin:2em auto;max-width:1100px;color:#222}
 h1{font-size:1.5em}h2{font-size:1.2em;margin-top:1.6em}table{border-collapse:collapse;margin:.5em 0}
@@ -59,8 +60,9 @@ def _timeline(split: Split) -> str:
     for row, a in enumerate(attempts):
         y = len(attempts) - 1 - row
         bars: list[tuple[float, float, Category]] = []
-        head_end = a.first_step_at if a.first_step_at is not None else a.end
-        bars.append((a.start, head_end, Category.STARTUP))
+        head_end = a.first_step_at if a.first_step_at is not None else a.start + sum(
+            a.seconds[c] for c in (Category.STARTUP, Category.CHECKPOINT_LOAD, Category.UNMEASURED))
+        bars.append((a.start, head_end, Category.UNMEASURED if a.seconds[Category.UNMEASURED] else Category.STARTUP))
         bars += [(r.start, r.end, Category.CHECKPOINT_LOAD) for r in a.loads]
         furthest = max((b.last_step or 0 for b in attempts[:row]), default=0)
         for r in a.steps:

@@ -39,8 +39,10 @@ def trace_events(view: RunView) -> dict[str, Any]:
         events.append(_complete(f"attempt {a.attempt}", "attempt", a.start, a.end, t0, pid, 0,
                                 {"exit_code": a.exit_code, "class": a.failure_class, "cause": a.cause,
                                  **{c.value: round(s, 6) for c, s in a.seconds.items()}}))
-        head_end = a.first_step_at if a.first_step_at is not None else a.end
-        events.append(_complete("start-up", "phase", a.start, head_end, t0, pid, 0))
+        head_end = a.first_step_at if a.first_step_at is not None else a.start + sum(
+            a.seconds[c] for c in (Category.STARTUP, Category.CHECKPOINT_LOAD, Category.UNMEASURED))
+        events.append(_complete("unmeasured" if a.seconds[Category.UNMEASURED] else "start-up", "phase", a.start,
+                                head_end, t0, pid, 0))
         events += [_complete("checkpoint load", "phase", r.start, r.end, t0, pid, 0, {"step": r.step})
                    for r in a.loads]
         events += [_complete(f"checkpoint save (step {r.step})", "phase", r.start, r.end, t0, pid, 0,
