@@ -110,7 +110,9 @@ def test_the_trace_loads_as_json_and_in_chromium_with_every_attempt(job: Job) ->
         events = json.load(f)["traceEvents"]
     complete = [e for e in events if e["ph"] == "X"]
     assert [e["name"] for e in complete if e["cat"] == "attempt"] == ["attempt 1", "attempt 2", "attempt 3"]
-    assert {e["pid"] for e in complete if e["cat"] in ("steps", "lost-progress")} == {1, 2, 3}
+    for attempt in (1, 2, 3):  # each rank's steps in its own lane of each attempt
+        assert {e["tid"] for e in complete if e["pid"] == attempt and e["cat"] in ("steps", "lost-progress")} \
+            == {1, 2}
     assert all(e["dur"] >= 0 and e["ts"] >= 0 for e in complete)
     res = _chromium("--dump-dom", trace.resolve().as_uri())
     assert '"attempt 3"' in res.stdout and _console(res.stderr) == []

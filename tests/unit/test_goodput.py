@@ -145,3 +145,16 @@ def test_goodput_per_window_is_the_training_inside_each_window(tmp_path: Path) -
 def test_a_run_with_no_attempt_cannot_be_accounted() -> None:
     with pytest.raises(ValueError, match="no attempt"):
         account([], [])
+
+
+def test_another_rank_writes_only_its_steps_in_its_own_file(tmp_path: Path) -> None:
+    log = GoodputLog(tmp_path, attempt=2, rank=1)
+    log.started(time=1.0, process=0.5, world_size=2)
+    log.loaded(1.0, 1.1, 32)
+    log.step(2.0, 2.01, 33)
+    log.saved(2.1, 2.2, 33)
+    log.finished(2.3, 33, "completed")
+    log.close()
+    assert not (tmp_path / GOODPUT).exists()
+    lines = read_goodput(tmp_path / "goodput.rank-1.jsonl")
+    assert len(lines) == 1 and isinstance(lines[0], Steps) and (lines[0].rank, lines[0].first) == (1, 33)

@@ -126,3 +126,20 @@ def test_a_run_of_a_users_script_under_heal_is_attempts_with_unmeasured_insides(
     page = tmp_path / "p.html"
     report_run(_args(str(run_dir), "--html", str(page), "--trace", str(tmp_path / "t.json")))
     assert page.read_text().count("<svg") == 3  # no step time recorded: said in words instead
+
+
+def test_each_ranks_steps_are_its_own_lane_of_the_trace_and_line_of_the_page(tmp_path: Path) -> None:
+    from ddpkit.goodput.records import GoodputLog
+
+    run_dir = _run_dir(tmp_path)
+    view = load_run(run_dir)
+    other = GoodputLog(run_dir, attempt=3, rank=1)
+    first = view.split.attempts[2].steps[0]
+    other.step(first.start, first.start + 0.05, first.first)  # rank 1: a slow step
+    other.close()
+    trace = tmp_path / "t.json"
+    report_run(_args(str(run_dir), "--trace", str(trace), "--html", str(tmp_path / "p.html")))
+    events = json.loads(trace.read_text())["traceEvents"]
+    lanes = {(e["pid"], e["tid"]) for e in events if e["ph"] == "X" and e["cat"] in ("steps", "lost-progress")}
+    assert (3, 2) in lanes and (3, 1) in lanes and (1, 2) not in lanes
+    assert "rank 1" in (tmp_path / "p.html").read_text()

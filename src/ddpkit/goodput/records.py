@@ -1,4 +1,4 @@
-"""The goodput ledger's lines, ``RUN_DIR/goodput.jsonl`` (beside the heal ledger, ``ledger.jsonl``), and rank 0's
+"""The goodput ledger's lines, ``RUN_DIR/goodput.jsonl`` (beside the heal ledger, ``ledger.jsonl``), and the ranks'
 writer.
 
 Who writes what: the one-host supervisor (``ddpkit run|train -n N --heal``) a ``RunStarted`` line with its
@@ -6,8 +6,10 @@ process's start (imports included) and tells its ranks the run directory and the
 ``DDPKIT_RUN_DIR`` and ``DDPKIT_ATTEMPT``; ``ddpkit train``'s rank 0 (with ``--run-dir`` or under ``--heal``)
 a ``RankStarted`` line, the snapshot it loaded (``Loaded``), one ``Steps`` line per second of training (or per
 window of ``every_s``: never a line per step), each snapshot it saved (``Saved``) and, where it finished,
-``Finished``. Each line is written whole with one ``write()`` on an ``O_APPEND`` descriptor and fsynced: a job
-killed at any moment keeps every line it wrote, and at most one torn last line, which reading skips.
+``Finished``; every other rank R its own ``Steps`` lines in ``goodput.rank-R.jsonl`` (per-rank step times for
+the report; the accounting reads rank 0's). Each line is written whole with one ``write()`` on an ``O_APPEND``
+descriptor and fsynced: a job killed at any moment keeps every line it wrote, and at most one torn last line,
+which reading skips.
 
 The attempts themselves (their start and end, their cause) are the heal ledger's; ``accounting`` joins the two.
 """
@@ -22,10 +24,17 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 __all__ = ["ATTEMPT_VAR", "GOODPUT", "RUN_DIR_VAR", "Finished", "GoodputLog", "GoodputRecord", "Loaded",
-           "RankStarted", "RunStarted", "Saved", "Steps", "append_line", "attempt_from_environ", "read_goodput",
-           "run_dir_from_environ"]
+           "RankStarted", "RunStarted", "Saved", "Steps", "append_line", "attempt_from_environ", "rank_file",
+           "read_goodput", "run_dir_from_environ"]
 
 GOODPUT = "goodput.jsonl"
+
+
+def rank_file(rank: int) -> str:
+    """Where a rank other than 0 writes its own ``Steps`` lines (its step times; nothing else)."""
+    return f"goodput.rank-{rank}.jsonl"
+
+
 #: Set by the supervisor for its ranks: where the run's ledgers are, and the attempt the ranks belong to.
 RUN_DIR_VAR = "DDPKIT_RUN_DIR"
 ATTEMPT_VAR = "DDPKIT_ATTEMPT"
@@ -80,7 +89,9 @@ class Steps:
     last: int
     busy_s: float
     p50_ms: float
-    """Rank 0's median step time in the window."""
+    """The rank's median step time in the window."""
+    rank: int = 0
+    """The rank whose steps these are: rank 0's are in ``goodput.jsonl``, another rank's in its own file."""
 
     @property
     def count(self) -> int:
@@ -170,14 +181,15 @@ def attempt_from_environ(restart_count: int) -> int:
 
 
 class GoodputLog:
-    """Rank 0's writer: steps gathered in memory and written once per ``every_s`` seconds (one fsynced line), so a
-    step costs two clock reads and a few additions; checkpoints, loads and the end are written when they happen.
+    """A rank's writer (rank 0: the run's events and its steps; another rank: its steps alone, in its own file).
+    Steps are gathered in memory and written once per ``every_s`` seconds (one fsynced line), so a step costs two
+    clock reads and a few additions; checkpoints, loads and the end are written when they happen.
 
     ``flush()`` writes the steps not yet written (the trainer calls it on every way out of its loop)."""
 
-    def __init__(self, run_dir: str | Path, *, attempt: int, every_s: float = 1.0) -> None:
-        self.path = Path(run_dir) / GOODPUT
-        self.attempt, self.every_s = attempt, every_s
+    def __init__(self, run_dir: str | Path, *, attempt: int, every_s: float = 1.0, rank: int = 0) -> None:
+        self.path = Path(run_dir) / (GOODPUT if rank == 0 else rank_file(rank))
+        self.attempt, self.every_s, self.rank = attempt, every_s, rank
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._fd: int | None = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
         self._times: list[float] = []
@@ -185,7 +197,8 @@ class GoodputLog:
         self._first = self._last = 0
 
     def write(self, record: GoodputRecord) -> None:
-        if self._fd is not None:
+        """Append ``record``; another rank than 0 keeps only its steps (the run's events are rank 0's)."""
+        if self._fd is not None and (self.rank == 0 or isinstance(record, Steps)):
             append_line(self._fd, to_json(record))
 
     def started(self, *, time: float, process: float, world_size: int) -> None:
@@ -219,7 +232,7 @@ class GoodputLog:
         ordered = sorted(times)
         self._times = []
         self.write(Steps(attempt=self.attempt, start=self._start, end=self._end, first=self._first, last=self._last,
-                         busy_s=sum(ordered), p50_ms=ordered[len(ordered) // 2] * 1e3))
+                         busy_s=sum(ordered), p50_ms=ordered[len(ordered) // 2] * 1e3, rank=self.rank))
 
     def close(self) -> None:
         self.flush()

@@ -105,18 +105,22 @@ def _split_bar(split: Split) -> str:
     return _svg(fig)
 
 
-def _step_times(split: Split) -> str | None:
-    points = [(a.attempt, (r.start + r.end) / 2 - split.start, r.p50_ms) for a in split.attempts for r in a.steps]
-    if not points:
+def _step_times(view: RunView) -> str | None:
+    """Each rank's median step per ledger line, a line per rank and attempt (a gap between attempts)."""
+    split = view.split
+    if not any(view.rank_steps.values()):
         return None
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(10, 2.6), dpi=100)
-    for attempt in sorted({p[0] for p in points}):
-        xs = [p[1] for p in points if p[0] == attempt]
-        ys = [p[2] for p in points if p[0] == attempt]
-        ax.plot(xs, ys, marker="o", markersize=3, label=f"attempt {attempt}")
+    for rank, lines in view.rank_steps.items():
+        color = None
+        for attempt in sorted({r.attempt for r in lines}):
+            mine = [r for r in lines if r.attempt == attempt]
+            drawn = ax.plot([(r.start + r.end) / 2 - split.start for r in mine], [r.p50_ms for r in mine],
+                            marker="o", markersize=3, color=color, label=f"rank {rank}" if color is None else None)
+            color = drawn[0].get_color()
     ax.set_xlabel("seconds since the run started")
-    ax.set_ylabel("rank 0 step p50 (ms)")
+    ax.set_ylabel("step p50 (ms)")
     ax.set_ylim(bottom=0)
     ax.legend(fontsize=7)
     return _svg(fig)
@@ -185,7 +189,8 @@ def render_html(view: RunView, *, title: str = "ddpkit run") -> str:
         headline,
         _figure("Attempts", _timeline(split), "Each attempt from its start to its end, its cause at its end."),
         _figure("Where the wall clock went", _split_bar(split)), categories,
-        _figure("Step time", _step_times(split), "rank 0's median step per ledger line (about one a second)"),
+        _figure("Step time per rank", _step_times(view), "each rank's median step per ledger line (about one a "
+                "second); a rank slower than the others is a straggler, the others wait for it"),
         _figure("Goodput over time", _rolling(split)),
         "<h2>Attempts</h2>", attempts,
         "<h2>Hosts at fault</h2>", faults,

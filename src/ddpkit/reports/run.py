@@ -8,7 +8,7 @@ from pathlib import Path
 
 from ddpkit.base.errors import ConfigError
 from ddpkit.goodput.accounting import AttemptSpan, Split, account
-from ddpkit.goodput.records import GOODPUT, GoodputRecord, RankStarted, read_goodput
+from ddpkit.goodput.records import GOODPUT, GoodputRecord, RankStarted, Steps, read_goodput
 from ddpkit.heal.classify import FailureClass
 from ddpkit.heal.ledger import LEDGER, AttemptEnded, AttemptStarted, Record, SupervisorStarted, read_records
 
@@ -35,6 +35,8 @@ class RunView:
     command: tuple[str, ...] = ()
     hosts_at_fault: list[HostAtFault] = field(default_factory=list)
     world_size: int | None = None
+    rank_steps: dict[int, list[Steps]] = field(default_factory=dict)
+    """Each rank's step lines (rank 0's from the ledger, the others' from ``goodput.rank-R.jsonl``)."""
 
 
 def is_run_dir(path: Path) -> bool:
@@ -70,6 +72,11 @@ def load_run(run_dir: str | Path, *, window_s: float = 60.0) -> RunView:
                 for r in ledger if isinstance(r, AttemptEnded) and r.classification is not None
                 and r.classification.kind is FailureClass.HOST for host in r.classification.culprit_hosts]
     sizes = [r.world_size for r in goodput if isinstance(r, RankStarted)]
+    rank_steps: dict[int, list[Steps]] = {0: [r for r in goodput if isinstance(r, Steps)]}
+    for path in sorted(run_dir.glob("goodput.rank-*.jsonl")):
+        lines = [r for r in read_goodput(path) if isinstance(r, Steps)]
+        if lines:
+            rank_steps[lines[0].rank] = lines
     return RunView(run_dir=run_dir, split=split, goodput=goodput, ledger=ledger,
                    command=started[-1].command if started else (), hosts_at_fault=at_fault,
-                   world_size=sizes[-1] if sizes else None)
+                   world_size=sizes[-1] if sizes else None, rank_steps=dict(sorted(rank_steps.items())))

@@ -148,14 +148,15 @@ def _check_restartable(config: TrainConfig, context: WorkerContext) -> None:
 
 
 def _goodput_log(args: argparse.Namespace, rank: int, world_size: int, context: WorkerContext) -> GoodputLog | None:
-    """Rank 0's goodput ledger in the run directory (the supervisor's under --heal, else --run-dir), or None."""
+    """This rank's goodput writer in the run directory (the supervisor's under --heal, else --run-dir), or None:
+    rank 0 writes the ledger, every other rank its own step times beside it."""
     from ddpkit.goodput.records import GoodputLog, attempt_from_environ, run_dir_from_environ
     from ddpkit.process.worker_context import process_started_at
 
     run_dir = run_dir_from_environ() or getattr(args, "run_dir", None)
-    if rank != 0 or not run_dir:
+    if not run_dir:
         return None
-    log_ = GoodputLog(run_dir, attempt=attempt_from_environ(context.restart_count))
+    log_ = GoodputLog(run_dir, attempt=attempt_from_environ(context.restart_count), rank=rank)
     first = context.restart_count == 0  # a restarted worker group's process starts at its fork
     log_.started(time=time.time(), process=context.started_at if first else process_started_at(),
                  world_size=world_size)

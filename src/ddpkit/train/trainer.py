@@ -74,7 +74,8 @@ class Trainer:
                  context: WorkerContext | None = None, goodput: GoodputLog | None = None) -> None:
         self.job, self.cfg, self.rt = job, config, runtime
         self.goodput = goodput
-        """Rank 0's goodput ledger (ddpkit/goodput), or None: steps, snapshot loads and saves, the end."""
+        """This rank's goodput writer (ddpkit/goodput), or None: its steps; rank 0's also snapshot loads and saves, the
+        end."""
         self.transport = transport  # a gradients.TRANSPORTS name (plan_transport), or None: the backend's own
         self.context = context or WorkerContext.from_environ()
         self.rank, self.world = runtime.rank, runtime.world_size
