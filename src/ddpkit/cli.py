@@ -64,7 +64,8 @@ COMMANDS: tuple[Command, ...] = (
     Command("bench", "ddpkit.bench.cli",
             "benchmark every collective (nccl-tests conventions), verified, gated; --pairs", worker=True,
             verdict=True),
-    Command("report", "ddpkit.report", "render check and bench JSON files into one Markdown report with plots"),
+    Command("report", "ddpkit.report",
+            "check and bench JSON -> one Markdown report with plots; a run directory -> HTML, trace, Prometheus"),
     Command("train", "ddpkit.train.cli",
             "the reference DDP job: trains, snapshots safely, resumes exactly, survives faults", worker=True,
             preload=("torch.nn.parallel", "torch._dynamo", "ddpkit.runtime", "ddpkit.train.jobs",
@@ -130,8 +131,9 @@ def add_worker_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--max-attempts", type=int, default=3, metavar="N",
                    help="with --heal: attempts at most, the first included (default 3)")
     g.add_argument("--run-dir", default=None, metavar="PATH",
-                   help="with --heal: the run directory, for the ledger and each attempt's rank logs (default: a "
-                        "new .ddpkit-runs/RUN_ID under the current directory; reuse one to continue its ledger)")
+                   help="the run directory: the heal ledger and each attempt's rank logs (with --heal), train's "
+                        "goodput ledger (goodput.jsonl; ddpkit report RUN_DIR renders it); default with --heal: a new "
+                        ".ddpkit-runs/RUN_ID under the current directory; reuse one to continue its ledgers")
     p.add_argument("--backend", default=None, help="process-group backend (default: nccl with CUDA, else gloo)")
 
 
