@@ -438,7 +438,8 @@ class Monitor:
                 r = self.rec
                 self._alone = StoreLoss(rank=self.rank, host=r.host, options=self.options, records=self.last_read,
                                         progress=lambda: (r.entered, r.steps, r.p2p_returned, r.group_seq()),
-                                        emit=self.emit, stop=stop_rank, error=str(exc).strip().split("\n")[0],
+                                        emit=self.emit, stop=stop_rank, abort_handlers=self._run_abort_handlers,
+                                        error=str(exc).strip().split("\n")[0],
                                         since=min(self._progress_at, self._store_failed_at),
                                         slowest_gap=self._slowest_gap)
             self._alone.tick(now)

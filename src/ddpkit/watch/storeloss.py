@@ -27,6 +27,7 @@ from typing import Any
 from ddpkit.process.worker_context import WorkerContext
 from ddpkit.watch.options import WatchOptions, hang_deadline, stop_deadline
 from ddpkit.watch.processes import process_state, python_stacks
+from ddpkit.watch.records import AbortOrder
 
 __all__ = ["KILL_AFTER_S", "StoreHost", "StoreLoss", "holder_left", "store_host"]
 
@@ -76,11 +77,14 @@ class StoreLoss:
 
     def __init__(self, *, rank: int, host: str, options: WatchOptions, records: dict[int, dict[str, Any] | None],
                  progress: Callable[[], tuple[Any, ...]], emit: Callable[[list[str], dict[str, Any]], None],
-                 stop: Callable[[str | None], object], error: str, since: float, slowest_gap: float) -> None:
+                 stop: Callable[[str | None], object], abort_handlers: Callable[[AbortOrder], object], error: str,
+                 since: float, slowest_gap: float) -> None:
         self.rank, self.host, self.options = rank, host, options
         self.records = records  # as last read: who was where, with pids and hosts
         self.progress = progress
         self.emit, self.stop = emit, stop
+        self.abort_handlers = abort_handlers  # the command's own last words (train's lost-peer report) before exit 3
+        self._headline = ""
         self.error = error
         self.lost_at = since
         self._last = progress()
@@ -135,6 +139,7 @@ class StoreLoss:
             until = f"; this rank stops at {at} unless progress resumes"
         lines = [f"ddpkit watch: HANG: rank {self.rank} on host {self.host} has made no progress for {idle:.0f} s and "
                  f"{holder} has not answered for {time.monotonic() - self.lost_at:.0f} s{culprit}{until}"]
+        self._headline = lines[0]
         for r, (rec, state) in peers.items():
             seen = {"stopped": "stopped (SIGSTOP)", "gone": "gone (its process no longer runs)",
                     "running": "running", "elsewhere": "on another host: state unknown"}[state]
@@ -150,6 +155,8 @@ class StoreLoss:
         rank's exit 3 first: killed first, its death reached the launcher before and was named the job's first
         failure. By a child of this rank, since this rank is gone by then; left to itself, torch's agent waited 30 s
         before it SIGKILLed a stopped process its SIGTERM could not end."""
+        self.abort_handlers(AbortOrder.from_headline(self.rank, self._headline or "HANG: no progress and no store",
+                                                     silent=None, store_lost=self.error))
         stopped = [rec["pid"] for rec, state in self._peers().values() if state == "stopped"]
         parent = os.getpid()
         if stopped and os.fork() == 0:  # the child only sleeps and signals: nothing that a lock could hold
