@@ -133,7 +133,10 @@ def run_forked_worker(main: Callable[[list[str]], int], argv: list[str]) -> None
         torch.set_num_threads(int(threads))
     code = main(argv)
     # torch's process wrapper ends a forked worker with os._exit: the script's atexit handlers and its open files
-    # get what a Python process's exit gives them, here
+    # get what a Python process's exit gives them, here. The work is done: a signal now (the agent ending this rank
+    # after another failed) ends the process as it would end Python's exit, not as the agent's inherited handler
+    # does (an exception raised inside an atexit handler, its traceback printed under the job's own message)
+    _default_signals()
     wind_up()
     _exit_once_returned()
     if code:
@@ -160,3 +163,9 @@ def _exit_once_returned() -> None:
 
 def _returned(timeout: float | None = None) -> bool:
     return True
+
+
+def _default_signals() -> None:
+    for name in ("SIGTERM", "SIGINT", "SIGHUP", "SIGUSR1", "SIGUSR2"):
+        if hasattr(signal, name):
+            signal.signal(getattr(signal, name), signal.SIG_DFL)

@@ -10,12 +10,14 @@ a peer ended by the same SIGTERM is no news).
 from __future__ import annotations
 
 import contextlib
+import os
 import threading
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
 from ddpkit.base.log import get_logger
+from ddpkit.process.worker_context import WorkerContext
 from ddpkit.watch.processes import process_state
 
 if TYPE_CHECKING:
@@ -94,6 +96,10 @@ class FailureReport:
             return  # the abort is ending this rank anyway: its report is written
         with contextlib.suppress(Exception):
             m.store.set(f"term/{m.rank}", "1")
+        marked = _told_mark(m.rank)  # also on this host's disk: a store held by a rank told to stop dies with it
+        if marked is not None:
+            with contextlib.suppress(OSError):
+                open(marked, "w").close()
         if self._reported:  # a report under way on another thread of this rank
             self._done.wait()
             return
@@ -106,7 +112,11 @@ class FailureReport:
             self.now(told_to_stop=True)
 
     def _told(self, rank: int) -> bool:
-        """Whether ``rank`` marked itself told to stop (False when the store is gone: nothing says it was)."""
+        """Whether ``rank`` marked itself told to stop: in the job's store, or (a peer on this host under ddpkit's
+        agent) in the agent's stop directory, which outlives a store that rank 0 held and took along."""
+        marked = _told_mark(rank)
+        if marked is not None and os.path.exists(marked):
+            return True
         try:
             return bool(self.monitor.store.check([f"term/{rank}"]))
         except Exception:
@@ -166,3 +176,11 @@ class FailureReport:
         hosts = {str(r): rec["host"] for r, rec in records.items() if rec}
         m.emit(lines, {"event": "collective-failed" if failed is not None else "rank-gone", "reporter": m.rank,
                        "failed": failed, "gone": gone, "hosts": hosts})
+
+
+def _told_mark(rank: int) -> str | None:
+    """The file a rank told to stop leaves in ddpkit's agent's stop directory (per attempt), or None elsewhere."""
+    context = WorkerContext.from_environ()
+    if context.stop_dir is None:
+        return None
+    return os.path.join(context.stop_dir, f"watch-told.{context.restart_count}.{rank}")

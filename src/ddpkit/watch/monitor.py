@@ -291,7 +291,8 @@ class Monitor:
         hang, say once how long the job paused (``said``: progress resumed, not a marked phase begun)."""
         reported, self._reported = self._reported, None
         assert reported is not None
-        self.store.compare_set("claim", reported.claim, "")
+        with contextlib.suppress(Exception):  # at the job's end the store's holder may have left
+            self.store.compare_set("claim", reported.claim, "")
         if not (said and reported.hang):
             return
         paused = now - reported.since
@@ -465,6 +466,8 @@ class Monitor:
         self._stop.set()
         if self._thread.is_alive() and self._thread is not threading.current_thread():
             self._thread.join(timeout=2 * self.options.heartbeat + 1)
+        if self._reported is not None:  # the job ends normally after a reported pause: progress resumed before it
+            self._resumed(time.monotonic(), said=True)
         try:
             last = json.dumps(self.rec.record(self.beat + 1, final=True))
             self.store.set(self.keys[self.rank], last)  # the others see this rank finished, not silent
