@@ -51,7 +51,9 @@ def _rank_pid(env_marker: str, rank_var: str, rank: int, timeout: float = 120) -
                 continue
             try:
                 env = set((entry / "environ").read_bytes().split(b"\0"))
-                if want <= env and b"ddpkit.watch" in (entry / "cmdline").read_bytes():
+                # python -m ddpkit.watch execs python -m ddpkit run in the same process: either command line
+                cmdline = (entry / "cmdline").read_bytes()
+                if want <= env and (b"ddpkit.watch" in cmdline or b"ddpkit\0run" in cmdline):
                     return int(entry.name)
             except OSError:
                 continue
