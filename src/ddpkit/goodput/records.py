@@ -7,21 +7,22 @@ process's start (imports included) and tells its ranks the run directory and the
 a ``RankStarted`` line, the snapshot it loaded (``Loaded``), one ``Steps`` line per second of training (or per
 window of ``every_s``: never a line per step), each snapshot it saved (``Saved``) and, where it finished,
 ``Finished``; every other rank R its own ``Steps`` lines in ``goodput.rank-R.jsonl`` (per-rank step times for
-the report; the accounting reads rank 0's). Each line is written whole with one ``write()`` on an ``O_APPEND``
-descriptor and fsynced: a job killed at any moment keeps every line it wrote, and at most one torn last line,
-which reading skips.
+the report; the accounting reads rank 0's). Lines are written and read by ``base.jsonlines`` (one whole fsynced
+line each): a job killed at any moment keeps every line it wrote, and at most one torn last line, which reading
+skips.
 
 The attempts themselves (their start and end, their cause) are the heal ledger's; ``accounting`` joins the two.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import socket
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import ClassVar
+
+from ddpkit.base.jsonlines import Kinds, append_line, encode
 
 __all__ = ["ATTEMPT_VAR", "GOODPUT", "RUN_DIR_VAR", "Finished", "GoodputLog", "GoodputRecord", "Loaded",
            "RankStarted", "RunStarted", "Saved", "Steps", "append_line", "attempt_from_environ", "rank_file",
@@ -121,51 +122,20 @@ class Finished:
 
 
 GoodputRecord = RunStarted | RankStarted | Loaded | Steps | Saved | Finished
-_TYPES: dict[str, Any] = {t.KIND: t for t in (RunStarted, RankStarted, Loaded, Steps, Saved, Finished)}
-
-
-def to_json(record: GoodputRecord) -> str:
-    return json.dumps({"kind": record.KIND, **asdict(record)}, sort_keys=True)
+_KINDS: Kinds[GoodputRecord] = Kinds("goodput", (RunStarted, RankStarted, Loaded, Steps, Saved, Finished))
+to_json = encode
 
 
 def from_json(line: str) -> GoodputRecord:
     """The record of one line; ValueError for a line that is not one (a torn write, an unknown kind)."""
-    data = json.loads(line)
-    if not isinstance(data, dict) or data.get("kind") not in _TYPES:
-        raise ValueError(f"not a goodput record: {line[:80]!r}")
-    kind = _TYPES[data.pop("kind")]
-    record: GoodputRecord = kind(**data)
-    return record
+    return _KINDS.decode(line)
 
 
 def read_goodput(path: str | Path) -> list[GoodputRecord]:
-    """Every record of a goodput file (or of ``RUN_DIR/goodput.jsonl`` for a directory), oldest first; a line that
-    does not read (a torn last write) is skipped; a missing file is an empty ledger."""
+    """Every record of a goodput file (or of ``RUN_DIR/goodput.jsonl`` for a directory), oldest first; a torn last
+    line is skipped; a missing file is an empty ledger."""
     path = Path(path)
-    if path.is_dir():
-        path = path / GOODPUT
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        return []
-    found: list[GoodputRecord] = []
-    for line in text.splitlines():
-        if line.strip():
-            try:
-                found.append(from_json(line))
-            except (ValueError, TypeError):
-                continue
-    return found
-
-
-def append_line(fd: int, line: str) -> None:
-    """One whole line with one ``write()`` (O_APPEND: writers never interleave within a line), fsynced; a torn last
-    line left by a killed writer stays alone on its line."""
-    size = os.fstat(fd).st_size
-    if size and os.pread(fd, 1, size - 1) != b"\n":
-        line = "\n" + line
-    os.write(fd, (line + "\n").encode("utf-8"))
-    os.fsync(fd)
+    return _KINDS.read(path / GOODPUT if path.is_dir() else path)
 
 
 def run_dir_from_environ() -> str | None:

@@ -2,25 +2,20 @@
 
 Events: a supervisor started (``SupervisorStarted``), an attempt started (``AttemptStarted``: its number, time,
 hosts and ranks), an attempt ended (``AttemptEnded``: time, exit code, the classification, the action taken, the
-progress it reported, the line said to the person watching). Each line is written whole, flushed and fsynced
-before the supervisor goes on: a supervisor killed at any moment leaves every line it finished, and at most one
-torn last line, which reading skips. A second supervisor on the same run directory (a rerun, a requeued job)
-appends: attempt numbers continue.
-
-Every record is a dataclass with ``to_json``/``from_json`` (torch elastic's ``_RoleInstanceInfo`` serialize and
-deserialize are the model); ``kind`` names the record type on the line. Pure: no torch, no processes.
+progress it reported, the line said to the person watching). Lines are written and read by ``base.jsonlines``
+(one whole fsynced line each; a torn last line skipped). A second supervisor on the same run directory (a rerun,
+a requeued job) appends: attempt numbers continue. Pure: no torch, no processes.
 """
 
 from __future__ import annotations
 
 import enum
-import json
-import os
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
+from ddpkit.base.jsonlines import Kinds, append_to, encode
 from ddpkit.heal.classify import Classification
 
 __all__ = ["LEDGER", "Action", "AttemptEnded", "AttemptStarted", "Ledger", "Record", "SupervisorStarted",
@@ -52,9 +47,6 @@ class SupervisorStarted:
     command: tuple[str, ...] = ()
     """The command line the ranks run (ddpkit's argv)."""
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"kind": self.KIND, **asdict(self)}
-
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> SupervisorStarted:
         return cls(time=float(data["time"]), pid=int(data["pid"]), host=str(data["host"]),
@@ -72,9 +64,6 @@ class AttemptStarted:
     """The world size of the attempt."""
     logs: str | None = None
     """Where the attempt's per-rank logs are, where they are kept."""
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"kind": self.KIND, **asdict(self)}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> AttemptStarted:
@@ -98,12 +87,6 @@ class AttemptEnded:
     exit_code_of_run: int | None = field(default=None)
     """The run's exit code, where the action ended the run."""
 
-    def to_dict(self) -> dict[str, Any]:
-        data = {"kind": self.KIND, **asdict(self)}
-        data["action"] = self.action.value
-        data["classification"] = self.classification.to_dict() if self.classification else None
-        return data
-
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> AttemptEnded:
         found = data.get("classification")
@@ -116,39 +99,22 @@ class AttemptEnded:
 
 
 Record = SupervisorStarted | AttemptStarted | AttemptEnded
-_TYPES: dict[str, type[SupervisorStarted] | type[AttemptStarted] | type[AttemptEnded]] = {
-    t.KIND: t for t in (SupervisorStarted, AttemptStarted, AttemptEnded)}
+_KINDS: Kinds[Record] = Kinds("ledger", (SupervisorStarted, AttemptStarted, AttemptEnded))
 
 
 def to_json(record: Record) -> str:
     """One line (no newline in it)."""
-    return json.dumps(record.to_dict(), sort_keys=True)
+    return encode(record)
 
 
 def from_json(line: str) -> Record:
     """The record of one line; ValueError for a line that is not one (a torn write, an unknown kind)."""
-    data = json.loads(line)
-    if not isinstance(data, dict) or data.get("kind") not in _TYPES:
-        raise ValueError(f"not a ledger record: {line[:80]!r}")
-    return _TYPES[data["kind"]].from_dict(data)
+    return _KINDS.decode(line)
 
 
 def read_records(path: str | Path) -> list[Record]:
-    """Every record of a ledger file, oldest first; an unreadable line (the torn last write of a supervisor killed
-    mid-line) is skipped. A missing file is an empty ledger."""
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except FileNotFoundError:
-        return []
-    found: list[Record] = []
-    for line in text.splitlines():
-        if not line.strip():
-            continue
-        try:
-            found.append(from_json(line))
-        except (ValueError, KeyError, TypeError):
-            continue
-    return found
+    """Every record of a ledger file, oldest first; a torn last line is skipped; a missing file is an empty ledger."""
+    return _KINDS.read(path)
 
 
 class Ledger:
@@ -159,21 +125,8 @@ class Ledger:
         self.path = self.run_dir / LEDGER
 
     def append(self, record: Record) -> None:
-        """Write ``record`` as one line and fsync it (and, for a new file, its directory)."""
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        new = not self.path.exists()
-        line = to_json(record) + "\n"
-        # O_APPEND: one write() call per line, so two writers never interleave within a line
-        fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
-        try:
-            if os.fstat(fd).st_size and not _ends_with_newline(fd):
-                line = "\n" + line  # a torn last line stays alone on its line
-            os.write(fd, line.encode("utf-8"))
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        if new:
-            _fsync_dir(self.run_dir)
+        """Write ``record`` as one fsynced line (a new file's directory fsynced too)."""
+        append_to(self.path, encode(record))
 
     def records(self) -> list[Record]:
         return read_records(self.path)
@@ -189,20 +142,3 @@ class Ledger:
     def __iter__(self) -> Iterator[Record]:
         return iter(self.records())
 
-
-def _ends_with_newline(fd: int) -> bool:
-    size = os.fstat(fd).st_size
-    return os.pread(fd, 1, size - 1) == b"\n"
-
-
-def _fsync_dir(directory: Path) -> None:
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)

@@ -1,0 +1,105 @@
+"""Append-only JSON-lines files of typed records: the run's ledgers (``heal.ledger``, ``goodput.records``).
+
+A record is a frozen dataclass with a ``KIND`` class attribute; its line is ``{"kind": KIND, **fields}``, enums by
+their value, nested dataclasses as objects. A line is written whole with one ``write()`` on an ``O_APPEND``
+descriptor (two writers never interleave within a line) and fsynced before the writer goes on: a writer killed at
+any moment leaves every line it finished and at most one torn last line, which a later writer starts a new line
+after and reading skips. torch elastic's ``_RoleInstanceInfo`` serialize/deserialize is the model. Pure: no torch.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import os
+from collections.abc import Callable, Iterable
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any, Generic, TypeVar
+
+__all__ = ["Kinds", "append_line", "append_to", "encode"]
+
+R = TypeVar("R")
+
+
+def _plain(value: object) -> object:
+    if isinstance(value, enum.Enum):
+        return value.value
+    raise TypeError(f"{type(value).__name__} is not a ledger value")
+
+
+def encode(record: Any) -> str:
+    """The line of ``record`` (a dataclass with ``KIND``), no newline in it."""
+    return json.dumps({"kind": record.KIND, **asdict(record)}, sort_keys=True, default=_plain)
+
+
+class Kinds(Generic[R]):
+    """The record types one file holds, by ``KIND``: a type's ``from_dict(data)`` where it has one (enums, tuples,
+    nested records to rebuild), else ``type(**data)``."""
+
+    def __init__(self, what: str, types: Iterable[type]) -> None:
+        self.what = what
+        self._types: dict[str, Callable[..., Any]] = {
+            t.KIND: getattr(t, "from_dict", None) or (lambda data, t=t: t(**data)) for t in types}  # type: ignore[attr-defined]
+
+    def decode(self, line: str) -> R:
+        """The record of one line; ValueError for a line that is not one (a torn write, an unknown kind)."""
+        data = json.loads(line)
+        if not isinstance(data, dict) or data.get("kind") not in self._types:
+            raise ValueError(f"not a {self.what} record: {line[:80]!r}")
+        record: R = self._types[data.pop("kind")](data)
+        return record
+
+    def read(self, path: str | Path) -> list[R]:
+        """Every record of ``path``, oldest first; a line that does not read (the torn last write of a writer killed
+        mid-line) is skipped; a missing file holds none."""
+        try:
+            text = Path(path).read_text(encoding="utf-8")
+        except FileNotFoundError:
+            return []
+        found: list[R] = []
+        for line in text.splitlines():
+            if line.strip():
+                try:
+                    found.append(self.decode(line))
+                except (ValueError, KeyError, TypeError):
+                    continue
+        return found
+
+
+def append_line(fd: int, line: str) -> None:
+    """One whole line with one ``write()`` on ``fd`` (opened ``O_RDWR | O_APPEND``), fsynced; a torn last line left
+    by a killed writer stays alone on its line."""
+    size = os.fstat(fd).st_size
+    if size and os.pread(fd, 1, size - 1) != b"\n":
+        line = "\n" + line
+    os.write(fd, (line + "\n").encode("utf-8"))
+    os.fsync(fd)
+
+
+def append_to(path: str | Path, line: str) -> None:
+    """``append_line`` to ``path``, created (with its directory) where missing; a new file's directory is fsynced
+    too, so the file's name survives a crash as its line does."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    new = not path.exists()
+    fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        append_line(fd, line)
+    finally:
+        os.close(fd)
+    if new:
+        _fsync_dir(path.parent)
+
+
+def _fsync_dir(directory: Path) -> None:
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
