@@ -25,6 +25,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from benchmarks.bench_startup import clean_env
 from ddpkit.goodput.records import GoodputLog, Steps, read_goodput
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -33,19 +34,11 @@ PAIRS = int(os.environ.get("BENCH_PAIRS", "5"))
 JOBS = {"reference job (linear)": ["--epochs", "8"], "--model mlp": ["--model", "mlp", "--epochs", "4"]}
 
 
-def _env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("RANK", "WORLD_SIZE", "LOCAL_", "MASTER_",
-                                                                     "TORCHELASTIC", "DDPKIT_", "SLURM_"))}
-    env.pop("OMP_NUM_THREADS", None)
-    env.update(PYTHONUNBUFFERED="1", PYTHONPATH=str(ROOT))
-    return env
-
-
 def _train(tmp: Path, args: list[str], ledger: bool) -> dict[str, Any]:
     out = tmp / f"train-{time.monotonic_ns()}.json"
     extra = ["--run-dir", str(tmp / f"run-{time.monotonic_ns()}")] if ledger else []
     cmd = [sys.executable, "-m", "ddpkit", "train", "-n", "2", "--json", str(out), *args, *extra]
-    done = subprocess.run(cmd, capture_output=True, text=True, env=_env(), timeout=900, cwd=tmp)
+    done = subprocess.run(cmd, capture_output=True, text=True, env=clean_env(), timeout=900, cwd=tmp)
     if done.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} failed ({done.returncode}):\n{done.stderr[-3000:]}")
     summary = dict(json.loads(out.read_text()))

@@ -34,7 +34,8 @@ REPEATS = int(os.environ.get("BENCH_REPEATS", "7"))
 PHASES = ("launch", "build_job", "process_group", "resume_and_wrap", "first_step", "training", "teardown")
 
 
-def _env() -> dict[str, str]:
+def clean_env() -> dict[str, str]:
+    """The benchmark's own environment: no launcher variables leaking in, no thread cap, unbuffered."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("RANK", "WORLD_SIZE", "LOCAL_", "MASTER_",
                                                                      "TORCHELASTIC", "DDPKIT_", "SLURM_"))}
     env.pop("OMP_NUM_THREADS", None)
@@ -45,7 +46,7 @@ def _env() -> dict[str, str]:
 def timed(cmd: list[str], timeout: float = 600) -> dict[str, float]:
     """Run ``cmd``; seconds from its start to its first and last output line (stdout or stderr) and to its exit."""
     t0 = time.monotonic()
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=_env(), cwd=ROOT)
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=clean_env(), cwd=ROOT)
     assert proc.stdout is not None and proc.stderr is not None
     sel = selectors.DefaultSelector()
     for stream in (proc.stdout, proc.stderr):

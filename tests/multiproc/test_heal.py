@@ -19,31 +19,10 @@ from tests.helpers import ddpkit_env, run_ddpkit
 
 pytestmark = pytest.mark.multiproc
 
-#: rank 1 kills itself at step 2 of the first attempt only (its marker file says an attempt already did); every
-#: rank prints when it finished its first step, for the time from the kill to the next attempt's first step
-KILLED_ONCE = """\
-import os, signal, sys, time
-import torch
-import torch.distributed as dist
-
-dist.init_process_group("gloo")
-rank = dist.get_rank()
-marker = sys.argv[1]
-t = torch.ones(4)
-for step in range(4):
-    dist.all_reduce(t)
-    if step == 0:
-        print(f"FIRST_STEP rank={rank} at={time.time():.3f}", flush=True)
-    if step == 2 and rank == 1 and not os.path.exists(marker):
-        with open(marker, "w") as f:
-            f.write(f"{time.time():.3f}")
-        os.kill(os.getpid(), signal.SIGKILL)
-print(f"DONE rank={rank}", flush=True)
-dist.destroy_process_group()
-"""
-
-#: rank 1 stops (SIGSTOP) at step 2 of the first attempt only: alive, silent, as a rank on a frozen host
-STOPPED_ONCE = """\
+#: rank 1 sends itself SIGNAL at step 2 of the first attempt only (its marker file, holding the time, says an
+#: attempt already did): SIGKILL as the OOM killer ends a process, SIGSTOP as a frozen host (alive, silent); every
+#: rank prints when it finished its first step, for the time from the fault to the next attempt's first step
+FAULT_ONCE = """\
 import os, signal, sys, time
 import torch
 import torch.distributed as dist
@@ -55,12 +34,17 @@ t = torch.ones(4)
 for step in range(4):
     dist.all_reduce(t)
     time.sleep(0.1)
+    if step == 0:
+        print(f"FIRST_STEP rank={rank} at={time.time():.3f}", flush=True)
     if step == 2 and rank == 1 and not os.path.exists(marker):
-        open(marker, "w").close()
-        os.kill(os.getpid(), signal.SIGSTOP)
+        with open(marker, "w") as f:
+            f.write(f"{time.time():.3f}")
+        os.kill(os.getpid(), signal.SIGNAL)
 print(f"DONE rank={rank}", flush=True)
 dist.destroy_process_group()
 """
+KILLED_ONCE = FAULT_ONCE.replace("SIGNAL", "SIGKILL")
+STOPPED_ONCE = FAULT_ONCE.replace("SIGNAL", "SIGSTOP")
 
 RAISES = """\
 import torch
