@@ -16,8 +16,8 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-__all__ = ["LAUNCHED", "LAUNCHED_AT", "PREEMPTED_MARK", "RESULT_DIR", "START_METHOD", "STOP_DIR", "WorkerContext",
-           "command_started_at", "launched_by_ddpkit", "process_started_at"]
+__all__ = ["HEAL_SILENT_S", "LAUNCHED", "LAUNCHED_AT", "PREEMPTED_MARK", "RESULT_DIR", "START_METHOD", "STOP_DIR",
+           "WorkerContext", "command_started_at", "launched_by_ddpkit", "process_started_at"]
 
 #: "1" in every worker of ddpkit's launcher: its -n/-j were already honoured.
 LAUNCHED = "DDPKIT_LAUNCHED"
@@ -29,6 +29,9 @@ RESULT_DIR = "DDPKIT_RESULT_DIR"
 PREEMPTED_MARK = "DDPKIT_PREEMPTED_MARK"
 #: A directory shared by the agent and its workers about why the workers stop (the protocol: ddpkit.process.stopping).
 STOP_DIR = "DDPKIT_STOP_DIR"
+#: Set by a heal supervisor (``ddpkit submit slurm --heal``): seconds after which a rank whose heartbeat stopped is a
+#: lost host and every rank stops at once (the watch's ``WatchOptions.silent_stop``), not at the hang deadline.
+HEAL_SILENT_S = "DDPKIT_HEAL_SILENT_S"
 #: ``fork`` (default with a CPU build of torch: workers forked from the agent, preloaded modules inherited) or
 #: ``spawn`` (fresh processes; always with a CUDA build, see launch.agent._preload).
 START_METHOD = "DDPKIT_START_METHOD"
@@ -37,6 +40,15 @@ START_METHOD = "DDPKIT_START_METHOD"
 def _int(text: str | None, default: int = 0) -> int:
     text = (text or "").strip()
     return int(text) if text.isdigit() else default
+
+
+def _seconds(text: str | None) -> float | None:
+    """A positive finite number of seconds, else None (a value ddpkit did not write is ignored, not guessed at)."""
+    try:
+        value = float((text or "").strip())
+    except ValueError:
+        return None
+    return value if 0 < value < float("inf") else None
 
 
 def launched_by_ddpkit(environ: Mapping[str, str] | None = None) -> bool:
@@ -88,6 +100,8 @@ class WorkerContext:
     """Rank 0's host, where the workers' store listens (``MASTER_ADDR``)."""
     master_port: int | None
     """The workers' store's port (``MASTER_PORT``)."""
+    heal_silent_s: float | None = None
+    """Under a heal supervisor: a rank silent this long stops the job at once (``HEAL_SILENT_S``); None otherwise."""
     agent_store: bool = False
     """The workers share their elastic agent's store (``TORCHELASTIC_USE_AGENT_STORE=True``: torchrun's default);
     else rank 0 creates the store at MASTER_ADDR:MASTER_PORT (ddpkit's agent, mpirun, srun)."""
@@ -103,7 +117,8 @@ class WorkerContext:
                    max_restarts=_int(env.get("TORCHELASTIC_MAX_RESTARTS")),
                    run_id=env.get("TORCHELASTIC_RUN_ID") or "run", master_addr=env.get("MASTER_ADDR") or None,
                    master_port=int(port) if port.isdigit() else None,
-                   agent_store=env.get("TORCHELASTIC_USE_AGENT_STORE", "").strip().lower() == "true")
+                   agent_store=env.get("TORCHELASTIC_USE_AGENT_STORE", "").strip().lower() == "true",
+                   heal_silent_s=_seconds(env.get(HEAL_SILENT_S)))
 
     @property
     def restartable(self) -> bool:

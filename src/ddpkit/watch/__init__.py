@@ -23,6 +23,7 @@ destroyed (rank 0 prints the summary). Which modules do what: ``hooks.py`` (wher
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import os
 import sys
 import types
@@ -34,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 from ddpkit.base.log import get_logger
 from ddpkit.process.exiting import caused_by_peer
 from ddpkit.process.worker_context import WorkerContext
-from ddpkit.watch.options import WatchOptions
+from ddpkit.watch.options import MIN_SILENT_S, WatchOptions
 from ddpkit.watch.recorder import Live
 
 if TYPE_CHECKING:
@@ -57,6 +58,9 @@ class Session:
     def __init__(self, options: WatchOptions) -> None:
         from ddpkit.watch.hooks import Hooks
 
+        silent = WorkerContext.from_environ().heal_silent_s
+        if options.silent_stop is None and silent is not None:  # a heal supervisor started this rank
+            options = dataclasses.replace(options, silent_stop=max(silent, MIN_SILENT_S))
         self.options = options
         self.recorder: Recorder | None = None
         self.monitor: Monitor | None = None

@@ -188,6 +188,11 @@ class Monitor:
                 self.seen[r] = (rec["beat"], now)
         stale = {r: now - at for r, (_, at) in self.seen.items()
                  if now - at > max(STALE_S, 6 * self.options.heartbeat) and not (records[r] or {}).get("final")}
+        silent = self.options.silent_stop
+        lost = {r: age for r, age in stale.items() if silent is not None and age >= silent}
+        if lost and not claim:  # under --heal a silent rank is a lost host now, not at the hang deadline
+            self._stop_silent(records, stale, lost)
+            return
         overdue = self.rec.overdue()
         if overdue is not None and overdue[0] not in self._overdue and not claim:
             self._overdue.add(overdue[0])  # each phase's deadline is reported once, whatever --on-hang says
@@ -315,6 +320,26 @@ class Monitor:
             self._stop_every_rank(order)
         else:
             self._abort(AbortOrder.from_json(won))  # another rank stops the job
+
+    def _stop_silent(self, records: dict[int, dict[str, Any] | None], stale: dict[int, float],
+                     lost: dict[int, float]) -> None:
+        """Under ``--heal`` (``options.silent_stop``): ranks whose heartbeat stopped that long (a stopped or killed
+        process, a host cut off) stop the job at once, named, so that the supervisor relaunches without their host.
+        Ranks that answer are never named here, however slow (their heartbeat changes)."""
+        mine = f"{self.rank}:silent:{self.beat}"
+        if self.store.compare_set("claim", "", mine).decode() != mine:
+            return  # another rank reports it
+        named = "; ".join(f"rank {r} on host {(records[r] or {}).get('host')} (pid {(records[r] or {}).get('pid')}) "
+                          f"stopped answering: no heartbeat for {age:.0f} s" for r, age in sorted(lost.items()))
+        line = (f"ddpkit watch: {named} (under --heal a silent rank is a lost host after {self.options.silent_stop:g} "
+                f"s); every rank stops now (exit {EXIT_MISSING})")
+        order = self._order(records, stale, line, None)
+        self.aborting = True
+        self.emit([line], {"event": "silent", "reporter": self.rank, "silent_s": {str(r): round(a, 1)
+                                                                                   for r, a in lost.items()},
+                           "hosts": {str(r): (records[r] or {}).get("host") for r in lost}})
+        self.store.set("abort", order.to_json())
+        self._stop_every_rank(order)
 
     def _order(self, records: dict[int, dict[str, Any] | None], stale: dict[int, float], headline: str,
                text: str | None) -> AbortOrder:

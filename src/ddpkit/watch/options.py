@@ -12,6 +12,7 @@ from ddpkit.base.errors import ConfigError
 __all__ = [
     "FIRST_STEP_FACTOR",
     "MIN_HANG_S",
+    "MIN_SILENT_S",
     "MIN_STOP_S",
     "ON_HANG",
     "SLOWEST_FACTOR",
@@ -35,6 +36,8 @@ FIRST_STEP_FACTOR = 5.0
 #: checkpoint or evaluating while the others wait in the next collective). torch's own collective timeouts are 10
 #: min (NCCL) and 30 min (gloo); NVIDIA's resiliency extension uses heartbeat timeouts of 5 to 45 min.
 MIN_STOP_S = 600.0
+#: The shortest ``silent_stop``: a heartbeat unchanged for ``monitor.STALE_S`` (3 s) is stale; a little more than that.
+MIN_SILENT_S = 4.0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -61,6 +64,11 @@ class WatchOptions:
     """Print the per-rank and per-host step-time summary when the process group is destroyed (or at exit)."""
     heartbeat: float = 0.5
     """Seconds between two publications of a rank's progress in the job's store."""
+    silent_stop: float | None = None
+    """Under ``--heal`` (a supervisor will start the job again without the bad host): a rank whose heartbeat has not
+    changed for this long (stopped, killed, its host cut off) stops every rank at once, naming it, instead of at the
+    hang deadline. A rank that is slow but answering never trips it. None: off (the supervisor sets it through
+    ``DDPKIT_HEAL_SILENT_S``, ddpkit.process.worker_context.HEAL_SILENT_S)."""
 
     def __post_init__(self) -> None:
         # inf would turn the watch off without a word, nan compares false with everything
@@ -83,6 +91,9 @@ class WatchOptions:
         if not 0 < self.straggler_share < 1:
             raise ConfigError(f"straggler share {self.straggler_share:g}", "a fraction between 0 and 1",
                               "pass e.g. 0.1 (10% of a step)")
+        if self.silent_stop is not None and not (_seconds(self.silent_stop) and self.silent_stop >= MIN_SILENT_S):
+            raise ConfigError(f"silent stop after {self.silent_stop:g} s", f"a finite number of seconds, at least "
+                              f"{MIN_SILENT_S:g} (a heartbeat is stale after 3 s)", "leave it at 10")
         if not 0 < self.heartbeat <= 5:
             raise ConfigError(f"heartbeat {self.heartbeat:g} s", "between 0 and 5 s", "leave it at 0.5")
 
