@@ -60,6 +60,8 @@ COMMANDS: tuple[Command, ...] = (
     Command("submit", "ddpkit.jobs.cli", "render a job for torchrun, slurm, mpi or k8s, and submit it"),
     Command("status", "ddpkit.jobs.status", "show a Slurm job's state and exit code"),
     Command("logs", "ddpkit.jobs.logs", "print (or follow, -f) a Slurm job's output"),
+    Command("step", "ddpkit.launch.steplog",
+            "run a job step (srun) for its job's output: full log kept, a failed step digested on one screen"),
     Command("recipe", "ddpkit.jobs.recipe", "an environment for the cluster: venv, conda, docker or enroot"),
     Command("bench", "ddpkit.bench.cli",
             "benchmark every collective (nccl-tests conventions), verified, gated; --pairs", worker=True,

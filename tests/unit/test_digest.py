@@ -52,7 +52,7 @@ def test_the_rank_that_failed_first_comes_first_with_its_frame_and_exception() -
     assert lines[:4] == ["  rank 11 on host vm:", '    File "/home/u/train.py", line 11, in main',
                          '      raise KeyError("batch")', "    KeyError: 'batch'"]
     assert "  ranks 3, 10, 12: RuntimeError: Connection closed by peer." in lines  # one line for three ranks
-    assert "  ranks 0-2, 4-9, 13-15: ended with the attempt, no error seen" in lines
+    assert "  ranks 0-2, 4-9, 13-15: its exit code not reported, no error on its stderr" in lines
     assert lines[-1] == "  full logs: /tmp/ddpkit-run-x/attempt-0/"
     assert [f"  {w}" for w in WATCH] == lines[-3:-1]
     assert len(lines) <= 10
@@ -165,3 +165,16 @@ def test_the_digest_never_names_a_rank_ddpkit_or_the_agent_stopped_as_the_first(
     assert first_failure(failed(-signal.SIGTERM, 1)) == 1  # ended by the agent first, by the clock: not the cause
     assert first_failure(failed(3, -signal.SIGTERM)) is None  # the watch's stop: root_cause names no rank
     assert first_failure(failed(75, -signal.SIGTERM)) is None  # a preemption is no failure
+
+
+def test_a_rank_the_agent_killed_is_said_killed_never_ended_without_error() -> None:
+    """Issue 39 item 4: a rank the launcher SIGKILLed (still running after SIGTERM's grace) is said so; one it
+    SIGTERMed is said ended by the agent; a rank that logged an error is said by its words."""
+    ends = [RankEnd(rank=0, ended_by=signal.SIGKILL), RankEnd(rank=1, exitcode=1, stderr=KEYERROR),
+            RankEnd(rank=2, ended_by=signal.SIGTERM), RankEnd(rank=3, ended_by=signal.SIGKILL),
+            RankEnd(rank=4, stderr="[vm:4] ERROR rank 4: a collective failed, another rank is gone\n")]
+    lines = digest(ends, first=1, host="vm", logs="/tmp/x/")
+    assert "  ranks 0, 3: killed by the agent (SIGKILL): still running after SIGTERM and its grace period" in lines
+    assert "  rank 2: ended by the agent (SIGTERM) after rank 1 failed" in lines
+    assert "  rank 4: rank 4: a collective failed, another rank is gone" in lines
+    assert not any("no error" in line for line in lines), lines

@@ -26,11 +26,17 @@ Preemption: ``--signal USR1@90`` makes Slurm signal every process of the step 90
 torchrun agent ignores that signal (a USR1 would kill it, and with it the step, before the workers saved).
 ``scontrol requeue`` sends SIGTERM, which the agent forwards and ``train`` always handles. With ``--requeue`` the
 output is opened in append mode, so the requeued run's log follows the first run's.
+
+The job's output is what a user reads: the step runs under ``ddpkit step`` (``ddpkit.launch.steplog``), which keeps
+every line srun writes (``--label``: the task) in ``NAME_ID.full.log`` beside the output and shows the rest without
+torch's C++ frames, repeated store warnings and the agents' ``ChildFailedError`` boxes; a failed step ends with its
+digest, cause first. Not under ``--container-image``: the batch script runs outside the image, where ddpkit may not be.
 """
 
 from __future__ import annotations
 
 from ddpkit.base.ports import derive_port_shell
+from ddpkit.jobs.interpreter import job_interpreter
 from ddpkit.jobs.shell import Raw, preamble, wrap
 from ddpkit.jobs.spec import DDPKIT_COMMANDS, JobSpec, asks_for_mpi, python_argv
 from ddpkit.jobs.torchrun import RESTART_FIX, torchrun_argv
@@ -62,6 +68,8 @@ def directives(spec: JobSpec) -> list[str]:
 def _srun(spec: JobSpec) -> list[str]:
     argv: list[str] = ["srun", f"--ntasks-per-node={spec.shape.nproc_per_node if spec.tasks_per_rank else 1}",
                        "--kill-on-bad-exit=1"]
+    if not spec.container_image:  # ddpkit step reads the task of each line
+        argv = [job_interpreter(spec).path, "-m", "ddpkit", "step", "--", *argv, "--label"]
     # Slurm's MPI guide (slurm.schedmd.com/mpi_guide.html): PMIx for Open MPI, PMI-2 for MPICH
     if asks_for_mpi(spec.command):
         argv.append("--mpi=pmix" if spec.mpi_flavour == "openmpi" else "--mpi=pmi2")

@@ -12,7 +12,8 @@ from dataclasses import dataclass
 
 from ddpkit.base.errors import EXIT_MISSING
 
-__all__ = ["RankEnd", "digest", "is_noise", "last_traceback", "rank_list", "watch_report"]
+__all__ = ["CHAINED", "RankEnd", "cause", "digest", "is_noise", "last_traceback", "rank_list", "said", "short",
+           "watch_report"]
 
 TRACEBACK = "Traceback (most recent call last):"
 WATCH = "ddpkit watch:"
@@ -23,7 +24,9 @@ _SOURCE = re.compile(r"\[[^\]\s]+\.(?:cc|cpp|c|h|hpp):\d+\]\s*")
 _ADDRESS = re.compile(r"\s*(?:\[[0-9A-Fa-f.:]+\]|\d{1,3}(?:\.\d{1,3}){3}):\d+")
 _LIBRARY = ("/site-packages/", "/dist-packages/", "/ddpkit/", "/lib/python3")
 _RANK = re.compile(r"\brank \d+\b")
-_CHAINED = ("During handling of the above exception", "The above exception was the direct cause")
+#: a ddpkit rank's logged error ("[host:3] ERROR rank 3: ..."): its words where it printed no traceback
+_ERROR_LOGGED = re.compile(r"^\[[^\]\s]+:\d+\] (?:ERROR|CRITICAL) ")
+CHAINED = ("During handling of the above exception", "The above exception was the direct cause")
 SAID_MAX = 160
 
 
@@ -38,6 +41,9 @@ class RankEnd:
     pid: int | None = None
     stderr: str = ""
     """The end of its stderr log."""
+    ended_by: int | None = None
+    """The signal the launcher sent it to end the attempt, as the launcher logged it: SIGTERM, then SIGKILL where
+    the rank still ran after the grace period; None: none was seen."""
 
 
 def is_noise(line: str) -> bool:
@@ -62,7 +68,7 @@ def last_traceback(text: str) -> tuple[list[str], list[str]] | None:
     for line in lines[start + 1:]:
         if not exception and line.startswith(" "):
             frames.append(line)
-        elif not line.strip() or line.startswith(_CHAINED) or line.strip() == TRACEBACK:
+        elif not line.strip() or line.startswith(CHAINED) or line.strip() == TRACEBACK:
             if exception:
                 break
         elif exception and _logged(line):
@@ -87,7 +93,7 @@ def _user_frame(frames: Sequence[str]) -> list[str]:
     return [frames[i].strip(), f"  {source.strip()}"] if source else [frames[i].strip()]
 
 
-def _short(text: str) -> str:
+def short(text: str) -> str:
     """An exception's line without what differs rank by rank (gloo's C++ source location, the peer's address),
     cut to its first sentence where long."""
     text = _ADDRESS.sub("", _SOURCE.sub("", text)).strip()
@@ -100,7 +106,7 @@ def _signal_name(code: int) -> str:
     return signal.Signals(-code).name if -code in signal.Signals._value2member_map_ else f"signal {-code}"
 
 
-def _said(end: RankEnd, first: int | None) -> str:
+def said(end: RankEnd, first: int | None) -> str:
     """What one of the other ranks says, in words that are the same for every rank that says the same."""
     if end.exitcode == -signal.SIGTERM:
         return "ended by the agent (SIGTERM)" + (f" after rank {first} failed" if first is not None else "")
@@ -108,15 +114,23 @@ def _said(end: RankEnd, first: int | None) -> str:
         return f"stopped by ddpkit (exit {EXIT_MISSING})"
     found = last_traceback(end.stderr)
     if found and found[1]:
-        return _short(found[1][0])
+        return short(found[1][0])
     if end.exitcode is not None and end.exitcode < 0:
         return f"killed by {_signal_name(end.exitcode)}"
     if end.exitcode:
         return f"exit code {end.exitcode}"
-    return "ended with the attempt, no error seen"
+    logged = [line for line in end.stderr.splitlines() if _ERROR_LOGGED.match(line)]
+    if logged:
+        return short(_ERROR_LOGGED.sub("", logged[-1]))
+    if end.ended_by == signal.SIGKILL:
+        return "killed by the agent (SIGKILL): still running after SIGTERM and its grace period"
+    if end.ended_by is not None:
+        return f"ended by the agent ({_signal_name(-end.ended_by)})" + \
+            (f" after rank {first} failed" if first is not None else "")
+    return "its exit code not reported, no error on its stderr"
 
 
-def _cause(end: RankEnd) -> list[str]:
+def cause(end: RankEnd) -> list[str]:
     """The first failing rank's own words: the user's frame and the exception, else its last lines on stderr."""
     found = last_traceback(end.stderr)
     if found and found[1]:
@@ -182,11 +196,11 @@ def digest(ends: Sequence[RankEnd], *, first: int | None, host: str, logs: str,
     by_rank = {end.rank: end for end in ends}
     if first is not None and first in by_rank:
         lines.append(f"  rank {first} on host {host}:")
-        lines += [f"    {line}" for line in _cause(by_rank[first])]
+        lines += [f"    {line}" for line in cause(by_rank[first])]
     groups: dict[str, list[int]] = {}
     for end in sorted(ends, key=lambda e: e.rank):
         if end.rank != first:
-            groups.setdefault(_said(end, first), []).append(end.rank)
+            groups.setdefault(said(end, first), []).append(end.rank)
     lines += [f"  {rank_list(ranks)}: {said}" for said, ranks in groups.items()]
     lines += [f"  {line}" for line in watch_report(watch)]
     lines.append(f"  full logs: {logs}")

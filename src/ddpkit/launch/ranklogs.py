@@ -15,6 +15,8 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import re
+import signal
 import threading
 import time
 from collections import deque
@@ -114,6 +116,7 @@ class RankLogs:
         self._pending: dict[int, float] = {}  # rank -> when its traceback began
         self._held: deque[tuple[int, str]] = deque(maxlen=HELD_MAX)
         self._failing = False
+        self._ended_by: dict[int, int] = {}  # rank -> the signal the launcher ended it with
         self._done = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True, name="ddpkit-rank-logs")
 
@@ -149,6 +152,7 @@ class RankLogs:
                                             *self.digest_lines(first=None, ends=None)])
                 self._pending.clear()
                 self._held.clear()
+                self._ended_by.clear()
                 self._failing = False
             self._attempts.append(attempt)
 
@@ -158,11 +162,34 @@ class RankLogs:
         SIGTERM", one a rank, is dropped (the digest says which ranks were ended)."""
         text = str(record.msg)
         exc = record.exc_info[1] if record.exc_info else None
-        if text.startswith(("Terminating process", "failed (exitcode", "Sending process")) \
-                or type(exc).__name__ == "ProcessExitedException":
+        if text.startswith(("Terminating process", "failed (exitcode", "Sending process", "Closing process",
+                            "Unable to shutdown process")) or type(exc).__name__ == "ProcessExitedException":
             with self._lock:
                 self._failing = True
+                self._note_signal(text, record.args)
         return not text.startswith("Terminating process")
+
+    def _note_signal(self, text: str, args: object) -> None:
+        """Which rank the launcher ends with which signal: torch logs the pid ("Closing process P via signal
+        SIGTERM", "Unable to shutdown process P via SIGTERM, forcefully exiting via SIGKILL") while the process still
+        runs, and the rank is the one whose stderr log the process writes (its fd 2)."""
+        if not isinstance(args, tuple) or not args or not text.startswith(
+                ("Closing process", "Sending process", "Terminating process", "Unable to shutdown process")):
+            return
+        try:
+            pid = int(args[0])
+            target = os.readlink(f"/proc/{pid}/fd/2")
+        except (OSError, ValueError, TypeError):
+            return
+        found = re.search(r"rank-(\d+)\.stderr\.log$", target)
+        if not found:
+            return
+        named = str(args[-1]).rsplit(".", 1)[-1]
+        sig = getattr(signal, named, None) if named.startswith("SIG") else None
+        if isinstance(sig, signal.Signals):
+            rank = int(found[1])
+            if self._ended_by.get(rank) != signal.SIGKILL:
+                self._ended_by[rank] = int(sig)
 
     def finish(self, *, failed: bool) -> None:
         """Stop the thread after every line was read; where the attempt did not fail, show what was held."""
@@ -179,7 +206,7 @@ class RankLogs:
         """Every rank of the last attempt: its exit code and pid where torch reported one, the end of its stderr."""
         attempt = self._attempts[-1] if self._attempts else None
         ranks = sorted({s.rank for s in attempt.streams}) if attempt else sorted(exitcodes)
-        return [RankEnd(rank=r, exitcode=exitcodes.get(r), pid=pids.get(r),
+        return [RankEnd(rank=r, exitcode=exitcodes.get(r), pid=pids.get(r), ended_by=self._ended_by.get(r),
                         stderr=_tail(attempt.stderr_of(r)) if attempt else "") for r in ranks]
 
     def digest_lines(self, *, first: int | None, ends: list[RankEnd] | None) -> list[str]:

@@ -1,0 +1,475 @@
+"""``ddpkit step -- srun --label ...``: a Slurm job step whose output the user reads on one screen.
+
+The rendered batch script (``ddpkit.jobs.slurm``) runs its ``srun`` under this command. Every line srun writes
+(each node's torchrun agent and its ranks, or each rank under ``--tasks-per-rank``, labelled ``T:`` by ``--label``)
+goes whole, with its label, to the full log beside the job's output (``logs/NAME_ID.out`` -> ``NAME_ID.full.log``,
+appended across requeues). The job's output gets the same lines without the label, except:
+
+- torch's C++ frames and the line that opens them (kept in the full log only);
+- torch's C++ warnings (``[W1126 ...] [c10d] sendBytes failed ... Broken pipe``, every 0.5 s while a store is
+  gone): each kind shown once, and none once the step fails;
+- a usage error every rank prints alike (``ddpkit: error: ...``): shown once;
+- from the moment a task prints a Python traceback, or its agent says a rank failed, every task's stderr is held:
+  the agents' ``ChildFailedError`` tracebacks and "Root Cause" boxes, the peers' secondary tracebacks. A failed step
+  ends with the digest instead (cause first: what the watch found, else the rank that failed first, with its host
+  and words; a rank ddpkit stopped, exit 3, is never that rank); a step that goes on shows what was held after
+  ``RELEASE_S``.
+
+Its exit code is srun's. It ignores the signals Slurm sends the batch step (SIGTERM on scancel or requeue, USR1/USR2
+of ``--signal``): srun gets them too and ends the step, whose last lines are read to the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import queue
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import deque
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import TextIO
+
+from ddpkit.base.errors import EXIT_MISSING, ConfigError
+from ddpkit.launch.digest import CHAINED as _CHAINED
+from ddpkit.launch.digest import TRACEBACK, WATCH, RankEnd, cause, is_noise, rank_list, said, short
+from ddpkit.launch.failure import failure_order
+
+__all__ = ["StepScreen", "add_arguments", "full_log_path", "run"]
+
+RELEASE_S = 15.0
+HELD_MAX = 20_000
+TAIL_LINES = 400
+_LABEL = re.compile(r"^\s*(\d+): ?(.*)$")
+#: torch's C++ log lines: "[W1126 13:20:16.502588947 socket.cpp:207] ...", on a rank "[rank1]:[W1126 ...] ..."
+_CXX = re.compile(r"^(?:\[rank\d+\]:)?\[[IWEF]\d{4} [\d:.]+ [^\]]+\]\s*(.*)$")
+#: torch's Python loggers as torchrun configures them: "E1126 13:20:37.738000 2658 torch/.../api.py:1002] ..."
+_TORCH_LOG = re.compile(r"^[IWEF]\d{4} [\d:.]+ \d+ \S+\] (.*)$")
+_FAILED = re.compile(r"failed \(exitcode: (-?\d+)\) local_rank: (\d+) \(pid: (\d+)\)")
+_SRUN_EXIT = re.compile(r"^srun: error: (\S+): tasks? ([\d,\-]+): (?:Exited with exit code (\d+)|Killed|(.+))")
+_PREFIX = re.compile(r"^\[([^\]:\s]+):(\d+)\] ")
+_RANK_ON_HOST = re.compile(r"\brank (\d+) on (?:host )?([\w.\-]+)")
+_BOX_FIELD = re.compile(r"^\s*(time|host|rank|exitcode)\s*: (.*)$")
+_NUMBERS = re.compile(r"0x[0-9a-f]+|\d+")
+#: the frames that say a traceback is torchrun's own (its agent), not a rank's
+_AGENT_FRAMES = ("torch/distributed/elastic/", "/bin/torchrun", "torch/distributed/run.py",
+                 "torch/distributed/launcher/")
+
+
+@dataclass
+class Failure:
+    """A rank the agents reported failed: from torchrun's "Root Cause" box (global rank, host, time) or its
+    "failed (exitcode: N) local_rank: L (pid: P)" line, or srun's line for a task of one rank."""
+
+    rank: int | None
+    host: str | None
+    exitcode: int
+    pid: int | None = None
+    timestamp: str = ""
+
+
+@dataclass
+class _Task:
+    stderr: deque[str] = field(default_factory=lambda: deque(maxlen=TAIL_LINES))
+    ranks: dict[int, str] = field(default_factory=dict)  # rank -> host, from its [host:rank] lines
+    host: str | None = None
+    exitcode: int | None = None
+    quiet_block: bool = False
+    box: dict[str, str] | None = None
+
+
+class StepScreen:
+    """The job's screen for one step: lines in (``take``), what the user reads out (``out``/``err``), and the facts
+    a digest needs. Pure apart from the streams it writes to."""
+
+    def __init__(self, out: TextIO, err: TextIO, *, release_s: float = RELEASE_S) -> None:
+        self._out, self._err = out, err
+        self._release_s = release_s
+        self.tasks: dict[int, _Task] = {}
+        self.failures: list[Failure] = []
+        self.watch: list[tuple[int, str]] = []
+        self._watching: set[int] = set()
+        self._failing = False
+        self._pending: float | None = None
+        self._held: deque[str] = deque(maxlen=HELD_MAX)
+        self._kinds: set[str] = set()
+        self._errors: set[str] = set()
+
+    # -- lines in --------------------------------------------------------------------------------------------
+    def take(self, line: str, *, to_stderr: bool, now: float | None = None) -> None:
+        """One whole line srun wrote (labelled ``T: ...`` with ``--label``; unlabelled lines are srun's own)."""
+        found = _LABEL.match(line)
+        number, text = (int(found[1]), found[2]) if found else (-1, line)
+        task = self.tasks.setdefault(number, _Task())
+        self._learn(number, task, text, to_stderr)
+        if is_noise(text) or text.strip() == "<omitting python frames>":
+            return
+        if not to_stderr:
+            self._show(self._out, text)
+            return
+        task.stderr.append(text)
+        cxx = _CXX.match(text)
+        if cxx:
+            kind = _NUMBERS.sub("N", re.sub(r"\(.*\)|\[[^\]]*\]", "", cxx[1]))
+            if not self._failing and kind not in self._kinds:
+                self._kinds.add(kind)
+                self._show(self._err, text)
+            return
+        if self._duplicate_error(task, text):
+            return
+        if not self._failing and self._pending is None and text.strip() == TRACEBACK:
+            self._pending = time.monotonic() if now is None else now
+        if self._failing or self._pending is not None:
+            self._held.append(text)
+        else:
+            self._show(self._err, text)
+
+    def tick(self, now: float | None = None) -> None:
+        """Show what was held when no failure followed a traceback within ``release_s`` (a handled one)."""
+        now = time.monotonic() if now is None else now
+        if not self._failing and self._pending is not None and now - self._pending > self._release_s:
+            self.release()
+
+    def release(self) -> None:
+        for text in self._held:
+            self._show(self._err, text)
+        self._held.clear()
+        self._pending = None
+
+    @property
+    def failing(self) -> bool:
+        return self._failing
+
+    def _learn(self, number: int, task: _Task, text: str, to_stderr: bool) -> None:
+        """The facts in a line: who runs in the task, the watch's report, an agent's or srun's failure lines."""
+        prefix = _PREFIX.match(text)
+        if prefix:
+            task.ranks[int(prefix[2])] = prefix[1]
+            task.host = task.host or prefix[1]
+        if text.startswith(WATCH):
+            self._watching.add(number)
+            self.watch.append((number, text))
+        elif number in self._watching and (text.startswith(" ") or text.startswith("---")):
+            self.watch.append((number, text))
+        else:
+            self._watching.discard(number)
+        torch_line = _TORCH_LOG.match(text)
+        if torch_line:
+            failed = _FAILED.search(torch_line[1])
+            if failed:
+                self._failing = True
+                if not any(f.pid == int(failed[3]) for f in self.failures):
+                    self.failures.append(Failure(rank=None, host=task.host, exitcode=int(failed[1]),
+                                                 pid=int(failed[3])))
+        srun = _SRUN_EXIT.match(text) if number < 0 else None
+        if srun:
+            self._failing = True
+            for t in _numbers(srun[2]):
+                other = self.tasks.setdefault(t, _Task())
+                other.host = srun[1]
+                other.exitcode = int(srun[3]) if srun[3] else -signal.SIGKILL if "Killed" in text else 1
+        if "ChildFailedError" in text:
+            self._failing = True
+        self._read_box(task, text)
+
+    def _read_box(self, task: _Task, text: str) -> None:
+        """torchrun's "Root Cause" box: one entry per failed rank (global rank, host, exit code, pid, time)."""
+        stripped = text.strip()
+        if re.fullmatch(r"\[\d+\]:", stripped):
+            task.box = {}
+            return
+        if task.box is None:
+            return
+        found = _BOX_FIELD.match(text)
+        if found:
+            task.box[found[1]] = found[2].strip()
+        if (found and found[1] == "exitcode") or (not found and "error_file" not in text and "traceback" not in text):
+            self._box_done(task)
+
+    def _box_done(self, task: _Task) -> None:
+        box, task.box = task.box or {}, None
+        rank = re.match(r"(\d+)", box.get("rank", ""))
+        code = re.match(r"(-?\d+)(?: \(pid: (\d+)\))?", box.get("exitcode", ""))
+        if not (rank and code):
+            return
+        pid = int(code[2]) if code[2] else None
+        failure = next((f for f in self.failures if pid is not None and f.pid == pid), None)
+        if failure is None:
+            failure = Failure(rank=None, host=None, exitcode=int(code[1]), pid=pid)
+            self.failures.append(failure)
+        failure.rank, failure.host, failure.timestamp = int(rank[1]), box.get("host"), box.get("time", "")
+
+    def _duplicate_error(self, task: _Task, text: str) -> bool:
+        """A ``ddpkit: error:`` block (its first line and the indented lines under it) another task already
+        printed: every rank that checks the same input says the same."""
+        if text.startswith("ddpkit: error:"):
+            task.quiet_block = text in self._errors
+            self._errors.add(text)
+            return task.quiet_block
+        if task.quiet_block and text.startswith(" "):
+            return True
+        task.quiet_block = False
+        return False
+
+    def _show(self, stream: TextIO, text: str) -> None:
+        stream.write(text + "\n")
+        stream.flush()
+
+    # -- the digest ------------------------------------------------------------------------------------------
+    def digest(self, code: int, log: str) -> list[str]:
+        """The failed step on one screen, cause first."""
+        ranks = self._rank_hosts()
+        first = self._first_failure()
+        culprit = self._watch_culprit()
+        lines: list[str] = []
+        if culprit is not None:
+            lines.append(f"ddpkit: the job step failed (srun exit code {code}); the watch found first: {culprit}")
+        elif first is not None and first.rank is not None:
+            where = f" on host {first.host}" if first.host else ""
+            how = (f"was killed by {_signal_name(first.exitcode)}" if first.exitcode < 0
+                   else f"failed first with exit code {first.exitcode}")
+            lines.append(f"ddpkit: the job step failed (srun exit code {code}): rank {first.rank}{where} {how}")
+            lines += [f"    {line}" for line in self._cause(first.rank)]
+        elif self._errors:
+            lines.append(f"ddpkit: the job step failed (srun exit code {code}): {sorted(self._errors)[0]}")
+        else:
+            lines.append(f"ddpkit: the job step failed (srun exit code {code})")
+        shown_first = first.rank if culprit is None and first is not None else None
+        named = _RANK_ON_HOST.search(culprit or "")
+        groups: dict[str, list[int]] = {}
+        for rank in sorted(ranks):
+            if rank == shown_first:
+                continue
+            words = said(self._end(rank), shown_first)
+            if named and rank == int(named[1]):
+                words = f"the rank the watch named; it said last: {words}"
+            groups.setdefault(words, []).append(rank)
+        lines += [f"  {rank_list(r)} ({_hosts(ranks, r)}): {words}" for words, r in groups.items()]
+        if culprit is not None:
+            lines += [f"  {text}" for text in _first_report([t for _, t in self.watch]) if text.strip() != culprit]
+        lines.append(f"  full output of every node and rank: {log}")
+        return lines
+
+    def _rank_hosts(self) -> dict[int, str]:
+        ranks: dict[int, str] = {}
+        for number, task in self.tasks.items():
+            for rank, host in task.ranks.items():
+                ranks.setdefault(rank, host)
+            if not task.ranks and number >= 0 and task.exitcode is not None and not self._agents():
+                ranks.setdefault(number, task.host or "?")  # --tasks-per-rank: the task is the rank
+        for f in self.failures:
+            if f.rank is not None:
+                ranks.setdefault(f.rank, f.host or "?")
+        return ranks
+
+    def _agents(self) -> bool:
+        """Whether torchrun agents run the tasks (their lines say so), rather than one task per rank."""
+        return any(f.pid is not None for f in self.failures)
+
+    def _first_failure(self) -> Failure | None:
+        """The rank that failed first, never one ddpkit stopped (exit 3: the watch's report says why)."""
+        own = [f for f in self.failures if f.rank is not None and f.exitcode != EXIT_MISSING]
+        if not own and not self._agents():
+            own = [Failure(rank=n, host=t.host, exitcode=t.exitcode) for n, t in self.tasks.items()
+                   if (n >= 0 and t.exitcode and not t.ranks) or (n >= 0 and t.exitcode and len(t.ranks) == 1
+                   and n in t.ranks)]
+        if not own or any(f.exitcode == EXIT_MISSING for f in self.failures):
+            return None
+        return min(own, key=lambda f: (failure_order(f.rank or 0, f.exitcode, 0.0)[0], f.timestamp, f.rank or 0))
+
+    def _watch_culprit(self) -> str | None:
+        """What the watch found first: the first line of its first report that names a rank on a host (the headline
+        names the rank that reported where a body line names the culprit)."""
+        report = _first_report([text for _, text in self.watch])
+        for text in report[1:]:
+            if _RANK_ON_HOST.search(text):
+                return text.strip()
+        return report[0].removeprefix(WATCH).strip() if report else None
+
+    def _task_of(self, rank: int) -> _Task | None:
+        return next((t for t in self.tasks.values() if rank in t.ranks), None)
+
+    def _rank_stderr(self, rank: int) -> str:
+        """What a rank wrote on stderr: its task's lines when the task runs this rank alone, else its own
+        ``[host:rank]`` lines; torchrun's own tracebacks taken out."""
+        task = self._task_of(rank) or self.tasks.get(rank)
+        if task is None:
+            return ""
+        lines = list(task.stderr)
+        if len(task.ranks) > 1:
+            lines = [line for line in lines if (m := _PREFIX.match(line)) and int(m[2]) == rank]
+        return "\n".join(_without_agent_tracebacks(lines))
+
+    def _cause(self, rank: int) -> list[str]:
+        return cause(RankEnd(rank=rank, stderr=self._rank_stderr(rank)))
+
+    def _end(self, rank: int) -> RankEnd:
+        failure = next((f for f in self.failures if f.rank == rank), None)
+        task = self._task_of(rank) or self.tasks.get(rank)
+        code = failure.exitcode if failure else None
+        if code is None and task is not None and len(task.ranks) <= 1 and task.exitcode is not None \
+                and not self._agents():
+            code = task.exitcode
+        return RankEnd(rank=rank, exitcode=code, pid=failure.pid if failure else None,
+                       stderr=self._rank_stderr(rank))
+
+
+def _first_report(lines: Sequence[str]) -> list[str]:
+    """The first report of the watch: its headline and the indented lines under it, without the stacks."""
+    report: list[str] = []
+    for text in lines:
+        if text.startswith(WATCH):
+            if report:
+                break
+            report.append(text)
+        elif report and text.startswith("  ") and not text.startswith("    "):
+            report.append(text)
+        elif report and text.startswith("---"):
+            break
+    return [short(text) if i else text for i, text in enumerate(report)][:6]
+
+
+def _without_agent_tracebacks(lines: list[str]) -> list[str]:
+    """The lines without torchrun's own tracebacks (its ChildFailedError, its SignalException when srun ended it,
+    a lost rendezvous store: each from its "Traceback" line to its exception, chained parts too) and without its
+    "Root Cause" box (between two lines of "=")."""
+    kept: list[str] = []
+    block: list[str] = []
+    in_frames = in_box = False
+
+    def close() -> None:
+        if not any(part in line for line in block for part in _AGENT_FRAMES):
+            kept.extend(block)
+        block.clear()
+
+    for line in lines:
+        if re.fullmatch(r"={20,}", line.strip()):
+            in_box = not in_box
+            continue
+        if in_box:
+            continue
+        if line.strip() == TRACEBACK:
+            in_frames = True
+            block.append(line)
+        elif in_frames:
+            block.append(line)
+            in_frames = line.startswith(" ") or not line.strip()  # until the exception's line
+        elif block and (not line.strip() or line.startswith(_CHAINED)):
+            block.append(line)  # between the parts of a chained traceback
+        else:
+            close()
+            kept.append(line)
+    close()
+    return kept
+
+
+def _numbers(text: str) -> Iterable[int]:
+    for part in text.split(","):
+        a, _, b = part.partition("-")
+        if a.isdigit():
+            yield from range(int(a), int(b or a) + 1)
+
+
+def _hosts(ranks: dict[int, str], which: Iterable[int]) -> str:
+    hosts = list(dict.fromkeys(ranks[r] for r in which))
+    return ", ".join(hosts[:3]) + (f" and {len(hosts) - 3} more hosts" if len(hosts) > 3 else "")
+
+
+def _signal_name(code: int) -> str:
+    return signal.Signals(-code).name if -code in signal.Signals._value2member_map_ else f"signal {-code}"
+
+
+def full_log_path(job_id: str | None = None) -> str:
+    """Beside the job's output, where Slurm opened it as this process's stdout (``NAME_ID.out`` ->
+    ``NAME_ID.full.log``); else ``ddpkit-step-JOBID.full.log`` in the working directory."""
+    try:
+        out = os.readlink("/proc/self/fd/1")
+    except OSError:
+        out = ""
+    if out.startswith("/") and os.path.isfile(out):
+        base, ext = os.path.splitext(out)
+        return f"{base if ext == '.out' else out}.full.log"
+    return os.path.abspath(f"ddpkit-step-{job_id or os.environ.get('SLURM_JOB_ID', os.getpid())}.full.log")
+
+
+# -- the command -------------------------------------------------------------------------------------------------
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--log", metavar="PATH", help="the full output's file (default: beside the job's output, "
+                                                 "NAME_ID.full.log)")
+    p.add_argument("argv", nargs=argparse.REMAINDER, help="-- srun --label ... (the step to run)")
+
+
+def run(args: argparse.Namespace) -> int:
+    argv = list(args.argv)
+    if argv[:1] == ["--"]:
+        argv = argv[1:]
+    if not argv:
+        raise ConfigError("no step to run", "ddpkit step [--log PATH] -- srun --label ARGS...",
+                          "give the srun command after --")
+    log = args.log or full_log_path()
+    for sig in (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2, signal.SIGHUP):
+        signal.signal(sig, _ignore)  # a handler, not SIG_IGN: srun (exec'd) gets its own default dispositions
+    try:
+        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    except OSError as exc:
+        raise ConfigError(f"cannot start {argv[0]}: {exc}", "an srun command on PATH", "check the job script") \
+            from None
+    screen = StepScreen(sys.stdout, sys.stderr)
+    lines: queue.Queue[tuple[bool, bytes | None]] = queue.Queue()
+    readers = [threading.Thread(target=_read, args=(stream, to_stderr, lines), daemon=True)
+               for stream, to_stderr in ((proc.stdout, False), (proc.stderr, True))]
+    for reader in readers:
+        reader.start()
+    with open(log, "ab") as full:
+        restart = os.environ.get("SLURM_RESTART_COUNT", "0")
+        full.write(f"ddpkit step: job {os.environ.get('SLURM_JOB_ID', '?')} restart {restart}: "
+                   f"{' '.join(argv)}\n".encode())
+        open_streams = len(readers)
+        while open_streams:
+            try:
+                to_stderr, raw = lines.get(timeout=0.5)
+            except queue.Empty:
+                screen.tick()
+                continue
+            if raw is None:
+                open_streams -= 1
+                continue
+            full.write(raw)
+            full.flush()
+            screen.take(raw.decode(errors="replace").rstrip("\r\n"), to_stderr=to_stderr)
+            screen.tick()
+    code = _wait(proc)
+    if code == 0 or not (screen.failing or code):
+        screen.release()
+        return code
+    for text in screen.digest(code, log):
+        sys.stderr.write(text + "\n")
+    sys.stderr.flush()
+    return code if code > 0 else 128 - code
+
+
+def _read(stream: object, to_stderr: bool, lines: queue.Queue[tuple[bool, bytes | None]]) -> None:
+    for raw in iter(stream.readline, b""):  # type: ignore[attr-defined]
+        lines.put((to_stderr, raw))
+    lines.put((to_stderr, None))
+
+
+def _wait(proc: subprocess.Popen[bytes]) -> int:
+    """srun's exit code once its streams closed (it exits right after; every wait here is bounded)."""
+    for _ in range(120):
+        try:
+            return proc.wait(timeout=1)
+        except subprocess.TimeoutExpired:
+            continue
+    proc.kill()
+    return proc.wait(timeout=10)
+
+
+def _ignore(signum: int, frame: object) -> None:
+    """Slurm signals every process of the batch step; srun ends the step and this command reads it to the end."""
+
