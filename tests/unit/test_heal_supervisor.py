@@ -128,7 +128,18 @@ def test_an_exception_out_of_the_agent_is_recorded_and_goes_on(tmp_path: Path) -
     assert only.action is Action.STOP and only.exit_code == 2 and "the rendezvous failed" in only.decision
 
 
-def test_heal_across_hosts_is_refused(tmp_path: Path) -> None:
-    across = LaunchOptions(shape=JobShape(min_nodes=2, max_nodes=2, nproc_per_node=1), rdzv_endpoint="h:29400")
-    with pytest.raises(ConfigError, match="several hosts"):
-        supervise(_World(), _args(tmp_path), lambda: across, lambda o: pytest.fail("no attempt"))  # type: ignore[arg-type]
+def test_heal_across_hosts_needs_one_run_id_and_a_dynamic_rendezvous(tmp_path: Path) -> None:
+    """-j across hosts is healed by heal.elastic (tests/infra/test_heal_multihost.py runs it): refused, before any
+    agent starts, without the run id every host shares, with a rendezvous that has no store for the exclusion list,
+    and with --max-restarts beside --heal."""
+    across = LaunchOptions(shape=JobShape(min_nodes=2, max_nodes=3, nproc_per_node=1), rdzv_endpoint="h:29400")
+    never = lambda o: pytest.fail("no attempt")  # noqa: E731
+    with pytest.raises(ConfigError, match="without --run-id"):
+        supervise(_World(), _args(tmp_path, run_id=None), lambda: across, never)  # type: ignore[arg-type]
+    static = LaunchOptions(shape=across.shape, rdzv_endpoint="h:29400", rdzv_backend="static")
+    with pytest.raises(ConfigError, match="--rdzv-backend static"):
+        supervise(_World(), _args(tmp_path, run_id="r1"), lambda: static, never)  # type: ignore[arg-type]
+    restarts = LaunchOptions(shape=across.shape, rdzv_endpoint="h:29400", max_restarts=2)
+    with pytest.raises(ConfigError, match="--max-restarts 2"):
+        supervise(_World(), _args(tmp_path, run_id="r1"), lambda: restarts, never)  # type: ignore[arg-type]
+    assert not (tmp_path / "run").exists()

@@ -63,6 +63,11 @@ def supervise(world: WorldInfo, args: argparse.Namespace, options_for: Callable[
     the run's exit code. ``options_for`` builds the agent's options (after the refusals: it checks -n/-j)."""
     _refuse_unless_one_host(world, args)
     options = options_for()
+    if options.shape.max_nodes > 1:  # -j MIN:MAXxP on every host: the hosts that are left go on (heal.elastic)
+        from ddpkit.heal.elastic import supervise_across_hosts
+
+        _refuse_restarts(options)
+        return supervise_across_hosts(args, options, launch_attempt)
     _refuse_unless_local(options)
     policy = HealPolicy(max_attempts=args.max_attempts)
     run_dir = Path(args.run_dir) if args.run_dir else _new_run_dir()
@@ -250,8 +255,9 @@ def _new_run_dir() -> Path:
 
 
 def _refuse_unless_one_host(world: WorldInfo, args: argparse.Namespace) -> None:
-    today = "ddpkit's own agent on one host: ddpkit run|train -n N --heal"
-    later = "Slurm, torchrun across hosts, mpirun and Kubernetes are later work (issue 38)"
+    today = ("ddpkit's own agent: ddpkit run|train -n N --heal on one host, -j MIN:MAXxP --heal on every host; "
+             "ddpkit submit mpi --heal")
+    later = "a job started by another launcher is healed by the one that submits it (ddpkit submit ... --heal)"
     if world.launcher != "none" or world.is_agent:
         raise ConfigError(f"--heal under {world.launcher}: ddpkit does not start the ranks here, so it cannot "
                           f"start them again", f"--heal where it heals today, {today}; {later}",
@@ -265,12 +271,13 @@ def _refuse_unless_one_host(world: WorldInfo, args: argparse.Namespace) -> None:
 
 def _refuse_unless_local(options: LaunchOptions) -> None:
     shape = options.shape
-    if shape.max_nodes > 1:
-        raise ConfigError(f"--heal with -j {shape} (several hosts)", "--heal on one host today: -n N",
-                          "use -n N --heal on one host, or drop --heal; healing across hosts is later work")
     if shape.nproc_per_node < 2:
         raise ConfigError("--heal with one rank (no -n)", "-n 2 or more: ddpkit's agent starts the ranks",
                           "add -n N")
+    _refuse_restarts(options)
+
+
+def _refuse_restarts(options: LaunchOptions) -> None:
     if options.max_restarts:
         raise ConfigError(f"--heal with --max-restarts {options.max_restarts}",
                           "one of them: --heal restarts the ranks itself, after classifying each failure",

@@ -16,7 +16,7 @@ import tempfile
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ddpkit.base.errors import EXIT_PREEMPTED, EXIT_PREEMPTED_UNSAVED, DeadlineExpired
 from ddpkit.base.log import get_logger
@@ -80,6 +80,10 @@ class LaunchOptions:
     log_dir: str | None = None
     """The run's log directory with ``rank_logs``; None: a new ``$TMPDIR/ddpkit-run-XXXX``, removed when the run
     succeeds, kept and named when it fails."""
+    rendezvous_guard: Callable[[Any, str], Any] | None = None
+    """Wraps this node's rendezvous handler: called with torch's ``RendezvousHandler`` and the name the wrapper's
+    ``get_backend()`` must return; torch's agent uses what it returns (``ddpkit.heal.elastic`` keeps excluded hosts
+    out of later rounds). None: torch's handler as it is."""
 
 
 def launch(options: LaunchOptions, entrypoint: Entrypoint, argv: list[str]) -> int:
@@ -140,7 +144,7 @@ def launch(options: LaunchOptions, entrypoint: Entrypoint, argv: list[str]) -> i
         nproc_per_node=shape.nproc_per_node,
         run_id=options.run_id or f"ddpkit-{uuid.uuid4().hex[:12]}",
         rdzv_endpoint=endpoint or "127.0.0.1:0",
-        rdzv_backend=options.rdzv_backend,
+        rdzv_backend=_guarded(options.rdzv_backend, options.rendezvous_guard),
         rdzv_configs=conf,
         rdzv_timeout=options.rdzv_timeout,
         max_restarts=options.max_restarts,
@@ -209,6 +213,34 @@ def _rank_logs(options: LaunchOptions, argv: list[str]) -> RankLogs | None:
     directory = options.log_dir or tempfile.mkdtemp(prefix="ddpkit-run-")
     os.makedirs(directory, exist_ok=True)
     return RankLogs(directory, socket.gethostname().split(".", 1)[0], sys.stdout, sys.stderr)
+
+
+#: The prefix of a guarded backend's name in torch's rendezvous registry (``LaunchOptions.rendezvous_guard``).
+_GUARDED = "ddpkit-guarded-"
+_guards: dict[str, Callable[[Any, str], Any]] = {}
+
+
+def _guarded(backend: str, guard: Callable[[Any, str], Any] | None) -> str:
+    """The backend name the agent asks torch's registry for: ``backend`` itself, or (with a guard) a name registered
+    for this process whose handler is ``guard(the backend's own handler)``: torch's registry is its extension point
+    for rendezvous handlers (torch/distributed/elastic/rendezvous/registry.py)."""
+    if guard is None:
+        return backend
+    from torch.distributed.elastic.rendezvous import rendezvous_handler_registry
+
+    name = _GUARDED + backend
+    _guards[name] = guard
+    rendezvous_handler_registry.register(name, _create_guarded)  # the same creator every time: allowed again
+    return name
+
+
+def _create_guarded(params: Any) -> Any:
+    from torch.distributed.elastic.rendezvous import RendezvousParameters, rendezvous_handler_registry
+
+    inner = rendezvous_handler_registry.create_handler(RendezvousParameters(
+        backend=params.backend.removeprefix(_GUARDED), endpoint=params.endpoint, run_id=params.run_id,
+        min_nodes=params.min_nodes, max_nodes=params.max_nodes, local_addr=params.local_addr, **params.config))
+    return _guards[params.backend](inner, params.backend)
 
 
 def _hosts_store(endpoint: str, conf: dict[str, object]) -> bool:

@@ -37,13 +37,14 @@ from pathlib import Path
 
 from ddpkit.base.errors import EXIT_MISSING, EXIT_OK, EXIT_PREEMPTED, EXIT_PREEMPTED_UNSAVED
 
-__all__ = ["OUTSIDE_MARK_GRACE_S", "RunOutcome", "final_lost_report", "leave_lost_report", "leave_preempted_code",
-           "lost_reports", "mark_outside_signal", "signal_from_outside"]
+__all__ = ["OUTSIDE_MARK_GRACE_S", "RunOutcome", "final_lost_report", "leave_abort_order", "leave_lost_report",
+           "leave_preempted_code", "lost_reports", "mark_outside_signal", "signal_from_outside", "take_abort_orders"]
 
 #: Seconds a worker that got a signal waits for its agent's mark (the signal may reach both at once).
 OUTSIDE_MARK_GRACE_S = 2.0
 _SIGNAL = "signal"
 _LOST = "lost.rank-"
+_ABORT = "abort-order."
 
 
 class RunOutcome(enum.Enum):
@@ -129,6 +130,27 @@ def lost_reports(stop_dir: str) -> list[str]:
 def final_lost_report(stop_dir: str) -> str | None:
     """In the agent: a diagnosis left by a worker with no restart left, if any."""
     return next((text for first, text in _lost_files(stop_dir) if first == "final"), None)
+
+
+def leave_abort_order(stop_dir: str | None, restart: int, rank: int, order: str) -> None:
+    """A worker the watch stops (exit 3) leaves the order that stopped it (``watch.records.AbortOrder`` as JSON: the
+    ranks that stopped answering and their hosts) for its agent: a heal supervisor across hosts reads it
+    (``ddpkit.heal.elastic``). ``restart``: the worker group's restart count (one file per rank and group)."""
+    if not stop_dir:
+        return
+    with contextlib.suppress(OSError):
+        Path(stop_dir, f"{_ABORT}{restart}.{rank}").write_text(order)
+
+
+def take_abort_orders(stop_dir: str) -> list[str]:
+    """In the agent: the abort orders (JSON) its workers left since it last took them, removed as they are read
+    (a worker group restarted for a change of membership keeps its restart count)."""
+    out = []
+    for path in sorted(Path(stop_dir).glob(f"{_ABORT}*")):
+        with contextlib.suppress(OSError):
+            out.append(path.read_text())
+            path.unlink()
+    return out
 
 
 def leave_preempted_code(mark: str | None, outcome: RunOutcome) -> None:

