@@ -159,8 +159,9 @@ class HealRun:
     """One host's side of a healed run: its ledger, the policy, and what its rounds left."""
 
     def __init__(self, args: argparse.Namespace, *, host: str, run_dir: Path, nproc: int, policy: HealPolicy,
-                 log_dir: Path | None) -> None:
+                 log_dir: Path | None, progress: Callable[[argparse.Namespace], int | None]) -> None:
         self.args, self.host, self.run_dir, self.nproc, self.policy = args, host, run_dir, nproc, policy
+        self.progress = progress
         self.log_dir = log_dir
         self.ledger = Ledger(run_dir)
         self.failures = _TorchFailures()
@@ -185,7 +186,7 @@ class HealRun:
         self.failed_rounds += 1
         evidence = self._evidence(failed, orders)
         found = classify(evidence)
-        progress = _newest_snapshot_step(self.args)
+        progress = self.progress(self.args)
         decision = decide(self.policy, self.ledger.ended(),
                           Outcome(attempt=self.attempt, of_session=self.failed_rounds, exit_code=evidence.exit_code,
                                   classification=found, progress=progress))
@@ -231,7 +232,7 @@ class HealRun:
         if self.attempt is None:
             return
         found = None if code == 0 else classify(self._evidence(self.failures.seen, _orders(), code))
-        progress = _newest_snapshot_step(self.args)
+        progress = self.progress(self.args)
         decision = decide(self.policy, self.ledger.ended(),
                           Outcome(attempt=self.attempt, of_session=self.failed_rounds + 1,
                                   exit_code=code, classification=found, progress=progress))
@@ -372,8 +373,11 @@ class HostGuard:
 
 
 def supervise_across_hosts(args: argparse.Namespace, options: LaunchOptions,
-                           launch_attempt: Callable[[LaunchOptions], int]) -> int:
-    """This host's part of a healed run across hosts (the module's docstring); returns its exit code."""
+                           launch_attempt: Callable[[LaunchOptions], int], *,
+                           progress: Callable[[argparse.Namespace], int | None],
+                           start_goodput: Callable[[Path, str], None]) -> int:
+    """This host's part of a healed run across hosts (the module's docstring); returns its exit code. ``progress``
+    and ``start_goodput``: the one-host supervisor's (the newest snapshot step; the goodput ledger's first line)."""
     shape = options.shape
     if options.rdzv_backend not in HEALED_BACKENDS:
         raise ConfigError(f"--heal with --rdzv-backend {options.rdzv_backend}",
@@ -387,7 +391,8 @@ def supervise_across_hosts(args: argparse.Namespace, options: LaunchOptions,
     base = Path(args.run_dir) if args.run_dir else Path(".ddpkit-runs") / args.run_id
     run_dir = base / host  # one ledger per host: the directory may be shared by every host
     log_dir = run_dir / "logs" if args.command == "run" else None
-    run = HealRun(args, host=host, run_dir=run_dir, nproc=shape.nproc_per_node, policy=policy, log_dir=log_dir)
+    run = HealRun(args, host=host, run_dir=run_dir, nproc=shape.nproc_per_node, policy=policy, log_dir=log_dir,
+                  progress=progress)
     conf = dict(options.rdzv_conf)
     for key, value in HEAL_RDZV_DEFAULTS:
         conf.setdefault(key, value)
@@ -401,9 +406,7 @@ def supervise_across_hosts(args: argparse.Namespace, options: LaunchOptions,
     run.ledger.append(SupervisorStarted(time=time.time(), pid=os.getpid(), host=host,
                                         max_attempts=policy.max_attempts,
                                         command=tuple(getattr(args, "ddpkit_argv", ()))))
-    from ddpkit.heal.supervisor import _start_goodput
-
-    _start_goodput(run_dir, host)
+    start_goodput(run_dir, host)
     torch_log = logging.getLogger(_TORCH_LOGGER)
     torch_log.addHandler(run.failures)
     try:
@@ -475,9 +478,3 @@ def _signal_number(name: str | None) -> int:
         return int(signal.Signals[name]) if name else 0
     except KeyError:
         return 0
-
-
-def _newest_snapshot_step(args: argparse.Namespace) -> int | None:
-    from ddpkit.heal.supervisor import newest_snapshot_step
-
-    return newest_snapshot_step(args)

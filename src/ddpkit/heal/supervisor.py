@@ -67,7 +67,8 @@ def supervise(world: WorldInfo, args: argparse.Namespace, options_for: Callable[
         from ddpkit.heal.elastic import supervise_across_hosts
 
         _refuse_restarts(options)
-        return supervise_across_hosts(args, options, launch_attempt)
+        return supervise_across_hosts(args, options, launch_attempt, progress=newest_snapshot_step,
+                                      start_goodput=_start_goodput)
     _refuse_unless_local(options)
     policy = HealPolicy(max_attempts=args.max_attempts)
     run_dir = Path(args.run_dir) if args.run_dir else _new_run_dir()
