@@ -3,12 +3,21 @@ in the run's log directory that the digest names (src/ddpkit/launch/ranklogs.py,
 
 from __future__ import annotations
 
+import io
+import logging
+import os
 import re
 import socket
+import subprocess
+import time
+import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from ddpkit.launch.kernlog import read_kernel_log
+from ddpkit.launch.ranklogs import RankLogs
 from tests.helpers import ddpkit_env, run_ddpkit
 from tests.multiproc.test_run import SCRIPT, assert_replicas_identical
 
@@ -62,3 +71,77 @@ def test_a_healthy_run_prefixes_each_rank_line_and_leaves_no_logs_behind(tmp_pat
     results = [line for line in res.stdout.splitlines() if "RESULT" in line]
     assert sorted(line.split(" RESULT ")[0] for line in results) == [f"[{HOST}:0]", f"[{HOST}:1]"], res.stdout
     assert "full logs" not in res.stderr and not list(tmp_path.glob("ddpkit-run-*"))
+
+
+OOM = """
+import os
+import torch.distributed as dist
+
+rank = int(os.environ["RANK"])
+dist.init_process_group("gloo")
+if rank == 1:  # into a memory cgroup of 64 MiB, then past it: the OOM killer ends this rank (SIGKILL)
+    with open(os.path.join(os.environ["OOM_CGROUP"], "cgroup.procs"), "w") as f:
+        f.write(str(os.getpid()))
+    hog = [bytearray(1 << 20) for _ in range(400)]
+dist.barrier()
+"""
+
+
+@pytest.fixture
+def memory_cgroup() -> Iterator[Path]:
+    """A cgroup v1 memory group of 64 MiB (root, the memory controller mounted), removed after the test."""
+    base = Path("/sys/fs/cgroup/memory")
+    if os.geteuid() != 0 or not (base / "cgroup.procs").exists():
+        pytest.skip("needs root and the cgroup v1 memory controller")
+    group = base / f"ddpkit-oom-{uuid.uuid4().hex[:8]}"
+    group.mkdir()
+    try:
+        (group / "memory.limit_in_bytes").write_text(str(64 << 20))
+        yield group
+    finally:
+        deadline = time.monotonic() + 10
+        while (group / "cgroup.procs").read_text().strip() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        group.rmdir()
+
+
+def test_a_rank_the_oom_killer_ended_gets_the_kernels_line(tmp_path: Path, memory_cgroup: Path) -> None:
+    """Issue 39 item 5: a rank killed by SIGKILL gets the OOM killer's line for its pid from the kernel log (this
+    machine can read /dev/kmsg as root; tests/unit/test_kernlog.py covers the parser and an unreadable log)."""
+    if read_kernel_log() is None:
+        pytest.skip("the kernel log cannot be read here")
+    script = tmp_path / "oom.py"
+    script.write_text(OOM)
+    res = run_ddpkit("run", "-n", "2", "--", str(script), timeout=180, env=ddpkit_env(OOM_CGROUP=str(memory_cgroup)))
+    screen = res.stdout + res.stderr
+    assert res.returncode == 137, screen
+    pid = re.search(r"rank 1 \(pid (\d+)\) was killed by SIGKILL first", screen)
+    assert pid, screen
+    assert re.search(rf"the kernel: Memory cgroup out of memory: Killed process {pid[1]} \(", screen), screen
+
+
+def test_a_rank_the_agent_sigkilled_is_said_killed(tmp_path: Path) -> None:
+    """Issue 39 item 4: torch's agent logs the pid it ends ("Terminating process P via signal SIGTERM", then
+    "Unable to shutdown process P via SIGTERM , forcefully exiting via SIGKILL"); the rank is the one whose stderr
+    log that process writes: here a real process writing rank 1's log."""
+    logs = RankLogs(str(tmp_path), "vm", io.StringIO(), io.StringIO())
+    dest = logs.specs.reify({0: {"RANK": "0"}, 1: {"RANK": "1"}, 2: {"RANK": "2"}})
+    procs = []
+    for local in (1, 2):
+        with open(dest.stderrs[local], "wb") as err:
+            procs.append(subprocess.Popen(["sleep", "60"], stderr=err))
+    try:
+        said = [("Terminating process %s via signal SIGTERM", procs[0].pid),
+                ("Terminating process %s via signal SIGTERM", procs[1].pid),
+                ("Unable to shutdown process %s via SIGTERM , forcefully exiting via SIGKILL", procs[0].pid)]
+        for msg, pid in said:
+            logs.failure_seen(logging.LogRecord("torch.multiprocessing.spawn", logging.WARNING, __file__, 1, msg,
+                                                (pid,), None))
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.wait(timeout=10)
+    lines = logs.digest_lines(first=0, ends=logs.ends({0: 1}, {0: 4242}))
+    assert "  rank 1: killed by the agent (SIGKILL): still running after SIGTERM and its grace period" in lines, lines
+    assert "  rank 2: ended by the agent (SIGTERM) after rank 0 failed" in lines, lines
+    assert not any("no error" in line for line in lines), lines

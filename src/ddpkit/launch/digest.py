@@ -41,6 +41,8 @@ class RankEnd:
     pid: int | None = None
     stderr: str = ""
     """The end of its stderr log."""
+    kernel: str = ""
+    """The kernel's line about its end (the OOM killer's, ``ddpkit.launch.kernlog``) where the log was read."""
     ended_by: int | None = None
     """The signal the launcher sent it to end the attempt, as the launcher logged it: SIGTERM, then SIGKILL where
     the rank still ran after the grace period; None: none was seen."""
@@ -116,7 +118,7 @@ def said(end: RankEnd, first: int | None) -> str:
     if found and found[1]:
         return short(found[1][0])
     if end.exitcode is not None and end.exitcode < 0:
-        return f"killed by {_signal_name(end.exitcode)}"
+        return f"killed by {_signal_name(end.exitcode)}" + (f"; the kernel: {end.kernel}" if end.kernel else "")
     if end.exitcode:
         return f"exit code {end.exitcode}"
     logged = [line for line in end.stderr.splitlines() if _ERROR_LOGGED.match(line)]
@@ -132,6 +134,8 @@ def said(end: RankEnd, first: int | None) -> str:
 
 def cause(end: RankEnd) -> list[str]:
     """The first failing rank's own words: the user's frame and the exception, else its last lines on stderr."""
+    if end.kernel:
+        return [f"the kernel: {end.kernel}", *cause(RankEnd(rank=end.rank, stderr=end.stderr))]
     found = last_traceback(end.stderr)
     if found and found[1]:
         frames, exception = found

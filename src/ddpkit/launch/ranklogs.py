@@ -28,6 +28,7 @@ from torch.distributed.elastic.multiprocessing.api import LogsDest, LogsSpecs
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
 from ddpkit.launch.digest import TRACEBACK, RankEnd, digest, is_noise
+from ddpkit.launch.kernlog import oom_line_for
 
 __all__ = ["RankLogs"]
 
@@ -62,6 +63,7 @@ class _Attempt:
     number: int
     directory: str
     streams: list[_Stream] = field(default_factory=list)
+    started: float = field(default_factory=time.monotonic)
 
     def stderr_of(self, rank: int) -> str:
         return next((s.path for s in self.streams if s.rank == rank and s.to_stderr), "")
@@ -166,30 +168,27 @@ class RankLogs:
                             "Unable to shutdown process")) or type(exc).__name__ == "ProcessExitedException":
             with self._lock:
                 self._failing = True
-                self._note_signal(text, record.args)
+                self._note_signal(record)
         return not text.startswith("Terminating process")
 
-    def _note_signal(self, text: str, args: object) -> None:
-        """Which rank the launcher ends with which signal: torch logs the pid ("Closing process P via signal
-        SIGTERM", "Unable to shutdown process P via SIGTERM, forcefully exiting via SIGKILL") while the process still
-        runs, and the rank is the one whose stderr log the process writes (its fd 2)."""
-        if not isinstance(args, tuple) or not args or not text.startswith(
-                ("Closing process", "Sending process", "Terminating process", "Unable to shutdown process")):
+    def _note_signal(self, record: logging.LogRecord) -> None:
+        """Which rank the launcher ends with which signal: torch logs the pid ("Terminating process P via signal
+        SIGTERM", "Unable to shutdown process P via SIGTERM , forcefully exiting via SIGKILL"; for ranks started
+        afresh "Sending process P closing signal SIGTERM") while the process still runs, and the rank is the one
+        whose stderr log the process writes (its fd 2)."""
+        text = record.getMessage()
+        found = re.match(r"(?:Terminating|Closing|Sending|Unable to shutdown) process (\d+)\b", text)
+        named = re.findall(r"\bSIG[A-Z0-9]+\b", text)
+        if not found or not named:
             return
         try:
-            pid = int(args[0])
-            target = os.readlink(f"/proc/{pid}/fd/2")
-        except (OSError, ValueError, TypeError):
+            target = os.readlink(f"/proc/{found[1]}/fd/2")
+        except OSError:
             return
-        found = re.search(r"rank-(\d+)\.stderr\.log$", target)
-        if not found:
-            return
-        named = str(args[-1]).rsplit(".", 1)[-1]
-        sig = getattr(signal, named, None) if named.startswith("SIG") else None
-        if isinstance(sig, signal.Signals):
-            rank = int(found[1])
-            if self._ended_by.get(rank) != signal.SIGKILL:
-                self._ended_by[rank] = int(sig)
+        rank = re.search(r"rank-(\d+)\.stderr\.log$", target)
+        sig = getattr(signal, named[-1], None)
+        if rank and isinstance(sig, signal.Signals) and self._ended_by.get(int(rank[1])) != signal.SIGKILL:
+            self._ended_by[int(rank[1])] = int(sig)
 
     def finish(self, *, failed: bool) -> None:
         """Stop the thread after every line was read; where the attempt did not fail, show what was held."""
@@ -206,7 +205,10 @@ class RankLogs:
         """Every rank of the last attempt: its exit code and pid where torch reported one, the end of its stderr."""
         attempt = self._attempts[-1] if self._attempts else None
         ranks = sorted({s.rank for s in attempt.streams}) if attempt else sorted(exitcodes)
+        lived_s = time.monotonic() - attempt.started + 1 if attempt else None
         return [RankEnd(rank=r, exitcode=exitcodes.get(r), pid=pids.get(r), ended_by=self._ended_by.get(r),
+                        kernel=(oom_line_for(pids.get(r), lived_s=lived_s) or "")
+                        if exitcodes.get(r) == -signal.SIGKILL else "",
                         stderr=_tail(attempt.stderr_of(r)) if attempt else "") for r in ranks]
 
     def digest_lines(self, *, first: int | None, ends: list[RankEnd] | None) -> list[str]:

@@ -222,36 +222,46 @@ class StepScreen:
 
     # -- the digest ------------------------------------------------------------------------------------------
     def digest(self, code: int, log: str) -> list[str]:
-        """The failed step on one screen, cause first."""
+        """The failed step on one screen, cause first: the rank that failed first on its own, with its host and
+        words; where ddpkit stopped the ranks (exit 3) or no rank failed on its own, what the watch found first."""
         ranks = self._rank_hosts()
         first = self._first_failure()
-        culprit = self._watch_culprit()
+        report = _first_report([text for _, text in self.watch])
+        head = f"ddpkit: the job step failed (srun exit code {code})"
         lines: list[str] = []
-        if culprit is not None:
-            lines.append(f"ddpkit: the job step failed (srun exit code {code}); the watch found first: {culprit}")
-        elif first is not None and first.rank is not None:
+        culprit = None
+        if first is not None and first.rank is not None:
             where = f" on host {first.host}" if first.host else ""
             how = (f"was killed by {_signal_name(first.exitcode)}" if first.exitcode < 0
                    else f"failed first with exit code {first.exitcode}")
-            lines.append(f"ddpkit: the job step failed (srun exit code {code}): rank {first.rank}{where} {how}")
-            lines += [f"    {line}" for line in self._cause(first.rank)]
+            error = self._usage_error(first.rank)
+            if error:  # shown once above, as every rank printed it
+                lines.append(f"{head}: rank {first.rank}{where} {how}: {error}")
+            else:
+                lines.append(f"{head}: rank {first.rank}{where} {how}")
+                lines += [f"    {line}" for line in self._cause(first.rank)]
+        elif report:
+            culprit = self._watch_culprit(report)
+            lines.append(f"{head}; the watch found first: {culprit or report[0].removeprefix(WATCH).strip()}")
         elif self._errors:
-            lines.append(f"ddpkit: the job step failed (srun exit code {code}): {sorted(self._errors)[0]}")
+            lines.append(f"{head}: {sorted(self._errors)[0]}")
         else:
-            lines.append(f"ddpkit: the job step failed (srun exit code {code})")
-        shown_first = first.rank if culprit is None and first is not None else None
+            lines.append(head)
+        shown_first = first.rank if first is not None else None
         named = _RANK_ON_HOST.search(culprit or "")
         groups: dict[str, list[int]] = {}
         for rank in sorted(ranks):
             if rank == shown_first:
                 continue
             words = said(self._end(rank), shown_first)
+            error = self._usage_error(rank)
+            if error and error not in words:
+                words = f"{words}: {error}"
             if named and rank == int(named[1]):
                 words = f"the rank the watch named; it said last: {words}"
             groups.setdefault(words, []).append(rank)
         lines += [f"  {rank_list(r)} ({_hosts(ranks, r)}): {words}" for words, r in groups.items()]
-        if culprit is not None:
-            lines += [f"  {text}" for text in _first_report([t for _, t in self.watch]) if text.strip() != culprit]
+        lines += [f"  {text}" for text in report if text.strip() != culprit]
         lines.append(f"  full output of every node and rank: {log}")
         return lines
 
@@ -282,14 +292,11 @@ class StepScreen:
             return None
         return min(own, key=lambda f: (failure_order(f.rank or 0, f.exitcode, 0.0)[0], f.timestamp, f.rank or 0))
 
-    def _watch_culprit(self) -> str | None:
-        """What the watch found first: the first line of its first report that names a rank on a host (the headline
-        names the rank that reported where a body line names the culprit)."""
-        report = _first_report([text for _, text in self.watch])
-        for text in report[1:]:
-            if _RANK_ON_HOST.search(text):
-                return text.strip()
-        return report[0].removeprefix(WATCH).strip() if report else None
+    @staticmethod
+    def _watch_culprit(report: Sequence[str]) -> str | None:
+        """The rank the watch found at fault: the first line under the headline of its first report that names a
+        rank on a host (the headline names the rank that reported); None where no line under it does."""
+        return next((text.strip() for text in report[1:] if _RANK_ON_HOST.search(text)), None)
 
     def _task_of(self, rank: int) -> _Task | None:
         return next((t for t in self.tasks.values() if rank in t.ranks), None)
@@ -303,7 +310,13 @@ class StepScreen:
         lines = list(task.stderr)
         if len(task.ranks) > 1:
             lines = [line for line in lines if (m := _PREFIX.match(line)) and int(m[2]) == rank]
+        lines = [line for line in lines if not (_TORCH_LOG.match(line) or _CXX.match(line) or is_noise(line))]
         return "\n".join(_without_agent_tracebacks(lines))
+
+    def _usage_error(self, rank: int) -> str | None:
+        """The ``ddpkit: error:`` line a rank printed (its inputs refused before it started), if any."""
+        found = [line for line in self._rank_stderr(rank).splitlines() if line.startswith("ddpkit: error:")]
+        return short(found[-1]) if found else None
 
     def _cause(self, rank: int) -> list[str]:
         return cause(RankEnd(rank=rank, stderr=self._rank_stderr(rank)))
@@ -331,7 +344,7 @@ def _first_report(lines: Sequence[str]) -> list[str]:
             report.append(text)
         elif report and text.startswith("---"):
             break
-    return [short(text) if i else text for i, text in enumerate(report)][:6]
+    return [short(text) for text in report][:6]
 
 
 def _without_agent_tracebacks(lines: list[str]) -> list[str]:
@@ -354,6 +367,8 @@ def _without_agent_tracebacks(lines: list[str]) -> list[str]:
         if in_box:
             continue
         if line.strip() == TRACEBACK:
+            if block and not any(b.startswith(_CHAINED) for b in block[-2:]):
+                close()  # a new traceback, not the next part of a chained one
             in_frames = True
             block.append(line)
         elif in_frames:

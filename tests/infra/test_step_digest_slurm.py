@@ -1,0 +1,146 @@
+"""Issue 39, the failure digest of a Slurm job: what the user reads in the job's output after a failure, on a real
+two-node Slurm cluster (tests/infra/slurm_fixture.py). The rendered script runs its step under ``ddpkit step``
+(src/ddpkit/launch/steplog.py): every line kept in NAME_ID.full.log, the output digested.
+
+Before (the same jobs, 2026-11-26): one node's ranks stopped -> 182 lines after the watch's report, a Root Cause box
+naming rank 0 (the rank the watch stopped), C++ frames and "sendBytes failed ... Broken pipe"; a missing snapshot
+directory -> the error twice, then the agents' tracebacks."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.infra.slurm_fixture import in_cluster, slurm_cluster_fixture  # noqa: F401 (the fixture)
+from tests.infra.test_jobs_slurm import VENV, _job_id
+
+pytestmark = [pytest.mark.infra, pytest.mark.multiproc]
+NOISE = re.compile(r"frame #\d+|c10::Error|ChildFailedError|Root Cause|<NO_OTHER_FAILURES>|torch/distributed/run\.py")
+
+
+def _wait_for_text(log: Path, text: str, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if log.exists() and text in log.read_text():
+            return
+        time.sleep(0.5)
+    raise AssertionError(f"{text!r} not in {log} within {timeout} s:\n{log.read_text() if log.exists() else ''}")
+
+
+def _wait_until_gone(cluster: Any, job: str, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while cluster.client("squeue", "-h", "-j", job, "-o", "%T").stdout.strip():
+        assert time.monotonic() < deadline, cluster.client("scontrol", "show", "job", job).stdout
+        time.sleep(0.5)
+    time.sleep(1)  # the output file's last write
+
+
+def _ranks_on(netns: str) -> list[int]:
+    """The ranks (``python -u -m ddpkit train``, not torchrun's agent) running in a node's network namespace."""
+    found = []
+    for pid in subprocess.run(["ip", "netns", "pids", netns], capture_output=True, text=True,
+                              timeout=10).stdout.split():
+        try:
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
+        except OSError:
+            continue
+        if "torch.distributed.run" not in argv and argv[1:4] == ["-u", "-m", "ddpkit"]:
+            found.append(int(pid))
+    return found
+
+
+def _output(tmp_path: Path, job: str) -> str:
+    return next((tmp_path / "logs").glob(f"*_{job}.out")).read_text()
+
+
+def _full_log(out: str) -> Path:
+    named = re.search(r"full output of every node and rank: (\S+)", out)
+    assert named, out
+    return Path(named[1])
+
+
+@pytest.mark.slow
+def test_one_node_stopped_the_output_names_it_first_in_a_screen(slurm_cluster: Any, tmp_path: Path) -> None:
+    """2 nodes x 1 rank of train; node2's rank stopped (SIGSTOP) mid-training: the watch stops the job; the output
+    after its report is one screen naming rank 1 on node2 first, never rank 0 (stopped by ddpkit) as the failure."""
+    res = in_cluster(slurm_cluster, "submit", "slurm", "-j", "2x1", "--venv", VENV, "--", "train", "--epochs", "40",
+                     "--samples", "16384", "--collective-timeout", "10", cwd=tmp_path)
+    assert res.returncode == 0, res.stdout + res.stderr
+    job = _job_id(res)
+    log = tmp_path / "logs" / f"ddpkit-train_{job}.out"
+    _wait_for_text(log, "[RANK 1] Epoch 0", timeout=120)
+    ranks = _ranks_on(slurm_cluster.nodes[1].netns)
+    assert len(ranks) == 1, ranks
+    os.kill(ranks[0], signal.SIGSTOP)
+    _wait_until_gone(slurm_cluster, job, timeout=240)
+    out = _output(tmp_path, job)
+    lines = out.splitlines()
+    report = next(i for i, line in enumerate(lines) if line.startswith("ddpkit watch:"))
+    assert len(lines) - report <= 40, out  # 182 lines before ddpkit step
+    assert not NOISE.search(out), out
+    assert len(re.findall(r"sendBytes failed|recvValueWithTimeout failed|Broken pipe", out)) <= 1, out
+    digest = next(i for i, line in enumerate(lines) if line.startswith("ddpkit: the job step failed"))
+    assert re.search(r"the watch found first: rank 1 on host node2\b", lines[digest]), out
+    assert not re.search(r"rank 0\b[^\n]*(failed first|was killed)", out), out
+    assert "  rank 0 (node1): stopped by ddpkit (exit 3)" in lines[digest:], out
+    full = _full_log(out).read_text()
+    assert "ChildFailedError" in full and re.search(r"^\d+: .*frame #\d+", full, re.M), full[-3000:]
+    assert len(full.splitlines()) > 3 * len(lines)
+
+
+def test_a_usage_error_is_one_clear_line(slurm_cluster: Any, tmp_path: Path) -> None:
+    """A missing snapshot directory: every rank refuses it; the output says it once, then one digest line, no
+    traceback of the agents."""
+    missing = tmp_path / "no such dir"
+    res = in_cluster(slurm_cluster, "submit", "slurm", "--wait", "-j", "2x1", "--venv", VENV, "--", "train",
+                     "--snapshot-path", f"{missing}/", cwd=tmp_path)
+    assert res.returncode != 0, res.stdout + res.stderr
+    out = _output(tmp_path, _job_id(res))
+    assert "Traceback" not in out and not NOISE.search(out), out
+    errors = [line for line in out.splitlines() if line.startswith("ddpkit: error:")]
+    assert len(errors) == 1 and "does not exist" in errors[0], out
+    digest = [line for line in out.splitlines() if line.startswith("ddpkit: the job step failed")]
+    assert len(digest) == 1 and "failed first with exit code 2: ddpkit: error: --snapshot-path" in digest[0], out
+    assert len(out.splitlines()) <= 12, out
+    assert _full_log(out).exists()
+
+
+KEYERROR = """
+import os
+import torch
+import torch.distributed as dist
+
+rank = int(os.environ["RANK"])
+dist.init_process_group("gloo")
+t = torch.ones(4)
+for step in range(6):
+    if rank == 1 and step == 3:
+        raise KeyError("batch")
+    dist.all_reduce(t)
+print(f"rank {rank} done", flush=True)
+"""
+
+
+def test_a_script_that_raises_on_the_second_node_is_named_first(slurm_cluster: Any, tmp_path: Path) -> None:
+    """``submit slurm -j 2x1 -- script.py`` (ddpkit run under torchrun on each node): rank 1 on node2 raises; the
+    digest names it with its frame and exception, the peer's secondary error collapsed."""
+    script = tmp_path / "keyerror.py"
+    script.write_text(KEYERROR)
+    res = in_cluster(slurm_cluster, "submit", "slurm", "--wait", "-j", "2x1", "--venv", VENV, "--", str(script),
+                     cwd=tmp_path)
+    assert res.returncode != 0, res.stdout + res.stderr
+    out = _output(tmp_path, _job_id(res))
+    lines = out.splitlines()
+    digest = next(i for i, line in enumerate(lines) if line.startswith("ddpkit: the job step failed"))
+    assert "rank 1 on host node2 failed first with exit code 1" in lines[digest], out
+    assert lines[digest + 1:digest + 4] == ['    File "' + str(script) + '", line 11, in <module>',
+                                            '      raise KeyError("batch")', "    KeyError: 'batch'"], out
+    assert not NOISE.search(out) and out.count("Traceback (most recent call last)") <= 1, out
+    assert len(lines) <= 40, out
