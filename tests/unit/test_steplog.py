@@ -1,0 +1,112 @@
+"""``ddpkit step``'s screen and digest (src/ddpkit/launch/steplog.py) on lines as srun --label wrote them in a real
+job of the test cluster (tests/infra/test_step_digest_slurm.py; C++ frames and library frames trimmed): rank 1 on
+node2 raises, rank 0 on node1 fails after it, each node's torchrun agent prints its ChildFailedError box."""
+
+from __future__ import annotations
+
+import io
+
+from ddpkit.launch.steplog import StepScreen
+
+STDERR = """\
+1: [W1126 13:31:38.483399377 socket.cpp:207] [c10d] The hostname of the client socket cannot be retrieved. err=-3
+0: [W1126 13:31:38.857130971 socket.cpp:207] [c10d] The hostname of the client socket cannot be retrieved. err=-3
+1: [node2:1] WARNING setting GLOO_SOCKET_IFNAME=vjcd55feb: vjcd55feb (10.213.0.12) routes to the master
+0: [node1:0] WARNING setting GLOO_SOCKET_IFNAME=vjcd55fea: vjcd55fea (10.213.0.11) routes to the master
+1: Traceback (most recent call last):
+1:   File "/tmp/t/keyerror.py", line 11, in <module>
+1:     raise KeyError("batch")
+1: KeyError: 'batch'
+0: ddpkit watch: rank 0 on host node1: all_reduce #4 (called at keyerror.py:12 (<module>)) failed: [/__w/pytorch/\
+pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed by peer [10.213.0.12]:50413. GLHF!
+0:   no rank on this host is gone; the failed peer is on another host (see its lines)
+0: Traceback (most recent call last):
+0:   File "/tmp/t/keyerror.py", line 12, in <module>
+0:     dist.all_reduce(t)
+0: RuntimeError: [/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed by peer \
+[10.213.0.12]:50413
+0: Exception raised from recvBytes at /__w/pytorch/pytorch/torch/csrc/distributed/c10d/Utils.hpp:787 (most recent \
+call first):
+0: frame #0: c10::Error::Error(c10::SourceLocation, std::string) + 0x9d (0x7f5cc6379b8d in libc10.so)
+1: E1126 13:31:44.551000 20007 torch/distributed/elastic/multiprocessing/api.py:1002] failed (exitcode: 1) \
+local_rank: 0 (pid: 20080) of binary: /venv/bin/python
+1: Traceback (most recent call last):
+1:   File "/venv/bin/torchrun", line 6, in <module>
+1:     sys.exit(main())
+1:   File "/venv/lib/python3.11/site-packages/torch/distributed/launcher/api.py", line 383, in launch_agent
+1:     raise ChildFailedError(
+1: torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
+1: ============================================================
+1: ddpkit FAILED
+1: ------------------------------------------------------------
+1: Root Cause (first observed failure):
+1: [0]:
+1:   time      : 2026-11-26_13:31:44
+1:   host      : node2
+1:   rank      : 1 (local_rank: 0)
+1:   exitcode  : 1 (pid: 20080)
+1:   error_file: <N/A>
+1:   traceback : To enable traceback see: https://pytorch.org/docs/stable/elastic/errors.html
+1: ============================================================
+0: E1126 13:31:46.551000 20006 torch/distributed/elastic/multiprocessing/api.py:1002] failed (exitcode: 1) \
+local_rank: 0 (pid: 20079) of binary: /venv/bin/python
+0: Root Cause (first observed failure):
+0: [0]:
+0:   time      : 2026-11-26_13:31:46
+0:   host      : node1
+0:   rank      : 0 (local_rank: 0)
+0:   exitcode  : 1 (pid: 20079)
+0:   error_file: <N/A>
+srun: error: node2: task 1: Exited with exit code 1
+[rank1]:[W1126 13:31:46.846898291 TCPStore.cpp:106] [c10d] sendBytes failed on SocketImpl(fd=9, addr=[::]:60287): \
+Broken pipe
+"""
+
+
+def _screen() -> tuple[StepScreen, io.StringIO]:
+    out, err = io.StringIO(), io.StringIO()
+    screen = StepScreen(out, err)
+    screen.take("0: [RANK 0] Epoch 0 | Batchsize: 32 | Steps: 256", to_stderr=False)
+    for line in STDERR.splitlines():
+        screen.take(line, to_stderr=True, now=0.0)
+    return screen, err
+
+
+def test_the_screen_holds_the_tracebacks_boxes_and_frames_and_says_each_warning_once() -> None:
+    screen, err = _screen()
+    shown = err.getvalue()
+    assert shown.count("The hostname of the client socket") == 1, shown
+    assert "[node2:1] WARNING setting GLOO_SOCKET_IFNAME" in shown and "1: [node2" not in shown  # label off
+    for held in ("Traceback", "frame #", "ChildFailedError", "Root Cause", "sendBytes failed", "failed (exitcode"):
+        assert held not in shown, (held, shown)
+    assert screen.failing
+
+
+def test_the_digest_names_the_rank_that_failed_first_with_its_frame_never_the_agents() -> None:
+    screen, _ = _screen()
+    lines = screen.digest(1, "/logs/job_3.full.log")
+    assert lines[:4] == ["ddpkit: the job step failed (srun exit code 1): rank 1 on host node2 failed first with "
+                         "exit code 1", '    File "/tmp/t/keyerror.py", line 11, in <module>',
+                         '      raise KeyError("batch")', "    KeyError: 'batch'"], lines
+    assert "  rank 0 (node1): RuntimeError: Connection closed by peer" in lines, lines
+    assert lines[-1] == "  full output of every node and rank: /logs/job_3.full.log"
+    assert not any("torchrun" in line or "ChildFailedError" in line for line in lines), lines
+
+
+def test_a_rank_ddpkit_stopped_is_never_the_one_that_failed_first() -> None:
+    screen = StepScreen(io.StringIO(), io.StringIO())
+    for line in ("0: ddpkit watch: HANG: no rank has made progress for 10 s (deadline 10 s); reported by rank 0 on "
+                 "host node1; every rank stops now (exit 3)",
+                 "0:   rank 1 on host node2 has not entered the group's collective #322; it stopped answering",
+                 "0: [node1:0] ERROR rank 0: the job stalled: rank 1 on node2 (10.213.0.12) stopped answering",
+                 "0: E1126 13:20:37.738000 2658 torch/distributed/elastic/multiprocessing/api.py:1002] failed "
+                 "(exitcode: 3) local_rank: 0 (pid: 2666) of binary: /venv/bin/python",
+                 "0: [0]:", "0:   time      : 2026-11-26_13:20:37", "0:   host      : node1",
+                 "0:   rank      : 0 (local_rank: 0)", "0:   exitcode  : 3 (pid: 2666)",
+                 "1: [node2:1] WARNING setting GLOO_SOCKET_IFNAME=vj: vj routes to the master"):
+        screen.take(line, to_stderr=True, now=0.0)
+    lines = screen.digest(1, "LOG")
+    assert lines[0] == ("ddpkit: the job step failed (srun exit code 1); the watch found first: rank 1 on host node2 "
+                        "has not entered the group's collective #322; it stopped answering"), lines
+    assert "  rank 0 (node1): stopped by ddpkit (exit 3)" in lines, lines
+    assert not any("failed first" in line for line in lines), lines
