@@ -117,6 +117,12 @@ class HealStopped(DdpkitError):
         super().__init__(line)
 
 
+class SpareReleased(Exception):
+    """This agent waited as a spare (torch's redundancy list: the round was full) and the run ended without it.
+    torch's agent ends such a node with ``RendezvousGracefulExitError`` and then fails on its own ``None`` result
+    (torch 2.13, launcher/api.py: ``result.is_failed()``); ddpkit ends it here instead, with exit 0."""
+
+
 class ExclusionList:
     """The run's excluded hosts in a store (torch's ``Store``: ``add``, ``set``, ``get``, ``check``)."""
 
@@ -141,14 +147,19 @@ class ExclusionList:
         return True
 
 
-class _TorchFailures(logging.Handler):
-    """The workers torch's agent saw fail (exit code, local rank, pid), from its log records' arguments."""
+class _TorchFailures:
+    """The workers torch's agent saw fail (exit code, local rank, pid), from its log records' arguments. A filter
+    on torch's logger, added before the agent's own (``launch.failure.drop_exit_tracebacks`` drops these lines, and
+    a logger's filters run before its handlers); it keeps every record."""
 
     def __init__(self) -> None:
-        super().__init__(level=logging.DEBUG)
         self.seen: list[tuple[int, int, int]] = []
 
-    def emit(self, record: logging.LogRecord) -> None:
+    def __call__(self, record: logging.LogRecord) -> bool:
+        self.note(record)
+        return True
+
+    def note(self, record: logging.LogRecord) -> None:
         if str(record.msg).startswith(_TORCH_FAILED) and isinstance(record.args, tuple) and len(record.args) >= 3:
             with contextlib.suppress(TypeError, ValueError):
                 code, local, pid = (int(str(a)) for a in record.args[:3])
@@ -214,9 +225,12 @@ class HealRun:
         self.ledger.append(AttemptStarted(attempt=self.attempt, time=time.time(), hosts=(self.host,),
                                           ranks=world_size * self.nproc,
                                           logs=str(self.log_dir) if self.log_dir else None))
-        if self.rounds > 1:
-            print(f"ddpkit heal: {self.host}: round {self.rounds}: node {rank} of {world_size} "
-                  f"({world_size * self.nproc} ranks)", file=sys.stderr, flush=True)
+        print(f"ddpkit heal: {self.host} joined as node {rank} of {world_size} ({world_size * self.nproc} ranks): "
+              f"attempt {self.attempt} in its ledger", file=sys.stderr, flush=True)
+
+    def released(self) -> None:
+        print(f"ddpkit heal: {self.host} waited as a spare and the run ended without needing it (exit 0)",
+              file=sys.stderr, flush=True)
 
     def leaving(self, entry: Excluded, line: str) -> None:
         """This host was excluded: its open attempt ends in the ledger with the exclusion."""
@@ -309,7 +323,13 @@ class HostGuard:
         exclusions = self.exclusions()
         self._run.round_ended(exclusions)
         self._leave_if_excluded(exclusions)
-        info = self._inner.next_rendezvous()
+        from torch.distributed.elastic.rendezvous.api import RendezvousGracefulExitError
+
+        try:
+            info = self._inner.next_rendezvous()
+        except RendezvousGracefulExitError:  # a spare whose run ended without it
+            self._left = True
+            raise SpareReleased() from None
         self._run.round_started(int(info.rank), int(info.world_size))
         return info
 
@@ -350,7 +370,8 @@ class HostGuard:
         if mine is None:
             return
         self._leave()
-        line = (f"this host ({mine.host}) was excluded from run {self.get_run_id()} by {mine.by}: {mine.reason}; "
+        by = "its own agent" if mine.by == mine.host else mine.by
+        line = (f"this host ({mine.host}) was excluded from run {self.get_run_id()} by {by}: {mine.reason}; "
                 f"it takes no part in later rounds and leaves with exit {EXIT_HOST_EXCLUDED}; the job goes on on the "
                 "other hosts")
         self._run.leaving(mine, f"ddpkit heal: {line}")
@@ -408,18 +429,19 @@ def supervise_across_hosts(args: argparse.Namespace, options: LaunchOptions,
                                         command=tuple(getattr(args, "ddpkit_argv", ()))))
     start_goodput(run_dir, host)
     torch_log = logging.getLogger(_TORCH_LOGGER)
-    torch_log.addHandler(run.failures)
+    torch_log.filters.insert(0, run.failures)  # before the agent's filter that drops these lines
     try:
         code = launch_attempt(options)
-    except ExcludedFromRun:
+    except (ExcludedFromRun, HealStopped):
         raise
-    except HealStopped:
-        raise
+    except SpareReleased:
+        run.released()
+        return 0
     except DdpkitError as exc:
         run.finished(exc.exit_code)
         raise
     finally:
-        torch_log.removeHandler(run.failures)
+        torch_log.removeFilter(run.failures)
     run.finished(code)
     return code
 
