@@ -1,5 +1,5 @@
 """``--heal`` across namespace hosts with ddpkit's own torch elastic agents (issue 38): a host whose rank is stopped
-(SIGSTOP) or killed is excluded from the run's later rendezvous rounds, its agent leaves with exit 94 and one line,
+(SIGSTOP) or killed is excluded from the run's later rendezvous rounds, its agent leaves with exit 95 and one line,
 and the job finishes on the other hosts from its snapshot; a program that fails on every rank is not retried more
 than once (exit 93 on every host).
 
@@ -23,7 +23,7 @@ from tests.infra.conftest import HostRun, Hosts, new_run_id
 
 pytestmark = [pytest.mark.infra, pytest.mark.multiproc]
 RUN_TIMEOUT = 300
-EXCLUDED = 94
+EXCLUDED = 95
 
 
 def _snapshots(directory: Path) -> list[Path]:
@@ -85,7 +85,7 @@ def _ledger(work: Path, host: str) -> list[dict[str, object]]:
 def test_a_stopped_host_is_excluded_and_the_job_finishes_on_the_others(make_hosts: Callable[[int], Hosts]) -> None:
     """`train -j 2:3x1 --heal` on 3 hosts; one host's rank stopped (SIGSTOP) after the first snapshot. The watch
     names it within seconds, the survivors exclude its host, meet again as 2 and finish from the snapshot; the
-    stopped host's agent leaves with exit 94 saying who excluded it; no process is left."""
+    stopped host's agent leaves with exit 95 saying who excluded it; no process is left."""
     hosts = make_hosts(3)
     work = Path(hosts.cluster.workdir) / "job"
     work.mkdir()
@@ -139,7 +139,7 @@ def test_a_stopped_host_is_excluded_and_the_job_finishes_on_the_others(make_host
 def test_a_killed_host_leaves_and_a_spare_takes_its_place_bitwise(make_hosts: Callable[[int], Hosts],
                                                                    tmp_path: Path) -> None:
     """`train -j 2x1 --heal` on 3 hosts: two meet, the third waits as a spare (torch's redundancy list). One
-    host's rank is killed (SIGKILL): its agent names its own host, excludes it and leaves (exit 94); the spare joins
+    host's rank is killed (SIGKILL): its agent names its own host, excludes it and leaves (exit 95); the spare joins
     the next round, the world stays 2, and the job ends bitwise equal to an uninterrupted `train -n 2` run (the
     same loss history, the same model)."""
     import torch

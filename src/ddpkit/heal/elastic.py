@@ -16,7 +16,7 @@ round fails, every host's workers stop and the agents that are left meet in a ne
 - A host-class failure names hosts. They go into the run's exclusion list, kept in the rendezvous store
   (``ddpkit-heal/excluded/N``, one JSON record each): every agent reads it before it joins a round and every
   second while its workers run. An agent that finds its own host there leaves the rendezvous (it is never part of
-  a later round) and exits ``EXIT_HOST_EXCLUDED`` (94) with one line saying who excluded it and why. A rank
+  a later round) and exits ``EXIT_HOST_EXCLUDED`` (95) with one line saying who excluded it and why. A rank
   killed by a signal names its own host: its agent excludes itself.
 
 The store lives with the rendezvous: under c10d, on the host that holds it (``is_host``), which therefore cannot
@@ -67,7 +67,7 @@ log = get_logger(__name__)
 
 #: An agent whose host the run excluded leaves with this code: the job goes on without it; do not start it again
 #: on this host for this run (README's exit code table).
-EXIT_HOST_EXCLUDED = 94
+EXIT_HOST_EXCLUDED = 95
 #: The rendezvous backends whose store the exclusion list can live in (torch's dynamic rendezvous).
 HEALED_BACKENDS = ("c10d", "etcd-v2")
 #: Under --heal a rank whose heartbeat stopped this long is a lost host (the watch's ``silent_stop``).
