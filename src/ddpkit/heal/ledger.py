@@ -18,8 +18,8 @@ from typing import Any, ClassVar
 from ddpkit.base.jsonlines import Kinds, append_to, encode
 from ddpkit.heal.classify import Classification
 
-__all__ = ["LEDGER", "Action", "AttemptEnded", "AttemptStarted", "Ledger", "Record", "SupervisorStarted",
-           "read_records"]
+__all__ = ["LEDGER", "Action", "AttemptEnded", "AttemptStarted", "FaultSeen", "HostExcluded", "Ledger",
+           "PreflightEnded", "Record", "SupervisorStarted", "read_records"]
 
 LEDGER = "ledger.jsonl"
 
@@ -98,8 +98,54 @@ class AttemptEnded:
                    exit_code_of_run=None if run_code is None else int(run_code))
 
 
-Record = SupervisorStarted | AttemptStarted | AttemptEnded
-_KINDS: Kinds[Record] = Kinds("ledger", (SupervisorStarted, AttemptStarted, AttemptEnded))
+@dataclass(frozen=True, kw_only=True)
+class FaultSeen:
+    """The supervisor saw the attempt fail (a backend that watches its attempt live: ``heal.slurm``): the first
+    line that said so (a rank that failed, one the watch named silent), when; the attempt's end comes later."""
+
+    KIND: ClassVar[str] = "fault-seen"
+    attempt: int
+    time: float
+    line: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class HostExcluded:
+    """A host taken out of the run for good (a host fault named it, or a preflight check failed on it)."""
+
+    KIND: ClassVar[str] = "host-excluded"
+    attempt: int
+    """The attempt whose failure named it."""
+    time: float
+    host: str
+    reason: str
+    drained: bool = False
+    """``--on-fail drain``: the scheduler was told to drain it (``scontrol update ... state=drain``)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class PreflightEnded:
+    """A quick ``ddpkit check`` on the node set of the next attempt, before it starts."""
+
+    KIND: ClassVar[str] = "preflight-ended"
+    attempt: int
+    """The attempt it cleared the way for."""
+    start: float
+    end: float
+    hosts: tuple[str, ...]
+    exit_code: int
+    bad_hosts: tuple[str, ...] = ()
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> PreflightEnded:
+        return cls(attempt=int(data["attempt"]), start=float(data["start"]), end=float(data["end"]),
+                   hosts=tuple(data["hosts"]), exit_code=int(data["exit_code"]),
+                   bad_hosts=tuple(data.get("bad_hosts", ())))
+
+
+Record = SupervisorStarted | AttemptStarted | AttemptEnded | FaultSeen | HostExcluded | PreflightEnded
+_KINDS: Kinds[Record] = Kinds("ledger", (SupervisorStarted, AttemptStarted, AttemptEnded, FaultSeen, HostExcluded,
+                                         PreflightEnded))
 
 
 def to_json(record: Record) -> str:

@@ -66,6 +66,23 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--wait", action="store_true", help="follow the job (squeue every 0.5 s); exit with its code")
     g.add_argument("--wait-timeout", type=seconds("--wait-timeout"), default=None, metavar="S",
                    help="give up waiting after S seconds")
+    g = p.add_argument_group("heal (slurm)")
+    g.add_argument("--heal", action="store_true",
+                   help="a supervisor in the batch script runs each attempt as an srun step on healthy nodes of the "
+                        "allocation; a host fault takes that host out for the rest of the job and the next attempt "
+                        "starts from the newest snapshot; the program's own failure twice in a row ends with exit 93")
+    g.add_argument("--spare-nodes", type=int, default=0, metavar="K",
+                   help="with --heal: allocate K nodes beyond N, taken when a host is found bad")
+    g.add_argument("--max-attempts", type=int, default=3, metavar="N",
+                   help="with --heal: attempts at most in one allocation, the first included (default 3)")
+    g.add_argument("--on-fail", choices=("report", "drain"), default="report",
+                   help="with --heal: drain also drains a host found bad, with the reason (scontrol)")
+    g.add_argument("--run-dir", default=None, metavar="PATH",
+                   help="with --heal: the run directory (ledger.jsonl, goodput.jsonl); default "
+                        ".ddpkit-runs/slurm-JOBID in the directory the job runs in")
+    g.add_argument("--silent-after", type=seconds("--silent-after"), default=10.0, metavar="S",
+                   help="with --heal: a rank without a heartbeat this long is a lost host: every rank stops and "
+                        "the supervisor relaunches without it (default 10)")
     g = p.add_argument_group("mpi")
     g.add_argument("--mpi", default="openmpi", choices=["openmpi", "mpich"], dest="mpi_flavour")
     g.add_argument("--hosts", default="", help="comma-separated hosts, the first runs rank 0")
@@ -110,7 +127,8 @@ def build_spec(args: argparse.Namespace, argv: list[str]) -> JobSpec:
         mpi_flavour=args.mpi_flavour, hosts=tuple(h for h in args.hosts.split(",") if h),
         allow_run_as_root=args.allow_run_as_root, image=args.image, k8s_kind=args.k8s_kind, k8s_rdzv=args.k8s_rdzv,
         namespace=args.namespace, cpu=args.cpu, memory=args.memory, gpus=args.gpus, snapshot_size=args.snapshot_size,
-        exclude=exclude,
+        exclude=exclude, heal=args.heal, spare_nodes=args.spare_nodes, max_attempts=args.max_attempts,
+        on_fail=args.on_fail, run_dir=args.run_dir, silent_after=args.silent_after,
     )
 
 
@@ -118,7 +136,7 @@ def render(spec: JobSpec) -> str:
     """The artifact for the spec's backend (registry with lazy imports: yaml only for k8s)."""
     import importlib
 
-    module = importlib.import_module(f"ddpkit.jobs.{spec.backend}")
+    module = importlib.import_module("ddpkit.jobs.slurm_heal" if spec.heal else f"ddpkit.jobs.{spec.backend}")
     return str(module.render(spec))
 
 

@@ -125,6 +125,20 @@ class JobSpec:
     """Size of the shared snapshot volume (PVC, ReadWriteMany)."""
     exclude: tuple[str, ...] = ()
     """Hosts kept out of the job (``--exclude-from``, a report's bad hosts): Slurm node names for slurm."""
+    # Healing (issue 38)
+    heal: bool = False
+    """Slurm: a supervisor in the batch script runs each attempt as an srun step on healthy nodes of the allocation
+    and relaunches after a host fault without the bad host (``ddpkit.heal.slurm_supervisor``)."""
+    spare_nodes: int = 0
+    """With ``heal``: nodes allocated beyond the job's N, taken when a host is found bad."""
+    max_attempts: int = 3
+    """With ``heal``: attempts at most in one allocation, the first included."""
+    on_fail: str = "report"
+    """With ``heal``: ``drain`` also drains a host found bad (``scontrol update ... state=drain reason=...``)."""
+    run_dir: str | None = None
+    """With ``heal``: the run directory (ledger, goodput); default ``.ddpkit-runs/slurm-JOBID`` in the job's cwd."""
+    silent_after: float = 10.0
+    """With ``heal``: seconds without a heartbeat after which a rank's host is lost (the watch's ``silent_stop``)."""
 
     @property
     def kept_hosts(self) -> tuple[str, ...]:
@@ -154,6 +168,7 @@ class JobSpec:
                               "digit, at most 45 characters (an RFC 1035 label, with room for the operator's suffixes)",
                               f"write --name {_k8s_name(self.name)}")
         _check_combinations(self)
+        _check_heal(self)
         _check_directive_values(self)
         _check_values(self)
 
@@ -359,6 +374,37 @@ def _check_combinations(spec: JobSpec) -> None:
                           "build one with ddpkit recipe docker, push it, and pass --image")
     if spec.k8s_kind == "trainjob" and spec.k8s_rdzv != "c10d":
         raise clash("--k8s-rdzv etcd with --k8s-kind trainjob", "Trainer v2 runs torchrun with c10d: drop --k8s-rdzv")
+
+
+def _check_heal(spec: JobSpec) -> None:
+    """``--heal`` and its options: Slurm's supervisor today (torchrun, mpi and k8s heal in their own ways)."""
+    given = [name for name, on in (("--spare-nodes", spec.spare_nodes), ("--on-fail drain", spec.on_fail == "drain"),
+                                   ("--run-dir", spec.run_dir)) if on]
+    if not spec.heal:
+        if given:
+            raise ConfigError(f"{', '.join(given)} without --heal", "these options with --heal",
+                              f"add --heal, or drop {', '.join(given)}")
+        return
+    if spec.backend != "slurm":
+        raise ConfigError(f"submit {spec.backend} --heal", "submit slurm --heal (a supervisor in the batch script)",
+                          "use ddpkit submit slurm --heal, or drop --heal")
+    if spec.spare_nodes < 0:
+        raise ConfigError(f"--spare-nodes {spec.spare_nodes}", "0 or more", "pass --spare-nodes 1")
+    if spec.max_attempts < 1:
+        raise ConfigError(f"--max-attempts {spec.max_attempts}", "1 or more", "pass --max-attempts 3 (the default)")
+    if spec.on_fail not in ("report", "drain"):
+        raise ConfigError(f"--on-fail {spec.on_fail!r}", "report or drain", "pass --on-fail drain")
+    if not (4 <= spec.silent_after <= 3600):
+        raise ConfigError(f"--silent-after {spec.silent_after:g}", "4 to 3600 seconds (a heartbeat is stale "
+                          "after 3 s)", "leave it at 10")
+    if spec.max_restarts:
+        raise ConfigError(f"--heal with --max-restarts {spec.max_restarts}", "one of them: --heal starts the "
+                          "ranks again itself, after classifying each failure", "drop --max-restarts")
+    if spec.container_image:
+        raise ConfigError("--heal with --container-image", "--heal with a Python on the nodes: its supervisor runs "
+                          "in the batch script, outside the image", "drop --container-image, or drop --heal")
+    if spec.run_dir is not None and (not spec.run_dir.isprintable() or not spec.run_dir.strip()):
+        raise ConfigError(f"--run-dir {spec.run_dir!r}", "a path of printable text", "pass --run-dir runs/job")
 
 
 def _check_directive_values(spec: JobSpec) -> None:

@@ -1,0 +1,246 @@
+"""One ``srun`` step of a heal supervisor inside its Slurm allocation: started on named nodes, its output echoed into
+the job's log as it comes and read for evidence, ended within a bound once a rank failed.
+
+The step: ``srun --nodelist=A,B --nodes=2 --ntasks-per-node=P --kill-on-bad-exit=1 --overlap --label PROGRAM``: one
+task per rank (ddpkit's Slurm detection reads rank, world and the first node of the step as the master from Slurm's
+variables; the supervisor gives each step its own ``MASTER_PORT``), the first task that fails ends the step
+(``--kill-on-bad-exit``), a step left hanging on a host that was cut off does not block the next one
+(``--overlap``), every line says its rank (``--label``).
+
+The evidence, read from that output (``classify``'s records; nothing is parsed back out of a ddpkit headline that
+has a typed form elsewhere):
+
+- srun's own lines: ``srun: error: node2: task 1: Killed`` (a signal), ``... Exited with exit code 3``; the first
+  one is the rank that failed first; those after srun said it is terminating the step are srun's doing;
+- the watch's ``rank R on host H (pid P) stopped answering`` (a rank whose heartbeat stopped: the heal rule names
+  it within seconds, ``WatchOptions.silent_stop``);
+- each rank's last Python traceback (its labelled lines).
+
+Once srun says a task failed, it gets ``teardown_s`` to end the step (``FAULT_BOUND_S`` after any other first word
+of a fault); then it is interrupted (SIGINT twice, srun's way of
+ending a step) and at last killed: a host cut off from the network never answers srun, which would wait for it.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from ddpkit.heal.classify import Evidence, RankEvidence, WatchReport, exception_line
+
+__all__ = ["StepPlan", "StepRun", "run_step", "srun_argv"]
+
+#: srun's line for a task that ended badly: ``srun: error: node2: task 1: Killed``, ``... tasks 0-1: Exited with
+#: exit code 3``.
+_SRUN_TASK = re.compile(r"^srun: error: (?P<host>\S+): tasks? (?P<tasks>[\d,\-]+): (?P<what>.+)$")
+_EXITED = re.compile(r"Exited with exit code (\d+)")
+#: srun says it is ending the step (``--kill-on-bad-exit``, a cancel): later task ends are its doing.
+_TERMINATING = ("Terminating StepId", "Force Terminated", "CANCELLED AT", "Job step aborted")
+_LABEL = re.compile(r"^\s*(\d+): ?(.*)$")
+_STOPPED = re.compile(r"rank (\d+) on host (\S+?)(?: \(pid \d+\))? stopped answering")
+#: srun's word for a signal that ended a task -> the signal's name.
+_SIGNALS = {"Killed": "SIGKILL", "Terminated": "SIGTERM", "Segmentation fault": "SIGSEGV", "Aborted": "SIGABRT",
+            "Bus error": "SIGBUS", "Interrupt": "SIGINT", "Hangup": "SIGHUP"}
+#: ddpkit's own stop (the watch's abort) and a preemption's exits: never a rank failing on its own.
+_STOPPED_CODES = (3,)
+TAIL_LINES = 400
+#: The longest a step may run on after the first line that named a fault (the ranks' own abort, report and exit
+#: take a few seconds; ``teardown_s`` counts from srun's word that a task ended instead).
+FAULT_BOUND_S = 30.0
+
+
+@dataclass(frozen=True, kw_only=True)
+class StepPlan:
+    """What one step runs, where."""
+
+    nodes: tuple[str, ...]
+    per_node: int
+    program: tuple[str, ...]
+    """Each task's command line (``PYTHON -m ddpkit train ...``)."""
+    env: dict[str, str] = field(default_factory=dict)
+    """Added to the supervisor's environment for the step (srun exports it to every task)."""
+    name: str = "attempt"
+
+
+def srun_argv(plan: StepPlan) -> list[str]:
+    return ["srun", f"--nodelist={','.join(plan.nodes)}", f"--nodes={len(plan.nodes)}",
+            f"--ntasks={len(plan.nodes) * plan.per_node}", f"--ntasks-per-node={plan.per_node}",
+            "--kill-on-bad-exit=1", "--overlap", "--label", f"--job-name={plan.name}", *plan.program]
+
+
+@dataclass(kw_only=True)
+class StepRun:
+    """How a step went."""
+
+    exit_code: int
+    """The first failed task's code (128 + signal for a signal), else srun's own; 0 when every task succeeded."""
+    began: float
+    ended: float
+    fault_at: float | None = None
+    """When the first line saying a rank failed or stopped answering arrived (wall clock)."""
+    fault_line: str | None = None
+    srun_killed: bool = False
+    """srun did not end the step within the teardown bound and was ended by the supervisor."""
+    evidence: Evidence | None = None
+    tracebacks: dict[int, str] = field(default_factory=dict)
+    """Each rank's last traceback, as it printed it."""
+
+
+class _Reader:
+    """Reads the step's merged output on a thread: echoes every line, keeps what the evidence needs."""
+
+    def __init__(self, stream: object, echo: Callable[[str], None], hosts_of: Callable[[int], str]) -> None:
+        self.stream = stream
+        self.echo = echo
+        self.hosts_of = hosts_of
+        self.tails: dict[int, deque[str]] = {}
+        self.failed: list[RankEvidence] = []
+        self.watch_lines: list[str] = []
+        self.stopped: dict[int, str] = {}
+        self.terminating = False
+        self.fault_at: float | None = None
+        self.fault_line: str | None = None
+        self.task_failed_at: float | None = None
+        """When srun first said a task ended badly (the step has failed; srun is ending the rest)."""
+        self.thread = threading.Thread(target=self._loop, name="ddpkit-heal-step", daemon=True)
+        self.thread.start()
+
+    def _fault(self, line: str) -> None:
+        if self.fault_at is None:
+            self.fault_at, self.fault_line = time.time(), line
+
+    def _loop(self) -> None:
+        for raw in iter(self.stream.readline, b""):  # type: ignore[attr-defined]
+            line = raw.decode(errors="replace").rstrip("\n")
+            self.echo(line)
+            self._read(line)
+
+    def _read(self, line: str) -> None:
+        labelled = _LABEL.match(line)
+        text = labelled.group(2) if labelled else line
+        if labelled:
+            self.tails.setdefault(int(labelled.group(1)), deque(maxlen=TAIL_LINES)).append(text)
+        if any(words in text for words in _TERMINATING):
+            self.terminating = True
+        for match in _STOPPED.finditer(text):
+            self.stopped[int(match.group(1))] = match.group(2)
+            self.watch_lines.append(text.strip())
+            self._fault(text.strip())
+        task = _SRUN_TASK.match(line)
+        if task is None:
+            return
+        what = task.group("what").strip()
+        code = _EXITED.search(what)
+        sig = next((name for word, name in _SIGNALS.items() if what.startswith(word)), None)
+        for rank in _task_ids(task.group("tasks")):
+            exit_code = int(code.group(1)) if code else None
+            by_srun = self.terminating and (sig in ("SIGTERM", "SIGKILL") or exit_code in (75, 76))
+            self.task_failed_at = self.task_failed_at or time.time()
+            self.failed.append(RankEvidence(rank=rank, host=task.group("host"), exit_code=exit_code,
+                                            signal=sig if code is None else None, first=not self.failed,
+                                            stopped_by_ddpkit=by_srun or exit_code in _STOPPED_CODES))
+        self._fault(line)
+
+    def evidence(self, exit_code: int, outside: str | None) -> tuple[Evidence, dict[int, str]]:
+        ranks: dict[int, RankEvidence] = {}
+        for found in self.failed:
+            ranks.setdefault(found.rank, found)  # a task's first word on it counts
+        tracebacks: dict[int, str] = {}
+        for rank, lines in sorted(self.tails.items()):
+            text = "\n".join(lines)
+            said = exception_line(text)
+            if said is None:
+                continue
+            start = max(i for i, line in enumerate(lines) if line.strip() == "Traceback (most recent call last):")
+            tracebacks[rank] = "\n".join(list(lines)[start:])
+            known = ranks.get(rank) or RankEvidence(rank=rank, host=self.hosts_of(rank))
+            ranks[rank] = RankEvidence(rank=known.rank, host=known.host, exit_code=known.exit_code,
+                                       signal=known.signal, stopped_by_ddpkit=known.stopped_by_ddpkit,
+                                       exception=said, first=known.first)
+        watch = WatchReport(stopped_answering=tuple(sorted(self.stopped.items())),
+                            lines=tuple(dict.fromkeys(self.watch_lines))[:20]) if self.stopped else None
+        return Evidence(exit_code=exit_code, ranks=tuple(ranks.values()), watch=watch,
+                        outside_signal=outside), tracebacks
+
+
+def _task_ids(text: str) -> list[int]:
+    ids: list[int] = []
+    for part in text.split(","):
+        first, _, last = part.partition("-")
+        if first.isdigit():
+            ids += list(range(int(first), int(last) + 1)) if last.isdigit() else [int(first)]
+    return ids
+
+
+def run_step(plan: StepPlan, *, teardown_s: float, deadline_s: float | None = None,
+             outside: Callable[[], str | None] = lambda: None,
+             echo: Callable[[str], None] | None = None) -> StepRun:
+    """Run the step to its end (bounded: ``teardown_s`` after the first fault, ``deadline_s`` in all when given);
+    ``outside()`` names a signal the supervisor received from outside (the scheduler's), else None."""
+    say = echo or (lambda line: print(line, flush=True))
+    env = {**os.environ, **plan.env}
+    began = time.time()
+    proc = subprocess.Popen(srun_argv(plan), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            stdin=subprocess.DEVNULL, env=env)
+    reader = _Reader(proc.stdout, say, lambda rank: plan.nodes[min(rank // plan.per_node, len(plan.nodes) - 1)])
+    killed = False
+    stage = 0  # 0: running; 1: interrupted (SIGINT twice); 2: killed
+    stage_at = 0.0
+    while proc.poll() is None:
+        time.sleep(0.1)
+        now = time.time()
+        if reader.task_failed_at is not None and now >= reader.task_failed_at + teardown_s:
+            why = f"{now - reader.task_failed_at:.0f} s after a task failed (a host cut off never answers srun)"
+        elif reader.fault_at is not None and now >= reader.fault_at + FAULT_BOUND_S:
+            why = f"{now - reader.fault_at:.0f} s after the fault"
+        elif deadline_s is not None and now >= began + deadline_s:
+            why = f"at its deadline of {deadline_s:g} s"
+        else:
+            continue
+        if stage == 0:
+            say(f"ddpkit heal: srun has not ended the {plan.name} step {why}: interrupting it")
+            with_signal(proc, signal.SIGINT)
+            time.sleep(0.3)
+            with_signal(proc, signal.SIGINT)
+            stage, stage_at = 1, now
+        elif stage == 1 and now > stage_at + 5:
+            with_signal(proc, signal.SIGKILL)
+            stage, killed = 2, True
+    code = proc.wait()
+    reader.thread.join(timeout=5)
+    ended = time.time()
+    first = next((r for r in reader.failed if r.first), None)
+    if first is not None and (first.exit_code or first.signal):
+        code = first.exit_code if first.exit_code is not None else 128 + _signum(first.signal)
+    elif code < 0:
+        code = 128 - code
+    evidence, tracebacks = reader.evidence(code, outside())
+    return StepRun(exit_code=code, began=began, ended=ended, fault_at=reader.fault_at, fault_line=reader.fault_line,
+                   srun_killed=killed or stage > 0, evidence=evidence, tracebacks=tracebacks)
+
+
+def with_signal(proc: subprocess.Popen[bytes], sig: int) -> None:
+    try:
+        proc.send_signal(sig)
+    except ProcessLookupError:
+        return
+
+
+def _signum(name: str | None) -> int:
+    try:
+        return int(signal.Signals[name or "SIGKILL"])
+    except KeyError:
+        return int(signal.SIGKILL)
+
+
+def echo_line(line: str) -> None:
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()

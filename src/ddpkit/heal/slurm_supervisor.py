@@ -1,0 +1,332 @@
+"""The heal supervisor of a Slurm job: ``ddpkit submit slurm -j [MIN:]NxP --spare-nodes K --heal -- COMMAND``.
+
+The batch script that ``submit`` renders allocates N+K nodes and runs this module in the batch shell::
+
+    python -m ddpkit.heal.slurm_supervisor --nodes N --min-nodes MIN --per-node P --max-attempts 3 \\
+        [--on-fail drain] [--run-dir DIR] -- PYTHON -m ddpkit train ...
+
+Each attempt is one ``srun`` step on N healthy nodes of the allocation (``heal.slurm_step``); a failed attempt is
+classified (``heal.classify``), recorded in the run's ledger (``heal.ledger``: the fault as first seen, the attempt's
+end with its class, culprits, evidence and action, each host taken out) and acted on (``heal.policy``):
+
+- a host fault takes the culprit host(s) out for the rest of the job (``--on-fail drain`` also drains them in
+  Slurm with the reason); a quick ``ddpkit check`` on the new node set (an srun step, short deadlines) proves it;
+  the next attempt starts from the newest snapshot (``train --snapshot-path`` resumes on its own);
+- with no spare left, an attempt runs on fewer nodes where ``-j MIN:N`` allows it; else the job requeues itself
+  (``scontrol requeue``; its bad hosts drained with ``--on-fail drain``, so that the next allocation cannot hold
+  them) and a requeued supervisor keeps every host its ledger names out; a job that cannot requeue exits 94;
+- a job fault, a preemption, the no-progress rule and ``--max-attempts`` end the run as ``policy`` says (93: do not
+  requeue), the first failing rank's traceback printed again right before the last line.
+
+Every decision is one ``ddpkit heal:`` line in the job's log. The ranks are told ``DDPKIT_HEAL_SILENT_S`` (the watch
+stops a job whose rank went silent within seconds, naming it), ``DDPKIT_RUN_DIR`` and ``DDPKIT_ATTEMPT`` (train's
+goodput lines), and a ``MASTER_PORT`` of their own per step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from ddpkit.base.errors import ConfigError, DdpkitError
+from ddpkit.goodput.records import ATTEMPT_VAR, RUN_DIR_VAR
+from ddpkit.heal.classify import Classification, FailureClass, classify
+from ddpkit.heal.ledger import (
+    Action,
+    AttemptEnded,
+    AttemptStarted,
+    FaultSeen,
+    HostExcluded,
+    Ledger,
+    PreflightEnded,
+    SupervisorStarted,
+)
+from ddpkit.heal.nodepool import NodePool
+from ddpkit.heal.policy import DEFAULT_MAX_ATTEMPTS, HealPolicy, Outcome, decide
+from ddpkit.heal.slurm_step import StepPlan, StepRun, echo_line, run_step
+from ddpkit.process.worker_context import HEAL_SILENT_S
+
+__all__ = ["EXIT_NO_NODES", "main"]
+
+#: No attempt can run: fewer healthy nodes than the job needs are left and it could not requeue itself.
+EXIT_NO_NODES = 94
+#: Seconds srun gets to end a step after a task failed before the supervisor ends srun.
+TEARDOWN_S = 5.0
+#: The preflight check's deadlines (roll-call and every later phase) and the step's own bound.
+PREFLIGHT_S = 20.0
+DEFAULT_SILENT_S = 10.0
+SCONTROL_S = 30.0
+
+
+@dataclass
+class _Signals:
+    """A signal from outside (scancel, a preemption, a requeue) seen by the supervisor."""
+
+    name: str | None = None
+
+    def install(self) -> None:
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1):
+            signal.signal(sig, self._seen)
+
+    def _seen(self, signum: int, _frame: object) -> None:
+        self.name = self.name or signal.Signals(signum).name
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m ddpkit.heal.slurm_supervisor",
+                                description="ddpkit's heal supervisor inside a Slurm batch script")
+    p.add_argument("--nodes", type=int, required=True, help="N: nodes per attempt")
+    p.add_argument("--min-nodes", type=int, default=None, help="MIN: fewest nodes an attempt may run on")
+    p.add_argument("--per-node", type=int, required=True, help="P: ranks per node")
+    p.add_argument("--max-attempts", type=int, default=DEFAULT_MAX_ATTEMPTS)
+    p.add_argument("--on-fail", choices=("report", "drain"), default="report")
+    p.add_argument("--run-dir", default=None)
+    p.add_argument("--silent-after", type=float, default=DEFAULT_SILENT_S)
+    p.add_argument("--requeue", action="store_true", help="the job may requeue itself (#SBATCH --requeue)")
+    p.add_argument("program", nargs=argparse.REMAINDER)
+    args = p.parse_args(argv)
+    if args.program[:1] == ["--"]:
+        args.program = args.program[1:]
+    if not args.program:
+        raise ConfigError("no program after --", "the ranks' command line", "render the job with ddpkit submit")
+    args.min_nodes = args.min_nodes or args.nodes
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        return supervise(parse(list(sys.argv[1:] if argv is None else argv)))
+    except DdpkitError as exc:
+        print(f"ddpkit heal: error: {exc}", file=sys.stderr, flush=True)
+        return exc.exit_code
+
+
+def supervise(args: argparse.Namespace) -> int:
+    job = os.environ.get("SLURM_JOB_ID", "")
+    if not job.isdigit():
+        raise ConfigError("SLURM_JOB_ID is not set: this is not a Slurm batch script",
+                          "the batch script that ddpkit submit slurm --heal renders",
+                          "submit the job with ddpkit submit slurm --heal -- COMMAND")
+    signals = _Signals()
+    signals.install()
+    allocation = _hostnames(os.environ.get("SLURM_JOB_NODELIST", ""))
+    run_dir = Path(args.run_dir or Path(".ddpkit-runs") / f"slurm-{job}")
+    ledger = Ledger(run_dir)
+    pool = NodePool(allocation=allocation, want=args.nodes, least=args.min_nodes)
+    for record in ledger.records():  # a requeued job: the hosts found bad before stay out
+        if isinstance(record, HostExcluded):
+            pool.exclude(record.host, record.reason)
+    policy = HealPolicy(max_attempts=args.max_attempts)
+    ledger.append(SupervisorStarted(time=time.time(), pid=os.getpid(), host=socket.gethostname().split(".")[0],
+                                    max_attempts=policy.max_attempts, command=tuple(args.program)))
+    restart = os.environ.get("SLURM_RESTART_COUNT", "0")
+    spare = len(allocation) - args.nodes
+    out = f", out: {', '.join(sorted(pool.bad))} (the ledger's)" if pool.bad else ""
+    say(f"ddpkit heal: job {job} (restart {restart}) holds {', '.join(allocation)}: attempts on {args.nodes} "
+        f"node(s) x {args.per_node} rank(s), {max(spare, 0)} spare{out}; up to {policy.max_attempts} attempt(s); "
+        f"ledger {ledger.path}")
+    os.environ[RUN_DIR_VAR] = str(run_dir.resolve())
+    steps = 0
+    proven = True  # the first attempt runs on what Slurm allocated; after a host fault a preflight proves the set
+    for of_session in range(1, policy.max_attempts + 1):
+        nodes = pool.take()
+        attempt = ledger.next_attempt()
+        while nodes is not None and not proven:
+            steps += 1
+            nodes = _preflight(args, job, steps, attempt, nodes, pool, ledger)
+            proven = True
+        if nodes is None:
+            return _no_nodes(args, job, pool, of_session, policy)
+        steps += 1
+        ledger.append(AttemptStarted(attempt=attempt, time=time.time(), hosts=nodes,
+                                     ranks=len(nodes) * args.per_node))
+        env = {"MASTER_PORT": str(step_port(int(job), steps)), HEAL_SILENT_S: f"{args.silent_after:g}",
+               ATTEMPT_VAR: str(attempt), RUN_DIR_VAR: str(run_dir.resolve())}
+        step = run_step(StepPlan(nodes=nodes, per_node=args.per_node, program=tuple(args.program), env=env,
+                                 name=f"attempt-{attempt}"), teardown_s=TEARDOWN_S, outside=lambda: signals.name,
+                        echo=echo_line)
+        if step.fault_at is not None and step.fault_line is not None:
+            ledger.append(FaultSeen(attempt=attempt, time=step.fault_at, line=step.fault_line))
+        found = classify(step.evidence) if step.exit_code and step.evidence is not None else None
+        progress = snapshot_step(args.program)
+        decision = decide(policy, ledger.ended(), Outcome(attempt=attempt, of_session=of_session,
+                                                          exit_code=step.exit_code, classification=found,
+                                                          progress=progress))
+        line = decision.line
+        if decision.action is Action.RETRY and found is not None and found.kind is FailureClass.HOST:
+            line = _take_out(args, found, attempt, pool, ledger, of_session, policy, progress)
+            proven = not found.culprit_hosts
+        if found is not None and decision.action is not Action.RETRY:
+            _cause_first(step)
+        if found is not None or of_session > 1:
+            say(line)
+        ledger.append(AttemptEnded(attempt=attempt, time=time.time(), exit_code=step.exit_code,
+                                   action=decision.action, classification=found, progress=progress, decision=line,
+                                   exit_code_of_run=decision.exit_code))
+        if decision.action is not Action.RETRY:
+            return int(decision.exit_code if decision.exit_code is not None else step.exit_code)
+    raise AssertionError("the policy gives up at --max-attempts")
+
+
+def _take_out(args: argparse.Namespace, found: Classification, attempt: int, pool: NodePool, ledger: Ledger,
+              of_session: int, policy: HealPolicy, progress: int | None) -> str:
+    """Each culprit host out for good (drained with --on-fail drain); the one line that says what happens next."""
+    head = f"ddpkit heal: attempt {of_session} of {policy.max_attempts}"
+    out = [h for h in found.culprit_hosts if pool.exclude(h, found.reason)]
+    for host in out:
+        drained = args.on_fail == "drain" and drain(host, f"ddpkit heal: {found.reason}")
+        ledger.append(HostExcluded(attempt=attempt, time=time.time(), host=host, reason=found.reason,
+                                   drained=drained))
+    release(pool, ledger.run_dir)
+    since = "" if progress is None else f" from the snapshot of step {progress}"
+    if not out:
+        return f"{head}: {found.reason} (host fault); relaunching on the same nodes{since}"
+    nodes = pool.take()
+    what = f"{', '.join(out)} excluded{' and drained' if args.on_fail == 'drain' else ''} ({found.reason})"
+    if nodes is None:
+        return f"{head}: {what}; fewer than {pool.least} healthy node(s) left"
+    fewer = f" (shrunk to {len(nodes)} of {pool.want} nodes: -j {pool.least}:{pool.want})" \
+        if len(nodes) < pool.want else ""
+    return f"{head}: {what}; relaunching on {', '.join(nodes)}{fewer}{since}"
+
+
+def _preflight(args: argparse.Namespace, job: str, steps: int, attempt: int, nodes: tuple[str, ...],
+               pool: NodePool, ledger: Ledger) -> tuple[str, ...] | None:
+    """``ddpkit check`` on ``nodes`` (short deadlines); a host it names bad is taken out and the next set tried
+    (bounded by the allocation). Returns the set to run on, or None when too few nodes are left."""
+    program = [*args.program[:args.program.index("ddpkit") + 1], "check", "--timeout", f"{PREFLIGHT_S:g}",
+               "--phase-timeout", f"{PREFLIGHT_S:g}"] if "ddpkit" in args.program else None
+    if program is None:
+        return nodes
+    began = time.time()
+    step = run_step(StepPlan(nodes=nodes, per_node=1, program=tuple(program), name=f"preflight-{attempt}",
+                             env={"MASTER_PORT": str(step_port(int(job), steps)), HEAL_SILENT_S: "5"}),
+                    teardown_s=5.0, deadline_s=3 * PREFLIGHT_S, echo=lambda line: None)
+    bad: tuple[str, ...] = ()
+    if step.exit_code and step.evidence is not None:
+        bad = classify(step.evidence).culprit_hosts
+    ledger.append(PreflightEnded(attempt=attempt, start=began, end=step.ended, hosts=nodes,
+                                 exit_code=step.exit_code, bad_hosts=bad))
+    if not step.exit_code:
+        say(f"ddpkit heal: preflight check passed on {', '.join(nodes)} in {step.ended - began:.1f} s")
+        return nodes
+    if not bad:
+        say(f"ddpkit heal: preflight check on {', '.join(nodes)} failed (exit {step.exit_code}) without naming a "
+            "host; the attempt runs on them and its own failure will be classified")
+        return nodes
+    for host in bad:
+        if pool.exclude(host, f"preflight check failed on {host}"):
+            ledger.append(HostExcluded(attempt=attempt, time=time.time(), host=host,
+                                       reason=f"preflight check failed (exit {step.exit_code})",
+                                       drained=args.on_fail == "drain" and drain(host, "ddpkit heal: preflight "
+                                                                                "check failed")))
+    nxt = pool.take()
+    say(f"ddpkit heal: preflight check named {', '.join(bad)}: excluded; "
+        + (f"trying {', '.join(nxt)}" if nxt else "no node set left"))
+    return _preflight(args, job, steps + 1, attempt, nxt, pool, ledger) if nxt else None
+
+
+def _no_nodes(args: argparse.Namespace, job: str, pool: NodePool, of_session: int, policy: HealPolicy) -> int:
+    """Fewer healthy nodes than the job needs: requeue (the bad hosts drained, or kept out by the ledger), else end."""
+    bad = ", ".join(sorted(pool.bad))
+    head = f"ddpkit heal: attempt {of_session} of {policy.max_attempts}"
+    if args.requeue:
+        say(f"{head}: {len(pool.healthy)} healthy node(s) left of {len(pool.allocation)} ({bad} out), {pool.least} "
+            f"needed: requeuing job {job}; the requeued job keeps {bad} out")
+        res = subprocess.run(["scontrol", "requeue", job], capture_output=True, text=True, timeout=SCONTROL_S,
+                             check=False)
+        if res.returncode == 0:
+            time.sleep(SCONTROL_S)  # Slurm ends this batch script now; it never gets here in a healthy cluster
+        say(f"ddpkit heal: scontrol requeue {job} failed: {(res.stderr or res.stdout).strip()}")
+    say(f"{head}: {len(pool.healthy)} healthy node(s) left of {len(pool.allocation)} ({bad} out), {pool.least} "
+        f"needed, and the job cannot requeue itself: stopping with exit {EXIT_NO_NODES}; resubmit with "
+        f"--exclude {bad.replace(', ', ',')}")
+    return EXIT_NO_NODES
+
+
+def _cause_first(step: StepRun) -> None:
+    """The first failing rank's traceback again, right before the last line: the cause where a person looks."""
+    if not step.tracebacks:
+        return
+    failed = step.evidence.ranks if step.evidence is not None else ()
+    first = next((r.rank for r in sorted(failed, key=lambda r: (not r.first, r.rank)) if r.rank in step.tracebacks),
+                 min(step.tracebacks))
+    say(f"ddpkit heal: the first failure, rank {first}:")
+    say(step.tracebacks[first])
+
+
+def release(pool: NodePool, run_dir: Path) -> None:
+    """Give the bad hosts back to Slurm (``scontrol update JobId=J NodeList=the rest``): the job can never use them
+    again, and a host cut off from the network no longer holds the job in COMPLETING at its end. The batch host
+    stays in the job (the supervisor runs there): it is only never used again. scontrol writes its resize scripts
+    (``slurm_job_J_resize.sh``) into the run directory."""
+    job = os.environ.get("SLURM_JOB_ID", "")
+    here = socket.gethostname().split(".")[0]
+    keep = [n for n in pool.allocation if n not in pool.bad or n == here]
+    if len(keep) == len(pool.allocation) or not job:
+        return
+    run_dir.mkdir(parents=True, exist_ok=True)
+    res = subprocess.run(["scontrol", "update", f"JobId={job}", f"NodeList={','.join(keep)}"], capture_output=True,
+                         text=True, timeout=SCONTROL_S, check=False, cwd=run_dir)
+    if res.returncode != 0:
+        say(f"ddpkit heal: could not give {', '.join(sorted(set(pool.allocation) - set(keep)))} back to Slurm: "
+            f"{(res.stderr or res.stdout).strip()}")
+        return
+
+
+def drain(host: str, reason: str) -> bool:
+    res = subprocess.run(["scontrol", "update", f"nodename={host}", "state=drain", f"reason={reason[:200]}"],
+                         capture_output=True, text=True, timeout=SCONTROL_S, check=False)
+    if res.returncode != 0:
+        say(f"ddpkit heal: could not drain {host}: {(res.stderr or res.stdout).strip()}")
+    return res.returncode == 0
+
+
+def step_port(job: int, step: int) -> int:
+    """A port of its own for each step's store (a new rank 0 never meets the last one's socket)."""
+    return 20000 + (job * 10 + step) % 10000
+
+
+def snapshot_step(program: list[str] | tuple[str, ...]) -> int | None:
+    """The newest snapshot of a ``train --snapshot-path`` program, else None (progress unknown)."""
+    words = list(program)
+    if "train" not in words:
+        return None
+    path = None
+    for i, word in enumerate(words):
+        if word == "--snapshot-path" and i + 1 < len(words):
+            path = words[i + 1]
+        elif word.startswith("--snapshot-path="):
+            path = word.split("=", 1)[1]
+    if path is None:
+        return None
+    from ddpkit.heal.supervisor import newest_snapshot_step
+
+    return newest_snapshot_step(argparse.Namespace(command="train", snapshot_path=path))
+
+
+def _hostnames(nodelist: str) -> tuple[str, ...]:
+    if not nodelist:
+        raise ConfigError("SLURM_JOB_NODELIST is empty", "the job's node list", "run inside a Slurm allocation")
+    res = subprocess.run(["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True,
+                         timeout=SCONTROL_S, check=False)
+    names = tuple(res.stdout.split())
+    if res.returncode != 0 or not names:
+        raise ConfigError(f"scontrol show hostnames {nodelist} failed: {res.stderr.strip()}", "the job's hosts",
+                          "check that scontrol works in the batch script")
+    return names
+
+
+def say(line: str) -> None:
+    print(line, flush=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,59 @@
+"""The slurm backend with ``--heal``: an sbatch script whose batch shell runs ddpkit's heal supervisor.
+
+    ddpkit submit slurm -j 2x1 --spare-nodes 1 --heal --wait -- train --epochs 40 --snapshot-path /shared/run/
+
+allocates N+K nodes (``--nodes=3``) and execs ``python -m ddpkit.heal.slurm_supervisor``, which runs each attempt
+as an ``srun`` step of one task per rank on N healthy nodes of the allocation (``ddpkit.heal.slurm_step``), takes a
+host found bad out for the rest of the job and relaunches from the newest snapshot. ``--no-kill``: a node that fails
+does not end the allocation (the supervisor goes on without it). ``--requeue`` and ``--open-mode=append``: with no
+spare left and no smaller shape allowed (``-j MIN:N``), the job requeues itself and its log goes on. No torch, no
+import of the supervisor: the script names it.
+"""
+
+from __future__ import annotations
+
+from ddpkit.jobs.interpreter import job_interpreter
+from ddpkit.jobs.shell import preamble, wrap
+from ddpkit.jobs.spec import JobSpec, python_argv
+
+__all__ = ["directives", "render"]
+
+SUPERVISOR = "ddpkit.heal.slurm_supervisor"
+
+
+def directives(spec: JobSpec) -> list[str]:
+    s = spec.shape
+    d = [f"--job-name={spec.job_name}", f"--nodes={s.max_nodes + spec.spare_nodes}",
+         f"--ntasks-per-node={s.nproc_per_node}"]
+    if spec.exclusive:
+        d.append("--exclusive")
+    d += ["--wait-all-nodes=1", "--no-kill", "--requeue", "--open-mode=append", f"--output={spec.output}"]
+    if spec.partition:
+        d.append(f"--partition={spec.partition}")
+    if spec.time:
+        d.append(f"--time={spec.time}")
+    if spec.signal:
+        d.append(f"--signal={spec.signal}")
+    if spec.exclude:
+        d.append(f"--exclude={','.join(spec.exclude)}")
+    return [f"#SBATCH {x}" for x in d]
+
+
+def render(spec: JobSpec) -> str:
+    s = spec.shape
+    python = job_interpreter(spec).path
+    supervisor = [python, "-m", SUPERVISOR, "--nodes", str(s.max_nodes), "--min-nodes", str(s.min_nodes),
+                  "--per-node", str(s.nproc_per_node), "--max-attempts", str(spec.max_attempts),
+                  "--silent-after", f"{spec.silent_after:g}", "--requeue"]
+    if spec.on_fail == "drain":
+        supervisor += ["--on-fail", "drain"]
+    if spec.run_dir:
+        supervisor += ["--run-dir", spec.run_dir]
+    lines = preamble(spec, directives(spec))
+    lines += ['echo "ddpkit: job $SLURM_JOB_ID on $SLURM_JOB_NODELIST, healed (--heal), restart '
+              '${SLURM_RESTART_COUNT:-0}"',
+              f"# ddpkit's supervisor: each attempt an srun step, one task per rank, on {s.nodes_text()} healthy "
+              f"node(s) of this allocation ({spec.spare_nodes} spare);",
+              "# a host found bad is out for the rest of the job; the ledger is in the run directory.",
+              "exec " + wrap([*supervisor, "--", *python_argv(spec, python)]), ""]
+    return "\n".join(lines)
