@@ -9,7 +9,7 @@ The step: a two-stage pipeline on gloo (rank 0 holds the first stage, rank 1 the
 makes 4 point-to-point calls a step (2 activations forward, 2 gradients back), then its optimizer step. Both
 ranks run under one installed watch, its thread running throughout. A watched step calls ``torch.distributed``'s
 functions, wrapped; an unwatched one calls torch's own (``_ddpkit_original`` on each wrapper) as if nested in a
-watched call (``hooks._inside.depth``), so the ``isend`` and ``Work.wait`` that torch's ``send`` makes inside pass
+watched call (``hooks.inside().depth``), so the ``isend`` and ``Work.wait`` that torch's ``send`` makes inside pass
 through the watch as they do in a watched step. (Taking the patches off and putting them back between steps was
 tried: each change of ``torch.distributed``'s module and of ``Work``'s class slowed the next step by about 60 us of
 CPU, more than the watch itself.)
@@ -99,21 +99,23 @@ def main() -> None:
             return op(*args, **kwargs)
         return call
 
+    inside = hooks.inside()  # this thread's place in the watched calls
+
     def step() -> tuple[int, int]:
         if args.spin_us is None:
             return run(*watched_ops)
-        hooks._inside.depth = True
+        inside.depth = True
         try:
             return run(*[spun(op, args.spin_us * 1e3) for op in torch_ops])
         finally:
-            hooks._inside.depth = False
+            inside.depth = False
 
     def unwatched() -> tuple[int, int]:
-        hooks._inside.depth = True  # as inside a watched call: torch's nested isend and wait pass through
+        inside.depth = True  # as inside a watched call: torch's nested isend and wait pass through
         try:
             return run(*torch_ops)
         finally:
-            hooks._inside.depth = False
+            inside.depth = False
 
     rec = session.recorder
     assert rec is not None

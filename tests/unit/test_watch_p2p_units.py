@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 from ddpkit.watch.diagnose import diagnose_hang, p2p_lines
@@ -60,14 +61,17 @@ def test_point_to_point_calls_are_numbered_per_peer_and_kept_out_of_the_groups_c
     rec = Recorder(1, 2)
     group = _Group()
     rec._group = rec.world = group
-    assert rec.p2p_post("recv", (("recv", 0),), "a.py:1 (f)")[4] == 1
-    about = rec.p2p_post("recv", (("recv", 0),), "a.py:2 (f)")
-    assert about[4] == 2 and rec.p2p_post("send", (("send", 0),), "a.py:3 (f)")[4] == 1
+    here = sys._getframe(0)
+    assert rec.p2p_post("recv", (("recv", 0),), here)[2] == 1
+    about = rec.p2p_post("recv", (("recv", 0),), here)
+    line = here.f_lineno - 1
+    assert about[2] == 2 and rec.p2p_post("send", (("send", 0),), here)[2] == 1
     group.seq = 3  # gloo counts each point-to-point operation as one of the group's collectives
     rec.p2p_learn(3, 3)
     call = rec.p2p_block(about)
     record = rec.record(1)
     assert record["waiting"]["op"] == "recv" and record["waiting"]["seq"] == 2
+    assert record["waiting"]["site"] == f"test_watch_p2p_units.py:{line} ({here.f_code.co_name})"
     assert record["waiting"]["peers"] == [["recv", 0]] and record["entered"] == 0
     assert record["group_seq"] == 0  # the ranks' collective counts stay comparable
     assert record["p2p"] == {"send": {"0": 1}, "recv": {"0": 2}}
@@ -75,3 +79,62 @@ def test_point_to_point_calls_are_numbered_per_peer_and_kept_out_of_the_groups_c
     rec.p2p_done(call)
     after = rec.record(2)
     assert after["waiting"] is None and after["completed"] == before + 1  # progress the monitor sees
+    rec.p2p_post("send", (("send", 0),), here)
+    group.seq = 4
+    assert rec.record(3)["group_seq"] == 0  # each later operation is taken out of the group's count as posted
+
+
+class _Work:
+    def wait(self, timeout: Any = None) -> bool:
+        return True
+
+
+def test_the_per_call_wrappers_name_each_call_at_the_users_line_and_pass_nested_calls_through() -> None:
+    """torch's signatures (faked: no process group): a blocked recv is seen with its peer, number and the line that
+    called it; a wait on an irecv's request is a wait in that irecv, named at the irecv's line; torch's own nested
+    calls (the isend inside send) are not counted twice."""
+    from ddpkit.watch import p2p
+    from ddpkit.watch.recorder import Live
+
+    live, rec, group, seen = Live(), Recorder(1, 2), _Group(), []
+    rec.world = group
+    live.recorder = rec
+
+    def isend(tensor: Any, dst: Any = None, group: Any = None, tag: int = 0, group_dst: Any = None) -> Any:
+        return _Work()
+
+    def irecv(tensor: Any, src: Any = None, group: Any = None, tag: int = 0, group_src: Any = None) -> Any:
+        return _Work()
+
+    def send(tensor: Any, dst: Any = None, group: Any = None, tag: int = 0, group_dst: Any = None) -> None:
+        wrapped["isend"](tensor, dst=dst).wait()
+
+    def recv(tensor: Any, src: Any = None, group: Any = None, tag: int = 0, group_src: Any = None) -> Any:
+        seen.append(rec.record(len(seen))["waiting"])  # the monitor's view while the call blocks
+        return src
+
+    def waited(work: Any, timeout: Any = None) -> bool:
+        seen.append(rec.record(len(seen))["waiting"])
+        return True
+
+    wrapped = {name: p2p.point_to_point(live, name, fn)
+               for name, fn in {"send": send, "isend": isend, "recv": recv, "irecv": irecv}.items()}
+    assert all(w.__code__.co_filename.startswith(p2p._HERE) for w in wrapped.values())  # the per-call path
+    wait = p2p.wait(live, waited)
+    here = sys._getframe(0)
+    rec.p2p_learn(1, 1)  # the group's count per operation, learned on a first call
+    wrapped["recv"](None, src=0)
+    recv_line = here.f_lineno - 1
+    wrapped["recv"](None, 0)
+    request = wrapped["irecv"](None, src=0)
+    irecv_line = here.f_lineno - 1
+    wait(request)
+    wrapped["send"](None, dst=0)
+    name = here.f_code.co_name
+    assert seen[0] == {"seq": 1, "op": "recv", "bytes": None, "site": f"test_watch_p2p_units.py:{recv_line} ({name})",
+                       "for": seen[0]["for"], "peers": [["recv", 0]]}
+    assert seen[1]["seq"] == 2 and seen[1]["site"] == f"test_watch_p2p_units.py:{recv_line + 2} ({name})"
+    assert seen[2]["op"] == "irecv" and seen[2]["seq"] == 3 and \
+        seen[2]["site"] == f"test_watch_p2p_units.py:{irecv_line} ({name})"
+    assert rec.p2p_posted == {"send": {0: 1}, "recv": {0: 3}}  # send's inner isend and wait pass through
+    assert rec.record(9)["waiting"] is None and rec.p2p_returned == 5 and not rec.requests

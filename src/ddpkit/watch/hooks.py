@@ -13,10 +13,7 @@
   way, unwrapped: it names its counter, issues its collectives through the originals (``_ddpkit_original`` on each
   wrapper), and counts the calls that bypass the group (MPI) itself. The forward wrapper marks a step either way.
 - Point-to-point calls (``send``, ``recv``, ``isend``, ``irecv``, ``batch_isend_irecv``) on the default group are
-  wrapped the same way, numbered apart (``Recorder.p2p_post``), with their peers. A blocking one is open while it
-  runs; an async one's request (a ``Work``: gloo's has no Future) is remembered, and ``Work.wait`` (patched on the
-  class) opens the call again while the rank waits on it. ``send`` and ``recv`` are ``isend`` / ``irecv`` and a
-  ``wait`` inside torch: the inner calls pass through, as a collective nested in another does.
+  wrapped too (``watch/p2p.py``), numbered apart, with their peers, and ``Work.wait`` with them.
 - ``init_process_group`` starts the watch once the group exists; ``destroy_process_group`` ends it (summary).
 """
 
@@ -29,18 +26,22 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ddpkit.watch.recorder import Live, P2PCall, Recorder, call_site
+from ddpkit.watch import p2p
+from ddpkit.watch.p2p import POINT_TO_POINT
+from ddpkit.watch.recorder import CALLERS, Caller, Live, Recorder, call_site, caller
 
-__all__ = ["COLLECTIVES", "POINT_TO_POINT", "Hooks"]
+__all__ = ["COLLECTIVES", "POINT_TO_POINT", "Hooks", "inside"]
 
 COLLECTIVES = ("all_gather", "all_gather_into_tensor", "all_gather_object", "all_gather_single", "all_reduce",
                "all_reduce_coalesced", "all_to_all", "all_to_all_single", "barrier", "broadcast",
                "broadcast_object_list", "gather", "gather_object", "monitored_barrier", "reduce", "reduce_scatter",
                "reduce_scatter_single", "reduce_scatter_tensor", "scatter", "scatter_object_list")
-#: Point-to-point calls, by the argument that names the peer (a global rank; ``group_*``: the group's, the same on
-#: the default group).
-POINT_TO_POINT = {"send": "dst", "isend": "dst", "recv": "src", "irecv": "src"}
-_inside = threading.local()
+
+
+def inside() -> Caller:
+    """This thread's place in the watched calls: ``inside().depth = True`` makes its calls pass through unwatched,
+    as calls nested in a watched one do."""
+    return caller()
 
 
 def _nbytes(value: Any) -> int | None:
@@ -90,9 +91,9 @@ class Hooks:
             for module in (dist, c10d):
                 if getattr(module, name, None) is original:
                     self._set(module, name, wrapped)
-        for name, peer in POINT_TO_POINT.items():
+        for name in POINT_TO_POINT:
             original = getattr(c10d, name)
-            wrapped = self._point_to_point(name, peer, original)
+            wrapped = p2p.point_to_point(self.live, name, original)
             self._p2p_wrapper[original] = wrapped
             for module in (dist, c10d):
                 if getattr(module, name, None) is original:
@@ -100,12 +101,12 @@ class Hooks:
         batch = c10d.batch_isend_irecv
         for module in (dist, c10d):
             if getattr(module, "batch_isend_irecv", None) is batch:
-                self._set(module, "batch_isend_irecv", self._batch(batch))
+                self._set(module, "batch_isend_irecv", p2p.batch(self.live, self._p2p_wrapper, batch))
         check = getattr(c10d, "_check_op", None)
         if check is not None:  # a P2POp built from torch's isend taken before the watch began: still valid
             wrapper = self._p2p_wrapper
             self._set(c10d, "_check_op", functools.wraps(check)(lambda op: check(wrapper.get(op, op))))
-        self._set(c10d.Work, "wait", self._wait(c10d.Work.wait))
+        self._set(c10d.Work, "wait", p2p.wait(self.live, c10d.Work.wait))
         init, destroy = c10d.init_process_group, c10d.destroy_process_group
         for module in (dist, c10d):
             self._set(module, "init_process_group", self._init(init))
@@ -145,12 +146,15 @@ class Hooks:
     # -- torch.distributed collectives ------------------------------------------------------------------------
     def _collective(self, name: str, original: Callable[..., Any]) -> Callable[..., Any]:
         group_at, async_at = _position(original, "group"), _position(original, "async_op")
-        live = self.live
+        live, callers, thread_id = self.live, CALLERS, threading.get_ident
 
         @functools.wraps(original)
         def collective(*args: Any, **kwargs: Any) -> Any:
             rec = live.recorder
-            if rec is None or getattr(_inside, "depth", False):
+            if rec is None:
+                return original(*args, **kwargs)
+            state = callers.get(thread_id()) or caller()
+            if state.depth:
                 return original(*args, **kwargs)
             group = kwargs.get("group", args[group_at] if group_at is not None and len(args) > group_at else None)
             if group is not None:
@@ -162,14 +166,14 @@ class Hooks:
                                   else False)
             call = rec.enter((name, _nbytes(args[0] if args else next(iter(kwargs.values()), None)),
                               call_site(rec.skip)))
-            _inside.depth = True
+            state.depth = True
             try:
                 out = original(*args, **kwargs)
             except BaseException as exc:
                 rec.fail(call, exc)
                 raise
             finally:
-                _inside.depth = False
+                state.depth = False
             if is_async and out is not None:
                 try:
                     call[2] = out.get_future()  # completed when it is done, seen at the next step or heartbeat
@@ -181,86 +185,6 @@ class Hooks:
 
         collective._ddpkit_original = original  # type: ignore[attr-defined]  # for a hook that counts itself
         return collective
-
-    # -- point-to-point ---------------------------------------------------------------------------------------------
-    def _point_to_point(self, name: str, peer_arg: str, original: Callable[..., Any]) -> Callable[..., Any]:
-        group_at, peer_at = _position(original, "group"), _position(original, peer_arg)
-        direction, group_peer = "send" if peer_arg == "dst" else "recv", f"group_{peer_arg}"
-        blocking = name in ("send", "recv")
-        live = self.live
-
-        @functools.wraps(original)
-        def point_to_point(*args: Any, **kwargs: Any) -> Any:
-            rec = live.recorder
-            if rec is None or getattr(_inside, "depth", False):
-                return original(*args, **kwargs)
-            group = kwargs.get("group", args[group_at] if group_at is not None and len(args) > group_at else None)
-            if group is not None and group is not (rec.world or _world(rec)):
-                return original(*args, **kwargs)  # a sub-group's calls pass unwatched, as its collectives do
-            peer = kwargs.get(peer_arg, args[peer_at] if peer_at is not None and len(args) > peer_at else None)
-            if peer is None:
-                peer = kwargs.get(group_peer)
-            about = rec.p2p_post(name, ((direction, peer),), rec.site())
-            out = _issue(rec, about, 1, blocking, original, args, kwargs)
-            if not blocking and out is not None:
-                rec.requests[id(out)] = (out, about)
-            return out
-
-        point_to_point._ddpkit_original = original  # type: ignore[attr-defined]
-        return point_to_point
-
-    def _batch(self, original: Callable[..., Any]) -> Callable[..., Any]:
-        live, wrapper = self.live, self._p2p_wrapper
-
-        @functools.wraps(original)
-        def batch_isend_irecv(p2p_op_list: Any) -> Any:
-            for op in p2p_op_list if isinstance(p2p_op_list, list) else ():
-                known: Any = getattr(op, "op", None)
-                if known in wrapper:  # torch tells a send from a receive by identity with its isend: the watch's now
-                    op.op = wrapper[known]
-            rec = live.recorder
-            if rec is None or getattr(_inside, "depth", False) or not isinstance(p2p_op_list, list) \
-                    or not p2p_op_list:
-                return original(p2p_op_list)
-            group = getattr(p2p_op_list[0], "group", None)
-            if group is not None and group is not (rec.world or _world(rec)):
-                return original(p2p_op_list)
-            peers = tuple(("send" if "send" in getattr(op.op, "__name__", "") else "recv", op.peer)
-                          for op in p2p_op_list)
-            about = rec.p2p_post("batch_isend_irecv", peers, rec.site())
-            works = _issue(rec, about, len(peers), False, original, (p2p_op_list,), {})
-            for work in works or ():
-                rec.requests[id(work)] = (work, about)
-            return works
-
-        batch_isend_irecv._ddpkit_original = original  # type: ignore[attr-defined]
-        return batch_isend_irecv
-
-    def _wait(self, original: Callable[..., Any]) -> Callable[..., Any]:
-        live = self.live
-
-        @functools.wraps(original)
-        def wait(work: Any, *args: Any, **kwargs: Any) -> Any:
-            rec = live.recorder
-            if rec is None or not rec.requests or getattr(_inside, "depth", False):
-                return original(work, *args, **kwargs)
-            known = rec.requests.pop(id(work), None)
-            if known is None:  # a collective's request, or one waited for already
-                return original(work, *args, **kwargs)
-            about = known[1]
-            call = rec.p2p_block(about)
-            _inside.depth = True
-            try:
-                out = original(work, *args, **kwargs)
-            except BaseException as exc:
-                rec.p2p_fail(call, about, exc)
-                raise
-            finally:
-                _inside.depth = False
-            rec.p2p_done(call)
-            return out
-
-        return wait
 
     # -- DDP --------------------------------------------------------------------------------------------------
     def _wrap_hook(self, hook: Callable[[Any, Any], Any]) -> Callable[[Any, Any], Any]:
@@ -281,14 +205,15 @@ class Hooks:
                 about = known[index] = (f"DDP gradient all-reduce (bucket {index})",
                                         buffer.numel() * buffer.element_size(), call_site(rec.skip))
             call = rec.enter(about, True)
-            _inside.depth = True
+            inside = caller()
+            inside.depth = True
             try:
                 fut = hook(state, bucket)
             except BaseException as exc:
                 rec.fail(call, exc)
                 raise
             finally:
-                _inside.depth = False
+                inside.depth = False
             # completed when the Future is done (at once for a transport that completes in the hook, MPI), seen at
             # the next step or heartbeat, or when an exception leaves the user's code (``note_exception``)
             call[2] = fut
@@ -349,41 +274,6 @@ class Hooks:
             return original(model, *args, **kwargs)
 
         return forward
-
-
-def _world(rec: Recorder) -> Any:
-    """The default group (``GroupMember.WORLD`` is a property that looks it up: kept on the recorder, which lives
-    as long as the group)."""
-    import torch.distributed as dist
-
-    rec.world = dist.GroupMember.WORLD
-    return rec.world
-
-
-def _issue(rec: Recorder, about: P2PCall, ops: int, blocking: bool, original: Callable[..., Any],
-           args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    """Post a point-to-point call of ``ops`` operations through ``original``, open while it runs when
-    ``blocking``. The default group counts each operation as a collective on gloo (none on NCCL): how many is
-    measured on the first call, and the count is taken out of the group's from then on, before the call (a blocking
-    call counts as soon as it is posted)."""
-    per_op = rec.p2p_per_op
-    if per_op is None:
-        counted = rec.p2p_first_base = (rec.world or _world(rec))._get_sequence_number_for_group()
-    else:
-        rec.p2p_in_group += per_op * ops
-    call = rec.p2p_block(about) if blocking else None
-    _inside.depth = True
-    try:
-        out = original(*args, **kwargs)
-    except BaseException as exc:
-        rec.p2p_fail(call, about, exc)
-        raise
-    finally:
-        _inside.depth = False
-        if per_op is None:
-            rec.p2p_learn(ops, rec.world._get_sequence_number_for_group() - counted)
-    rec.p2p_done(call)
-    return out
 
 
 def _watch_hookless(model: Any, rec: Recorder) -> None:

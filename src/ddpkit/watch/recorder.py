@@ -27,12 +27,15 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["Live", "P2PCall", "Peers", "Recorder", "call_site", "future_error"]
+__all__ = ["CALLERS", "Caller", "Live", "P2PCall", "Peers", "Recorder", "call_site", "caller", "future_error"]
 
 #: A point-to-point call's ends: (``send`` or ``recv``, the peer's global rank, None for any source) per operation.
 Peers = tuple[tuple[str, int | None], ...]
-#: A posted point-to-point call: op, bytes, call site, peers, its number (per peer and direction; a batch's: by batch).
-P2PCall = tuple[str, int | None, str, Peers, int]
+#: A posted point-to-point call: op, peers, its number (per peer and direction; a batch's: by batch), and where it
+#: was called: the caller's code object and instruction offset (None, 0: no Python caller), made a ``file:line
+#: (function)`` text only when a record shows the call (``site_text``): formatting it on every call cost more than
+#: the rest of the call's record.
+P2PCall = tuple[str, Peers, int, Any, int]
 
 #: Steps kept for the timings (median, p99, wait share).
 WINDOW = 256
@@ -85,6 +88,35 @@ class Live:
         self.recorder: Recorder | None = None
 
 
+class Caller:
+    """One thread on the watch's per-call path: whether it is inside a watched call (``depth``: one nested in it,
+    the ``isend`` in torch's ``send``, passes through), and the point-to-point call it blocks in (``call``, None: none),
+    since when, and its caller's frame (suspended in the call while it blocks: the call site is read from it only when
+    a record shows the call). Plain slots, not a ``threading.local``, whose attribute reads and writes cost a
+    point-to-point call more than its whole record."""
+
+    __slots__ = ("call", "depth", "frame", "since")
+
+    def __init__(self) -> None:
+        self.depth = False
+        self.call: P2PCall | None = None
+        self.since = 0.0
+        self.frame: Any = None
+
+
+#: Every thread's Caller, by thread id (a thread's own entry is written by that thread only).
+CALLERS: dict[int, Caller] = {}
+
+
+def caller() -> Caller:
+    """This thread's Caller (``CALLERS.get(threading.get_ident()) or caller()`` on the per-call path)."""
+    ident = threading.get_ident()
+    state = CALLERS.get(ident)
+    if state is None:
+        state = CALLERS[ident] = Caller()
+    return state
+
+
 class Recorder:
     """This rank's progress. ``enter`` / ``complete`` around every collective, ``step`` at each DDP forward,
     ``phase_begin`` / ``phase_end`` around marked phases; ``record()`` is what the monitor publishes."""
@@ -123,25 +155,25 @@ class Recorder:
         self._sample_end = 0
         self._rate = DDP_SAMPLE_RATE  # DDP's sample rate now
         self._read_at = 0  # the step at which DDP's statistic was last read
-        # point-to-point: the calls this rank blocks in (id -> [about, since], about = (op, bytes, site, peers, seq));
-        # the calls posted per direction and peer; how many returned (the monitor's progress); how many of them the
-        # default group counted as collectives (gloo counts each)
-        self._p2p_open: dict[int, list[Any]] = {}
+        # point-to-point (the per-call path: ``hooks._point_to_point`` writes these fields itself, no method call;
+        # the call a thread blocks in is its ``Caller``'s): the calls posted per direction and peer; how many
+        # returned (the monitor's progress)
         self.p2p_posted: dict[str, dict[int | None, int]] = {"send": {}, "recv": {}}
         self.p2p_batches = 0
         self.p2p_returned = 0
-        self.p2p_in_group = 0
         self.p2p_per_op: int | None = None
-        """How many collectives the default group counts per point-to-point operation (gloo: 1), from the first."""
+        """How many collectives the default group counts per point-to-point operation (gloo: 1, NCCL: 0), learned
+        on the first call; until then the per-call path leaves the calls to ``hooks._issue``."""
         self.p2p_first_base: int | None = None
         """The default group's count before the first point-to-point call, while it runs (``p2p_per_op`` unknown)."""
+        self._p2p_first: tuple[int, int] = (0, 0)  # the first call's operations and the group's count of them
         self.world: Any = None
         """The default group, once a point-to-point call looked it up."""
         self._sites: dict[tuple[str, int], str] = {}  # call site by (file, line)
         self.requests: dict[int, tuple[Any, P2PCall]] = {}
         """An async point-to-point call's request (a ``Work``; by id, as a plain dict costs the call least) -> the
         call: a wait on it is a wait in that call. Dropped once only this dict holds the request (``record``)."""
-        self._not_user = (*self.skip, "<frozen")
+        self.not_user = (*self.skip, "<frozen")
 
     def count_group(self, model: Any, counter: Any = None) -> None:
         """``model`` (DDP, no Python hook) stays on DDP's C++ all-reduce path: its all-reduces are counted by the
@@ -168,7 +200,7 @@ class Recorder:
         base = self.p2p_first_base if group is self.world else None
         issued = int(group._get_sequence_number_for_group()) if base is None else base
         issued += counter.issued if counter is not None else 0
-        return issued - self.p2p_in_group if group is self.world else issued
+        return issued - self.p2p_in_group() if group is self.world else issued
 
     def _sampled_sync(self) -> float | None:
         """The latest sampled iteration's gradient-sync time (s), once per new sample."""
@@ -224,25 +256,30 @@ class Recorder:
                     self.fail(call, error)
 
     # -- point-to-point -------------------------------------------------------------------------------------------
-    def site(self) -> str:
-        """``call_site`` for the per-call path: the first frame outside torch and the watch, formatted once per
-        line (formatting cost a point-to-point call more than the rest of its record)."""
-        frame: Any = sys._getframe(1)
-        skip = self._not_user
+    def user_frame(self, frame: Any) -> Any:
+        """The first frame from ``frame`` outwards outside torch and the watch (None: no Python caller)."""
+        skip = self.not_user
         while frame is not None and frame.f_code.co_filename.startswith(skip):
             frame = frame.f_back
-        if frame is None:
+        return frame
+
+    def site_text(self, code: Any, lasti: int) -> str:
+        """``file:line (function)`` of the instruction at ``lasti`` in ``code`` (a ``P2PCall``'s call site), made
+        when a record or a report needs it, once per line."""
+        if code is None:
             return "(no Python caller)"
-        code = frame.f_code
-        key = (code.co_filename, frame.f_lineno)  # a code object's hash is computed anew each time: not the key
+        line = next((n for start, stop, n in code.co_lines() if start <= lasti < stop), None) or code.co_firstlineno
+        key = (code.co_filename, line)
         site = self._sites.get(key)
         if site is None:
-            site = self._sites[key] = f"{os.path.basename(code.co_filename)}:{frame.f_lineno} ({code.co_name})"
+            site = self._sites[key] = f"{os.path.basename(code.co_filename)}:{line} ({code.co_name})"
         return site
 
-    def p2p_post(self, op: str, peers: Peers, site: str) -> P2PCall:
+    def p2p_post(self, op: str, peers: Peers, frame: Any) -> P2PCall:
         """A point-to-point call is posted on the default group (``peers``: (``send`` or ``recv``, global rank or
-        None for any source) per operation): what it is, numbered per peer and direction (a batch: by batches)."""
+        None for any source) per operation; ``frame``: its caller's, or any frame inside torch below it): what it
+        is, numbered per peer and direction (a batch: by batches). The cold path (a batch, the first call);
+        ``hooks._point_to_point`` does the same inline."""
         seq = 0
         for direction, peer in peers:
             posted = self.p2p_posted[direction]
@@ -250,43 +287,71 @@ class Recorder:
         if len(peers) != 1:
             self.p2p_batches += 1
             seq = self.p2p_batches
-        return (op, None, site, peers, seq)
+        frame = self.user_frame(frame)
+        return (op, peers, seq, None, 0) if frame is None else (op, peers, seq, frame.f_code, frame.f_lasti)
 
-    def p2p_block(self, about: P2PCall) -> list[Any]:
-        """This rank blocks in ``about`` (a blocking call, or a wait on an async one's request) until ``p2p_done``."""
-        call = [about, time.monotonic()]
-        self._p2p_open[id(call)] = call
-        return call
+    def p2p_block(self, about: P2PCall) -> Caller:
+        """This rank's current thread blocks in ``about`` (a blocking call, or a wait on an async one's request)
+        until ``p2p_done`` with the Caller returned."""
+        state = caller()
+        state.since = time.monotonic()
+        state.call = about
+        return state
 
     def p2p_learn(self, ops: int, counted: int) -> None:
         """The default group counted ``counted`` collectives for the first point-to-point call (``ops`` operations)."""
-        self.p2p_in_group += counted
+        self._p2p_first = (ops, counted)
         self.p2p_per_op = counted // ops
         self.p2p_first_base = None
 
-    def p2p_done(self, call: list[Any] | None) -> None:
-        """A point-to-point call returned (posted, or waited for: ``call``)."""
-        if call is not None:
-            self._p2p_open.pop(id(call), None)
+    def p2p_in_group(self) -> int:
+        """How many of the default group's collectives are point-to-point operations: the first call's count, then
+        ``p2p_per_op`` for each operation posted since (counted from the posts, not on the per-call path)."""
+        per_op = self.p2p_per_op
+        if not per_op:
+            return self._p2p_first[1]
+        ops = sum(list(self.p2p_posted["send"].values())) + sum(list(self.p2p_posted["recv"].values()))
+        first_ops, first_counted = self._p2p_first
+        return first_counted + per_op * (ops - first_ops)
+
+    def p2p_done(self, state: Caller | None) -> None:
+        """A point-to-point call returned (posted, or waited for: the Caller ``p2p_block`` gave)."""
+        if state is not None:
+            state.call = state.frame = None
         self.p2p_returned += 1
 
-    def p2p_fail(self, call: list[Any] | None, about: P2PCall, error: BaseException) -> None:
+    def p2p_fail(self, state: Caller | None, about: P2PCall, error: BaseException) -> None:
         """A point-to-point call failed (a peer gone): reported at once, as a failed collective is."""
-        if call is not None:
-            self._p2p_open.pop(id(call), None)
+        site = self.p2p_site(about, state)
+        if state is not None:
+            state.call = state.frame = None
         if self.failed is None:
-            self.failed = {"seq": about[4], "op": about[0], "site": about[2], "error": str(error).strip(),
-                           "peers": [list(p) for p in about[3]]}
+            self.failed = {"seq": about[2], "op": about[0], "site": site, "error": str(error).strip(),
+                           "peers": [list(p) for p in about[1]]}
         if self.on_failure is not None:
             self.on_failure()
 
+    def p2p_site(self, about: P2PCall, state: Caller | None) -> str:
+        """``about``'s call site: its own, or (a blocking call's) its caller's frame, suspended in the call."""
+        frame = None if about[3] is not None or state is None else state.frame
+        if frame is None:
+            return self.site_text(about[3], about[4])
+        frame = self.user_frame(frame)
+        return self.site_text(None, 0) if frame is None else self.site_text(frame.f_code, frame.f_lasti)
+
     def _p2p_waiting(self, now: float) -> dict[str, Any] | None:
-        call = min(list(self._p2p_open.values()), key=lambda c: c[1], default=None)
-        if call is None:
+        """The point-to-point call blocked in longest by any thread of this rank."""
+        longest: tuple[float, P2PCall, Caller] | None = None
+        for state in list(CALLERS.values()):
+            about, since = state.call, state.since
+            if about is not None and (longest is None or since < longest[0]):
+                longest = (since, about, state)
+        if longest is None:
             return None
-        op, nbytes, site, peers, seq = call[0]
-        return {"seq": seq, "op": op, "bytes": nbytes, "site": site, "for": round(now - call[1], 3),
-                "peers": [list(p) for p in peers]}
+        since, about, state = longest
+        op, peers, seq = about[0], about[1], about[2]
+        return {"seq": seq, "op": op, "bytes": None, "site": self.p2p_site(about, state),
+                "for": round(now - since, 3), "peers": [list(p) for p in peers]}
 
     # -- steps and phases -------------------------------------------------------------------------------------
     def step(self) -> None:
@@ -410,7 +475,7 @@ class Recorder:
             "stage": None if self.stage is None else list(self.stage),
             "final": final, "failed": self.failed is not None,
         }
-        if self.p2p_returned or self._p2p_open:
+        if self.p2p_returned or any(state.call is not None for state in list(CALLERS.values())):
             out["p2p"] = {direction: {str(peer): n for peer, n in posted.items()}
                           for direction, posted in self.p2p_posted.items()}
         out["group_seq"] = self.group_seq()

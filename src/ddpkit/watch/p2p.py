@@ -1,0 +1,234 @@
+"""Point-to-point calls (``send``, ``recv``, ``isend``, ``irecv``, ``batch_isend_irecv``) on the default group, seen
+as the watch sees collectives: numbered apart (per peer and direction, ``Recorder.p2p_post``), with their peers. A
+blocking call is open while it runs; an async one's request (a ``Work``: gloo's has no Future) is remembered, and
+``Work.wait`` (patched on the class) opens the call again while the rank waits on it. ``send`` and ``recv`` are
+``isend`` / ``irecv`` and a ``wait`` inside torch: the inner calls pass through, as a collective nested in another
+does (``Caller.depth``).
+
+A pipeline makes a few of these calls in every step, each a few microseconds of Python at most, so the per-call path
+is written for its cost (benchmarks/results/bench_watch.md: it was 4% of a 2.6 ms step): one function per call with
+torch's own parameters (packing and unpacking ``*args, **kwargs`` cost a call about as much as its record), no
+method call, one tuple for its record, no text (a blocking call's site is read from its caller's frame, suspended in
+the call, and an async one's kept as code object and instruction offset, made ``file:line (function)`` only when a
+record shows the call), the thread's state in plain slots (``Caller``: a ``threading.local`` cost more than the
+record). The first call on the group (which learns how the group counts them), a sub-group's call, a batch, a
+failure, and a torch whose signatures differ take the general path (``general``, ``issue``).
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import linecache
+import os
+import sys
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from ddpkit.watch.recorder import CALLERS, Live, P2PCall, Recorder, caller
+
+__all__ = ["POINT_TO_POINT", "batch", "general", "issue", "point_to_point", "wait", "world"]
+
+#: Point-to-point calls, by the argument that names the peer (a global rank; ``group_*``: the group's, the same on
+#: the default group).
+POINT_TO_POINT = {"send": "dst", "isend": "dst", "recv": "src", "irecv": "src"}
+
+_HERE = os.path.dirname(__file__)  # as recorder.py names the watch's folder
+#: The per-call wrapper, for torch's own signature ``(tensor, dst | src, group, tag, group_dst | group_src)``.
+_PER_CALL = '''\
+def {name}(tensor, {peer}=None, group=None, tag=0, group_{peer}=None):
+    rec = live.recorder
+    if rec is None:
+        return original(tensor, {peer}, group, tag, group_{peer})
+    state = callers.get(thread_id()) or caller()
+    if state.depth:
+        return original(tensor, {peer}, group, tag, group_{peer})
+    if group is not None and group is not (rec.world or world(rec)) or rec.p2p_per_op is None:
+        return general(tensor, {peer}, group, tag, group_{peer})
+    peer = {peer} if {peer} is not None else group_{peer}
+    posted = rec.p2p_posted[direction]
+    seq = posted[peer] = posted.get(peer, 0) + 1
+    if blocking:  # its site is read from the caller's frame while it blocks, if a record shows the call
+        state.frame = getframe(1)
+        state.since = monotonic()
+        state.call = about = (name, ((direction, peer),), seq, None, 0)
+    else:  # its request may be waited for elsewhere: the site now, as code object and offset
+        frame = getframe(1)
+        if frame.f_code.co_filename.startswith(rec.not_user):
+            frame = rec.user_frame(frame)
+        about = (name, ((direction, peer),), seq, None, 0) if frame is None else \\
+            (name, ((direction, peer),), seq, frame.f_code, frame.f_lasti)
+    state.depth = True
+    try:
+        out = original(tensor, {peer}, group, tag, group_{peer})
+    except BaseException as exc:
+        rec.p2p_fail(state if blocking else None, about, exc)
+        raise
+    finally:
+        state.depth = False
+    if blocking:
+        state.call = state.frame = None
+    elif out is not None:
+        rec.requests[id(out)] = (out, about)
+    rec.p2p_returned += 1
+    return out
+'''
+
+
+def point_to_point(live: Live, name: str, original: Callable[..., Any]) -> Callable[..., Any]:
+    """The watch's ``name`` (``send``, ``isend``, ``recv`` or ``irecv``) around torch's ``original``."""
+    peer_arg = POINT_TO_POINT[name]
+    slow = general(live, name, original)
+    try:
+        params = inspect.signature(original).parameters
+    except (TypeError, ValueError):
+        return slow
+    expected = {"tensor": inspect.Parameter.empty, peer_arg: None, "group": None, "tag": 0, f"group_{peer_arg}": None}
+    if {p.name: p.default for p in params.values()} != expected or list(params) != list(expected) or \
+            any(p.kind is not inspect.Parameter.POSITIONAL_OR_KEYWORD for p in params.values()):
+        return slow
+    namespace: dict[str, Any] = {
+        "live": live, "original": original, "general": slow, "callers": CALLERS, "caller": caller,
+        "thread_id": threading.get_ident, "getframe": sys._getframe, "monotonic": time.monotonic, "world": world,
+        "name": name, "direction": "send" if peer_arg == "dst" else "recv", "blocking": name in ("send", "recv")}
+    # its file is named in the watch's folder, whose frames a call site skips; its lines show in a traceback
+    source, filename = _PER_CALL.format(name=name, peer=peer_arg), os.path.join(_HERE, f"p2p.py ({name}, generated)")
+    linecache.cache[filename] = (len(source), None, source.splitlines(keepends=True), filename)
+    exec(compile(source, filename, "exec"), namespace)  # a fixed template with torch's names
+    fast: Callable[..., Any] = functools.wraps(original)(namespace[name])
+    fast._ddpkit_original = original  # type: ignore[attr-defined]
+    return fast
+
+
+def general(live: Live, name: str, original: Callable[..., Any]) -> Callable[..., Any]:
+    """``point_to_point``'s general path, for any signature of ``original``."""
+    group_at, peer_at = _position(original, "group"), _position(original, POINT_TO_POINT[name])
+    peer_arg = POINT_TO_POINT[name]
+    direction, group_peer = "send" if peer_arg == "dst" else "recv", f"group_{peer_arg}"
+    blocking = name in ("send", "recv")
+
+    @functools.wraps(original)
+    def point_to_point(*args: Any, **kwargs: Any) -> Any:
+        rec = live.recorder
+        if rec is None or caller().depth:
+            return original(*args, **kwargs)
+        group = kwargs.get("group", args[group_at] if group_at is not None and len(args) > group_at else None)
+        if group is not None and group is not (rec.world or world(rec)):
+            return original(*args, **kwargs)  # a sub-group's calls pass unwatched, as its collectives do
+        peer = kwargs.get(peer_arg, args[peer_at] if peer_at is not None and len(args) > peer_at else None)
+        if peer is None:
+            peer = kwargs.get(group_peer)
+        about = rec.p2p_post(name, ((direction, peer),), sys._getframe(1))
+        out = issue(rec, about, 1, blocking, original, args, kwargs)
+        if not blocking and out is not None:
+            rec.requests[id(out)] = (out, about)
+        return out
+
+    point_to_point._ddpkit_original = original  # type: ignore[attr-defined]
+    return point_to_point
+
+
+def batch(live: Live, wrappers: dict[Callable[..., Any], Callable[..., Any]],
+          original: Callable[..., Any]) -> Callable[..., Any]:
+    """The watch's ``batch_isend_irecv`` (``wrappers``: torch's ``isend`` and ``irecv`` -> the watch's)."""
+
+    @functools.wraps(original)
+    def batch_isend_irecv(p2p_op_list: Any) -> Any:
+        for op in p2p_op_list if isinstance(p2p_op_list, list) else ():
+            known: Any = getattr(op, "op", None)
+            if known in wrappers:  # torch tells a send from a receive by identity with its isend: the watch's now
+                op.op = wrappers[known]
+        rec = live.recorder
+        if rec is None or caller().depth or not isinstance(p2p_op_list, list) or not p2p_op_list:
+            return original(p2p_op_list)
+        group = getattr(p2p_op_list[0], "group", None)
+        if group is not None and group is not (rec.world or world(rec)):
+            return original(p2p_op_list)
+        peers = tuple(("send" if "send" in getattr(op.op, "__name__", "") else "recv", op.peer)
+                      for op in p2p_op_list)
+        about = rec.p2p_post("batch_isend_irecv", peers, sys._getframe(1))
+        works = issue(rec, about, len(peers), False, original, (p2p_op_list,), {})
+        for work in works or ():
+            rec.requests[id(work)] = (work, about)
+        return works
+
+    batch_isend_irecv._ddpkit_original = original  # type: ignore[attr-defined]
+    return batch_isend_irecv
+
+
+_NO_TIMEOUT = object()
+
+
+def wait(live: Live, original: Callable[..., Any]) -> Callable[..., Any]:
+    """The watch's ``Work.wait``: a wait on an async point-to-point call's request is a wait in that call."""
+    callers, monotonic, thread_id = CALLERS, time.monotonic, threading.get_ident
+
+    @functools.wraps(original)
+    def wait(work: Any, timeout: Any = _NO_TIMEOUT) -> Any:
+        rec = live.recorder
+        if rec is None or not rec.requests:
+            return original(work) if timeout is _NO_TIMEOUT else original(work, timeout)
+        state = callers.get(thread_id()) or caller()
+        known = None if state.depth else rec.requests.pop(id(work), None)
+        if known is None:  # a collective's request, one waited for already, or a wait inside a watched call
+            return original(work) if timeout is _NO_TIMEOUT else original(work, timeout)
+        state.since = monotonic()
+        state.call = about = known[1]
+        state.depth = True
+        try:
+            out = original(work) if timeout is _NO_TIMEOUT else original(work, timeout)
+        except BaseException as exc:
+            rec.p2p_fail(state, about, exc)
+            raise
+        finally:
+            state.depth = False
+        state.call = None
+        rec.p2p_returned += 1
+        return out
+
+    return wait
+
+
+def world(rec: Recorder) -> Any:
+    """The default group (``GroupMember.WORLD`` is a property that looks it up: kept on the recorder, which lives
+    as long as the group)."""
+    import torch.distributed as dist
+
+    rec.world = dist.GroupMember.WORLD
+    return rec.world
+
+
+def issue(rec: Recorder, about: P2PCall, ops: int, blocking: bool, original: Callable[..., Any],
+          args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """Post a point-to-point call of ``ops`` operations through ``original``, open while it runs when
+    ``blocking`` (the general path). The default group counts each operation as a collective on gloo (none on
+    NCCL): how many is measured on the first call, and from then on the posts are taken out of the group's count
+    (``Recorder.p2p_in_group``; a call counts as soon as it is posted)."""
+    learn = rec.p2p_per_op is None
+    if learn:
+        counted = rec.p2p_first_base = (rec.world or world(rec))._get_sequence_number_for_group()
+    state = caller()
+    if blocking:
+        rec.p2p_block(about)
+    state.depth = True
+    try:
+        out = original(*args, **kwargs)
+    except BaseException as exc:
+        rec.p2p_fail(state if blocking else None, about, exc)
+        raise
+    finally:
+        state.depth = False
+        if learn:
+            rec.p2p_learn(ops, rec.world._get_sequence_number_for_group() - counted)
+    rec.p2p_done(state if blocking else None)
+    return out
+
+
+def _position(fn: Callable[..., Any], name: str) -> int | None:
+    try:
+        params = list(inspect.signature(fn).parameters)
+    except (TypeError, ValueError):
+        return None
+    return params.index(name) if name in params else None
