@@ -18,8 +18,10 @@ from typing import Any
 
 import pytest
 
+from ddpkit.launch.kernlog import read_kernel_log
 from tests.infra.slurm_fixture import in_cluster, slurm_cluster_fixture  # noqa: F401 (the fixture)
 from tests.infra.test_jobs_slurm import VENV, _job_id
+from tests.multiproc.test_digest import memory_cgroup_fixture  # noqa: F401 (the fixture)
 
 pytestmark = [pytest.mark.infra, pytest.mark.multiproc]
 NOISE = re.compile(r"frame #\d+|c10::Error|ChildFailedError|Root Cause|<NO_OTHER_FAILURES>|torch/distributed/run\.py")
@@ -128,13 +130,16 @@ print(f"rank {rank} done", flush=True)
 """
 
 
-def test_a_script_that_raises_on_the_second_node_is_named_first(slurm_cluster: Any, tmp_path: Path) -> None:
-    """``submit slurm -j 2x1 -- script.py`` (ddpkit run under torchrun on each node): rank 1 on node2 raises; the
-    digest names it with its frame and exception, the peer's secondary error collapsed."""
+@pytest.mark.parametrize("shape", [[], ["--tasks-per-rank"]], ids=["torchrun-agents", "tasks-per-rank"])
+def test_a_script_that_raises_on_the_second_node_is_named_first(slurm_cluster: Any, tmp_path: Path,
+                                                                shape: list[str]) -> None:
+    """``submit slurm -j 2x1 -- script.py`` (ddpkit run under torchrun on each node, or one srun task per rank):
+    rank 1 on node2 raises; the digest names it with its frame and exception, the peer's secondary error
+    collapsed."""
     script = tmp_path / "keyerror.py"
     script.write_text(KEYERROR)
-    res = in_cluster(slurm_cluster, "submit", "slurm", "--wait", "-j", "2x1", "--venv", VENV, "--", str(script),
-                     cwd=tmp_path)
+    res = in_cluster(slurm_cluster, "submit", "slurm", "--wait", "-j", "2x1", *shape, "--venv", VENV, "--",
+                     str(script), cwd=tmp_path)
     assert res.returncode != 0, res.stdout + res.stderr
     out = _output(tmp_path, _job_id(res))
     lines = out.splitlines()
@@ -144,3 +149,36 @@ def test_a_script_that_raises_on_the_second_node_is_named_first(slurm_cluster: A
                                             '      raise KeyError("batch")', "    KeyError: 'batch'"], out
     assert not NOISE.search(out) and out.count("Traceback (most recent call last)") <= 1, out
     assert len(lines) <= 40, out
+    assert "by the agent" not in out or not shape, out  # one task per rank: srun ended rank 0, no agent
+
+
+OOM = """
+import os
+import torch.distributed as dist
+
+rank = int(os.environ["RANK"])
+dist.init_process_group("gloo")
+if rank == 0:  # on node1, where the batch script runs: into a 64 MiB memory cgroup, then past it
+    with open(os.path.join(os.environ["OOM_CGROUP"], "cgroup.procs"), "w") as f:
+        f.write(str(os.getpid()))
+    hog = [bytearray(1 << 20) for _ in range(400)]
+dist.barrier()
+"""
+
+
+def test_a_rank_the_oom_killer_ended_gets_the_kernels_line(slurm_cluster: Any, tmp_path: Path,
+                                                           memory_cgroup: Path) -> None:
+    """Issue 39 item 5 in a Slurm job: rank 0 on node1 is OOM-killed (SIGKILL); the digest names it first with the
+    kernel's line for its pid (the batch script runs on node1 and reads the kernel log there)."""
+    if read_kernel_log() is None:
+        pytest.skip("the kernel log cannot be read here")
+    script = tmp_path / "oom.py"
+    script.write_text(OOM)
+    res = in_cluster(slurm_cluster, "submit", "slurm", "--wait", "-j", "2x1", "--venv", VENV, "--env",
+                     f"OOM_CGROUP={memory_cgroup}", "--", str(script), cwd=tmp_path)
+    assert res.returncode != 0, res.stdout + res.stderr
+    out = _output(tmp_path, _job_id(res))
+    lines = out.splitlines()
+    digest = next(i for i, line in enumerate(lines) if line.startswith("ddpkit: the job step failed"))
+    assert "rank 0 on host node1 was killed by SIGKILL" in lines[digest], out
+    assert re.match(r"    the kernel: Memory cgroup out of memory: Killed process \d+ \(", lines[digest + 1]), out

@@ -87,8 +87,8 @@ dist.barrier()
 """
 
 
-@pytest.fixture
-def memory_cgroup() -> Iterator[Path]:
+@pytest.fixture(name="memory_cgroup")
+def memory_cgroup_fixture() -> Iterator[Path]:
     """A cgroup v1 memory group of 64 MiB (root, the memory controller mounted), removed after the test."""
     base = Path("/sys/fs/cgroup/memory")
     if os.geteuid() != 0 or not (base / "cgroup.procs").exists():

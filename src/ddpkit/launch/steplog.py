@@ -26,6 +26,7 @@ import os
 import queue
 import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -39,6 +40,7 @@ from ddpkit.base.errors import EXIT_MISSING, ConfigError
 from ddpkit.launch.digest import CHAINED as _CHAINED
 from ddpkit.launch.digest import TRACEBACK, WATCH, RankEnd, cause, is_noise, rank_list, said, short
 from ddpkit.launch.failure import failure_order
+from ddpkit.launch.kernlog import oom_line_for
 
 __all__ = ["StepScreen", "add_arguments", "full_log_path", "run"]
 
@@ -51,7 +53,10 @@ _CXX = re.compile(r"^(?:\[rank\d+\]:)?\[[IWEF]\d{4} [\d:.]+ [^\]]+\]\s*(.*)$")
 #: torch's Python loggers as torchrun configures them: "E1126 13:20:37.738000 2658 torch/.../api.py:1002] ..."
 _TORCH_LOG = re.compile(r"^[IWEF]\d{4} [\d:.]+ \d+ \S+\] (.*)$")
 _FAILED = re.compile(r"failed \(exitcode: (-?\d+)\) local_rank: (\d+) \(pid: (\d+)\)")
-_SRUN_EXIT = re.compile(r"^srun: error: (\S+): tasks? ([\d,\-]+): (?:Exited with exit code (\d+)|Killed|(.+))")
+_SRUN_EXIT = re.compile(r"^srun: error: (\S+): tasks? ([\d,\-]+): (?:Exited with exit code (\d+)|(.+))$")
+#: how srun says a task died of a signal (its words are strsignal's)
+_SRUN_SIGNALS = {"Killed": signal.SIGKILL, "Aborted": signal.SIGABRT, "Segmentation fault": signal.SIGSEGV,
+                 "Terminated": signal.SIGTERM, "Bus error": signal.SIGBUS}
 _PREFIX = re.compile(r"^\[([^\]:\s]+):(\d+)\] ")
 _RANK_ON_HOST = re.compile(r"\brank (\d+) on (?:host )?([\w.\-]+)")
 _BOX_FIELD = re.compile(r"^\s*(time|host|rank|exitcode)\s*: (.*)$")
@@ -71,12 +76,16 @@ class Failure:
     exitcode: int
     pid: int | None = None
     timestamp: str = ""
+    """torchrun's, to the second; "" from srun's lines."""
+    seq: int = 0
+    """The order its line arrived in: srun reports a task's end as it happens."""
 
 
 @dataclass
 class _Task:
     stderr: deque[str] = field(default_factory=lambda: deque(maxlen=TAIL_LINES))
     ranks: dict[int, str] = field(default_factory=dict)  # rank -> host, from its [host:rank] lines
+    ended_seq: int = 0
     host: str | None = None
     exitcode: int | None = None
     quiet_block: bool = False
@@ -99,10 +108,13 @@ class StepScreen:
         self._held: deque[str] = deque(maxlen=HELD_MAX)
         self._kinds: set[str] = set()
         self._errors: set[str] = set()
+        self._started = time.monotonic()
+        self._seq = 0
 
     # -- lines in --------------------------------------------------------------------------------------------
     def take(self, line: str, *, to_stderr: bool, now: float | None = None) -> None:
         """One whole line srun wrote (labelled ``T: ...`` with ``--label``; unlabelled lines are srun's own)."""
+        self._seq += 1
         found = _LABEL.match(line)
         number, text = (int(found[1]), found[2]) if found else (-1, line)
         task = self.tasks.setdefault(number, _Task())
@@ -165,14 +177,16 @@ class StepScreen:
                 self._failing = True
                 if not any(f.pid == int(failed[3]) for f in self.failures):
                     self.failures.append(Failure(rank=None, host=task.host, exitcode=int(failed[1]),
-                                                 pid=int(failed[3])))
+                                                 pid=int(failed[3]), seq=self._seq))
         srun = _SRUN_EXIT.match(text) if number < 0 else None
         if srun:
             self._failing = True
             for t in _numbers(srun[2]):
                 other = self.tasks.setdefault(t, _Task())
                 other.host = srun[1]
-                other.exitcode = int(srun[3]) if srun[3] else -signal.SIGKILL if "Killed" in text else 1
+                sig = _SRUN_SIGNALS.get((srun[4] or "").strip())
+                other.exitcode = int(srun[3]) if srun[3] else -int(sig) if sig else None
+                other.ended_seq = self._seq
         if "ChildFailedError" in text:
             self._failing = True
         self._read_box(task, text)
@@ -200,7 +214,7 @@ class StepScreen:
         pid = int(code[2]) if code[2] else None
         failure = next((f for f in self.failures if pid is not None and f.pid == pid), None)
         if failure is None:
-            failure = Failure(rank=None, host=None, exitcode=int(code[1]), pid=pid)
+            failure = Failure(rank=None, host=None, exitcode=int(code[1]), pid=pid, seq=self._seq)
             self.failures.append(failure)
         failure.rank, failure.host, failure.timestamp = int(rank[1]), box.get("host"), box.get("time", "")
 
@@ -239,7 +253,9 @@ class StepScreen:
                 lines.append(f"{head}: rank {first.rank}{where} {how}: {error}")
             else:
                 lines.append(f"{head}: rank {first.rank}{where} {how}")
-                lines += [f"    {line}" for line in self._cause(first.rank)]
+                kernel = self._kernel(first)
+                lines += [f"    {line}" for line in ([f"the kernel: {kernel}"] if kernel else [])
+                          + self._cause(first.rank)]
         elif report:
             culprit = self._watch_culprit(report)
             lines.append(f"{head}; the watch found first: {culprit or report[0].removeprefix(WATCH).strip()}")
@@ -254,11 +270,13 @@ class StepScreen:
             if rank == shown_first:
                 continue
             words = said(self._end(rank), shown_first)
+            if not self._agents():  # one task per rank: srun ends the others (--kill-on-bad-exit), no agent
+                words = words.replace("by the agent", "by srun")
             error = self._usage_error(rank)
             if error and error not in words:
                 words = f"{words}: {error}"
-            if named and rank == int(named[1]):
-                words = f"the rank the watch named; it said last: {words}"
+            if named and rank == int(named[1]):  # its words after the report are about the job's end, not why
+                words = "the rank the watch named (what it said as the step ended: in the full output)"
             groups.setdefault(words, []).append(rank)
         lines += [f"  {rank_list(r)} ({_hosts(ranks, r)}): {words}" for words, r in groups.items()]
         lines += [f"  {text}" for text in report if text.strip() != culprit]
@@ -283,14 +301,15 @@ class StepScreen:
 
     def _first_failure(self) -> Failure | None:
         """The rank that failed first, never one ddpkit stopped (exit 3: the watch's report says why)."""
-        own = [f for f in self.failures if f.rank is not None and f.exitcode != EXIT_MISSING]
-        if not own and not self._agents():
-            own = [Failure(rank=n, host=t.host, exitcode=t.exitcode) for n, t in self.tasks.items()
-                   if (n >= 0 and t.exitcode and not t.ranks) or (n >= 0 and t.exitcode and len(t.ranks) == 1
-                   and n in t.ranks)]
-        if not own or any(f.exitcode == EXIT_MISSING for f in self.failures):
+        failed = [f for f in self.failures if f.rank is not None]
+        if not failed and not self._agents():  # one task per rank: srun's lines say how each ended, in order
+            failed = [Failure(rank=n, host=t.host, exitcode=t.exitcode, seq=t.ended_seq)
+                      for n, t in self.tasks.items()
+                      if n >= 0 and t.exitcode and (not t.ranks or set(t.ranks) == {n})]
+        if not failed or any(f.exitcode == EXIT_MISSING for f in [*failed, *self.failures]):
             return None
-        return min(own, key=lambda f: (failure_order(f.rank or 0, f.exitcode, 0.0)[0], f.timestamp, f.rank or 0))
+        return min(failed, key=lambda f: (failure_order(f.rank or 0, f.exitcode, 0.0)[0], f.timestamp, f.seq,
+                                          f.rank or 0))
 
     @staticmethod
     def _watch_culprit(report: Sequence[str]) -> str | None:
@@ -313,6 +332,13 @@ class StepScreen:
         lines = [line for line in lines if not (_TORCH_LOG.match(line) or _CXX.match(line) or is_noise(line))]
         return "\n".join(_without_agent_tracebacks(lines))
 
+    def _kernel(self, failure: Failure) -> str | None:
+        """The OOM killer's line for a rank killed by SIGKILL on this host (the batch script's: the kernel log of
+        another node is not read), where the kernel log can be read."""
+        if failure.exitcode != -signal.SIGKILL or failure.host != socket.gethostname().split(".", 1)[0]:
+            return None
+        return oom_line_for(failure.pid, lived_s=time.monotonic() - self._started + 1)
+
     def _usage_error(self, rank: int) -> str | None:
         """The ``ddpkit: error:`` line a rank printed (its inputs refused before it started), if any."""
         found = [line for line in self._rank_stderr(rank).splitlines() if line.startswith("ddpkit: error:")]
@@ -329,7 +355,7 @@ class StepScreen:
                 and not self._agents():
             code = task.exitcode
         return RankEnd(rank=rank, exitcode=code, pid=failure.pid if failure else None,
-                       stderr=self._rank_stderr(rank))
+                       kernel=(self._kernel(failure) or "") if failure else "", stderr=self._rank_stderr(rank))
 
 
 def _first_report(lines: Sequence[str]) -> list[str]:
@@ -361,6 +387,9 @@ def _without_agent_tracebacks(lines: list[str]) -> list[str]:
         block.clear()
 
     for line in lines:
+        if _PREFIX.match(line):  # a ddpkit logger's line, written between the agent's lines by the rank
+            kept.append(line)
+            continue
         if re.fullmatch(r"={20,}", line.strip()):
             in_box = not in_box
             continue
