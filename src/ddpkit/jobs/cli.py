@@ -66,13 +66,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--wait", action="store_true", help="follow the job (squeue every 0.5 s); exit with its code")
     g.add_argument("--wait-timeout", type=seconds("--wait-timeout"), default=None, metavar="S",
                    help="give up waiting after S seconds")
-    g = p.add_argument_group("heal (slurm)")
+    g = p.add_argument_group("heal (slurm, mpi)")
     g.add_argument("--heal", action="store_true",
-                   help="a supervisor in the batch script runs each attempt as an srun step on healthy nodes of the "
-                        "allocation; a host fault takes that host out for the rest of the job and the next attempt "
+                   help="slurm: a supervisor in the batch script runs each attempt as an srun step on healthy nodes "
+                        "of the allocation; mpi: a supervisor runs each attempt as an mpirun on healthy hosts of "
+                        "--hosts; a host fault takes that host out for the rest of the job and the next attempt "
                         "starts from the newest snapshot; the program's own failure twice in a row ends with exit 93")
     g.add_argument("--spare-nodes", type=int, default=0, metavar="K",
-                   help="with --heal: allocate K nodes beyond N, taken when a host is found bad")
+                   help="with --heal: slurm allocates K nodes beyond N, taken when a host is found bad (mpi: the "
+                        "--hosts beyond N are the spares)")
     g.add_argument("--max-attempts", type=int, default=3, metavar="N",
                    help="with --heal: attempts at most in one allocation, the first included (default 3)")
     g.add_argument("--on-fail", choices=("report", "drain"), default="report",
@@ -136,7 +138,8 @@ def render(spec: JobSpec) -> str:
     """The artifact for the spec's backend (registry with lazy imports: yaml only for k8s)."""
     import importlib
 
-    module = importlib.import_module("ddpkit.jobs.slurm_heal" if spec.heal else f"ddpkit.jobs.{spec.backend}")
+    healed = spec.heal and spec.backend == "slurm"  # mpi --heal: jobs.mpi renders its supervisor's script
+    module = importlib.import_module("ddpkit.jobs.slurm_heal" if healed else f"ddpkit.jobs.{spec.backend}")
     return str(module.render(spec))
 
 

@@ -8,10 +8,16 @@ each rank runs several torch threads.
 
     ddpkit submit mpi -j 2x4 --hosts node1,node2 --dry-run -- check
     ddpkit submit mpi -j 1x2 --allow-run-as-root -- check         # runs it here, now
+    ddpkit submit mpi -j 2:2x4 --hosts node1,node2,node3 --heal -- train --snapshot-path /shared/snap.pt
+
+With ``--heal`` the script runs ``python -m ddpkit.heal.mpi`` with the same command line: each attempt is this
+module's script for N healthy hosts of ``--hosts`` (the rest are spares), a host-class failure's host is left out
+of every later attempt, and with no spare left the job shrinks down to MIN (``-j MIN:N``) or stops (exit 94).
 """
 
 from __future__ import annotations
 
+from ddpkit.jobs.interpreter import job_interpreter
 from ddpkit.jobs.shell import Raw, preamble, wrap
 from ddpkit.jobs.spec import JobSpec, python_argv
 
@@ -25,6 +31,8 @@ def master_address(spec: JobSpec) -> str:
 
 
 def render(spec: JobSpec) -> str:
+    if spec.heal:
+        return _render_heal(spec)
     s = spec.shape
     total = s.max_nodes * s.nproc_per_node
     port = str(spec.port or 29500)
@@ -56,4 +64,30 @@ def render(spec: JobSpec) -> str:
         argv += ["-genv", "MASTER_ADDR", Raw('"$MASTER_ADDR"'), "-genv", "MASTER_PORT", Raw('"$MASTER_PORT"'),
                  "-prepend-rank"]
     lines += [wrap([*argv, *python_argv(spec)]), ""]
+    return "\n".join(lines)
+
+
+def _render_heal(spec: JobSpec) -> str:
+    """The supervisor's script: ``python -m ddpkit.heal.mpi`` with this command line (less what only renders)."""
+    words, skip = [], False
+    for word in spec.argv:
+        if skip:
+            skip = False
+            continue
+        if word in ("-o", "--output-file"):
+            skip = True
+            continue
+        if word == "--dry-run" or word.startswith(("--output-file=", "-o=")):
+            continue
+        words.append(word)
+    if "submit" in words:
+        words = words[words.index("submit"):]
+    spares = len(spec.kept_hosts) - spec.shape.max_nodes
+    lines = preamble(spec)
+    lines += [f"# --heal: each attempt one mpirun on {spec.shape.max_nodes} healthy host(s) of "
+              f"{', '.join(spec.kept_hosts)} ({max(0, spares)} spare(s); down to {spec.shape.min_nodes} when none is "
+              "left);",
+              "# a host-class failure's host is left out of every later attempt (ddpkit.heal.mpi; the ledger is in "
+              "the run directory)",
+              wrap(["exec", job_interpreter(spec).path, "-m", "ddpkit.heal.mpi", *words]), ""]
     return "\n".join(lines)

@@ -356,13 +356,16 @@ def _check_combinations(spec: JobSpec) -> None:
         raise clash("the job asks for MPI (--grad-transport/--transport mpi) but each Slurm task would be a "
                     "torchrun agent, not an MPI rank", "add --tasks-per-rank: srun then starts every rank as one "
                     "MPI world (--mpi=pmix for Open MPI, --mpi=pmi2 with --mpi mpich)")
-    if spec.backend == "mpi" and spec.shape.is_elastic:
-        raise clash(f"mpi with an elastic shape {spec.shape}", "use a fixed shape such as -j 2x4")
+    if spec.backend == "mpi" and spec.shape.is_elastic and not spec.heal:
+        raise clash(f"mpi with an elastic shape {spec.shape}", "use a fixed shape such as -j 2x4 (with --heal, "
+                    "-j MIN:N runs on fewer hosts, down to MIN, once the spares are gone)")
     if spec.backend == "mpi" and spec.exclude and not spec.hosts:
         raise clash(f"--exclude-from names {', '.join(spec.exclude)} but mpi has no --hosts to remove them from",
                     "pass --hosts with the candidate hosts: the job runs on those the report did not name")
     kept = spec.kept_hosts
-    if spec.backend == "mpi" and spec.hosts and len(kept) != spec.shape.max_nodes:
+    if spec.backend == "mpi" and spec.heal:
+        _check_mpi_heal(spec, kept)
+    elif spec.backend == "mpi" and spec.hosts and len(kept) != spec.shape.max_nodes:
         left = f" ({len(kept)} left after --exclude-from)" if len(kept) != len(spec.hosts) else ""
         raise clash(f"--hosts names {len(spec.hosts)} host(s){left} but -j asks for {spec.shape.max_nodes} node(s)",
                     "one host per node")
@@ -385,9 +388,14 @@ def _check_heal(spec: JobSpec) -> None:
             raise ConfigError(f"{', '.join(given)} without --heal", "these options with --heal",
                               f"add --heal, or drop {', '.join(given)}")
         return
-    if spec.backend != "slurm":
-        raise ConfigError(f"submit {spec.backend} --heal", "submit slurm --heal (a supervisor in the batch script)",
-                          "use ddpkit submit slurm --heal, or drop --heal")
+    if spec.backend not in ("slurm", "mpi"):
+        raise ConfigError(f"submit {spec.backend} --heal", "submit slurm --heal (a supervisor in the batch script) "
+                          "or submit mpi --heal (a supervisor around mpirun); across hosts without a scheduler: "
+                          "ddpkit run|train -j MIN:MAXxP --heal on every host",
+                          "use one of those, or drop --heal")
+    if spec.backend == "mpi" and spec.on_fail == "drain":
+        raise ConfigError("submit mpi --heal --on-fail drain", "--on-fail drain under Slurm (scontrol drains a node)",
+                          "drop --on-fail drain: the mpi supervisor keeps the bad host out of its own attempts")
     if spec.spare_nodes < 0:
         raise ConfigError(f"--spare-nodes {spec.spare_nodes}", "0 or more", "pass --spare-nodes 1")
     if spec.max_attempts < 1:
@@ -405,6 +413,23 @@ def _check_heal(spec: JobSpec) -> None:
                           "in the batch script, outside the image", "drop --container-image, or drop --heal")
     if spec.run_dir is not None and (not spec.run_dir.isprintable() or not spec.run_dir.strip()):
         raise ConfigError(f"--run-dir {spec.run_dir!r}", "a path of printable text", "pass --run-dir runs/job")
+
+
+def _check_mpi_heal(spec: JobSpec, kept: tuple[str, ...]) -> None:
+    """``submit mpi --heal``: the hosts to choose from (beyond -j's N: spares), at least MIN of them."""
+    s = spec.shape
+    if not spec.hosts:
+        raise ConfigError("submit mpi --heal without --hosts", "--hosts naming the hosts to run on (more than -j's "
+                          "N: spares)", f"add --hosts with {s.max_nodes} host(s) or more")
+    if len(kept) < s.min_nodes:
+        left = f" ({len(kept)} left after --exclude-from)" if len(kept) != len(spec.hosts) else ""
+        raise ConfigError(f"--hosts names {len(spec.hosts)} host(s){left} but -j {s} needs {s.min_nodes} at least",
+                          "at least MIN hosts", "add hosts to --hosts")
+    if spec.spare_nodes and spec.spare_nodes != len(kept) - s.max_nodes:
+        raise ConfigError(f"submit mpi --spare-nodes {spec.spare_nodes} with {len(kept)} host(s) for -j {s}",
+                          "the spares of submit mpi are the --hosts beyond -j's N "
+                          f"({max(0, len(kept) - s.max_nodes)} here)",
+                          f"leave out --spare-nodes, or list {s.max_nodes + spec.spare_nodes} hosts in --hosts")
 
 
 def _check_directive_values(spec: JobSpec) -> None:

@@ -1,0 +1,255 @@
+"""``ddpkit submit mpi -j [MIN:]NxP --hosts A,B,C,... --heal -- COMMAND``: each attempt one ``mpirun`` on N healthy
+hosts of ``--hosts``; a host-class failure takes its host out for the rest of the run, and the next attempt's host
+list leaves it out (a host beyond the first N is a spare; with none left the job shrinks down to MIN, else it
+stops with exit 94 and one line saying so).
+
+``submit mpi --heal`` renders a script that runs this module (``python -m ddpkit.heal.mpi SUBMIT-ARGV``: the same
+``ddpkit submit`` command line, re-read here with ``jobs.cli``); each attempt is ``jobs.mpi``'s own script for the
+hosts it runs on, run with ``bash`` and its output echoed as it comes and kept in ``RUN_DIR/attempt-N/mpirun.log``.
+
+Evidence (Open MPI's ``--tag-output`` prefixes say which rank wrote a line; rank r runs on host ``r // P`` of the
+attempt's list, ``--map-by ppr:P:node``):
+
+- the watch's line naming a rank that stopped answering (``DDPKIT_HEAL_SILENT_S`` is forwarded to every rank:
+  a silent rank stops the job within seconds, not at the hang deadline);
+- mpirun's "process rank R ... on node H exited on signal S";
+- each rank's last traceback (the program's own failure: retried once, then 93).
+
+The classes and the policy are the one-host supervisor's (``classify``, ``policy``); the ledger is the run's
+(``RUN_DIR/ledger.jsonl``, default ``.ddpkit-runs/mpi-RUN_ID``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from ddpkit.base.errors import DdpkitError
+from ddpkit.base.shape import JobShape
+from ddpkit.goodput.records import ATTEMPT_VAR, RUN_DIR_VAR
+from ddpkit.heal.classify import (
+    Classification,
+    Evidence,
+    FailureClass,
+    RankEvidence,
+    WatchReport,
+    classify,
+    exception_line,
+)
+from ddpkit.heal.ledger import Action, AttemptEnded, AttemptStarted, Ledger, SupervisorStarted
+from ddpkit.heal.nodepool import NodePool
+from ddpkit.heal.policy import HealPolicy, Outcome, decide
+from ddpkit.process.worker_context import HEAL_SILENT_S
+
+if TYPE_CHECKING:
+    from ddpkit.jobs.spec import JobSpec
+
+__all__ = ["EXIT_NO_HOSTS", "MpiAttempt", "evidence_of", "main", "supervise"]
+
+#: Fewer healthy hosts are left than the job needs (``-j MIN:N``'s MIN): no attempt can run. The Slurm supervisor's
+#: code for the same end (``heal.slurm_supervisor.EXIT_NO_NODES``).
+EXIT_NO_HOSTS = 94
+_TAG = re.compile(r"^\[\d+,(\d+)\]<(stdout|stderr)>:(.*)$")
+_STOPPED = re.compile(r"rank (\d+) on host (\S+?)(?: \(pid \d+\))? stopped answering")
+_SIGNALLED = re.compile(r"process rank (\d+) with PID \d+ on node (\S+) exited on signal (\d+)")
+
+
+@dataclasses.dataclass
+class MpiAttempt:
+    """What one mpirun left: its exit code and every line, by rank where Open MPI tagged it."""
+
+    exit_code: int
+    hosts: tuple[str, ...]
+    nproc: int
+    lines: list[str]
+
+    def host_of(self, rank: int) -> str:
+        index = rank // self.nproc
+        return self.hosts[index] if 0 <= index < len(self.hosts) else "?"
+
+
+def evidence_of(run: MpiAttempt) -> Evidence:
+    """The attempt's evidence for ``classify`` (hosts by their ``--hosts`` names)."""
+    by_rank: dict[int, list[str]] = {}
+    watch: list[str] = []
+    stopped: dict[int, str] = {}
+    ranks: dict[int, RankEvidence] = {}
+    for raw in run.lines:
+        tagged = _TAG.match(raw)
+        rank, text = (int(tagged.group(1)), tagged.group(3)) if tagged else (None, raw)
+        if rank is not None:
+            by_rank.setdefault(rank, []).append(text)
+        if "ddpkit watch:" in text or "stopped answering" in text:
+            watch.append(text.strip())
+        for found in _STOPPED.finditer(text):
+            stopped[int(found.group(1))] = run.host_of(int(found.group(1)))
+        killed = _SIGNALLED.search(text)
+        if killed:
+            r = int(killed.group(1))
+            ranks[r] = RankEvidence(rank=r, host=run.host_of(r), signal=_signal_name(int(killed.group(3))),
+                                    first=not ranks)
+    for r, text in by_rank.items():
+        said = exception_line("\n".join(text))
+        if said is not None:
+            known = ranks.get(r) or RankEvidence(rank=r, host=run.host_of(r), exit_code=run.exit_code)
+            ranks[r] = dataclasses.replace(known, exception=said)
+    report = WatchReport(stopped_answering=tuple(sorted(stopped.items())), lines=tuple(dict.fromkeys(watch))[:10]) \
+        if watch else None
+    return Evidence(exit_code=run.exit_code, ranks=tuple(ranks.values()), watch=report)
+
+
+def supervise(spec: JobSpec, *, run_dir: Path | None = None) -> int:
+    """Attempts until one succeeds or the policy stops (the module's docstring); the run's exit code."""
+    from ddpkit.jobs.mpi import render
+
+    shape, policy = spec.shape, HealPolicy(max_attempts=spec.max_attempts)
+    pool = NodePool(allocation=spec.hosts, want=shape.max_nodes, least=shape.min_nodes)
+    run_dir = run_dir or Path(spec.run_dir or Path(".ddpkit-runs") / f"mpi-{spec.run_id}")
+    ledger = Ledger(run_dir)
+    for entry in _excluded_before(ledger):  # a rerun on the same run directory keeps the bad hosts out
+        pool.exclude(entry, "excluded by an earlier attempt of this run")
+    say(f"ddpkit heal: run directory {run_dir} (ledger {ledger.path.name}); hosts {', '.join(spec.hosts)}, "
+        f"{shape.max_nodes} per attempt ({shape.min_nodes} at least); up to {policy.max_attempts} attempt(s)")
+    ledger.append(SupervisorStarted(time=time.time(), pid=os.getpid(), host=os.uname().nodename.split(".")[0],
+                                    max_attempts=policy.max_attempts, command=spec.argv))
+    for of_session in range(1, policy.max_attempts + 1):
+        hosts = pool.take()
+        if hosts is None:
+            bad = ", ".join(sorted(pool.bad))
+            say(f"ddpkit heal: attempt {of_session} of {policy.max_attempts}: {len(pool.healthy)} healthy host(s) "
+                f"left of {len(pool.allocation)} ({bad} out), -j needs {pool.least} at least: stopping with exit "
+                f"{EXIT_NO_HOSTS}; rerun with more --hosts")
+            return EXIT_NO_HOSTS
+        attempt = ledger.next_attempt()
+        logs = run_dir / f"attempt-{attempt}"
+        logs.mkdir(parents=True, exist_ok=True)
+        env = dict(spec.env)
+        env.setdefault(HEAL_SILENT_S, f"{spec.silent_after:g}")
+        env.update({RUN_DIR_VAR: str(run_dir.resolve()), ATTEMPT_VAR: str(attempt)})
+        one = dataclasses.replace(spec, heal=False, hosts=hosts, spare_nodes=0, run_dir=None,
+                                  shape=JobShape(min_nodes=len(hosts), max_nodes=len(hosts),
+                                                 nproc_per_node=shape.nproc_per_node),
+                                  port=(spec.port or 29500) + attempt - 1,  # a fresh port: the last one may linger
+                                  env=tuple(env.items()))
+        ledger.append(AttemptStarted(attempt=attempt, time=time.time(), hosts=hosts,
+                                     ranks=len(hosts) * shape.nproc_per_node, logs=str(logs)))
+        say(f"ddpkit heal: attempt {of_session} of {policy.max_attempts} on {', '.join(hosts)}")
+        run = _run(render(one), logs / "mpirun.log", hosts, shape.nproc_per_node)
+        found = classify(evidence_of(run)) if run.exit_code else None
+        progress = _progress(spec)
+        decision = decide(policy, ledger.ended(), Outcome(attempt=attempt, of_session=of_session,
+                                                          exit_code=run.exit_code, classification=found,
+                                                          progress=progress))
+        line = decision.line
+        if decision.action is Action.RETRY and found is not None:
+            line = _retry_line(of_session, policy, found, pool, progress)
+        if found is not None or of_session > 1:  # a first clean attempt needs no word
+            say(line)
+        ledger.append(AttemptEnded(attempt=attempt, time=time.time(), exit_code=run.exit_code, action=decision.action,
+                                   classification=found, progress=progress, decision=line,
+                                   exit_code_of_run=decision.exit_code))
+        if decision.action is not Action.RETRY:
+            return int(decision.exit_code if decision.exit_code is not None else run.exit_code)
+    raise AssertionError("the policy gives up at --max-attempts")
+
+
+def _retry_line(of_session: int, policy: HealPolicy, found: Classification, pool: NodePool,
+                progress: int | None) -> str:
+    """Take the culprit hosts out of the pool; the decision in one line, e.g. ``attempt 1 of 3: rank 1 on host
+    node2 stopped answering (host fault); node2 excluded; relaunching on node1, node3 from the snapshot of step
+    1632``."""
+    kind = "preempted" if found.kind is FailureClass.PREEMPTED else f"{found.kind.value} fault"
+    line = f"ddpkit heal: attempt {of_session} of {policy.max_attempts}: {found.reason} ({kind})"
+    if found.kind is FailureClass.HOST:  # its culprits are --hosts names (evidence_of)
+        out = [h for h in found.culprit_hosts if pool.exclude(h, found.reason)]
+        if out:
+            line += f"; {', '.join(out)} excluded for the rest of the run"
+    nxt = pool.take()
+    where = f"relaunching on {', '.join(nxt)}" if nxt else "no host set left for the next attempt"
+    return line + f"; {where}" + (f" from the snapshot of step {progress}" if nxt and progress is not None else "")
+
+
+def _run(script: str, log: Path, hosts: tuple[str, ...], nproc: int) -> MpiAttempt:
+    """``bash`` the attempt's script; every line echoed as it comes and kept in ``log``. SIGTERM/SIGINT to the
+    supervisor go to mpirun (which ends its ranks), and the attempt ends as mpirun ends."""
+    with tempfile.NamedTemporaryFile("w", suffix=".sh", prefix="ddpkit-heal-mpi-", delete=False) as f:
+        f.write(script)
+    lines: list[str] = []
+    try:
+        with open(log, "w", encoding="utf-8") as out:
+            proc = subprocess.Popen(["bash", f.name], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                    stdin=subprocess.DEVNULL, text=True, errors="replace", bufsize=1)
+            forward = {s: signal.signal(s, lambda n, _f: proc.send_signal(n)) for s in (signal.SIGTERM, signal.SIGINT)}
+            try:
+                assert proc.stdout is not None
+                for line in proc.stdout:
+                    sys.stdout.write(line)
+                    sys.stdout.flush()
+                    out.write(line)
+                    lines.append(line.rstrip("\n"))
+                code = proc.wait()
+            finally:
+                for s, old in forward.items():
+                    signal.signal(s, old)
+    finally:
+        os.unlink(f.name)
+    return MpiAttempt(exit_code=code, hosts=hosts, nproc=nproc, lines=lines)
+
+
+def _excluded_before(ledger: Ledger) -> list[str]:
+    """Hosts an earlier supervisor on this run directory took out: the culprits of its host-class attempts."""
+    return [h for ended in ledger.ended() if ended.classification is not None
+            and ended.classification.kind is FailureClass.HOST for h in ended.classification.culprit_hosts]
+
+
+def _progress(spec: JobSpec) -> int | None:
+    from ddpkit.heal.supervisor import newest_snapshot_step
+
+    words = list(spec.command)
+    if spec.command_name != "train" or "--snapshot-path" not in words[:-1]:
+        return None
+    path = words[words.index("--snapshot-path") + 1]
+    return newest_snapshot_step(argparse.Namespace(command="train", snapshot_path=path))
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
+
+
+def say(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m ddpkit.heal.mpi submit mpi ... --heal -- COMMAND``: the submit command line, re-read."""
+    from ddpkit.base.log import configure
+    from ddpkit.jobs.cli import add_arguments, build_spec
+
+    words = list(sys.argv[1:] if argv is None else argv)
+    if words[:2] == ["submit", "mpi"]:
+        words = words[1:]
+    parser = argparse.ArgumentParser(prog="python -m ddpkit.heal.mpi")
+    add_arguments(parser)
+    configure(0)
+    try:
+        spec = build_spec(parser.parse_args(words), ["submit", *words])
+        return supervise(spec)
+    except DdpkitError as exc:
+        print(f"ddpkit: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
