@@ -104,8 +104,8 @@ def test_a_stopped_host_is_left_out_and_a_spare_finishes_bitwise(make_hosts: Cal
     started = [e for e in _ledger(work) if e["kind"] == "attempt-started"]
     assert [e["hosts"] for e in started] == [[h1, h2], [h1, h3]], started
     ended = [e for e in _ledger(work) if e["kind"] == "attempt-ended"]
-    assert ended[0]["classification"]["kind"] == "host" and ended[0]["classification"]["culprit_hosts"] == [h2], \
-        ended  # type: ignore[index]
+    found: dict[str, object] = ended[0]["classification"]  # type: ignore[assignment]
+    assert found["kind"] == "host" and found["culprit_hosts"] == [h2], ended
     print(f"heal mpi (SIGSTOP): next attempt {float(started[1]['time']) - at:.1f} s after the fault "  # type: ignore[arg-type]
           f"(silent after 10 s); run {run.seconds:.0f} s")
 
