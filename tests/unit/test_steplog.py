@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import io
 
-from ddpkit.launch.steplog import StepScreen
+from ddpkit.launch.stepscreen import StepScreen
 
 STDERR = """\
 1: [W1126 13:31:38.483399377 socket.cpp:207] [c10d] The hostname of the client socket cannot be retrieved. err=-3
@@ -110,3 +110,31 @@ def test_a_rank_ddpkit_stopped_is_never_the_one_that_failed_first() -> None:
                         "has not entered the group's collective #322; it stopped answering"), lines
     assert "  rank 0 (node1): stopped by ddpkit (exit 3)" in lines, lines
     assert not any("failed first" in line for line in lines), lines
+
+
+REQUEUE = """\
+0: slurmstepd-node1: error: *** STEP 7.0 ON node1 CANCELLED AT 2026-11-26T13:33:40 DUE TO JOB REQUEUE ***
+0: W1126 13:33:40.385000 23474 torch/distributed/elastic/agent/server/api.py:753] Received 15 death signal, \
+shutting down workers
+0: W1126 13:33:40.386000 23474 torch/distributed/elastic/multiprocessing/api.py:1028] Sending process 23576 \
+closing signal SIGTERM
+0: [node1:0] WARNING setting GLOO_SOCKET_IFNAME=vj195c38a: vj195c38a (10.213.0.11) routes to the master
+0: Traceback (most recent call last):
+0:   File "/venv/bin/torchrun", line 6, in <module>
+0: torch.distributed.elastic.multiprocessing.api.SignalException: Process 23474 got signal: 15
+srun: error: node1: task 0: Exited with exit code 1
+srun: launch/slurm: _step_signal: Terminating StepId=7.0
+"""
+
+
+def test_a_step_slurm_cancelled_for_a_requeue_is_no_rank_failure() -> None:
+    """``scontrol requeue`` of a train job (the preemption test's log): the agent exits 1 on SIGTERM, srun says
+    task 0 exited 1; no rank failed, and no line says one did (once: "rank 0 ... failed first with exit code 1")."""
+    err = io.StringIO()
+    screen = StepScreen(io.StringIO(), err, agents=True)
+    screen.take("0: Preempted at epoch 1, step 369: snapshot written at step 369; exiting with 75", to_stderr=False)
+    for line in REQUEUE.splitlines():
+        screen.take(line, to_stderr=True, now=0.0)
+    assert screen.digest(1, "LOG") == ["ddpkit: Slurm ended the step (srun exit code 1): STEP 7.0 ON node1 CANCELLED "
+                                       "AT 2026-11-26T13:33:40 DUE TO JOB REQUEUE; its full output: LOG"]
+    assert "SignalException" not in err.getvalue()

@@ -1,0 +1,426 @@
+"""The screen of a Slurm job step as ``ddpkit step`` shows it (``ddpkit.launch.steplog``): srun's lines in, with
+``--label``'s task; out, the lines a user reads (no C++ frames, each C++ warning once, one usage error for all the
+ranks, tracebacks held once a task prints one or an agent says a rank failed); and the facts for the digest of a
+failed step: the ranks and their hosts (``[host:rank]`` lines), torchrun's "failed (exitcode ...)" lines and "Root
+Cause" boxes, srun's "task T: Exited with exit code N" lines, the watch's report, Slurm's "CANCELLED" line. Pure
+apart from the two streams it writes to."""
+
+from __future__ import annotations
+
+import re
+import signal
+import socket
+import time
+from collections import deque
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import TextIO
+
+from ddpkit.base.errors import EXIT_MISSING, EXIT_PREEMPTED, EXIT_PREEMPTED_UNSAVED
+from ddpkit.launch.digest import CHAINED as _CHAINED
+from ddpkit.launch.digest import TRACEBACK, WATCH, RankEnd, cause, is_noise, rank_list, said, short
+from ddpkit.launch.failure import failure_order
+from ddpkit.launch.kernlog import oom_line_for
+
+__all__ = ["RELEASE_S", "Failure", "StepScreen"]
+
+RELEASE_S = 15.0
+PREEMPTED = (EXIT_PREEMPTED, EXIT_PREEMPTED_UNSAVED)
+HELD_MAX = 20_000
+TAIL_LINES = 400
+_LABEL = re.compile(r"^\s*(\d+): ?(.*)$")
+#: torch's C++ log lines: "[W1126 13:20:16.502588947 socket.cpp:207] ...", on a rank "[rank1]:[W1126 ...] ..."
+_CXX = re.compile(r"^(?:\[rank\d+\]:)?\[[IWEF]\d{4} [\d:.]+ [^\]]+\]\s*(.*)$")
+#: torch's Python loggers as torchrun configures them: "E1126 13:20:37.738000 2658 torch/.../api.py:1002] ..."
+_TORCH_LOG = re.compile(r"^[IWEF]\d{4} [\d:.]+ \d+ \S+\] (.*)$")
+_FAILED = re.compile(r"failed \(exitcode: (-?\d+)\) local_rank: (\d+) \(pid: (\d+)\)")
+_SRUN_EXIT = re.compile(r"^srun: error: (\S+): tasks? ([\d,\-]+): (?:Exited with exit code (\d+)|(.+))$")
+#: how srun says a task died of a signal (its words are strsignal's)
+_SRUN_SIGNALS = {"Killed": signal.SIGKILL, "Aborted": signal.SIGABRT, "Segmentation fault": signal.SIGSEGV,
+                 "Terminated": signal.SIGTERM, "Bus error": signal.SIGBUS}
+#: slurmstepd's "*** STEP 7.0 ON node1 CANCELLED AT 2026-11-26T13:33:40 DUE TO JOB REQUEUE ***" (or JOB ...)
+_CANCELLED = re.compile(r"\*\*\* (?:STEP|JOB) \S+ ON \S+ CANCELLED AT \S+(?: DUE TO [^*]+)? \*\*\*")
+_PREFIX = re.compile(r"^\[([^\]:\s]+):(\d+)\] ")
+_RANK_ON_HOST = re.compile(r"\brank (\d+) on (?:host )?([\w.\-]+)")
+_BOX_FIELD = re.compile(r"^\s*(time|host|rank|exitcode)\s*: (.*)$")
+_NUMBERS = re.compile(r"0x[0-9a-f]+|\d+")
+#: the frames that say a traceback is torchrun's own (its agent), not a rank's
+_AGENT_FRAMES = ("torch/distributed/elastic/", "/bin/torchrun", "torch/distributed/run.py",
+                 "torch/distributed/launcher/")
+
+
+@dataclass
+class Failure:
+    """A rank the agents reported failed: from torchrun's "Root Cause" box (global rank, host, time) or its
+    "failed (exitcode: N) local_rank: L (pid: P)" line, or srun's line for a task of one rank."""
+
+    rank: int | None
+    host: str | None
+    exitcode: int
+    pid: int | None = None
+    timestamp: str = ""
+    """torchrun's, to the second; "" from srun's lines."""
+    seq: int = 0
+    """The order its line arrived in: srun reports a task's end as it happens."""
+
+
+@dataclass
+class _Task:
+    stderr: deque[str] = field(default_factory=lambda: deque(maxlen=TAIL_LINES))
+    ranks: dict[int, str] = field(default_factory=dict)  # rank -> host, from its [host:rank] lines
+    ended_seq: int = 0
+    host: str | None = None
+    exitcode: int | None = None
+    quiet_block: bool = False
+    box: dict[str, str] | None = None
+
+
+class StepScreen:
+    """The job's screen for one step: lines in (``take``), what the user reads out (``out``/``err``), and the facts
+    a digest needs. Pure apart from the streams it writes to."""
+
+    def __init__(self, out: TextIO, err: TextIO, *, agents: bool | None = None,
+                 release_s: float = RELEASE_S) -> None:
+        """``agents``: whether each task is a torchrun agent (True) or a rank (False); None: from their lines."""
+        self._out, self._err = out, err
+        self._agents_run = agents
+        self.cancelled: str | None = None
+        """Slurm's line where it cancelled the step or the job (scancel, a requeue, the time limit)."""
+        self._release_s = release_s
+        self.tasks: dict[int, _Task] = {}
+        self.failures: list[Failure] = []
+        self.watch: list[tuple[int, str]] = []
+        self._watching: set[int] = set()
+        self._failing = False
+        self._pending: float | None = None
+        self._held: deque[str] = deque(maxlen=HELD_MAX)
+        self._kinds: set[str] = set()
+        self._errors: set[str] = set()
+        self._started = time.monotonic()
+        self._seq = 0
+
+    # -- lines in --------------------------------------------------------------------------------------------
+    def take(self, line: str, *, to_stderr: bool, now: float | None = None) -> None:
+        """One whole line srun wrote (labelled ``T: ...`` with ``--label``; unlabelled lines are srun's own)."""
+        self._seq += 1
+        found = _LABEL.match(line)
+        number, text = (int(found[1]), found[2]) if found else (-1, line)
+        task = self.tasks.setdefault(number, _Task())
+        self._learn(number, task, text, to_stderr)
+        if is_noise(text) or text.strip() == "<omitting python frames>":
+            return
+        if not to_stderr:
+            self._show(self._out, text)
+            return
+        task.stderr.append(text)
+        cxx = _CXX.match(text)
+        if cxx:
+            kind = _NUMBERS.sub("N", re.sub(r"\(.*\)|\[[^\]]*\]", "", cxx[1]))
+            if not self._failing and kind not in self._kinds:
+                self._kinds.add(kind)
+                self._show(self._err, text)
+            return
+        if self._duplicate_error(task, text):
+            return
+        if not self._failing and self._pending is None and text.strip() == TRACEBACK:
+            self._pending = time.monotonic() if now is None else now
+        if self._failing or self._pending is not None:
+            self._held.append(text)
+        else:
+            self._show(self._err, text)
+
+    def tick(self, now: float | None = None) -> None:
+        """Show what was held when no failure followed a traceback within ``release_s`` (a handled one)."""
+        now = time.monotonic() if now is None else now
+        if not self._failing and self._pending is not None and now - self._pending > self._release_s:
+            self.release()
+
+    def release(self) -> None:
+        for text in self._held:
+            self._show(self._err, text)
+        self._held.clear()
+        self._pending = None
+
+    @property
+    def failing(self) -> bool:
+        return self._failing
+
+    def _learn(self, number: int, task: _Task, text: str, to_stderr: bool) -> None:
+        """The facts in a line: who runs in the task, the watch's report, an agent's or srun's failure lines."""
+        prefix = _PREFIX.match(text)
+        if prefix:
+            task.ranks[int(prefix[2])] = prefix[1]
+            task.host = task.host or prefix[1]
+        if text.startswith(WATCH):
+            self._watching.add(number)
+            self.watch.append((number, text))
+        elif number in self._watching and (text.startswith(" ") or text.startswith("---")):
+            self.watch.append((number, text))
+        else:
+            self._watching.discard(number)
+        torch_line = _TORCH_LOG.match(text)
+        if torch_line:
+            failed = _FAILED.search(torch_line[1])
+            if failed:
+                self._failing = True
+                if not any(f.pid == int(failed[3]) for f in self.failures):
+                    self.failures.append(Failure(rank=None, host=task.host, exitcode=int(failed[1]),
+                                                 pid=int(failed[3]), seq=self._seq))
+        srun = _SRUN_EXIT.match(text) if number < 0 else None
+        if srun:
+            self._failing = True
+            for t in _numbers(srun[2]):
+                other = self.tasks.setdefault(t, _Task())
+                other.host = srun[1]
+                sig = _SRUN_SIGNALS.get((srun[4] or "").strip())
+                other.exitcode = int(srun[3]) if srun[3] else -int(sig) if sig else None
+                other.ended_seq = self._seq
+        if "ChildFailedError" in text:
+            self._failing = True
+        cancelled = _CANCELLED.search(text)
+        if cancelled and self.cancelled is None:
+            self.cancelled = cancelled[0].strip("* ")
+        self._read_box(task, text)
+
+    def _read_box(self, task: _Task, text: str) -> None:
+        """torchrun's "Root Cause" box: one entry per failed rank (global rank, host, exit code, pid, time)."""
+        stripped = text.strip()
+        if re.fullmatch(r"\[\d+\]:", stripped):
+            task.box = {}
+            return
+        if task.box is None:
+            return
+        found = _BOX_FIELD.match(text)
+        if found:
+            task.box[found[1]] = found[2].strip()
+        if (found and found[1] == "exitcode") or (not found and "error_file" not in text and "traceback" not in text):
+            self._box_done(task)
+
+    def _box_done(self, task: _Task) -> None:
+        box, task.box = task.box or {}, None
+        rank = re.match(r"(\d+)", box.get("rank", ""))
+        code = re.match(r"(-?\d+)(?: \(pid: (\d+)\))?", box.get("exitcode", ""))
+        if not (rank and code):
+            return
+        pid = int(code[2]) if code[2] else None
+        failure = next((f for f in self.failures if pid is not None and f.pid == pid), None)
+        if failure is None:
+            failure = Failure(rank=None, host=None, exitcode=int(code[1]), pid=pid, seq=self._seq)
+            self.failures.append(failure)
+        failure.rank, failure.host, failure.timestamp = int(rank[1]), box.get("host"), box.get("time", "")
+
+    def _duplicate_error(self, task: _Task, text: str) -> bool:
+        """A ``ddpkit: error:`` block (its first line and the indented lines under it) another task already
+        printed: every rank that checks the same input says the same."""
+        if text.startswith("ddpkit: error:"):
+            task.quiet_block = text in self._errors
+            self._errors.add(text)
+            return task.quiet_block
+        if task.quiet_block and text.startswith(" "):
+            return True
+        task.quiet_block = False
+        return False
+
+    def _show(self, stream: TextIO, text: str) -> None:
+        stream.write(text + "\n")
+        stream.flush()
+
+    # -- the digest ------------------------------------------------------------------------------------------
+    def digest(self, code: int, log: str) -> list[str]:
+        """The failed step on one screen, cause first: the rank that failed first on its own, with its host and
+        words; where ddpkit stopped the ranks (exit 3) or no rank failed on its own, what the watch found first.
+        A step Slurm cancelled where no rank failed on its own (a requeue, scancel) is said in one line."""
+        ranks = self._rank_hosts()
+        first = self._first_failure()
+        own = first is not None and first.exitcode not in (-signal.SIGTERM, *PREEMPTED)
+        if self.cancelled and not own and not self.watch:
+            return [f"ddpkit: Slurm ended the step (srun exit code {code}): {self.cancelled}; its full output: {log}"]
+        report = _first_report([text for _, text in self.watch])
+        head = f"ddpkit: the job step failed (srun exit code {code})"
+        lines: list[str] = []
+        culprit = None
+        if first is not None and first.rank is not None:
+            where = f" on host {first.host}" if first.host else ""
+            how = (f"was killed by {_signal_name(first.exitcode)}" if first.exitcode < 0
+                   else f"failed first with exit code {first.exitcode}")
+            error = self._usage_error(first.rank)
+            if error:  # shown once above, as every rank printed it
+                lines.append(f"{head}: rank {first.rank}{where} {how}: {error}")
+            else:
+                lines.append(f"{head}: rank {first.rank}{where} {how}")
+                kernel = self._kernel(first)
+                lines += [f"    {line}" for line in ([f"the kernel: {kernel}"] if kernel else [])
+                          + self._cause(first.rank)]
+        elif report:
+            culprit = self._watch_culprit(report)
+            lines.append(f"{head}; the watch found first: {culprit or report[0].removeprefix(WATCH).strip()}")
+        elif self._errors:
+            lines.append(f"{head}: {sorted(self._errors)[0]}")
+        else:
+            lines.append(head)
+        shown_first = first.rank if first is not None else None
+        named = _RANK_ON_HOST.search(culprit or "")
+        groups: dict[str, list[int]] = {}
+        for rank in sorted(ranks):
+            if rank == shown_first:
+                continue
+            words = said(self._end(rank), shown_first)
+            if not self._agents():  # one task per rank: srun ends the others (--kill-on-bad-exit), no agent
+                words = words.replace("by the agent", "by srun")
+            error = self._usage_error(rank)
+            if error and error not in words:
+                words = f"{words}: {error}"
+            if named and rank == int(named[1]):  # its words after the report are about the job's end, not why
+                words = "the rank the watch named (what it said as the step ended: in the full output)"
+            groups.setdefault(words, []).append(rank)
+        lines += [f"  {rank_list(r)} ({_hosts(ranks, r)}): {words}" for words, r in groups.items()]
+        lines += [f"  {text}" for text in report if text.strip() != culprit]
+        lines.append(f"  full output of every node and rank: {log}")
+        return lines
+
+    def _rank_hosts(self) -> dict[int, str]:
+        ranks: dict[int, str] = {}
+        for number, task in self.tasks.items():
+            for rank, host in task.ranks.items():
+                ranks.setdefault(rank, host)
+            if not task.ranks and number >= 0 and task.exitcode is not None and not self._agents():
+                ranks.setdefault(number, task.host or "?")  # --tasks-per-rank: the task is the rank
+        for f in self.failures:
+            if f.rank is not None:
+                ranks.setdefault(f.rank, f.host or "?")
+        return ranks
+
+    def _agents(self) -> bool:
+        """Whether torchrun agents run the tasks, rather than one task per rank: as the step's command says, else
+        as their lines say (an agent's "failed (exitcode: N) ... (pid: P)")."""
+        if self._agents_run is not None:
+            return self._agents_run
+        return any(f.pid is not None for f in self.failures)
+
+    def _first_failure(self) -> Failure | None:
+        """The rank that failed first, never one ddpkit stopped (exit 3: the watch's report says why)."""
+        failed = [f for f in self.failures if f.rank is not None]
+        if not failed and not self._agents():  # one task per rank: srun's lines say how each ended, in order
+            failed = [Failure(rank=n, host=t.host, exitcode=t.exitcode, seq=t.ended_seq)
+                      for n, t in self.tasks.items()
+                      if n >= 0 and t.exitcode and (not t.ranks or set(t.ranks) == {n})]
+        if not failed or any(f.exitcode == EXIT_MISSING for f in [*failed, *self.failures]):
+            return None
+        return min(failed, key=lambda f: (failure_order(f.rank or 0, f.exitcode, 0.0)[0], f.timestamp, f.seq,
+                                          f.rank or 0))
+
+    @staticmethod
+    def _watch_culprit(report: Sequence[str]) -> str | None:
+        """The rank the watch found at fault: the first line under the headline of its first report that names a
+        rank on a host (the headline names the rank that reported); None where no line under it does."""
+        return next((text.strip() for text in report[1:] if _RANK_ON_HOST.search(text)), None)
+
+    def _task_of(self, rank: int) -> _Task | None:
+        return next((t for t in self.tasks.values() if rank in t.ranks), None)
+
+    def _rank_stderr(self, rank: int) -> str:
+        """What a rank wrote on stderr: its task's lines when the task runs this rank alone, else its own
+        ``[host:rank]`` lines; torchrun's own tracebacks taken out."""
+        task = self._task_of(rank) or self.tasks.get(rank)
+        if task is None:
+            return ""
+        lines = list(task.stderr)
+        if len(task.ranks) > 1:
+            lines = [line for line in lines if (m := _PREFIX.match(line)) and int(m[2]) == rank]
+        lines = [line for line in lines if not (_TORCH_LOG.match(line) or _CXX.match(line) or is_noise(line))]
+        return "\n".join(_without_agent_tracebacks(lines))
+
+    def _kernel(self, failure: Failure) -> str | None:
+        """The OOM killer's line for a rank killed by SIGKILL on this host (the batch script's: the kernel log of
+        another node is not read), where the kernel log can be read."""
+        if failure.exitcode != -signal.SIGKILL or failure.host != socket.gethostname().split(".", 1)[0]:
+            return None
+        return oom_line_for(failure.pid, lived_s=time.monotonic() - self._started + 1)
+
+    def _usage_error(self, rank: int) -> str | None:
+        """The ``ddpkit: error:`` line a rank printed (its inputs refused before it started), if any."""
+        found = [line for line in self._rank_stderr(rank).splitlines() if line.startswith("ddpkit: error:")]
+        return short(found[-1]) if found else None
+
+    def _cause(self, rank: int) -> list[str]:
+        return cause(RankEnd(rank=rank, stderr=self._rank_stderr(rank)))
+
+    def _end(self, rank: int) -> RankEnd:
+        failure = next((f for f in self.failures if f.rank == rank), None)
+        task = self._task_of(rank) or self.tasks.get(rank)
+        code = failure.exitcode if failure else None
+        if code is None and task is not None and len(task.ranks) <= 1 and task.exitcode is not None \
+                and not self._agents():
+            code = task.exitcode
+        return RankEnd(rank=rank, exitcode=code, pid=failure.pid if failure else None,
+                       kernel=(self._kernel(failure) or "") if failure else "", stderr=self._rank_stderr(rank))
+
+
+def _first_report(lines: Sequence[str]) -> list[str]:
+    """The first report of the watch: its headline and the indented lines under it, without the stacks."""
+    report: list[str] = []
+    for text in lines:
+        if text.startswith(WATCH):
+            if report:
+                break
+            report.append(text)
+        elif report and text.startswith("  ") and not text.startswith("    "):
+            report.append(text)
+        elif report and text.startswith("---"):
+            break
+    return [short(text) for text in report][:6]
+
+
+def _without_agent_tracebacks(lines: list[str]) -> list[str]:
+    """The lines without torchrun's own tracebacks (its ChildFailedError, its SignalException when srun ended it,
+    a lost rendezvous store: each from its "Traceback" line to its exception, chained parts too) and without its
+    "Root Cause" box (between two lines of "=")."""
+    kept: list[str] = []
+    block: list[str] = []
+    in_frames = in_box = False
+
+    def close() -> None:
+        if not any(part in line for line in block for part in _AGENT_FRAMES):
+            kept.extend(block)
+        block.clear()
+
+    for line in lines:
+        if _PREFIX.match(line):  # a ddpkit logger's line, written between the agent's lines by the rank
+            kept.append(line)
+            continue
+        if re.fullmatch(r"={20,}", line.strip()):
+            in_box = not in_box
+            continue
+        if in_box:
+            continue
+        if line.strip() == TRACEBACK:
+            if block and not any(b.startswith(_CHAINED) for b in block[-2:]):
+                close()  # a new traceback, not the next part of a chained one
+            in_frames = True
+            block.append(line)
+        elif in_frames:
+            block.append(line)
+            in_frames = line.startswith(" ") or not line.strip()  # until the exception's line
+        elif block and (not line.strip() or line.startswith(_CHAINED)):
+            block.append(line)  # between the parts of a chained traceback
+        else:
+            close()
+            kept.append(line)
+    close()
+    return kept
+
+
+def _numbers(text: str) -> Iterable[int]:
+    for part in text.split(","):
+        a, _, b = part.partition("-")
+        if a.isdigit():
+            yield from range(int(a), int(b or a) + 1)
+
+
+def _hosts(ranks: dict[int, str], which: Iterable[int]) -> str:
+    hosts = list(dict.fromkeys(ranks[r] for r in which))
+    return ", ".join(hosts[:3]) + (f" and {len(hosts) - 3} more hosts" if len(hosts) > 3 else "")
+
+
+def _signal_name(code: int) -> str:
+    return signal.Signals(-code).name if -code in signal.Signals._value2member_map_ else f"signal {-code}"
