@@ -149,6 +149,16 @@ class _Reader:
                                             stopped_by_ddpkit=by_srun or exit_code in _STOPPED_CODES))
         self._fault(line)
 
+    def only_silent_left(self, plan: StepPlan) -> bool:
+        """The watch named silent hosts and every task on the other hosts has ended (srun said so): what is left of
+        the step is on hosts that do not answer."""
+        if not self.stopped or self.task_failed_at is None:
+            return False
+        silent = set(self.stopped.values())
+        ended = {f.rank for f in self.failed}
+        tasks = range(len(plan.nodes) * plan.per_node)
+        return all(r in ended for r in tasks if plan.nodes[r // plan.per_node] not in silent)
+
     def evidence(self, exit_code: int, outside: str | None) -> tuple[Evidence, dict[int, str]]:
         ranks: dict[int, RankEvidence] = {}
         for found in self.failed:
@@ -197,6 +207,12 @@ def run_step(plan: StepPlan, *, teardown_s: float, deadline_s: float | None = No
     while proc.poll() is None:
         time.sleep(0.1)
         now = time.time()
+        if stage < 2 and reader.only_silent_left(plan) and now >= (reader.task_failed_at or now) + 1.0:
+            say(f"ddpkit heal: every task of the {plan.name} step on a host that answers has ended; srun waits for "
+                f"{', '.join(sorted(set(reader.stopped.values())))}, which stopped answering: ending srun")
+            with_signal(proc, signal.SIGKILL)
+            stage, killed = 2, True
+            continue
         if reader.task_failed_at is not None and now >= reader.task_failed_at + teardown_s:
             why = f"{now - reader.task_failed_at:.0f} s after a task failed (a host cut off never answers srun)"
         elif reader.fault_at is not None and now >= reader.fault_at + FAULT_BOUND_S:
