@@ -28,8 +28,10 @@ def spec(backend: str, shape: str = "2x2", **kw: object) -> JobSpec:
 
 
 def launched(text: str, first: str) -> list[str]:
-    """The words of the script's command that starts with ``first`` (srun, mpirun, or the interpreter itself)."""
-    (command,) = [c for c in shell_commands(text) if c[0] == first]
+    """The words of the script's command that starts with ``first`` (srun, mpirun, or the interpreter itself); a
+    Slurm step's srun is the one after ``PYTHON -m ddpkit step --``, which runs it."""
+    commands = [c[c.index("--") + 1:] if c[1:4] == ["-m", "ddpkit", "step"] else c for c in shell_commands(text)]
+    (command,) = [c for c in commands if c[0] == first]
     return command
 
 

@@ -48,7 +48,8 @@ def _cli(*argv: str) -> tuple[int, str, str]:
 def test_slurm_renders_the_mpi_plugin_of_the_flavour() -> None:
     code, out, _ = _cli("submit", "slurm", "--dry-run", "-j", "2x2", "--tasks-per-rank", "--", "train",
                         "--grad-transport", "mpi")
-    assert code == 0 and "srun --ntasks-per-node=2 --kill-on-bad-exit=1 \\\n  --mpi=pmix " in out
+    joined = " ".join(out.replace("\\\n", " ").split())  # the command's words, without the line continuations
+    assert code == 0 and "srun --ntasks-per-node=2 --kill-on-bad-exit=1 --label --mpi=pmix " in joined, out
     code, out, _ = _cli("submit", "slurm", "--dry-run", "-j", "2x1", "--tasks-per-rank", "--mpi", "mpich", "--",
                         "bench", "--transport", "mpi")
     assert code == 0 and "--mpi=pmi2" in out and "--mpi=pmix" not in out
