@@ -21,8 +21,13 @@ for it here:
 - the etcd Deployment is one pod running the manifest's etcd command, started first and waited on until its
   readinessProbe (a TCP connect) passes, as ``kubectl wait`` would.
 
-Not exercised here: image pulls, scheduling and resources, the operator's own reconcile loop (pod re-creation
-when a pod is deleted, job conditions, backoffLimit), Service virtual IPs and kube-proxy.
+- scheduling, as far as a rendered job asks for it: each namespace host is a node (its ``kubernetes.io/hostname``
+  is the node name given to the Operator, else the host's short name), one pod per node, the first free node in
+  order that the pod's required ``nodeAffinity`` admits (``In``/``NotIn`` on ``kubernetes.io/hostname``); a pod
+  no node admits is refused as the scheduler leaves it Pending (``Unschedulable``).
+
+Not exercised here: image pulls, resources, other scheduling rules, the operator's own reconcile loop (pod
+re-creation when a pod is deleted, job conditions, backoffLimit), Service virtual IPs and kube-proxy.
 """
 
 from __future__ import annotations
@@ -79,6 +84,34 @@ class PodSpec:
     restart_policy: str
     ready_port: int | None = None
     """readinessProbe tcpSocket port, waited on before the job's pods start."""
+    not_in: tuple[str, ...] = ()
+    """Nodes the pod's required nodeAffinity keeps it off (``NotIn`` on ``kubernetes.io/hostname``)."""
+    only_in: tuple[str, ...] | None = None
+    """Nodes it must run on (``In``), where it says so."""
+
+
+class Unschedulable(RuntimeError):
+    """No node admits a pod: the scheduler leaves it Pending."""
+
+
+def _node_affinity(pod_spec: Manifest) -> tuple[tuple[str, ...], tuple[str, ...] | None]:
+    """(NotIn, In) on ``kubernetes.io/hostname`` of a pod template's required nodeAffinity (one term, as ddpkit
+    renders it)."""
+    required = pod_spec.get("affinity", {}).get("nodeAffinity", {}).get(
+        "requiredDuringSchedulingIgnoredDuringExecution", {})
+    not_in: list[str] = []
+    only_in: list[str] | None = None
+    for term in required.get("nodeSelectorTerms", []):
+        for rule in term.get("matchExpressions", []):
+            if rule.get("key") != "kubernetes.io/hostname":
+                raise ValueError(f"node affinity on {rule.get('key')!r}: the harness places by hostname only")
+            if rule["operator"] == "NotIn":
+                not_in += rule["values"]
+            elif rule["operator"] == "In":
+                only_in = [*(only_in or []), *rule["values"]]
+            else:
+                raise ValueError(f"node affinity operator {rule['operator']!r}: the harness knows In and NotIn")
+    return tuple(not_in), None if only_in is None else tuple(only_in)
 
 
 def load(text: str) -> list[Manifest]:
@@ -149,10 +182,12 @@ def pytorchjob_pods(job: Manifest) -> list[PodSpec]:
             else:
                 env.update(_elastic_env(name, elastic, replicas["Worker"]))
             pod = f"{name}-{rtype.lower()}-{index}"
+            not_in, only_in = _node_affinity(pod_spec)
             pods.append(PodSpec(
                 name=pod, aliases=(), command=(*container.get("command", []), *container.get("args", [])),
                 env={**_env_list(container.get("env")), **env}, mounts=_mounts(pod_spec, container),
-                restart_policy=rs.get("restartPolicy", "OnFailure")))  # PytorchJobDefaultRestartPolicy
+                restart_policy=rs.get("restartPolicy", "OnFailure"),  # PytorchJobDefaultRestartPolicy
+                not_in=not_in, only_in=only_in))
     return pods
 
 
@@ -213,7 +248,7 @@ def etcd_pods(objects: list[Manifest]) -> list[PodSpec]:
         (container,) = d["spec"]["template"]["spec"]["containers"]
         names = tuple(s["metadata"]["name"] for s in services if s["spec"]["selector"].items() <= labels.items())
         command = [*container.get("command", []), *container.get("args", [])]
-        mounts = ()
+        mounts: tuple[tuple[str, str, str], ...] = ()
         if "--data-dir" in command:  # the container's own writable layer: an empty per-pod directory
             mounts = (("dir", "", command[command.index("--data-dir") + 1]),)
         probe = container.get("readinessProbe", {}).get("tcpSocket", {}).get("port")
@@ -234,6 +269,8 @@ class PodRun:
 
     spec: PodSpec
     host: Host
+    node: str = ""
+    """The node it was placed on (``spec.nodeName``)."""
     logs: list[Path] = field(default_factory=list)
     proc: subprocess.Popen[bytes] | None = None
     restarts: int = 0
@@ -261,11 +298,25 @@ class PodRun:
         return "".join(parts)
 
 
+def _schedule(specs: list[PodSpec], nodes: list[tuple[Host, str]]) -> list[tuple[PodSpec, Host, str]]:
+    """Each pod on the first free node its required node affinity admits (one pod per node)."""
+    free, placed = list(nodes), []
+    for spec in specs:
+        slot = next(((h, n) for h, n in free if n not in spec.not_in
+                     and (spec.only_in is None or n in spec.only_in)), None)
+        if slot is None:
+            raise Unschedulable(f"pod {spec.name}: 0/{len(nodes)} nodes are available: none free that matches the "
+                                f"pod's node affinity (NotIn {list(spec.not_in)}, In {spec.only_in}); Pending")
+        free.remove(slot)
+        placed.append((spec, *slot))
+    return placed
+
+
 class Operator:
     """Starts the pods of rendered manifests on a cluster of namespace hosts and plays kubelet for them."""
 
     def __init__(self, cluster: Cluster, objects: list[Manifest], python_bin: Path | None = None,
-                 max_restarts: int = MAX_RESTARTS) -> None:
+                 max_restarts: int = MAX_RESTARTS, nodes: list[str] | None = None) -> None:
         self.cluster, self.objects, self.max_restarts = cluster, objects, max_restarts
         self.workdir = Path(cluster.workdir)
         self.bin = python_bin or Path(sys.executable).parent
@@ -274,15 +325,16 @@ class Operator:
         specs = [*self.etcd, *job_pods(objects)]
         if len(specs) > len(cluster.hosts):
             raise ValueError(f"{len(specs)} pods but only {len(cluster.hosts)} namespace hosts")
-        names = {s.name: h.ip for s, h in zip(specs, cluster.hosts, strict=False)}
-        names.update({a: h.ip for s, h in zip(specs, cluster.hosts, strict=False) for a in s.aliases})
-        for spec, host in zip(specs, cluster.hosts, strict=False):
+        placed = _schedule(specs, list(zip(cluster.hosts, nodes or [h.name for h in cluster.hosts], strict=True)))
+        names = {s.name: h.ip for s, h, _ in placed}
+        names.update({a: h.ip for s, h, _ in placed for a in s.aliases})
+        for spec, host, node in placed:
             hosts_file = self.workdir / f"{spec.name}.hosts"
             own = [f"{host.ip}\t{spec.name} {' '.join(spec.aliases)}".rstrip()]  # the kubelet's entry first
             hosts_file.write_text("\n".join(["127.0.0.1\tlocalhost", *own,
                                              *(f"{ip}\t{n}" for n, ip in names.items() if ip != host.ip)]) + "\n")
             self.pods.append(PodRun(spec=spec, host=dataclasses.replace(host, hostname=spec.name,
-                                                                        hosts_file=str(hosts_file))))
+                                                                        hosts_file=str(hosts_file)), node=node))
 
     def pod(self, name: str) -> PodRun:
         return next(p for p in self.pods if p.spec.name == name)

@@ -80,3 +80,29 @@ def test_mpi_needs_hosts_to_exclude_from_and_enough_left(tmp_path: Path) -> None
     assert code == 2 and "--hosts names 2 host(s) (1 left after --exclude-from) but -j asks for 2 node(s)" in err
     code, out, _ = _submit("mpi", "-j", "2x1", "--hosts", "n1,n2,n3", "--exclude-from", report, "--", "check")
     assert code == 0 and "--host n1:1,n3:1" in out and "MASTER_ADDR=n1" in out
+
+
+def _heal_ledger(directory: Path, *hosts: str) -> None:
+    from ddpkit.heal.ledger import HostExcluded, Ledger
+
+    for host in hosts:
+        Ledger(directory).append(HostExcluded(attempt=1, time=1.0, host=host, reason="rank 1 stopped answering"))
+
+
+def test_a_heal_run_directory_keeps_the_hosts_it_took_out(tmp_path: Path) -> None:
+    """Issue 38: the next attempt of a healed run (its run directory, or one host's ledger of a run across hosts)
+    keeps off the hosts the run took out, a torn last line skipped; a directory with no ledger is refused."""
+    _heal_ledger(tmp_path / "run", "n2")
+    _heal_ledger(tmp_path / "run" / "h1", "n2", "n5")  # heal.elastic: one ledger per host
+    with (tmp_path / "run" / "ledger.jsonl").open("a") as f:
+        f.write('{"kind": "host-excluded", "host": "n7"')  # a supervisor killed mid-line
+    code, out, _ = _submit("slurm", "-j", "2x1", "--exclude-from", str(tmp_path / "run"), "--", "check")
+    assert code == 0 and "#SBATCH --exclude=n2,n5\n" in out
+    code, out, _ = _submit("mpi", "-j", "2x1", "--hosts", "n1,n2,n3", "--exclude-from",
+                           str(tmp_path / "run" / "h1" / "ledger.jsonl"), "--", "check")
+    assert code == 0 and "--host n1:1,n3:1 " in out
+    assert "# Left out (--exclude-from: a report's bad hosts, or those a heal run took out): n2, n5" in out
+    (tmp_path / "empty").mkdir()
+    code, _, err = _submit("k8s", "-j", "2x1", "--image", "r/i:1", "--exclude-from", str(tmp_path / "empty"), "--",
+                           "check")
+    assert code == 2 and "no heal ledger (ledger.jsonl) there" in err and "Traceback" not in err

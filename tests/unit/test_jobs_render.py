@@ -30,6 +30,8 @@ GOLDEN = Path(__file__).resolve().parents[1] / "golden" / "jobs"
 HOSTILE = "/opt/my envs/it's $HOME"
 #: A check report naming two bad hosts (--exclude-from); its path is normalised in the golden files.
 BAD_HOSTS = str(GOLDEN / "bad_hosts.json")
+#: A heal run whose ledger took node-b out after a host fault (issue 38): the next attempt keeps off it.
+HEAL_RUN = str(GOLDEN / "heal_run")
 #: The interpreter that "ran ddpkit submit" in the golden files (never this machine's venv path).
 SUBMITTER = "/opt/ddpkit venv/it's $HOME/bin/python"
 CASES: dict[str, list[str]] = {
@@ -71,11 +73,15 @@ CASES: dict[str, list[str]] = {
                                     "--exclude-from", BAD_HOSTS, "--", "check"],
     "k8s_trainjob_exclude.yaml": ["k8s", "-j", "2x2", "--image", "reg/ddpkit:cpu", "--k8s-kind", "trainjob",
                                   "--run-id", "r7", "--exclude-from", BAD_HOSTS, "--", "check"],
+    # issue 38: the next attempt of a healed run, off the node its ledger took out after a host fault
+    "k8s_pytorchjob_healed.yaml": ["k8s", "-j", "2x1", "--image", "reg/ddpkit:cpu", "--run-id", "r10",
+                                   "--exclude-from", HEAL_RUN, "--", "train"],
 }
 
 
 def _normalise(text: str) -> str:
-    return text.replace(f"ddpkit {__version__}", "ddpkit VERSION").replace(BAD_HOSTS, "bad_hosts.json")
+    return text.replace(f"ddpkit {__version__}", "ddpkit VERSION").replace(BAD_HOSTS, "bad_hosts.json") \
+        .replace(HEAL_RUN, "heal_run")
 
 
 def _cli(*full: str) -> tuple[int, str]:

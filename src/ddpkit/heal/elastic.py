@@ -52,7 +52,7 @@ from ddpkit.heal.classify import (
     classify,
     exception_line,
 )
-from ddpkit.heal.ledger import Action, AttemptEnded, AttemptStarted, Ledger, SupervisorStarted
+from ddpkit.heal.ledger import Action, AttemptEnded, AttemptStarted, HostExcluded, Ledger, SupervisorStarted
 from ddpkit.heal.policy import HealPolicy, Outcome, decide
 from ddpkit.process.stopping import take_abort_orders
 from ddpkit.process.worker_context import HEAL_SILENT_S, STOP_DIR
@@ -294,7 +294,9 @@ class HealRun:
         named = []
         for host in found.culprit_hosts:
             try:
-                exclusions.add(Excluded(host=host, reason=found.reason, by=self.host, time=time.time()))
+                if exclusions.add(Excluded(host=host, reason=found.reason, by=self.host, time=time.time())):
+                    self.ledger.append(HostExcluded(attempt=self.attempt or 0, time=time.time(), host=host,
+                                                    reason=found.reason))
                 named.append(host)
             except Exception as exc:  # the store is gone with its host: the next round fails on its own
                 log.warning("could not add %s to the run's exclusion list: %s", host, exc)

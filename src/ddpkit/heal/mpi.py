@@ -45,7 +45,7 @@ from ddpkit.heal.classify import (
     classify,
     exception_line,
 )
-from ddpkit.heal.ledger import Action, AttemptEnded, AttemptStarted, Ledger, SupervisorStarted
+from ddpkit.heal.ledger import Action, AttemptEnded, AttemptStarted, HostExcluded, Ledger, SupervisorStarted
 from ddpkit.heal.nodepool import NodePool
 from ddpkit.heal.policy import HealPolicy, Outcome, decide
 from ddpkit.process.worker_context import HEAL_SILENT_S
@@ -151,7 +151,10 @@ def supervise(spec: JobSpec, *, run_dir: Path | None = None) -> int:
                                                           progress=progress))
         line = decision.line
         if decision.action is Action.RETRY and found is not None:
+            before = set(pool.bad)
             line = _retry_line(of_session, policy, found, pool, progress)
+            for host in (h for h in pool.bad if h not in before):
+                ledger.append(HostExcluded(attempt=attempt, time=time.time(), host=host, reason=pool.bad[host]))
         if found is not None or of_session > 1:  # a first clean attempt needs no word
             say(line)
         ledger.append(AttemptEnded(attempt=attempt, time=time.time(), exit_code=run.exit_code, action=decision.action,
@@ -206,9 +209,8 @@ def _run(script: str, log: Path, hosts: tuple[str, ...], nproc: int) -> MpiAttem
 
 
 def _excluded_before(ledger: Ledger) -> list[str]:
-    """Hosts an earlier supervisor on this run directory took out: the culprits of its host-class attempts."""
-    return [h for ended in ledger.ended() if ended.classification is not None
-            and ended.classification.kind is FailureClass.HOST for h in ended.classification.culprit_hosts]
+    """Hosts an earlier supervisor on this run directory took out."""
+    return [r.host for r in ledger.records() if isinstance(r, HostExcluded)]
 
 
 def _progress(spec: JobSpec) -> int | None:

@@ -39,7 +39,8 @@ def render(spec: JobSpec) -> str:
     addr = master_address(spec)
     lines = preamble(spec)
     if spec.exclude:
-        lines.append(f"# Left out (--exclude-from, the report's bad hosts): {', '.join(spec.exclude)}")
+        lines.append(f"# Left out (--exclude-from: a report's bad hosts, or those a heal run took out): "
+                     f"{', '.join(spec.exclude)}")
     lines += ["# MPI gives each rank its rank and size but no master: rank 0's host and a port, for every rank."]
     if addr == "$(hostname)":
         lines.append("# No --hosts given: mpirun's own host (the allocation's first) runs rank 0.")

@@ -5,7 +5,7 @@
 # Every node that runs the job needs it at this same path (a shared filesystem): else pass --venv or --python.
 set -euo pipefail
 
-# Left out (--exclude-from, the report's bad hosts): gpu7.cluster, n2
+# Left out (--exclude-from: a report's bad hosts, or those a heal run took out): gpu7.cluster, n2
 # MPI gives each rank its rank and size but no master: rank 0's host and a port, for every rank.
 MASTER_ADDR=n1
 MASTER_PORT=29500

@@ -1,0 +1,109 @@
+"""Kubernetes: a failed attempt of a rendered PyTorchJob judged from its pods, and the next attempt kept off the
+node at fault (``nodeAffinity`` ``NotIn`` on ``kubernetes.io/hostname``).
+
+What a pod left (``PodEnd``: its name, the node it ran on, its container's exit code, its log) is the evidence:
+a container killed by a signal (exit 128+N, as the runtime reports it) names its node; the watch's line "rank R on
+host POD stopped answering" names the node that pod ran on; the same traceback on the pods is the program's own
+failure (retried once, then 93). ``record_attempt`` classifies (``classify``), writes the run's ledger
+(``RUN_DIR/ledger.jsonl``: the attempt, its end, a ``HostExcluded`` record per node taken out) and decides
+(``policy``); the next attempt is rendered with the ledger's nodes kept out::
+
+    ddpkit submit k8s -j 2x1 --image IMAGE --exclude-from RUN_DIR --name job-a2 -- train ...
+
+(``jobs.exclude`` reads a heal run directory as it reads a check report). tests/infra/test_heal_k8s.py runs both
+attempts on the project's Kubernetes harness, the pods placed on nodes as the scheduler would place them.
+"""
+
+from __future__ import annotations
+
+import re
+import signal
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+from ddpkit.heal.classify import Evidence, FailureClass, RankEvidence, WatchReport, classify, exception_line
+from ddpkit.heal.ledger import Action, AttemptEnded, AttemptStarted, HostExcluded, Ledger
+from ddpkit.heal.policy import Decision, HealPolicy, Outcome, decide
+
+__all__ = ["PodEnd", "evidence_of", "record_attempt"]
+
+_STOPPED = re.compile(r"rank (\d+) on host (\S+?)(?: \(pid \d+\))? stopped answering")
+
+
+@dataclass(frozen=True, kw_only=True)
+class PodEnd:
+    """One pod of an ended attempt, as ``kubectl get pod -o json`` and ``kubectl logs`` show it."""
+
+    pod: str
+    """The pod's name (its hostname: what the watch calls its host)."""
+    node: str
+    """``spec.nodeName``: the node's ``kubernetes.io/hostname``."""
+    exit_code: int
+    """The container's last exit code (128+N for a signal)."""
+    log: str = ""
+
+
+def evidence_of(pods: Sequence[PodEnd], exit_code: int) -> Evidence:
+    """The attempt's evidence, hosts by node name; a pod's rank is the first its log names (``[POD:RANK]``, the
+    prefix of ddpkit's lines), else its index in ``pods``."""
+    node_of = {p.pod: p.node for p in pods}
+    ranks: list[RankEvidence] = []
+    stopped: dict[int, str] = {}
+    lines: list[str] = []
+    for i, p in enumerate(pods):
+        for line in p.log.splitlines():
+            if "ddpkit watch:" not in line or "stopped answering" not in line:
+                continue
+            lines.append(line.strip())
+            for found in _STOPPED.finditer(line):
+                if found.group(2) in node_of:
+                    stopped[int(found.group(1))] = node_of[found.group(2)]
+        own = re.search(rf"\[{re.escape(p.pod)}:(\d+)\]", p.log)
+        sig = _signal_name(p.exit_code - 128) if p.exit_code > 128 else None
+        said = exception_line(p.log)
+        if p.exit_code or said:
+            ranks.append(RankEvidence(rank=int(own.group(1)) if own else i, host=p.node, signal=sig,
+                                      exit_code=None if sig else p.exit_code, exception=said,
+                                      stopped_by_ddpkit=p.exit_code == 3, first=not ranks))
+    watch = WatchReport(stopped_answering=tuple(sorted(stopped.items())), lines=tuple(dict.fromkeys(lines))[:10]) \
+        if lines else None
+    return Evidence(exit_code=exit_code, ranks=tuple(ranks), watch=watch)
+
+
+def record_attempt(ledger: Ledger, pods: Sequence[PodEnd], *, started: float, policy: HealPolicy,
+                   progress: int | None = None) -> tuple[Decision, tuple[str, ...]]:
+    """Record one ended attempt of the job (its pods) in ``ledger`` and decide: (the decision, every node the run
+    keeps out from now on, this attempt's included)."""
+    attempt = ledger.next_attempt()
+    code = next((p.exit_code for p in pods if p.exit_code), 0)
+    ledger.append(AttemptStarted(attempt=attempt, time=started, hosts=tuple(dict.fromkeys(p.node for p in pods)),
+                                 ranks=len(pods)))
+    found = classify(evidence_of(pods, code)) if code else None
+    of_session = sum(1 for r in ledger.records() if isinstance(r, AttemptStarted))
+    decision = decide(policy, ledger.ended(), Outcome(attempt=attempt, of_session=of_session, exit_code=code,
+                                                      classification=found, progress=progress))
+    out = _excluded(ledger)
+    if found is not None and found.kind is FailureClass.HOST and decision.action is Action.RETRY:
+        new = [h for h in found.culprit_hosts if h not in out]
+        for node in new:
+            ledger.append(HostExcluded(attempt=attempt, time=time.time(), host=node, reason=found.reason))
+        out = (*out, *new)
+        if new:
+            decision = replace(decision, line=decision.line + f"; node {', '.join(new)} kept out of the next "
+                                                              "attempt (nodeAffinity NotIn)")
+    ledger.append(AttemptEnded(attempt=attempt, time=time.time(), exit_code=code, action=decision.action,
+                               classification=found, progress=progress, decision=decision.line,
+                               exit_code_of_run=decision.exit_code))
+    return decision, out
+
+
+def _excluded(ledger: Ledger) -> tuple[str, ...]:
+    return tuple(dict.fromkeys(r.host for r in ledger.records() if isinstance(r, HostExcluded)))
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
