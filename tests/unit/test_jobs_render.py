@@ -73,6 +73,10 @@ CASES: dict[str, list[str]] = {
                                     "--exclude-from", BAD_HOSTS, "--", "check"],
     "k8s_trainjob_exclude.yaml": ["k8s", "-j", "2x2", "--image", "reg/ddpkit:cpu", "--k8s-kind", "trainjob",
                                   "--run-id", "r7", "--exclude-from", BAD_HOSTS, "--", "check"],
+    # issue 38: a healed Slurm job: N+K nodes, its supervisor in the batch shell, each attempt an srun step
+    "slurm_heal_train.sbatch": ["slurm", "-j", "1:2x2", "--spare-nodes", "1", "--heal", "--on-fail", "drain",
+                                "--max-attempts", "4", "--run-dir", "/shared/runs/it's $x", "--venv", HOSTILE,
+                                "--", "train", "--epochs", "20", "--snapshot-path", "/shared/snap shots/it's $job.pt"],
     # issue 38: the next attempt of a healed run, off the node its ledger took out after a host fault
     "k8s_pytorchjob_healed.yaml": ["k8s", "-j", "2x1", "--image", "reg/ddpkit:cpu", "--run-id", "r10",
                                    "--exclude-from", HEAL_RUN, "--", "train"],
@@ -240,6 +244,12 @@ BAD = [
     (["torchrun", "-j", "1x2", "--wait", "--", "check"], "--wait with the torchrun backend"),
     (["torchrun", "-j", "1:2x2", "--static", "--rdzv-endpoint", "a:1", "--", "check"], "--static with an elastic"),
     (["slurm", "-j", "1x2", "--static", "--", "check"], "--static with the slurm backend"),
+    (["slurm", "-j", "2x1", "--spare-nodes", "1", "--", "check"], "--spare-nodes without --heal"),
+    (["slurm", "-j", "2x1", "--heal", "--spare-nodes", "-1", "--", "train"], "--spare-nodes -1"),
+    (["slurm", "-j", "2x1", "--heal", "--max-attempts", "0", "--", "train"], "--max-attempts 0"),
+    (["slurm", "-j", "2x1", "--heal", "--max-restarts", "2", "--", "train"], "--heal with --max-restarts 2"),
+    (["slurm", "-j", "2x1", "--heal", "--silent-after", "2", "--", "train"], "--silent-after 2"),
+    (["slurm", "-j", "2x1", "--heal", "--container-image", "i.sqsh", "--", "train"], "--heal with --container"),
 ]
 
 
