@@ -28,6 +28,8 @@ from ddpkit.heal.policy import Decision, HealPolicy, Outcome, decide
 
 __all__ = ["PodEnd", "evidence_of", "record_attempt"]
 
+#: torchrun's agent ends a failed pod with this exception's traceback (its report of a worker, not the program's).
+_LAUNCHER_ERROR = "ChildFailedError"
 _STOPPED = re.compile(r"rank (\d+) on host (\S+?)(?: \(pid \d+\))? stopped answering")
 
 
@@ -62,10 +64,15 @@ def evidence_of(pods: Sequence[PodEnd], exit_code: int) -> Evidence:
         own = re.search(rf"\[{re.escape(p.pod)}:(\d+)\]", p.log)
         sig = _signal_name(p.exit_code - 128) if p.exit_code > 128 else None
         said = exception_line(p.log)
+        if said is not None and _LAUNCHER_ERROR in said:  # torchrun's own report of a failed worker, not the program's
+            said = None
         if p.exit_code or said:
             ranks.append(RankEvidence(rank=int(own.group(1)) if own else i, host=p.node, signal=sig,
                                       exit_code=None if sig else p.exit_code, exception=said,
-                                      stopped_by_ddpkit=p.exit_code == 3, first=not ranks))
+                                      stopped_by_ddpkit=p.exit_code == 3))
+    # the pod a signal ended goes first: the others' failures (a lost peer, torchrun's exit 1) follow from it
+    ranks.sort(key=lambda r: r.signal is None)
+    ranks = [replace(r, first=i == 0) for i, r in enumerate(ranks)]
     watch = WatchReport(stopped_answering=tuple(sorted(stopped.items())), lines=tuple(dict.fromkeys(lines))[:10]) \
         if lines else None
     return Evidence(exit_code=exit_code, ranks=tuple(ranks), watch=watch)
