@@ -221,3 +221,39 @@ def test_a_failure_of_the_program_on_every_rank_is_retried_once_then_93(two_host
         assert len(started) == 2, started
         assert r.stderr.count("Traceback (most recent call last)") <= 2, r.output()
     assert two_hosts.leftover() == {}
+
+
+@pytest.mark.slow  # the link drill: a minute or more
+def test_a_host_cut_off_is_excluded_and_leaves_when_its_link_returns(make_hosts: Callable[[int], Hosts]) -> None:
+    """`train -j 2:3x1 --heal` on 3 hosts, one host's cable pulled after the first snapshot: the others name its
+    rank silent, exclude the host and finish as 2 from the snapshot; once its cable is back, the cut-off host's
+    agent reads the exclusion and leaves with exit 95."""
+    hosts = make_hosts(3)
+    work = Path(hosts.cluster.workdir) / "job"
+    work.mkdir()
+    args = _train(hosts, "2:3x1", work, "--collective-timeout", "20")
+    runs = [hosts.ddpkit(h, *args, OMP_NUM_THREADS="1") for h in hosts.hosts]
+    _wait_for_snapshot(work, runs)
+    bad = _victim(runs)
+    victim, name = runs[bad], runs[bad].host.hostname
+    good = [r for i, r in enumerate(runs) if i != bad]
+    hosts.cluster.link(victim.host, up=False)
+    cut = time.time()
+    deadline = time.monotonic() + 120
+    while not all(f"{name} excluded from later rounds" in r.stderr for r in good):
+        assert time.monotonic() < deadline and all(r.returncode is None for r in good), \
+            "\n".join(r.output() for r in runs)
+        time.sleep(0.2)
+    hosts.cluster.link(victim.host, up=True)
+    for r in good:
+        r.wait(RUN_TIMEOUT)
+    assert [r.returncode for r in good] == [0, 0], "\n".join(r.output() for r in runs)
+    victim.wait(RUN_TIMEOUT)
+    assert victim.returncode == EXCLUDED, victim.output()
+    assert f"this host ({name}) was excluded from run" in victim.stderr, victim.output()
+    summary = json.loads((work / "summary.json").read_text())
+    assert summary["world_size"] == 2 and summary["resumed_from"], summary
+    ledger = _ledger(work, hosts[0].hostname)
+    again = [e for e in ledger if e["kind"] == "attempt-started"][-1]
+    print(f"heal across hosts (link cut): next round {float(again['time']) - cut:.1f} s after the cut")  # type: ignore[arg-type]
+    assert hosts.leftover() == {}
