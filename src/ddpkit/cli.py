@@ -129,7 +129,9 @@ def add_worker_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--heal", action="store_true",
                    help="run, train: after a failed attempt, classify it (host, job, preempted, unknown), "
                         "record it in the run's ledger and relaunch where another attempt can help; a failure of "
-                        "the program itself twice in a row ends with exit 93 (do not requeue). One host (-n N) today")
+                        "the program itself twice in a row ends with exit 93 (do not requeue). -n N on one host; "
+                        "-j MIN:MAXxP on every host (a host at fault is excluded from later rounds; its agent "
+                        "exits 95)")
     g.add_argument("--max-attempts", type=int, default=3, metavar="N",
                    help="with --heal: attempts at most, the first included (default 3)")
     g.add_argument("--run-dir", default=None, metavar="PATH",

@@ -1,9 +1,15 @@
 """Self-healing runs: a failed attempt classified (host, job, preempted, unknown), recorded in the run's ledger,
 and acted on (relaunch, stop with "do not requeue", give up).
 
-``classify``, ``ledger`` and ``policy`` are pure (no torch, no processes) and shared by every backend;
-``supervisor`` is the one-host backend today (``ddpkit run|train -n N --heal``), around ddpkit's own agent.
-Slurm with spare nodes, torchrun across hosts, mpirun and Kubernetes are to plug in beside it (issue 38).
+``classify``, ``ledger`` and ``policy`` are pure (no torch, no processes) and shared by every backend; the
+backends (issue 38):
+
+- ``supervisor``: one host (``ddpkit run|train -n N --heal``), ddpkit's own agent once per attempt;
+- ``elastic``: across hosts (``ddpkit run|train -j MIN:MAXxP --heal`` on every host), one torch elastic agent per
+  host, its rendezvous handler wrapped: the run's exclusion list in the rendezvous store;
+- ``mpi``: ``ddpkit submit mpi --heal``, one mpirun per attempt on healthy ``--hosts`` (``nodepool``);
+- ``slurm_supervisor`` / ``slurm_step``: ``ddpkit submit slurm --heal``, srun steps in one allocation with spares;
+- ``k8s``: a PyTorchJob attempt judged from its pods; the next one rendered off the bad nodes (``--exclude-from``).
 """
 
 from __future__ import annotations
