@@ -70,8 +70,10 @@ def run(args: argparse.Namespace) -> int:
     except OSError as exc:
         raise ConfigError(f"cannot start {argv[0]}: {exc}", "an srun command on PATH", "check the job script") \
             from None
-    screen = StepScreen(sys.stdout, sys.stderr,
-                        agents=any(word.endswith(("torchrun", "torch.distributed.run")) for word in argv))
+    agents = any(word.endswith(("torchrun", "torch.distributed.run")) for word in argv)
+    per_node = next((w.split("=", 1)[1] for w in argv if w.startswith("--nproc-per-node=")), "")
+    screen = StepScreen(sys.stdout, sys.stderr, agents=agents,
+                        ranks_per_task=int(per_node) if agents and per_node.isdigit() else None if agents else 1)
     lines: queue.Queue[tuple[bool, bytes | None]] = queue.Queue()
     readers = [threading.Thread(target=_read, args=(stream, to_stderr, lines), daemon=True)
                for stream, to_stderr in ((proc.stdout, False), (proc.stderr, True))]

@@ -79,11 +79,13 @@ class StepScreen:
     """The job's screen for one step: lines in (``take``), what the user reads out (``out``/``err``), and the facts
     a digest needs. Pure apart from the streams it writes to."""
 
-    def __init__(self, out: TextIO, err: TextIO, *, agents: bool | None = None,
+    def __init__(self, out: TextIO, err: TextIO, *, agents: bool | None = None, ranks_per_task: int | None = None,
                  release_s: float = RELEASE_S) -> None:
-        """``agents``: whether each task is a torchrun agent (True) or a rank (False); None: from their lines."""
+        """``agents``: whether each task is a torchrun agent (True) or a rank (False); None: from their lines.
+        ``ranks_per_task``: torchrun's --nproc-per-node (None: from the ranks' lines)."""
         self._out, self._err = out, err
         self._agents_run = agents
+        self._ranks_per_task = ranks_per_task
         self.cancelled: str | None = None
         """Slurm's line where it cancelled the step or the job (scancel, a requeue, the time limit)."""
         self._release_s = release_s
@@ -316,16 +318,21 @@ class StepScreen:
         return next((text.strip() for text in report[1:] if _RANK_ON_HOST.search(text)), None)
 
     def _task_of(self, rank: int) -> _Task | None:
-        return next((t for t in self.tasks.values() if rank in t.ranks), None)
+        """The task whose lines carry ``[host:rank]``; with agents, the task of the host the boxes name."""
+        found = next((t for t in self.tasks.values() if rank in t.ranks), None)
+        failure = next((f for f in self.failures if f.rank == rank and f.host), None)
+        if found is None and failure is not None and self._agents():
+            found = next((t for t in self.tasks.values() if t.host == failure.host), None)
+        return found
 
     def _rank_stderr(self, rank: int) -> str:
         """What a rank wrote on stderr: its task's lines when the task runs this rank alone, else its own
         ``[host:rank]`` lines; torchrun's own tracebacks taken out."""
-        task = self._task_of(rank) or self.tasks.get(rank)
+        task = self._task_of(rank) or (None if self._agents() else self.tasks.get(rank))  # a task is a rank
         if task is None:
             return ""
         lines = list(task.stderr)
-        if len(task.ranks) > 1:
+        if (self._ranks_per_task or len(task.ranks)) > 1:  # its neighbours' lines are in the task's stream too
             lines = [line for line in lines if (m := _PREFIX.match(line)) and int(m[2]) == rank]
         lines = [line for line in lines if not (_TORCH_LOG.match(line) or _CXX.match(line) or is_noise(line))]
         return "\n".join(_without_agent_tracebacks(lines))
@@ -347,7 +354,7 @@ class StepScreen:
 
     def _end(self, rank: int) -> RankEnd:
         failure = next((f for f in self.failures if f.rank == rank), None)
-        task = self._task_of(rank) or self.tasks.get(rank)
+        task = self._task_of(rank) or (None if self._agents() else self.tasks.get(rank))  # a task is a rank
         code = failure.exitcode if failure else None
         if code is None and task is not None and len(task.ranks) <= 1 and task.exitcode is not None \
                 and not self._agents():
