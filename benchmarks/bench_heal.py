@@ -88,8 +88,14 @@ def drill(c: SlurmCluster, where: Path, fault: str) -> dict[str, Any]:
         subprocess.run(["ip", "-n", bad.netns, "link", "set", bad.veth, "up"], check=False)
         if fault != "link":
             _idle(c, bad.name)
-    (run,) = list((where / ".ddpkit-runs").glob("slurm-*"))
-    records = Ledger(run).records()
+    runs = list((where / ".ddpkit-runs").glob("slurm-*"))
+    records = Ledger(runs[0]).records() if runs else []
+    if not any(isinstance(r, FaultSeen) for r in records):  # counted as a failed drill, never dropped
+        print(f"drill in {where} failed: {out[-2000:]}", flush=True)
+        return {"fault": fault, "completed": False, "attempts": 0, "bad_host_absent_later": False,
+                "culprit_hosts": [], "detection": None, "teardown": None, "preflight": None, "startup": None,
+                "total": None, "decision": f"no fault seen: {out.strip().splitlines()[-1] if out.strip() else ''}"}
+    run = runs[0]
     seen = next(r for r in records if isinstance(r, FaultSeen))
     ended = [r for r in records if isinstance(r, AttemptEnded)]
     started = [r for r in records if isinstance(r, AttemptStarted)]

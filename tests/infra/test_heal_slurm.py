@@ -213,6 +213,56 @@ def test_an_exception_on_every_rank_stops_after_two_attempts_without_requeue(clu
         "stopping with exit 93 (do not requeue; the job's own exit code was 1)" in tail[-1], tail
 
 
+def _kill_node2_when_training(c: Any, tmp_path: Path, shape: str) -> tuple[subprocess.Popen[str], Path]:
+    snaps = tmp_path / "snaps"
+    snaps.mkdir()
+    argv = [*c.client_prefix(), sys.executable, "-m", "ddpkit", "submit", "slurm", "-j", shape, "--heal", "--wait",
+            "--wait-timeout", str(JOB_TIMEOUT), "--venv", VENV, "--", "train", "--epochs", "60", "--samples", "4096",
+            "--snapshot-path", str(snaps / "snap.pt")]
+    proc = subprocess.Popen(argv, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env=ddpkit_env(SLURM_CONF=str(c.conf)))
+    for pid in _when_training(c.nodes[1], snaps, proc):
+        os.kill(pid, signal.SIGKILL)
+    return proc, snaps
+
+
+@pytest.mark.slow
+def test_with_no_spare_an_elastic_job_shrinks_to_its_minimum(cluster: Any, tmp_path: Path) -> None:
+    proc, _ = _kill_node2_when_training(cluster, tmp_path, "1:2x1")
+    out, _ = proc.communicate(timeout=JOB_TIMEOUT + 60)
+    log = _log(tmp_path)
+    assert proc.returncode == 0 and "COMPLETED exit code 0 (restarts 0)" in out, out + log
+    assert "ddpkit heal: attempt 1 of 3: node2 excluded (rank 1 on host node2 was killed by SIGKILL); relaunching " \
+           "on node1 (shrunk to 1 of 2 nodes: -j 1:2) from the snapshot of step " in log, log
+    started = [r for r in _ledger(tmp_path) if isinstance(r, AttemptStarted)]
+    assert [(a.hosts, a.ranks) for a in started] == [(("node1", "node2"), 2), (("node1",), 1)]
+
+
+@pytest.mark.slow
+def test_with_no_spare_and_no_smaller_shape_the_job_requeues_itself_without_the_bad_host(cluster: Any,
+                                                                                         tmp_path: Path) -> None:
+    """-j 2x1 with no spare: node2's rank killed -> the job requeues itself with --exclude=node2 and its next run
+    (on node1, node3) resumes from the snapshot. Slurm holds a requeued job for 2 minutes before it may start: the
+    test starts it at once (scontrol update StartTime=now) as an operator may."""
+    proc, _ = _kill_node2_when_training(cluster, tmp_path, "2x1")
+    until = time.monotonic() + JOB_TIMEOUT
+    while proc.poll() is None and time.monotonic() < until:
+        res = cluster.client("squeue", "-h", "-o", "%i %r")
+        if "BeginTime" in res.stdout:
+            cluster.client("scontrol", "update", f"JobId={res.stdout.split()[0]}", "StartTime=now")
+            break
+        time.sleep(1)
+    out, _ = proc.communicate(timeout=JOB_TIMEOUT + 60)
+    log = _log(tmp_path)
+    assert proc.returncode == 0 and "COMPLETED exit code 0 (restarts 1)" in out, out + log
+    assert "ddpkit heal: no attempt 2 here: 1 healthy node(s) left of 2 (node2 out), 2 needed: requeuing job " in log
+    assert "healed (--heal), restart 1" in log and "Resuming training from snapshot" in log, log
+    records = _ledger(tmp_path)
+    started = [r for r in records if isinstance(r, AttemptStarted)]
+    assert [a.hosts for a in started] == [("node1", "node2"), ("node1", "node3")], started
+    assert [r.host for r in records if isinstance(r, HostExcluded)] == ["node2"]
+
+
 @pytest.mark.slow
 def test_host_cut_off_is_excluded_and_the_job_completes_bitwise(cluster: Any, tmp_path: Path,
                                                                 uninterrupted: dict[str, Any]) -> None:

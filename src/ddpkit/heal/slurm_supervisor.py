@@ -184,7 +184,8 @@ def _take_out(args: argparse.Namespace, found: Classification, attempt: int, poo
         drained = args.on_fail == "drain" and drain(host, f"ddpkit heal: {found.reason}")
         ledger.append(HostExcluded(attempt=attempt, time=time.time(), host=host, reason=found.reason,
                                    drained=drained))
-    release(pool, ledger.run_dir)
+    if pool.take() is not None:  # going on here: give the bad hosts back (a requeue gives back everything)
+        release(pool, ledger.run_dir)
     since = "" if progress is None else f" from the snapshot of step {progress}"
     if not out:
         return f"{head}: {found.reason} (host fault); relaunching on the same nodes{since}"
@@ -234,21 +235,38 @@ def _preflight(args: argparse.Namespace, job: str, steps: int, attempt: int, nod
 
 
 def _no_nodes(args: argparse.Namespace, job: str, pool: NodePool, of_session: int, policy: HealPolicy) -> int:
-    """Fewer healthy nodes than the job needs: requeue (the bad hosts drained, or kept out by the ledger), else end."""
-    bad = ", ".join(sorted(pool.bad))
-    head = f"ddpkit heal: attempt {of_session} of {policy.max_attempts}"
+    """Fewer healthy nodes than the job needs: requeue it with every bad host in its ``--exclude`` (hold, update,
+    release: Slurm refuses ExcNodeList on a running job but takes it on one requeued and held), else end with 94."""
+    bad = ",".join(sorted(pool.bad))
+    head = f"ddpkit heal: no attempt {of_session} here"
+    left = f"{len(pool.healthy)} healthy node(s) left of {len(pool.allocation)} ({bad} out), {pool.least} needed"
     if args.requeue:
-        say(f"{head}: {len(pool.healthy)} healthy node(s) left of {len(pool.allocation)} ({bad} out), {pool.least} "
-            f"needed: requeuing job {job}; the requeued job keeps {bad} out")
-        res = subprocess.run(["scontrol", "requeue", job], capture_output=True, text=True, timeout=SCONTROL_S,
-                             check=False)
-        if res.returncode == 0:
-            time.sleep(SCONTROL_S)  # Slurm ends this batch script now; it never gets here in a healthy cluster
-        say(f"ddpkit heal: scontrol requeue {job} failed: {(res.stderr or res.stdout).strip()}")
-    say(f"{head}: {len(pool.healthy)} healthy node(s) left of {len(pool.allocation)} ({bad} out), {pool.least} "
-        f"needed, and the job cannot requeue itself: stopping with exit {EXIT_NO_NODES}; resubmit with "
-        f"--exclude {bad.replace(', ', ',')}")
+        say(f"{head}: {left}: requeuing job {job} with --exclude={bad} (Slurm starts it again after its requeue "
+            "delay; its supervisor goes on with the same ledger)")
+        failed, held = "", False
+        for argv in (["scontrol", "requeuehold", job], ["scontrol", "update", f"JobId={job}", f"ExcNodeList={bad}"],
+                     ["scontrol", "release", job]):
+            # Slurm sends SIGTERM to every process of the job at the requeue: scontrol must live through it
+            res = subprocess.run(argv, capture_output=True, text=True, timeout=SCONTROL_S, check=False,
+                                 preexec_fn=_ignore_term)
+            if res.returncode != 0:
+                failed = f"{' '.join(argv)}: exit {res.returncode} {(res.stderr or res.stdout).strip()}"
+                break
+            held = held or argv[1] == "requeuehold"
+        if not failed:
+            return 0  # Slurm ends this batch script (SIGTERM, then SIGKILL); the job runs again, pending first
+        if held:
+            say(f"ddpkit heal: the requeue failed ({failed}); job {job} is requeued and held: release it with "
+                f"scontrol update JobId={job} ExcNodeList={bad} && scontrol release {job}")
+            return EXIT_NO_NODES
+        say(f"ddpkit heal: the requeue failed ({failed})")
+    say(f"{head}: {left}, and the job cannot requeue itself: stopping with exit {EXIT_NO_NODES}; resubmit with "
+        f"--exclude {bad}")
     return EXIT_NO_NODES
+
+
+def _ignore_term() -> None:
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
 
 def _cause_first(step: StepRun) -> None:
