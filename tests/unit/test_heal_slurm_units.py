@@ -105,3 +105,16 @@ def test_progress_is_the_newest_snapshot_of_a_train_program(tmp_path: object) ->
     for step in (64, 128):
         (where / f"snap.{step:09d}.pt").write_bytes(b"x")
     assert snapshot_step(("py", "-m", "ddpkit", "train", f"--snapshot-path={where / 'snap.pt'}")) == 128
+
+
+def test_a_preflight_report_names_its_bad_hosts_by_slurm_node(tmp_path: object) -> None:
+    import json
+    from pathlib import Path
+
+    from ddpkit.heal.slurm_supervisor import _named_bad
+
+    report = Path(str(tmp_path)) / "preflight.json"
+    assert _named_bad(report, ("node1", "node3")) == ()  # no report (the check did not get that far)
+    report.write_text(json.dumps({"bad_hosts": [{"host": "h3", "slurm_node": "node3", "reasons": ["mtu"]},
+                                                {"host": "node9", "slurm_node": None, "reasons": ["x"]}]}))
+    assert _named_bad(report, ("node1", "node3")) == ("node3",)

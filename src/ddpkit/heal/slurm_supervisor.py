@@ -26,6 +26,7 @@ goodput lines), and a ``MASTER_PORT`` of their own per step.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import signal
 import socket
@@ -202,8 +203,9 @@ def _preflight(args: argparse.Namespace, job: str, steps: int, attempt: int, nod
                pool: NodePool, ledger: Ledger) -> tuple[str, ...] | None:
     """``ddpkit check`` on ``nodes`` (short deadlines); a host it names bad is taken out and the next set tried
     (bounded by the allocation). Returns the set to run on, or None when too few nodes are left."""
+    report = ledger.run_dir.resolve() / f"preflight-{attempt}-{steps}.json"
     program = [*args.program[:args.program.index("ddpkit") + 1], "check", "--timeout", f"{PREFLIGHT_S:g}",
-               "--phase-timeout", f"{PREFLIGHT_S:g}"] if "ddpkit" in args.program else None
+               "--phase-timeout", f"{PREFLIGHT_S:g}", "--json", str(report)] if "ddpkit" in args.program else None
     if program is None:
         return nodes
     began = time.time()
@@ -211,8 +213,11 @@ def _preflight(args: argparse.Namespace, job: str, steps: int, attempt: int, nod
                              env={"MASTER_PORT": str(step_port(int(job), steps)), HEAL_SILENT_S: "5"}),
                     teardown_s=5.0, deadline_s=3 * PREFLIGHT_S, echo=lambda line: None)
     bad: tuple[str, ...] = ()
-    if step.exit_code and step.evidence is not None:
-        bad = classify(step.evidence).culprit_hosts
+    if step.exit_code:
+        bad = _named_bad(report, nodes)
+        found = classify(step.evidence) if step.evidence is not None else None
+        if not bad and found is not None and found.kind is FailureClass.HOST:  # a rank killed, one silent
+            bad = found.culprit_hosts
     ledger.append(PreflightEnded(attempt=attempt, start=began, end=step.ended, hosts=nodes,
                                  exit_code=step.exit_code, bad_hosts=bad))
     if not step.exit_code:
@@ -232,6 +237,17 @@ def _preflight(args: argparse.Namespace, job: str, steps: int, attempt: int, nod
     say(f"ddpkit heal: preflight check named {', '.join(bad)}: excluded; "
         + (f"trying {', '.join(nxt)}" if nxt else "no node set left"))
     return _preflight(args, job, steps + 1, attempt, nxt, pool, ledger) if nxt else None
+
+
+def _named_bad(report: Path, nodes: tuple[str, ...]) -> tuple[str, ...]:
+    """The hosts the preflight check's report names in ``bad_hosts`` (by Slurm node name), among ``nodes``."""
+    try:
+        data = json.loads(report.read_text())
+    except (OSError, ValueError):
+        return ()
+    entries = data.get("bad_hosts") if isinstance(data, dict) else None
+    names = [str(e.get("slurm_node") or e.get("host")) for e in entries or () if isinstance(e, dict)]
+    return tuple(n for n in dict.fromkeys(names) if n in nodes)
 
 
 def _no_nodes(args: argparse.Namespace, job: str, pool: NodePool, of_session: int, policy: HealPolicy) -> int:
