@@ -143,3 +143,30 @@ def test_a_killed_host_with_no_spare_stops_with_94(two_hosts: Hosts) -> None:
     started = [e for e in _ledger(work) if e["kind"] == "attempt-started"]
     assert len(started) == 1, started
     assert two_hosts.leftover() == {}
+
+
+RAISES = """\
+import torch, torch.distributed as dist
+dist.init_process_group("gloo")
+t = torch.ones(1)
+dist.all_reduce(t)
+raise ValueError("bad batch")
+"""
+
+
+def test_a_failure_of_the_program_on_every_rank_is_retried_once_then_93(two_hosts: Hosts) -> None:
+    """A script that raises the same ValueError on every rank under `submit mpi --heal`: two attempts on the same
+    hosts (a job fault names no host), then exit 93 (do not requeue) with the exception in the line."""
+    require_tools("mpirun")
+    work = Path(two_hosts.cluster.workdir) / "job"
+    work.mkdir()
+    script = work / "raises.py"
+    script.write_text(RAISES)
+    run = _submit(two_hosts, "2x1", [0, 1], work, str(script)).wait(RUN_TIMEOUT)
+    assert run.returncode == 93, run.output()
+    assert "ValueError: bad batch on ranks 0, 1" in run.stderr and "(job fault); relaunching once on " in run.stderr
+    assert "the second in a row: retrying cannot help; stopping with exit 93" in run.stderr, run.output()
+    started = [e for e in _ledger(work) if e["kind"] == "attempt-started"]
+    assert [e["hosts"] for e in started] == [[two_hosts[0].ip, two_hosts[1].ip]] * 2, started
+    assert "excluded" not in run.stderr, run.output()
+    assert two_hosts.leftover() == {}

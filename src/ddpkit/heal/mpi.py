@@ -177,7 +177,10 @@ def _retry_line(of_session: int, policy: HealPolicy, found: Classification, pool
         if out:
             line += f"; {', '.join(out)} excluded for the rest of the run"
     nxt = pool.take()
-    where = f"relaunching on {', '.join(nxt)}" if nxt else "no host set left for the next attempt"
+    once = " once" if found.kind is FailureClass.JOB else ""
+    where = f"relaunching{once} on {', '.join(nxt)}" if nxt else "no host set left for the next attempt"
+    if nxt and once:
+        where += " (a second such failure stops the job)"
     return line + f"; {where}" + (f" from the snapshot of step {progress}" if nxt and progress is not None else "")
 
 
