@@ -257,3 +257,37 @@ def test_a_host_cut_off_is_excluded_and_leaves_when_its_link_returns(make_hosts:
     again = [e for e in ledger if e["kind"] == "attempt-started"][-1]
     print(f"heal across hosts (link cut): next round {float(again['time']) - cut:.1f} s after the cut")  # type: ignore[arg-type]
     assert hosts.leftover() == {}
+
+
+SLOW = """\
+import time, torch, torch.distributed as dist
+dist.init_process_group("gloo")
+t = torch.ones(1)
+for step in range(2):
+    if dist.get_rank() == 1:
+        time.sleep(12)  # slow, not silent: longer than the 10 s silence that makes a lost host; its watch beats on
+    dist.all_reduce(t)
+print("done", dist.get_rank(), t.item())
+"""
+
+
+def test_a_slow_rank_that_answers_is_never_a_host_fault(two_hosts: Hosts) -> None:
+    """`ddpkit run -j 2:2x1 --heal` on 2 hosts, rank 1 busy 12 s before each all_reduce (longer than the silence
+    that makes a lost host) while rank 0 waits: one attempt, exit 0 on both hosts, no host excluded."""
+    work = Path(two_hosts.cluster.workdir) / "job"
+    work.mkdir()
+    script = work / "slow.py"
+    script.write_text(SLOW)
+    args = ["run", "-j", "2:2x1", "--rdzv-endpoint", two_hosts.endpoint(), "--run-id", new_run_id(), "--heal",
+            "--run-dir", str(work / "run"), "--", str(script)]
+    runs = [two_hosts.ddpkit(h, *args, OMP_NUM_THREADS="1") for h in two_hosts.hosts]
+    for r in runs:
+        r.wait(RUN_TIMEOUT)
+    assert [r.returncode for r in runs] == [0, 0], "\n".join(r.output() for r in runs)
+    for r in runs:
+        assert "stopped answering" not in r.stderr and "excluded" not in r.stderr.replace(
+            "cut off is excluded from later rounds", ""), r.output()
+        started = [e for e in _ledger(work, r.host.hostname) if e["kind"] == "attempt-started"]
+        assert len(started) == 1, started
+    assert "done 0 4.0" in runs[0].stdout + runs[1].stdout, "\n".join(r.output() for r in runs)
+    assert two_hosts.leftover() == {}
