@@ -96,6 +96,7 @@ def test_a_stopped_host_is_excluded_and_the_job_finishes_on_the_others(make_host
     victim = runs[bad]
     workers = _children(victim.proc.pid)
     assert workers, victim.output()
+    joined = victim.stderr.count("joined as node")  # 2 where a host was late for the first round
     for pid in workers:
         os.kill(pid, signal.SIGSTOP)
     stopped_at, stopped_wall = time.monotonic(), time.time()
@@ -110,7 +111,7 @@ def test_a_stopped_host_is_excluded_and_the_job_finishes_on_the_others(make_host
     assert "Traceback" not in victim.stderr, victim.output()
 
     summary = json.loads((work / "summary.json").read_text())
-    assert summary["world_size"] == 2 and summary["restarts"] >= 1, summary
+    assert summary["world_size"] == 2, summary  # restarts: rank 0's agent's count (a membership restart is not one)
     assert summary["resumed_from"]["global_step"] >= int(first.name.split(".")[1]), summary
     assert sorted(int(e) for e in summary["loss_history"]) == list(range(4)), summary
     # the survivors said it, named the host and why; the stopped host took no part in a later round
@@ -118,9 +119,9 @@ def test_a_stopped_host_is_excluded_and_the_job_finishes_on_the_others(make_host
         said = rf"rank \d+ on host {name} stopped answering (\(host fault\)); {name} excluded from later rounds; " \
                rf"{r.host.hostname} rejoins the rendezvous, resuming from the snapshot of step \d+"
         assert re.search(said, r.stderr), r.output()
-        assert r.stderr.count(f"ddpkit heal: {r.host.hostname} joined as node ") == 2, r.output()
-        assert re.search(rf"{r.host.hostname} joined as node [01] of 2 ", r.stderr), r.output()
-    assert victim.stderr.count("joined as node") == 1, victim.output()
+        last = re.findall(rf"{r.host.hostname} joined as node (\d+) of (\d+) ", r.stderr)[-1]
+        assert last[1] == "2", r.output()  # the round after the exclusion: the two hosts left
+    assert victim.stderr.count("joined as node") == joined, victim.output()  # no round after the fault
     ledger = _ledger(work, hosts[0].hostname)
     ended = [e for e in ledger if e["kind"] == "attempt-ended"]
     assert ended[0]["classification"]["kind"] == "host", ended  # type: ignore[index]
@@ -128,10 +129,13 @@ def test_a_stopped_host_is_excluded_and_the_job_finishes_on_the_others(make_host
     assert "stopped answering" in ended[0]["classification"]["reason"], ended  # type: ignore[index]
     mine = [e for e in _ledger(work, name) if e["kind"] == "attempt-ended"]
     assert mine[-1]["exit_code_of_run"] == EXCLUDED, mine
-    again = [e for e in ledger if e["kind"] == "attempt-started"][-1]
-    print(f"heal across hosts (SIGSTOP): next round {float(again['time']) - stopped_wall:.1f} s after the fault "  # type: ignore[arg-type]
-          f"(silent after 10 s); survivors done {max(r.seconds or 0 for r in good):.0f} s after their start; the "
-          f"stopped host left {time.monotonic() - stopped_at:.0f} s after its SIGSTOP")
+    again = float([e for e in ledger if e["kind"] == "attempt-started"][-1]["time"]) - stopped_wall  # type: ignore[arg-type]
+    judged = float(ended[0]["time"]) - stopped_wall  # type: ignore[arg-type]
+    done = max(r.seconds or 0 for r in good)
+    print(f"heal across hosts (SIGSTOP): the round judged {judged:.1f} s after the fault (10 s of silence, the "
+          f"abort, the workers' exit), the next round at {again:.1f} s (the rendezvous: the excluded agent leaves, "
+          f"the last call); survivors done {done:.0f} s after their start; the stopped host left "
+          f"{time.monotonic() - stopped_at:.0f} s after its SIGSTOP")
     assert hosts.leftover() == {}
 
 

@@ -220,11 +220,12 @@ class HealRun:
     def round_started(self, rank: int, world_size: int) -> None:
         self.rounds += 1
         self.node_rank = rank
-        self.attempt = self.ledger.next_attempt()
+        if self.attempt is None:  # else the membership changed: the same attempt goes on with other hosts
+            self.attempt = self.ledger.next_attempt()
+            self.ledger.append(AttemptStarted(attempt=self.attempt, time=time.time(), hosts=(self.host,),
+                                              ranks=world_size * self.nproc,
+                                              logs=str(self.log_dir) if self.log_dir else None))
         os.environ[ATTEMPT_VAR] = str(self.attempt)  # the workers are started after this: train's goodput lines
-        self.ledger.append(AttemptStarted(attempt=self.attempt, time=time.time(), hosts=(self.host,),
-                                          ranks=world_size * self.nproc,
-                                          logs=str(self.log_dir) if self.log_dir else None))
         print(f"ddpkit heal: {self.host} joined as node {rank} of {world_size} ({world_size * self.nproc} ranks): "
               f"attempt {self.attempt} in its ledger", file=sys.stderr, flush=True)
 
