@@ -45,7 +45,7 @@ unit: $(STAMP)
 	$(PY) -m pytest -q tests/unit
 
 test: $(STAMP) infra-deps lint
-	$(PY) -m pytest -q --durations=15 tests
+	$(PY) -m pytest -q -n 2 --dist loadgroup --durations=25 tests
 
 bench: $(STAMP)
 	set -e; for b in benchmarks/bench_*.py; do n=$$(basename $$b .py); echo "== $$n"; $(PY) -m benchmarks.$$n; done

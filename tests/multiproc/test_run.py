@@ -130,6 +130,7 @@ def test_a_launcher_contradiction_stops_before_the_script(script: Path) -> None:
     assert res.stderr.startswith("ddpkit: error:") and "RESULT" not in res.stdout
 
 
+@pytest.mark.slow  # a minute or more
 def test_a_script_that_destroys_its_group_and_exits_ends_every_time(script: Path) -> None:
     """The script's DDP model must not be freed before the process exits: its Reducer then drops the destroyed
     process group's last reference and the join of gloo's threads hung (3 runs in 10 of `run -n 2`)."""

@@ -87,6 +87,7 @@ def test_files_the_script_never_closed_are_written_under_torchrun(tmp_path: Path
     ("exit", 5, "rank 1 (pid {pid}) failed first with exit code 5"),
     ("kill", 137, "rank 1 (pid {pid}) was killed by SIGKILL first"),
 ])
+@pytest.mark.slow  # a minute or more
 def test_the_rank_that_failed_first_is_named_and_its_code_is_the_commands(how: str, code: int, named: str,
                                                                            tmp_path: Path) -> None:
     """Ten runs each: rank 0 fails too (its all-reduce with rank 1 breaks), in the same second; neither the rank

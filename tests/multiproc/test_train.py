@@ -226,6 +226,7 @@ def test_bad_input_exits_2_before_training(baseline: Path, tmp_path: Path) -> No
     assert "Traceback" not in done.stderr and "Epoch" not in done.stdout
 
 
+@pytest.mark.slow  # a minute or more
 def test_preempted_after_an_epochs_last_step_keeps_that_epochs_loss(tmp_path: Path) -> None:
     """One step an epoch: the drill fires on an epoch's last step, so the preemption snapshot starts the next epoch
     and the stopped run must record the finished epoch's loss before it writes (it was lost from the history)."""

@@ -30,6 +30,7 @@ def small_disk(tmp_path: Path) -> Iterator[Path]:
         subprocess.run(["umount", str(disk)], check=False)
 
 
+@pytest.mark.slow  # a minute or more
 def test_a_full_disk_during_a_snapshot_is_one_message_and_exit_74(small_disk: Path) -> None:
     res = run_ddpkit("train", "-n", "2", "--model", "mlp", "--epochs", "3", "--samples", "128",
                      "--snapshot-path", f"{small_disk}/", timeout=240)

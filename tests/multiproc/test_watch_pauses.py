@@ -197,6 +197,7 @@ def _reported_then_resumed(done: Done, waiters: str, busy_in: str) -> None:
     assert leftover(done.tag) == []
 
 
+@pytest.mark.slow  # a minute or more
 def test_a_checkpoint_longer_than_the_deadline_is_reported_once_and_resumes(paused: dict[str, Job]) -> None:
     """Rank 0 alone writes a checkpoint for 75 s, then ``dist.barrier()``, where rank 1 waits: today's watch called
     this a hang at 64 s and stopped both ranks (exit 3)."""
@@ -206,6 +207,7 @@ def test_a_checkpoint_longer_than_the_deadline_is_reported_once_and_resumes(paus
     assert done.of("hang")[0]["collective"]["op"] == "barrier"
 
 
+@pytest.mark.slow  # a minute or more
 @pytest.mark.parametrize("mode", sorted(LONGER))
 def test_the_other_healthy_pauses_finish_with_at_most_one_report(mode: str, paused: dict[str, Job]) -> None:
     """A 150 s checkpoint is reported once and resumes (every rank stops only after 600 s); a 90 s slow first step
@@ -254,6 +256,7 @@ def test_a_real_hang_is_reported_then_stopped_at_the_time_the_report_gave(fault:
     assert leftover(done.tag) == [], "processes left behind"
 
 
+@pytest.mark.slow  # a minute or more
 def test_a_later_hang_after_a_resumed_pause_gets_its_own_report(tmp_path: Path) -> None:
     """--on-hang abort's default wait: rank 0's 12 s checkpoint is reported at 5 s and resumes; rank 1's SIGSTOP
     afterwards is a new hang, reported on its own and stopped."""
