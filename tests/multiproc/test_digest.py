@@ -20,6 +20,7 @@ from ddpkit.launch.kernlog import read_kernel_log
 from ddpkit.launch.ranklogs import RankLogs
 from tests.helpers import ddpkit_env, run_ddpkit
 from tests.multiproc.test_run import SCRIPT, assert_replicas_identical
+from tests.watch_jobs import torchrun
 
 pytestmark = pytest.mark.multiproc
 HOST = socket.gethostname().split(".", 1)[0]
@@ -145,3 +146,23 @@ def test_a_rank_the_agent_sigkilled_is_said_killed(tmp_path: Path) -> None:
     assert "  rank 1: killed by the agent (SIGKILL): still running after SIGTERM and its grace period" in lines, lines
     assert "  rank 2: ended by the agent (SIGTERM) after rank 0 failed" in lines, lines
     assert not any("no error" in line for line in lines), lines
+
+
+RAISES_ON_1 = KEYERROR.replace("rank == 11", "rank == 1")
+
+
+def test_under_torchrun_the_root_cause_box_shows_the_ranks_own_traceback(tmp_path: Path) -> None:
+    """``torchrun -m ddpkit run``: the failed rank's exception is written to torch's error file, so torchrun's
+    "Root Cause" box shows its traceback (no ``@record`` in the user's script: pytorch/pytorch#66182) and ddpkit
+    step reads it there when a node's ranks share one stream; the peer the failure ended writes none."""
+    script = tmp_path / "raises.py"
+    script.write_text(RAISES_ON_1)
+    res = subprocess.run([*torchrun(2), "-m", "ddpkit", "run", "--", str(script)], capture_output=True, text=True,
+                         timeout=180, env=ddpkit_env())
+    out = res.stdout + res.stderr
+    assert res.returncode != 0, out
+    root = out.split("Root Cause (first observed failure):", 1)[1]
+    assert re.search(r"rank\s+: 1 \(local_rank: 1\)", root), out
+    assert re.search(r"traceback : Traceback \(most recent call last\):\n\s+File \"" + re.escape(str(script))
+                     + r"\", line 11, in <module>\n\s+raise KeyError\(\"batch\"\)\n\s+KeyError: 'batch'", root), out
+    assert "Connection closed by peer" not in root, out

@@ -138,3 +138,44 @@ def test_a_step_slurm_cancelled_for_a_requeue_is_no_rank_failure() -> None:
     assert screen.digest(1, "LOG") == ["ddpkit: Slurm ended the step (srun exit code 1): STEP 7.0 ON node1 CANCELLED "
                                        "AT 2026-11-26T13:33:40 DUE TO JOB REQUEUE; its full output: LOG"]
     assert "SignalException" not in err.getvalue()
+
+
+TWO_PER_NODE = """\
+1: [node2:2] WARNING setting GLOO_SOCKET_IFNAME=vjb: vjb (10.213.0.12) routes to the master
+1: [node2:3] WARNING setting GLOO_SOCKET_IFNAME=vjb: vjb (10.213.0.12) routes to the master
+1: Traceback (most recent call last):
+1: Traceback (most recent call last):
+1:   File "/tmp/t/ke2.py", line 10, in <module>
+1:   File "/tmp/t/ke2.py", line 11, in <module>
+1:     raise KeyError("batch")
+1:     dist.all_reduce(t)
+1: KeyError: 'batch'
+1: RuntimeError: [/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed by peer
+1: E1126 13:55:57.201000 23571 torch/distributed/elastic/multiprocessing/api.py:1002] failed (exitcode: 1) \
+local_rank: 1 (pid: 23577) of binary: /venv/bin/python
+1: Root Cause (first observed failure):
+1: [0]:
+1:   time      : 2026-11-26_13:55:55
+1:   host      : node2
+1:   rank      : 3 (local_rank: 1)
+1:   exitcode  : 1 (pid: 23577)
+1:   error_file: /tmp/torchelastic_p5f9k44w/9fed2bab_dfx9w62e/attempt_0/1/error.json
+1:   traceback : Traceback (most recent call last):
+1:     File "/tmp/t/ke2.py", line 10, in <module>
+1:       raise KeyError("batch")
+1:   KeyError: 'batch'
+1:
+1: ============================================================
+"""
+
+
+def test_two_ranks_on_a_node_the_traceback_comes_from_the_failed_ranks_box() -> None:
+    """Two ranks of one node share its stream, their tracebacks interleaved line by line; the rank's own
+    traceback is the one torch's box shows for it (``ddpkit run`` writes torch's error file)."""
+    screen = StepScreen(io.StringIO(), io.StringIO(), agents=True, ranks_per_task=2)
+    for line in TWO_PER_NODE.splitlines():
+        screen.take(line, to_stderr=True, now=0.0)
+    lines = screen.digest(1, "LOG")
+    assert lines[:4] == ["ddpkit: the job step failed (srun exit code 1): rank 3 on host node2 failed first with "
+                         "exit code 1", '    File "/tmp/t/ke2.py", line 10, in <module>',
+                         '      raise KeyError("batch")', "    KeyError: 'batch'"], lines

@@ -42,7 +42,7 @@ _SRUN_SIGNALS = {"Killed": signal.SIGKILL, "Aborted": signal.SIGABRT, "Segmentat
 _CANCELLED = re.compile(r"\*\*\* (?:STEP|JOB) \S+ ON \S+ CANCELLED AT \S+(?: DUE TO [^*]+)? \*\*\*")
 _PREFIX = re.compile(r"^\[([^\]:\s]+):(\d+)\] ")
 _RANK_ON_HOST = re.compile(r"\brank (\d+) on (?:host )?([\w.\-]+)")
-_BOX_FIELD = re.compile(r"^\s*(time|host|rank|exitcode)\s*: (.*)$")
+_BOX_FIELD = re.compile(r"^\s*(time|host|rank|exitcode|error_file|traceback)\s*: ?(.*)$")
 _NUMBERS = re.compile(r"0x[0-9a-f]+|\d+")
 #: the frames that say a traceback is torchrun's own (its agent), not a rank's
 _AGENT_FRAMES = ("torch/distributed/elastic/", "/bin/torchrun", "torch/distributed/run.py",
@@ -62,6 +62,8 @@ class Failure:
     """torchrun's, to the second; "" from srun's lines."""
     seq: int = 0
     """The order its line arrived in: srun reports a task's end as it happens."""
+    traceback: str = ""
+    """The rank's own traceback, where it wrote torch's error file (``ddpkit run`` does): the box shows it."""
 
 
 @dataclass
@@ -73,6 +75,7 @@ class _Task:
     exitcode: int | None = None
     quiet_block: bool = False
     box: dict[str, str] | None = None
+    box_traceback: list[str] | None = None
 
 
 class StepScreen:
@@ -185,21 +188,36 @@ class StepScreen:
         self._read_box(task, text)
 
     def _read_box(self, task: _Task, text: str) -> None:
-        """torchrun's "Root Cause" box: one entry per failed rank (global rank, host, exit code, pid, time)."""
+        """torchrun's "Root Cause" box: one entry per failed rank (time, host, global rank, exit code and pid, and
+        the rank's traceback where it wrote torch's error file), each opened by "[N]:"."""
         stripped = text.strip()
         if re.fullmatch(r"\[\d+\]:", stripped):
-            task.box = {}
+            self._box_done(task)
+            task.box, task.box_traceback = {}, None
             return
         if task.box is None:
             return
+        if task.box_traceback is not None:  # the traceback field's lines, indented by the box
+            if stripped and text.startswith("  ") and not re.fullmatch(r"[=\-]{20,}", stripped):
+                task.box_traceback.append(text[2:])
+            else:
+                self._box_done(task)
+            return
         found = _BOX_FIELD.match(text)
-        if found:
-            task.box[found[1]] = found[2].strip()
-        if (found and found[1] == "exitcode") or (not found and "error_file" not in text and "traceback" not in text):
+        if not found:
             self._box_done(task)
+        elif found[1] == "traceback" and found[2].strip() == TRACEBACK:
+            task.box_traceback = [TRACEBACK]
+        elif found[1] == "traceback":
+            self._box_done(task)
+        else:
+            task.box[found[1]] = found[2].strip()
 
     def _box_done(self, task: _Task) -> None:
-        box, task.box = task.box or {}, None
+        if task.box is None:
+            return
+        box, task.box = task.box, None
+        traceback, task.box_traceback = "\n".join(task.box_traceback or []), None
         rank = re.match(r"(\d+)", box.get("rank", ""))
         code = re.match(r"(-?\d+)(?: \(pid: (\d+)\))?", box.get("exitcode", ""))
         if not (rank and code):
@@ -210,6 +228,7 @@ class StepScreen:
             failure = Failure(rank=None, host=None, exitcode=int(code[1]), pid=pid, seq=self._seq)
             self.failures.append(failure)
         failure.rank, failure.host, failure.timestamp = int(rank[1]), box.get("host"), box.get("time", "")
+        failure.traceback = traceback or failure.traceback
 
     def _duplicate_error(self, task: _Task, text: str) -> bool:
         """A ``ddpkit: error:`` block (its first line and the indented lines under it) another task already
@@ -232,6 +251,8 @@ class StepScreen:
         """The failed step on one screen, cause first: the rank that failed first on its own, with its host and
         words; where ddpkit stopped the ranks (exit 3) or no rank failed on its own, what the watch found first.
         A step Slurm cancelled where no rank failed on its own (a requeue, scancel) is said in one line."""
+        for task in self.tasks.values():  # a box the step's end cut short
+            self._box_done(task)
         ranks = self._rank_hosts()
         first = self._first_failure()
         own = first is not None and first.exitcode not in (-signal.SIGTERM, *PREEMPTED)
@@ -349,8 +370,13 @@ class StepScreen:
         found = [line for line in self._rank_stderr(rank).splitlines() if line.startswith("ddpkit: error:")]
         return short(found[-1]) if found else None
 
+    def _words(self, rank: int) -> str:
+        """What the rank said: its traceback from torch's box where it wrote one, else its stderr lines."""
+        failure = next((f for f in self.failures if f.rank == rank and f.traceback), None)
+        return failure.traceback if failure else self._rank_stderr(rank)
+
     def _cause(self, rank: int) -> list[str]:
-        return cause(RankEnd(rank=rank, stderr=self._rank_stderr(rank)))
+        return cause(RankEnd(rank=rank, stderr=self._words(rank)))
 
     def _end(self, rank: int) -> RankEnd:
         failure = next((f for f in self.failures if f.rank == rank), None)
@@ -360,7 +386,7 @@ class StepScreen:
                 and not self._agents():
             code = task.exitcode
         return RankEnd(rank=rank, exitcode=code, pid=failure.pid if failure else None,
-                       kernel=(self._kernel(failure) or "") if failure else "", stderr=self._rank_stderr(rank))
+                       kernel=(self._kernel(failure) or "") if failure else "", stderr=self._words(rank))
 
 
 def _first_report(lines: Sequence[str]) -> list[str]:

@@ -105,6 +105,9 @@ class WorkerContext:
     agent_store: bool = False
     """The workers share their elastic agent's store (``TORCHELASTIC_USE_AGENT_STORE=True``: torchrun's default);
     else rank 0 creates the store at MASTER_ADDR:MASTER_PORT (ddpkit's agent, mpirun, srun)."""
+    error_file: str | None = None
+    """Where the elastic agent reads a failed worker's exception (``TORCHELASTIC_ERROR_FILE``, torch's ``@record``
+    format): its "Root Cause" box then shows the rank's own traceback; None without an elastic agent."""
 
     @classmethod
     def from_environ(cls, environ: Mapping[str, str] | None = None) -> WorkerContext:
@@ -118,6 +121,7 @@ class WorkerContext:
                    run_id=env.get("TORCHELASTIC_RUN_ID") or "run", master_addr=env.get("MASTER_ADDR") or None,
                    master_port=int(port) if port.isdigit() else None,
                    agent_store=env.get("TORCHELASTIC_USE_AGENT_STORE", "").strip().lower() == "true",
+                   error_file=env.get("TORCHELASTIC_ERROR_FILE") or None,
                    heal_silent_s=_seconds(env.get(HEAL_SILENT_S)))
 
     @property

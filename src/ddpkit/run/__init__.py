@@ -107,7 +107,7 @@ def run(args: argparse.Namespace, start: RankStart) -> int:
 
         install(options_from_args(args))
         sigterm.install()  # the launcher ending this rank: first name a rank on this host that is gone
-    return run_target(words[0], words[1:], module=args.module)
+    return run_target(words[0], words[1:], module=args.module, error_file=start.context.error_file)
 
 
 def _python_signals() -> None:
@@ -142,9 +142,11 @@ def _check_target(target: str, module: bool) -> None:
                           "check the path; with -m, name a module instead")
 
 
-def run_target(target: str, argv: list[str], *, module: bool = False) -> int:
+def run_target(target: str, argv: list[str], *, module: bool = False, error_file: str | None = None) -> int:
     """Run a script (or module) as ``__main__`` with ``argv``, as ``python SCRIPT ARGV`` would; returns its exit
-    code. An exception it raises is printed as Python prints it, without ddpkit's frames, and gives exit code 1."""
+    code. An exception it raises is printed as Python prints it, without ddpkit's frames, and gives exit code 1;
+    with ``error_file`` (an elastic agent's ``TORCHELASTIC_ERROR_FILE``) it is also written there as torch's
+    ``@record`` writes it, unless a peer's failure caused it."""
     saved_argv, saved_path0 = sys.argv, (sys.path[0] if sys.path else None)
     try:
         if module:
@@ -167,9 +169,11 @@ def run_target(target: str, argv: list[str], *, module: bool = False) -> int:
         from ddpkit.watch import note_exception
 
         note_exception(exc)  # a failed collective behind it: the watch names the ranks that are gone, first
-        _print_user_traceback(exc, os.path.abspath(target) if not module else None)
+        shown = _print_user_traceback(exc, os.path.abspath(target) if not module else None)
         if caused_by_peer(exc):  # another rank failed first: the launcher must see that one go first
             yield_to_first_failure()
+        elif error_file:
+            _record_for_agent(exc, shown, error_file)
         return 1
     finally:
         sys.argv = saved_argv
@@ -201,7 +205,24 @@ def _exec_script(path: str) -> None:
         sys.modules["__main__"] = saved
 
 
-def _print_user_traceback(exc: BaseException, script: str | None) -> None:
+def _record_for_agent(exc: BaseException, shown: str, path: str) -> None:
+    """The exception in torch's error file format (``ErrorHandler.record_exception``): the agent's "Root Cause" box
+    shows the rank's traceback and torchrun's digest under ``ddpkit step`` reads it there. Its time is the
+    failure's: a rank a peer's failure ended writes none (its later exit keeps it from being taken for the first)."""
+    import json
+    import time
+
+    data = {"message": {"message": f"{type(exc).__name__}: {exc}",
+                        "extraInfo": {"py_callstack": shown, "timestamp": str(int(time.time()))}}}
+    try:
+        with open(path, "w") as f:
+            json.dump(data, f)
+    except OSError:
+        pass  # the agent then says what it always said: exit code 1, no traceback
+
+
+def _print_user_traceback(exc: BaseException, script: str | None) -> str:
+    """Print the exception as Python would, from the user's first frame; return what was printed."""
     tb = exc.__traceback__
     ours = (os.path.dirname(os.path.dirname(os.path.abspath(__file__))), os.path.dirname(runpy.__file__ or ""))
     first = tb
@@ -212,7 +233,9 @@ def _print_user_traceback(exc: BaseException, script: str | None) -> None:
             break
         first = first.tb_next
     if first is None and isinstance(exc, SyntaxError):  # the script did not compile: Python shows where, no frames
-        sys.stderr.write("".join(traceback.format_exception_only(type(exc), exc)))
-        return
-    trimmed: TracebackType | None = first if first is not None else tb
-    sys.stderr.write("".join(traceback.format_exception(type(exc), exc, trimmed)))
+        text = "".join(traceback.format_exception_only(type(exc), exc))
+    else:
+        trimmed: TracebackType | None = first if first is not None else tb
+        text = "".join(traceback.format_exception(type(exc), exc, trimmed))
+    sys.stderr.write(text)
+    return text
