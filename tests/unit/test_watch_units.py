@@ -16,9 +16,10 @@ from ddpkit.watch.options import FIRST_STEP_FACTOR, MIN_HANG_S, MIN_STOP_S, Watc
 def rec(rank: int, host: str = "h1", *, entered: int = 10, step: int = 5, waiting: dict[str, Any] | None = None,
         recent: list[list[Any]] | None = None, timings: dict[str, Any] | None = None,
         phase: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A heartbeat record as ``Recorder.record`` publishes it (every key of ``ddpkit.watch.records.Heartbeat``)."""
     return {"rank": rank, "host": host, "pid": 100 + rank, "beat": 1, "entered": entered, "completed": entered,
             "step": step, "first_step_done": True, "recent": recent or [], "waiting": waiting, "phase": phase,
-            "final": False, "timings": timings or {"steps": 0}}
+            "stage": None, "final": False, "failed": False, "group_seq": None, "timings": timings or {"steps": 0}}
 
 
 def wait(seq: int, op: str = "all_reduce", nbytes: int | None = 4096, site: str = "train.py:40 (main)",

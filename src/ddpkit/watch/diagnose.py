@@ -11,10 +11,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from ddpkit.watch.records import Heartbeat, Waiting
+
 __all__ = ["Hang", "deadline_text", "diagnose_deadline", "diagnose_hang", "find_desync", "p2p_lines", "rank_list",
            "straggler", "summary_lines"]
 
-Record = Mapping[str, Any]
+Record = Heartbeat
 #: Fewer steps than this on any rank: no straggler verdict (too little to compare).
 MIN_STEPS = 5
 
@@ -126,25 +128,26 @@ def _peer_state(me: int, direction: str, peer: int, records: Mapping[int, Record
         where = f"waits in {w['op']} #{w['seq']} {_ends(w['peers'])} (called at {w['site']})"
     elif w:
         where = f"is in {w['op']} #{w['seq']} (called at {w['site']})"
-    elif rec.get("phase"):
-        where = f"is in marked phase '{rec['phase']['name']}'"
+    elif (phase := rec["phase"]) is not None:
+        where = f"is in marked phase '{phase['name']}'"
     else:
         where = "waits in no collective or point-to-point call"
     return f"rank {peer} on host {rec['host']} is alive, {count} and {where}"
 
 
-def p2p_lines(blocked: Mapping[int, Mapping[str, Any]], records: Mapping[int, Record | None],
+def p2p_lines(blocked: Mapping[int, Waiting], records: Mapping[int, Record | None],
               stale: Mapping[int, float]) -> list[str]:
     """A line per rank blocked in a point-to-point call (``blocked``: rank -> its record's ``waiting``, which has
     ``peers``): the call, and each peer's part: ``rank 1 on host vm has waited 12 s in recv #3 from rank 0 (called
     at job.py:14); rank 0 on host vm is alive, has posted 2 sends to rank 1 and is in barrier #5 (...)``."""
     lines = []
     for r, w in sorted(blocked.items()):
-        rec = records[r] or {}
-        peers = {(d, p) for d, p in w["peers"] if p is not None}
+        rec = records[r]
+        peers = {(d, p) for d, p in w.get("peers", ()) if p is not None}
         states = [_peer_state(r, d, p, records, stale) for d, p in sorted(peers, key=lambda e: (e[1], e[0]))]
-        lines.append(f"  rank {r} on host {rec.get('host')} has waited {w['for']:.0f} s in {w['op']} #{w['seq']} "
-                     f"{_ends(w['peers'])} (called at {w['site']})" + "".join(f"; {s}" for s in states))
+        host = rec["host"] if rec else None
+        lines.append(f"  rank {r} on host {host} has waited {w['for']:.0f} s in {w['op']} #{w['seq']} "
+                     f"{_ends(w.get('peers', []))} (called at {w['site']})" + "".join(f"; {s}" for s in states))
     return lines
 
 
@@ -181,12 +184,13 @@ def diagnose_hang(records: Mapping[int, Record | None], stale: Mapping[int, floa
     event: dict[str, Any] = {"event": "hang", "idle_s": round(idle, 1), "deadline_s": deadline,
                              "reporter": reporter, "hosts": {str(r): rec["host"] for r, rec in alive.items()}}
     # a rank that stopped answering published its last record some time before: where it waited then is history
-    waiting = {r: rec["waiting"] for r, rec in alive.items() if rec.get("waiting") and r not in stale}
+    waiting: dict[int, Waiting] = {r: w for r, rec in alive.items() if (w := rec["waiting"]) and r not in stale}
     # ranks blocked in a point-to-point call (``peers``): numbered apart from the collectives, worded apart
     p2p = {r: w for r, w in waiting.items() if "peers" in w}
     waiting = {r: w for r, w in waiting.items() if r not in p2p}
     # ranks with a model on DDP's C++ path: the process group's count of collectives issued (C++ ones included)
-    counted = {r: rec["group_seq"] for r, rec in alive.items() if rec.get("group_seq") is not None and r not in stale}
+    counted: dict[int, int] = {r: n for r, rec in alive.items()
+                               if (n := rec["group_seq"]) is not None and r not in stale}
     # what the counted collectives are: DDP's C++ path, or ddpkit's own gradient hook (``Recorder.counted_as``)
     counted_as = next((rec["counted_as"] for rec in alive.values() if rec.get("counted_as")),
                       "DDP's gradient all-reduce on its C++ path")
@@ -196,7 +200,7 @@ def diagnose_hang(records: Mapping[int, Record | None], stale: Mapping[int, floa
     behind: list[int] = []
     cpp_desync: list[int] = []
     # live ranks outside any collective (and outside a marked phase): busy in the user's code
-    outside = {r for r, rec in alive.items() if r not in stale and not rec.get("waiting") and not rec.get("phase")}
+    outside = {r for r, rec in alive.items() if r not in stale and not rec["waiting"] and not rec["phase"]}
     desync = find_desync(alive)
     quiet = name_busy and not stopped and not never and desync is None and not p2p
     busy: list[int] = []
@@ -222,8 +226,7 @@ def diagnose_hang(records: Mapping[int, Record | None], stale: Mapping[int, floa
         for r in behind:
             rec = alive[r]
             state = "it stopped answering" if r in stale else (
-                f"in marked phase '{rec['phase']['name']}' for {rec['phase']['for']:.0f} s" if rec.get("phase")
-                else f"last entered #{rec['entered']}{_step(rec)}")
+                _in_phase(rec) or f"last entered #{rec['entered']}{_step(rec)}")
             if r in busy:
                 state += f"; {_busy_state(r, busy_at)}"
             lines.append(f"  {_where(rec)} has not entered {what}; {state}")
@@ -251,8 +254,7 @@ def diagnose_hang(records: Mapping[int, Record | None], stale: Mapping[int, floa
                                       f"the group's collective #{low + 1}", busy, alive)
         for r in behind:
             rec = alive[r]
-            state = (f"in marked phase '{rec['phase']['name']}' for {rec['phase']['for']:.0f} s" if rec.get("phase")
-                     else _step(rec, "") or "before its first step")
+            state = _in_phase(rec) or _step(rec, "") or "before its first step"
             if r in stopped:
                 state = "it stopped answering"
             if r in busy:
@@ -285,6 +287,12 @@ def diagnose_hang(records: Mapping[int, Record | None], stale: Mapping[int, floa
     return Hang(lines=lines, event=event, behind=behind, stopped=stopped, busy=busy)
 
 
+def _in_phase(rec: Record) -> str | None:
+    """``in marked phase 'NAME' for N s``, where the rank is in one (``ddpkit.watch.phase``)."""
+    phase = rec["phase"]
+    return None if phase is None else f"in marked phase '{phase['name']}' for {phase['for']:.0f} s"
+
+
 def deadline_text(index: int, phase: str, seconds: float, reporter: int,
                   stages: Mapping[int, tuple[int, str, bool] | str | None]) -> str:
     """The sentence for a phase (the ``index``-th begun with a deadline) that passed its ``seconds`` on rank
@@ -313,10 +321,10 @@ def diagnose_deadline(records: Mapping[int, Record | None], stale: Mapping[int, 
     that had not reached that phase, then what ``diagnose_hang`` finds (ranks behind in a collective, stopped,
     desync)."""
     index, name, seconds, spent = overdue
-    stages = {r: ("absent" if rec is None else (tuple(rec["stage"]) if rec.get("stage") else None))
+    stages = {r: "absent" if rec is None else (tuple(stage) if (stage := rec["stage"]) else None)
               for r, rec in records.items()}
     text = deadline_text(index, name, seconds, reporter, stages)
-    host = (records.get(reporter) or {}).get("host", "?")
+    host = rec["host"] if (rec := records.get(reporter)) else "?"
     detail = diagnose_hang(records, stale, idle=spent, deadline=seconds, reporter=reporter, explain_none=False,
                            name_busy=False)
     lines = [f"ddpkit watch: DEADLINE: {text} (host {host})", *detail.lines[1:]]

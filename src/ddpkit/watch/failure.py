@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from ddpkit.base.log import get_logger
 from ddpkit.process.worker_context import WorkerContext
 from ddpkit.watch.processes import process_state
+from ddpkit.watch.records import Heartbeat
 
 if TYPE_CHECKING:
     from ddpkit.watch.recorder import Recorder
@@ -40,12 +41,12 @@ class WatchView(Protocol):
     """The job's store, every call bounded (``watch.store.BoundedStore``)."""
     seen: dict[int, tuple[Any, float]]
     """rank -> (heartbeat, when it last changed, on this rank's clock)."""
-    last_read: dict[int, dict[str, Any] | None]
+    last_read: dict[int, Heartbeat | None]
     """The records of the last read the store answered."""
 
     @property
     def aborting(self) -> bool: ...
-    def read(self) -> dict[int, dict[str, Any] | None]: ...
+    def read(self) -> dict[int, Heartbeat | None]: ...
     def emit(self, lines: list[str], event: dict[str, Any]) -> None: ...
 
 
@@ -122,7 +123,7 @@ class FailureReport:
         except Exception:
             return False
 
-    def _peers_here(self, records: dict[int, dict[str, Any] | None]) -> dict[int, int]:
+    def _peers_here(self, records: dict[int, Heartbeat | None]) -> dict[int, int]:
         """rank -> pid of the other ranks on this host, from their records."""
         m = self.monitor
         return {r: rec["pid"] for r, rec in records.items() if rec and r != m.rank and rec["host"] == m.rec.host}

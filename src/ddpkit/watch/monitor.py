@@ -38,7 +38,7 @@ from ddpkit.watch.failure import FailureReport
 from ddpkit.watch.options import WatchOptions, hang_deadline, stop_deadline
 from ddpkit.watch.processes import STACK_WAIT_S, end_stopped, python_stacks, stop_rank
 from ddpkit.watch.recorder import Recorder
-from ddpkit.watch.records import AbortOrder, StoppedRank
+from ddpkit.watch.records import AbortOrder, Heartbeat, StoppedRank
 from ddpkit.watch.store import BoundedStore
 from ddpkit.watch.storeloss import StoreLoss, holder_left
 
@@ -122,7 +122,7 @@ class Monitor:
         self.rank, self.world = recorder.rank, recorder.world_size
         self.keys = [f"rec/{r}" for r in range(self.world)]
         self.beat = 0
-        self.last_read: dict[int, dict[str, Any] | None] = {}
+        self.last_read: dict[int, Heartbeat | None] = {}
         """The records of the last ``read`` that the store answered: what a report says once the store is gone."""
         self._stop = threading.Event()
         self.failures = FailureReport(self)
@@ -166,11 +166,11 @@ class Monitor:
         self.beat += 1
         self.store.set(self.keys[self.rank], json.dumps(self.rec.record(self.beat)))
 
-    def read(self) -> dict[int, dict[str, Any] | None]:
+    def read(self) -> dict[int, Heartbeat | None]:
         present = [r for r in range(self.world) if self.store.check([self.keys[r]])] \
             if len(self.seen) < self.world else list(range(self.world))
         values = self.store.multi_get([self.keys[r] for r in present]) if present else []
-        out: dict[int, dict[str, Any] | None] = dict.fromkeys(range(self.world))
+        out: dict[int, Heartbeat | None] = dict.fromkeys(range(self.world))
         for r, raw in zip(present, values, strict=True):
             out[r] = json.loads(bytes(raw).decode())
         self.last_read = out
@@ -189,7 +189,7 @@ class Monitor:
             if rec is not None and (r not in self.seen or self.seen[r][0] != rec["beat"]):
                 self.seen[r] = (rec["beat"], now)
         stale = {r: now - at for r, (_, at) in self.seen.items()
-                 if now - at > max(STALE_S, 6 * self.options.heartbeat) and not (records[r] or {}).get("final")}
+                 if now - at > max(STALE_S, 6 * self.options.heartbeat) and not _final(records[r])}
         silent = self.options.silent_stop
         lost = {r: age for r, age in stale.items() if silent is not None and age >= silent}
         if lost and not claim:  # under --heal a silent rank is a lost host now, not at the hang deadline
@@ -228,7 +228,7 @@ class Monitor:
         counts = {rec["group_seq"] for r, rec in alive.items() if r not in stale and rec.get("group_seq") is not None}
         waiting = any(rec.get("waiting") for r, rec in alive.items() if r not in stale) or len(counts) > 1
         if idle > deadline and (waiting or stale) and not claim:
-            seqs = [rec["waiting"]["seq"] for rec in records.values() if rec and rec.get("waiting")]
+            seqs = [w["seq"] for rec in records.values() if rec and (w := rec["waiting"])]
             self._claim(records, stale, f"{self.rank}:{min(seqs) if seqs else 0}:{self.beat}",
                         lambda recs, at: diagnose_hang(recs, stale, idle=idle, deadline=deadline, reporter=self.rank,
                                                        busy_at=at),
@@ -239,8 +239,8 @@ class Monitor:
                 self._stop_job(records, stale, idle, stop)
 
     # -- the report -------------------------------------------------------------------------------------------
-    def _claim(self, records: dict[int, dict[str, Any] | None], stale: dict[int, float], mine: str,
-               describe: Callable[[dict[int, dict[str, Any] | None], dict[int, str]], Hang],
+    def _claim(self, records: dict[int, Heartbeat | None], stale: dict[int, float], mine: str,
+               describe: Callable[[dict[int, Heartbeat | None], dict[int, str]], Hang],
                stop_at: float | None = None) -> None:
         """Report the hang ``mine`` names (first rank to claim it), worded by ``describe(records, where each live
         rank's main thread runs)``. Under ``abort``, every rank stops now, or, when ``stop_at`` (the wall clock) is
@@ -278,8 +278,7 @@ class Monitor:
                 lines[0] = lines[0].replace("ddpkit watch: ", "ddpkit watch: HANG: ", 1)
             lines[0] += f"; every rank stops now (exit {EXIT_MISSING})"
         for r in sorted(stacks, key=lambda r: (r not in hang.busy, r)):  # the ranks the others wait for first
-            rec = records[r] or {}
-            lines.append(f"--- rank {r} on host {rec.get('host')} (pid {rec.get('pid')}): Python stacks")
+            lines.append(f"--- rank {r} on {_where(records[r])}: Python stacks")
             lines.append(stacks[r].rstrip("\n"))
         silent = [r for r in live if r not in stacks]
         if silent:
@@ -308,7 +307,7 @@ class Monitor:
                   {"event": "resumed", "reporter": self.rank, "paused_s": round(paused, 1),
                    "busy_at": {str(r): w for r, w in reported.busy_at.items()}})
 
-    def _stop_job(self, records: dict[int, dict[str, Any] | None], stale: dict[int, float], idle: float,
+    def _stop_job(self, records: dict[int, Heartbeat | None], stale: dict[int, float], idle: float,
                   stop: float) -> None:
         """No progress for ``stop`` s since a hang was reported: every rank stops (exit 3); one order per job."""
         line = (f"ddpkit watch: no rank has made progress for {idle:.0f} s (stop after {stop:g} s): every rank "
@@ -323,7 +322,7 @@ class Monitor:
         else:
             self._abort(AbortOrder.from_json(won))  # another rank stops the job
 
-    def _stop_silent(self, records: dict[int, dict[str, Any] | None], stale: dict[int, float],
+    def _stop_silent(self, records: dict[int, Heartbeat | None], stale: dict[int, float],
                      lost: dict[int, float]) -> None:
         """Under ``--heal`` (``options.silent_stop``): ranks whose heartbeat stopped that long (a stopped or killed
         process, a host cut off) stop the job at once, named, so that the supervisor relaunches without their host.
@@ -331,19 +330,19 @@ class Monitor:
         mine = f"{self.rank}:silent:{self.beat}"
         if self.store.compare_set("claim", "", mine).decode() != mine:
             return  # another rank reports it
-        named = "; ".join(f"rank {r} on host {(records[r] or {}).get('host')} (pid {(records[r] or {}).get('pid')}) "
-                          f"stopped answering: no heartbeat for {age:.0f} s" for r, age in sorted(lost.items()))
+        named = "; ".join(f"rank {r} on {_where(records[r])} stopped answering: no heartbeat for {age:.0f} s"
+                          for r, age in sorted(lost.items()))
         line = (f"ddpkit watch: {named} (under --heal a silent rank is a lost host after {self.options.silent_stop:g} "
                 f"s); every rank stops now (exit {EXIT_MISSING})")
         order = self._order(records, stale, line, None)
         self.aborting = True
         self.emit([line], {"event": "silent", "reporter": self.rank, "silent_s": {str(r): round(a, 1)
                                                                                    for r, a in lost.items()},
-                           "hosts": {str(r): (records[r] or {}).get("host") for r in lost}})
+                           "hosts": {str(r): rec["host"] if (rec := records[r]) else None for r in lost}})
         self.store.set("abort", order.to_json())
         self._stop_every_rank(order)
 
-    def _order(self, records: dict[int, dict[str, Any] | None], stale: dict[int, float], headline: str,
+    def _order(self, records: dict[int, Heartbeat | None], stale: dict[int, float], headline: str,
                text: str | None) -> AbortOrder:
         """The abort order (``abort`` in the store): who stops the ranks that stopped answering on each host."""
         hosts = {r: rec["host"] for r, rec in records.items() if rec is not None}
@@ -517,3 +516,13 @@ class Monitor:
             if missing:
                 lines.append(f"  (no final record from ranks {missing} within {FINAL_WAIT_S:g} s)")
             self.emit(lines, event)
+
+
+def _final(rec: Heartbeat | None) -> bool:
+    """Whether ``rec`` is a rank's last record (it finished: never a hang)."""
+    return rec is not None and rec["final"]
+
+
+def _where(rec: Heartbeat | None) -> str:
+    """``host H (pid P)`` of a rank's last record; ``host None (pid None)`` where it never published one."""
+    return f"host {rec['host']} (pid {rec['pid']})" if rec else "host None (pid None)"

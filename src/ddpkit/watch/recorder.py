@@ -27,6 +27,8 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
+from ddpkit.watch.records import Heartbeat, Timings, Waiting
+
 __all__ = ["CALLERS", "Caller", "Live", "P2PCall", "Peers", "Recorder", "call_site", "caller", "future_error"]
 
 #: A point-to-point call's ends: (``send`` or ``recv``, the peer's global rank, None for any source) per operation.
@@ -339,7 +341,7 @@ class Recorder:
         frame = self.user_frame(frame)
         return self.site_text(None, 0) if frame is None else self.site_text(frame.f_code, frame.f_lasti)
 
-    def _p2p_waiting(self, now: float) -> dict[str, Any] | None:
+    def _p2p_waiting(self, now: float) -> Waiting | None:
         """The point-to-point call blocked in longest by any thread of this rank."""
         longest: tuple[float, P2PCall, Caller] | None = None
         for state in list(CALLERS.values()):
@@ -437,7 +439,7 @@ class Recorder:
         return None
 
     # -- what the monitor publishes ---------------------------------------------------------------------------
-    def timings(self) -> dict[str, Any]:
+    def timings(self) -> Timings:
         """``steps`` begun, ``timed`` (one in SAMPLE_EVERY), their p50 / p99 / mean, and the gradient-sync samples."""
         with self._lock:
             steps, syncs = list(self.step_times), list(self.sync_times)
@@ -448,7 +450,7 @@ class Recorder:
                 "sync_samples": len(syncs), "sync_p50": _percentile(syncs, 0.5) if syncs else 0.0,
                 "sync_mean": sum(syncs) / len(syncs) if syncs else 0.0, "step_mean": sum(steps) / len(steps)}
 
-    def record(self, beat: int, *, final: bool = False) -> dict[str, Any]:
+    def record(self, beat: int, *, final: bool = False) -> Heartbeat:
         self.sweep()
         for key, (work, _) in list(self.requests.items()):
             if sys.getrefcount(work) <= 3:  # this dict, ``work`` and the call's argument: nobody can wait on it
@@ -459,7 +461,8 @@ class Recorder:
         oldest = min(calls, key=lambda c: c[3], default=None)
         with self._lock:
             phase = self.phases[-1] if self.phases else None
-        out: dict[str, Any] = {
+        group_seq = self.group_seq()
+        out: Heartbeat = {
             "rank": self.rank, "host": self.host, "pid": os.getpid(), "beat": beat, "entered": entered,
             # the calls that returned, point-to-point ones included: the monitor's measure of progress (a healthy
             # send / recv exchange makes no collective progress)
@@ -473,15 +476,13 @@ class Recorder:
             "phase": None if phase is None else {"name": phase[0], "for": round(now - phase[1], 3),
                                                  "deadline": phase[2]},
             "stage": None if self.stage is None else list(self.stage),
-            "final": final, "failed": self.failed is not None,
+            "final": final, "failed": self.failed is not None, "group_seq": group_seq, "timings": self.timings(),
         }
         if self.p2p_returned or any(state.call is not None for state in list(CALLERS.values())):
             out["p2p"] = {direction: {str(peer): n for peer, n in posted.items()}
                           for direction, posted in self.p2p_posted.items()}
-        out["group_seq"] = self.group_seq()
-        if out["group_seq"] is not None:
+        if group_seq is not None:
             out["counted_as"] = self.counted_as
-        out["timings"] = self.timings()
         return out
 
 

@@ -6,11 +6,73 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass, field
+from typing import Any, TypedDict
 
-__all__ = ["HEADLINE_PREFIX", "AbortOrder", "StoppedRank"]
+__all__ = ["HEADLINE_PREFIX", "AbortOrder", "Heartbeat", "Phase", "StoppedRank", "Timings", "Waiting"]
 
 #: Every line the watch prints about the job starts so; a reason is the same words without it.
 HEADLINE_PREFIX = "ddpkit watch: "
+
+
+#: The call a rank waits in: the oldest open collective (``bytes`` its size), else the point-to-point call it blocks
+#: in (``bytes`` None, ``peers`` its [direction, peer] pairs); ``for``: seconds so far. (A keyword as a key: the
+#: functional form.)
+_Call = TypedDict("_Call", {"seq": int, "op": str, "bytes": int | None, "site": str, "for": float})
+
+
+class Waiting(_Call, total=False):
+    peers: list[list[Any]]
+#: The innermost ``ddpkit.watch.phase()`` a rank is in: its name, seconds so far, and the deadline it declared.
+Phase = TypedDict("Phase", {"name": str, "for": float, "deadline": float | None})
+
+
+class Timings(TypedDict, total=False):
+    """Step times (seconds): ``steps`` begun, ``timed`` (one in SAMPLE_EVERY); the rest once a step was timed."""
+
+    steps: int
+    timed: int
+    step_p50: float
+    step_p99: float
+    step_mean: float
+    sync_samples: int
+    sync_p50: float
+    sync_mean: float
+
+
+class _Later(TypedDict, total=False):
+    p2p: dict[str, dict[str, int]]
+    """Point-to-point calls posted, by direction and peer, once any was made."""
+    counted_as: str
+    """Which calls ``group_seq`` counts (DDP's C++ all-reduce, a comm hook's), where it counts any."""
+
+
+class Heartbeat(_Later):
+    """What a rank publishes at every heartbeat (``Recorder.record``, store key ``rec/<rank>``) and the monitor reads:
+    who it is, how far it got, what it waits in. A TypedDict, not a dataclass: it crosses the store as JSON twice a
+    second on every rank, and its readers take it as it came."""
+
+    rank: int
+    host: str
+    pid: int
+    beat: int
+    """Counts up at every heartbeat: a rank whose beat stops changing stopped answering."""
+    entered: int
+    """Collectives entered (the job's sequence number of the last one)."""
+    completed: int
+    """Calls that returned, point-to-point ones included: the monitor's measure of progress."""
+    step: int
+    first_step_done: bool
+    recent: list[list[Any]]
+    """The last collectives entered: [seq, op, bytes, site]."""
+    waiting: Waiting | None
+    phase: Phase | None
+    stage: list[Any] | None
+    """A command's own stage (check's phase and its deadline), where it set one."""
+    final: bool
+    """The rank's last record: it finished (a finished rank is never a hang)."""
+    failed: bool
+    group_seq: int | None
+    timings: Timings
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,7 @@ from typing import Any
 from ddpkit.process.worker_context import WorkerContext
 from ddpkit.watch.options import WatchOptions, hang_deadline, stop_deadline
 from ddpkit.watch.processes import process_state, python_stacks
-from ddpkit.watch.records import AbortOrder
+from ddpkit.watch.records import AbortOrder, Heartbeat
 
 __all__ = ["KILL_AFTER_S", "StoreHost", "StoreLoss", "holder_left", "store_host"]
 
@@ -44,10 +44,10 @@ class StoreHost:
     rank: int | None
     """0 when rank 0 holds it; None when the launcher's agent does."""
 
-    def describe(self, records: dict[int, dict[str, Any] | None]) -> str:
+    def describe(self, records: dict[int, Heartbeat | None]) -> str:
         if self.rank is None:
             return f"the job's store at {self.address} (held by the launcher's agent)"
-        rec = records.get(self.rank) or {}
+        rec = records.get(self.rank)
         where = f" on host {rec['host']}, pid {rec['pid']}" if rec else ""
         return f"the job's store at {self.address} (held by rank {self.rank}{where})"
 
@@ -61,7 +61,7 @@ def store_host(context: WorkerContext | None = None) -> StoreHost:
     return StoreHost(address=address, rank=None if ctx.agent_store else 0)
 
 
-def holder_left(records: dict[int, dict[str, Any] | None], host: str) -> bool:
+def holder_left(records: dict[int, Heartbeat | None], host: str) -> bool:
     """Whether the store's holder left on its own: its last record says it finished (the watch's final record), or it
     ran on this host and its process is gone (it finished between two reads, or died: then this rank's collective
     with it fails and the failure report says so). Either way there is nothing to watch for alone."""
@@ -75,7 +75,7 @@ def holder_left(records: dict[int, dict[str, Any] | None], host: str) -> bool:
 class StoreLoss:
     """One rank's watch while the job's store does not answer (``Monitor`` calls ``tick`` from its loop)."""
 
-    def __init__(self, *, rank: int, host: str, options: WatchOptions, records: dict[int, dict[str, Any] | None],
+    def __init__(self, *, rank: int, host: str, options: WatchOptions, records: dict[int, Heartbeat | None],
                  progress: Callable[[], tuple[Any, ...]], emit: Callable[[list[str], dict[str, Any]], None],
                  stop: Callable[[str | None], object], abort_handlers: Callable[[AbortOrder], object], error: str,
                  since: float, slowest_gap: float) -> None:
@@ -113,7 +113,7 @@ class StoreLoss:
         if self.stop_after is not None and idle >= self.stop_after:
             self._stop()
 
-    def _peers(self) -> dict[int, tuple[dict[str, Any], str]]:
+    def _peers(self) -> dict[int, tuple[Heartbeat, str]]:
         """The other ranks as last seen, with their state where they run on this host."""
         out = {}
         for r, rec in sorted(self.records.items()):
