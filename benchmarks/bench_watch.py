@@ -16,8 +16,9 @@ it names. Writes benchmarks/results/bench_watch.{json,md}.
 (d) longrun (``--parts longrun``, not in the default set: 5 minutes): the issue's no-false-alarm run at full length.
 (e) pairs: the added time per step with watched and unwatched steps alternating one by one in one process
     (benchmarks/watch_step_pairs.py), resolved to about a microsecond.
-(f) p2p (``--parts p2p``, not in the default set: about 3 minutes): the same for a two-stage pipeline whose step
-    makes 4 point-to-point calls per rank (benchmarks/watch_p2p_pairs.py, torchrun, 2 ranks).
+(f) p2p (``--parts p2p``, not in the default set: about 4 minutes, twice that with ``--p2p-before REV``): the same
+    for a two-stage pipeline whose step makes 4 point-to-point calls per rank (benchmarks/watch_p2p_pairs.py,
+    torchrun, 2 ranks); ``--p2p-before REV`` runs REV's watch too, alternating job by job with this one.
 """
 
 from __future__ import annotations
@@ -125,36 +126,67 @@ def step_pairs(processes: int = 6, pairs: int = 10000) -> dict[str, Any]:
     return out
 
 
-def _p2p_run(pairs: int, *extra: str) -> dict[str, Any]:
+def _p2p_run(pairs: int, *extra: str, tree: Path = ROOT) -> dict[str, Any]:
+    """One torchrun job of benchmarks/watch_p2p_pairs.py, with ``tree``'s watch and script (a checkout of an
+    earlier revision: ``_p2p_tree``)."""
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "p.json"
-        done = subprocess.run([*torchrun(2), str(ROOT / "benchmarks" / "watch_p2p_pairs.py"), "--pairs", str(pairs),
+        path_env = str(ROOT) if tree == ROOT else f"{tree / 'src'}:{tree}"  # that tree's ddpkit first
+        done = subprocess.run([*torchrun(2), str(tree / "benchmarks" / "watch_p2p_pairs.py"), "--pairs", str(pairs),
                                "--json", str(path), *extra], capture_output=True, text=True,
-                              env=ddpkit_env(PYTHONPATH=str(ROOT)), timeout=900, cwd=ROOT)
+                              env=ddpkit_env(PYTHONPATH=path_env), timeout=900, cwd=ROOT)
         if done.returncode != 0:
             raise RuntimeError(done.stderr[-3000:])
         print(done.stdout, end="", flush=True)
         return dict(json.loads(path.read_text()))
 
 
-def p2p_pairs(runs: int = 3, pairs: int = 2000, spin_us: float = 2.0) -> dict[str, Any]:
-    """Microseconds the watch adds to a step of point-to-point calls (benchmarks/watch_p2p_pairs.py), in ``runs``
-    torchrun jobs of 2 ranks: per rank, the mean of the runs' means with its 95% interval from their spread. Then
-    one control run: ``spin_us`` of busy Python before each call instead of the watch (what a known delay reads
-    as, the peer's longer wait included)."""
-    data = [_p2p_run(pairs) for _ in range(runs)]
-    control = _p2p_run(pairs, "--spin-us", str(spin_us))
-    out: dict[str, Any] = {"runs": runs, "pairs": pairs, "p2p_calls_per_step": data[0]["p2p_calls_per_step"],
-                           "activation_bytes": data[0]["activation_bytes"], "ranks": {},
-                           "control": {"spin_us": spin_us, "added_cpu_us": {
-                               str(r["rank"]): r["added"]["cpu"] for r in control["ranks"]}}}
+def _p2p_tree(revision: str, into: Path) -> Path:
+    """``revision``'s ``src`` and benchmark script, unpacked into ``into``."""
+    archive = subprocess.run(["git", "archive", revision, "src", "benchmarks/watch_p2p_pairs.py"], cwd=ROOT,
+                             capture_output=True, check=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(into)], input=archive, check=True)
+    return into
+
+
+def _p2p_summary(data: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per rank, over runs: the mean of the runs' means with its 95% interval, and each run's added CPU as a
+    share of that run's unwatched step (wall), with their min and median."""
+    out: dict[str, Any] = {}
     for rank in (0, 1):
         per_run = [d["ranks"][rank] for d in data]
-        out["ranks"][str(rank)] = {
+        shares = [r["added"]["cpu"]["mean_us"] / r["unwatched_step_us"]["wall"] for r in per_run]
+        out[str(rank)] = {
             "watched_p2p_calls": [r["watched_p2p_calls"] for r in per_run],
             "unwatched_step_us": {k: statistics.median(r["unwatched_step_us"][k] for r in per_run)
                                   for k in ("wall", "cpu")},
-            "added": {k: _pooled([r["added"][k]["mean_us"] for r in per_run]) for k in ("cpu", "wall")}}
+            "runs_step_wall_us": [r["unwatched_step_us"]["wall"] for r in per_run],
+            "added": {k: _pooled([r["added"][k]["mean_us"] for r in per_run]) for k in ("cpu", "wall")},
+            "share_of_step": {"runs": shares, "min": min(shares), "median": statistics.median(shares)}}
+    return out
+
+
+def p2p_pairs(runs: int = 5, pairs: int = 2000, spin_us: float = 2.0, before: str | None = None) -> dict[str, Any]:
+    """Microseconds the watch adds to a step of point-to-point calls (benchmarks/watch_p2p_pairs.py), in ``runs``
+    torchrun jobs of 2 ranks: per rank, the mean of the runs' means with its 95% interval from their spread, and
+    each run's share of its own step. With ``before`` (a git revision), that revision's watch runs too, a job of
+    it before each job of this one, so both are measured on the same machine at the same time. Then one control
+    run: ``spin_us`` of busy Python before each call instead of the watch (what a known delay reads as, the peer's
+    longer wait included)."""
+    data, earlier = [], []
+    with tempfile.TemporaryDirectory() as tmp:
+        tree = _p2p_tree(before, Path(tmp)) if before else None
+        for _ in range(runs):
+            if tree is not None:
+                earlier.append(_p2p_run(pairs, tree=tree))
+            data.append(_p2p_run(pairs))
+    control = _p2p_run(pairs, "--spin-us", str(spin_us))
+    out: dict[str, Any] = {"runs": runs, "pairs": pairs, "p2p_calls_per_step": data[0]["p2p_calls_per_step"],
+                           "activation_bytes": data[0]["activation_bytes"], "ranks": _p2p_summary(data),
+                           "control": {"spin_us": spin_us, "added_cpu_us": {
+                               str(r["rank"]): r["added"]["cpu"] for r in control["ranks"]}}}
+    if earlier:
+        out["before"] = {"revision": before, "ranks": _p2p_summary(earlier)}
     return out
 
 
@@ -369,18 +401,27 @@ def write(result: dict[str, Any]) -> None:
                f"torchrun, 2 ranks on gloo: a two-stage pipeline, {pp['p2p_calls_per_step']} point-to-point calls "
                f"per rank and step (send, recv, isend and irecv with wait; {pp['activation_bytes']} B each); "
                f"{pp['pairs']} pairs of steps, watched and unwatched alternating step by step; {pp['runs']} runs. "
-               "Mean of the runs' mean per-step differences, 95% interval from their spread (Student's t). The "
+               "Mean of the runs' mean per-step differences, 95% interval from their spread (Student's t); each "
+               "run's added CPU as a share of that run's unwatched step (wall), min and median over the runs. The "
                "CPU is the rank's main thread's, waits included: a rank slowed by its watch also keeps its peer "
-               "waiting longer, so the figure bounds the watch's own work from above.", "",
-               "| rank | unwatched step (wall; CPU) | added CPU per step | runs' means | added wall per step | "
-               "added CPU / step wall |", "|---|---|---|---|---|---|"]
-        for rank, d in pp["ranks"].items():
-            cpu, wall, step = d["added"]["cpu"], d["added"]["wall"], d["unwatched_step_us"]
-            spread = ", ".join(f"{m:.1f}" for m in cpu["process_means_us"])
-            md.append(f"| {rank} | {step['wall']:.0f} us; {step['cpu']:.0f} us | **{cpu['mean_us']:.2f} us** "
-                      f"[{cpu['ci95_us'][0]:.2f}, {cpu['ci95_us'][1]:.2f}] | {spread} | {wall['mean_us']:.2f} us "
-                      f"[{wall['ci95_us'][0]:.2f}, {wall['ci95_us'][1]:.2f}] | "
-                      f"{cpu['ci95_us'][1] / step['wall']:.2%} (upper bound) |")
+               "waiting longer, so the figure bounds the watch's own work from above.", ""]
+        versions = [("this revision", pp["ranks"])]
+        if "before" in pp:
+            versions.insert(0, (f"before ({pp['before']['revision']})", pp["before"]["ranks"]))
+            md += [f"Each run of this revision's watch came right after a run of {pp['before']['revision']}'s "
+                   "(same machine, same minutes), so the two are compared within one benchmark run.", ""]
+        md += ["| watch | rank | unwatched step (wall; CPU) | added CPU per step | runs' means | added wall per step | "
+               "added CPU / step wall, min; median of runs |", "|---|---|---|---|---|---|---|"]
+        for label, ranks in versions:
+            for rank, d in ranks.items():
+                cpu, wall, step = d["added"]["cpu"], d["added"]["wall"], d["unwatched_step_us"]
+                spread = ", ".join(f"{m:.1f}" for m in cpu["process_means_us"])
+                share = d.get("share_of_step") or {"min": cpu["mean_us"] / step["wall"],
+                                                   "median": cpu["mean_us"] / step["wall"]}
+                md.append(f"| {label} | {rank} | {step['wall']:.0f} us; {step['cpu']:.0f} us | "
+                          f"**{cpu['mean_us']:.2f} us** [{cpu['ci95_us'][0]:.2f}, {cpu['ci95_us'][1]:.2f}] | "
+                          f"{spread} | {wall['mean_us']:.2f} us [{wall['ci95_us'][0]:.2f}, {wall['ci95_us'][1]:.2f}] "
+                          f"| {share['min']:.2%}; **{share['median']:.2%}** |")
         if "control" in pp:
             c = pp["control"]
             spent = c["spin_us"] * pp["p2p_calls_per_step"]
@@ -422,6 +463,9 @@ def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--parts", default="cost,pairs,overhead,attribution,sensitivity")
     parser.add_argument("--rounds", type=int, default=12)
+    parser.add_argument("--p2p-before", metavar="REV", default=None,
+                        help="p2p: run REV's watch too, alternating with this one (e.g. a commit before a change)")
+    parser.add_argument("--p2p-runs", type=int, default=5)
     args = parser.parse_args()
     import torch
 
@@ -433,7 +477,8 @@ def main() -> int:
         "overhead": ("overhead", lambda: overhead(args.rounds)), "cost": ("cost", added_cost),
         "pairs": ("step_pairs", step_pairs), "attribution": ("attribution", attribution),
         "sensitivity": ("sensitivity", lambda: sensitivity([1, 2, 3, 5, 10], clean_runs=3)),
-        "longrun": ("longrun", long_clean_run), "p2p": ("p2p_pairs", p2p_pairs)}
+        "longrun": ("longrun", long_clean_run),
+        "p2p": ("p2p_pairs", lambda: p2p_pairs(args.p2p_runs, before=args.p2p_before))}
     result["parts_when"] = {}
     for part, (key, run) in runners.items():
         if part in parts:

@@ -89,9 +89,29 @@ class _Work:
         return True
 
 
+_FAKE_TORCH = """
+def isend(tensor, dst=None, group=None, tag=0, group_dst=None):
+    return Work()
+
+def irecv(tensor, src=None, group=None, tag=0, group_src=None):
+    return Work()
+
+def send(tensor, dst=None, group=None, tag=0, group_dst=None):
+    wrapped["isend"](tensor, dst=dst).wait()
+
+def recv(tensor, src=None, group=None, tag=0, group_src=None):
+    seen.append(rec.record(len(seen))["waiting"])  # the monitor's view while the call blocks
+    return src
+
+def waited(work, timeout=None):
+    seen.append(rec.record(len(seen))["waiting"])
+    return True
+"""
+
+
 def test_the_per_call_wrappers_name_each_call_at_the_users_line_and_pass_nested_calls_through() -> None:
     """torch's signatures (faked: no process group): a blocked recv is seen with its peer, number and the line that
-    called it; a wait on an irecv's request is a wait in that irecv, named at the irecv's line; torch's own nested
+    called it; a wait on an irecv's request is a wait in that irecv, named at the line that waits; torch's own nested
     calls (the isend inside send) are not counted twice."""
     from ddpkit.watch import p2p
     from ddpkit.watch.recorder import Live
@@ -100,41 +120,33 @@ def test_the_per_call_wrappers_name_each_call_at_the_users_line_and_pass_nested_
     rec.world = group
     live.recorder = rec
 
-    def isend(tensor: Any, dst: Any = None, group: Any = None, tag: int = 0, group_dst: Any = None) -> Any:
-        return _Work()
-
-    def irecv(tensor: Any, src: Any = None, group: Any = None, tag: int = 0, group_src: Any = None) -> Any:
-        return _Work()
-
-    def send(tensor: Any, dst: Any = None, group: Any = None, tag: int = 0, group_dst: Any = None) -> None:
-        wrapped["isend"](tensor, dst=dst).wait()
-
-    def recv(tensor: Any, src: Any = None, group: Any = None, tag: int = 0, group_src: Any = None) -> Any:
-        seen.append(rec.record(len(seen))["waiting"])  # the monitor's view while the call blocks
-        return src
-
-    def waited(work: Any, timeout: Any = None) -> bool:
-        seen.append(rec.record(len(seen))["waiting"])
-        return True
-
-    wrapped = {name: p2p.point_to_point(live, name, fn)
-               for name, fn in {"send": send, "isend": isend, "recv": recv, "irecv": irecv}.items()}
+    # torch's functions, faked in a file of their own ("<torch>"), whose frames a call site skips as it skips torch's
+    rec.not_user = (*rec.not_user, "<torch>")
+    torch: dict[str, Any] = {"Work": _Work, "rec": rec, "seen": seen}
+    exec(compile(_FAKE_TORCH, "<torch>", "exec"), torch)
+    wrapped = torch["wrapped"] = {name: p2p.point_to_point(live, name, torch[name])
+                                  for name in ("send", "isend", "recv", "irecv")}
+    wait = p2p.wait(live, torch["waited"])
     assert all(w.__code__.co_filename.startswith(p2p._HERE) for w in wrapped.values())  # the per-call path
-    wait = p2p.wait(live, waited)
     here = sys._getframe(0)
     rec.p2p_learn(1, 1)  # the group's count per operation, learned on a first call
     wrapped["recv"](None, src=0)
     recv_line = here.f_lineno - 1
     wrapped["recv"](None, 0)
     request = wrapped["irecv"](None, src=0)
-    irecv_line = here.f_lineno - 1
     wait(request)
+    wait_line = here.f_lineno - 1
     wrapped["send"](None, dst=0)
+    dropped = wrapped["isend"](None, dst=0)
+    kept = wrapped["irecv"](None, src=0)
+    del dropped
+    rec.record(8)
     name = here.f_code.co_name
     assert seen[0] == {"seq": 1, "op": "recv", "bytes": None, "site": f"test_watch_p2p_units.py:{recv_line} ({name})",
                        "for": seen[0]["for"], "peers": [["recv", 0]]}
     assert seen[1]["seq"] == 2 and seen[1]["site"] == f"test_watch_p2p_units.py:{recv_line + 2} ({name})"
     assert seen[2]["op"] == "irecv" and seen[2]["seq"] == 3 and \
-        seen[2]["site"] == f"test_watch_p2p_units.py:{irecv_line} ({name})"
-    assert rec.p2p_posted == {"send": {0: 1}, "recv": {0: 3}}  # send's inner isend and wait pass through
-    assert rec.record(9)["waiting"] is None and rec.p2p_returned == 5 and not rec.requests
+        seen[2]["site"] == f"test_watch_p2p_units.py:{wait_line} ({name})"  # where it waits
+    assert rec.p2p_posted == {"send": {0: 2}, "recv": {0: 4}}  # send's inner isend and wait pass through
+    assert rec.record(9)["waiting"] is None and rec.p2p_returned == 7
+    assert list(rec.requests) == [kept]  # a request nobody holds is forgotten, one held is not

@@ -8,11 +8,12 @@ does (``Caller.depth``).
 A pipeline makes a few of these calls in every step, each a few microseconds of Python at most, so the per-call path
 is written for its cost (benchmarks/results/bench_watch.md: it was 4% of a 2.6 ms step): one function per call with
 torch's own parameters (packing and unpacking ``*args, **kwargs`` cost a call about as much as its record), no
-method call, one tuple for its record, no text (a blocking call's site is read from its caller's frame, suspended in
-the call, and an async one's kept as code object and instruction offset, made ``file:line (function)`` only when a
-record shows the call), the thread's state in plain slots (``Caller``: a ``threading.local`` cost more than the
-record). The first call on the group (which learns how the group counts them), a sub-group's call, a batch, a
-failure, and a torch whose signatures differ take the general path (``general``, ``issue``).
+method call, one tuple for its record, the thread's state in plain slots (``Caller``: a ``threading.local`` cost
+more than the record), and no frame taken: the call site is read from the blocked thread's stack when a record shows
+the call (``Recorder.p2p_site``; ``sys._getframe`` in every call cost a step about a quarter of the watch's cost),
+so an async call is named at the line that waits on it. The first call on the group (which learns how the group
+counts them), a sub-group's call, a batch, a failure, and a torch whose signatures differ take the general path
+(``general``, ``issue``).
 """
 
 from __future__ import annotations
@@ -50,16 +51,10 @@ def {name}(tensor, {peer}=None, group=None, tag=0, group_{peer}=None):
     peer = {peer} if {peer} is not None else group_{peer}
     posted = rec.p2p_posted[direction]
     seq = posted[peer] = posted.get(peer, 0) + 1
-    if blocking:  # its site is read from the caller's frame while it blocks, if a record shows the call
-        state.frame = getframe(1)
+    about = (name, ((direction, peer),), seq, None, 0)
+    if blocking:
         state.since = monotonic()
-        state.call = about = (name, ((direction, peer),), seq, None, 0)
-    else:  # its request may be waited for elsewhere: the site now, as code object and offset
-        frame = getframe(1)
-        if frame.f_code.co_filename.startswith(rec.not_user):
-            frame = rec.user_frame(frame)
-        about = (name, ((direction, peer),), seq, None, 0) if frame is None else \\
-            (name, ((direction, peer),), seq, frame.f_code, frame.f_lasti)
+        state.call = about
     state.depth = True
     try:
         out = original(tensor, {peer}, group, tag, group_{peer})
@@ -69,9 +64,9 @@ def {name}(tensor, {peer}=None, group=None, tag=0, group_{peer}=None):
     finally:
         state.depth = False
     if blocking:
-        state.call = state.frame = None
+        state.call = None
     elif out is not None:
-        rec.requests[id(out)] = (out, about)
+        rec.requests[out] = about
     rec.p2p_returned += 1
     return out
 '''
@@ -91,7 +86,7 @@ def point_to_point(live: Live, name: str, original: Callable[..., Any]) -> Calla
         return slow
     namespace: dict[str, Any] = {
         "live": live, "original": original, "general": slow, "callers": CALLERS, "caller": caller,
-        "thread_id": threading.get_ident, "getframe": sys._getframe, "monotonic": time.monotonic, "world": world,
+        "thread_id": threading.get_ident, "monotonic": time.monotonic, "world": world,
         "name": name, "direction": "send" if peer_arg == "dst" else "recv", "blocking": name in ("send", "recv")}
     # its file is named in the watch's folder, whose frames a call site skips; its lines show in a traceback
     source, filename = _PER_CALL.format(name=name, peer=peer_arg), os.path.join(_HERE, f"p2p.py ({name}, generated)")
@@ -123,7 +118,7 @@ def general(live: Live, name: str, original: Callable[..., Any]) -> Callable[...
         about = rec.p2p_post(name, ((direction, peer),), sys._getframe(1))
         out = issue(rec, about, 1, blocking, original, args, kwargs)
         if not blocking and out is not None:
-            rec.requests[id(out)] = (out, about)
+            rec.requests[out] = about
         return out
 
     point_to_point._ddpkit_original = original  # type: ignore[attr-defined]
@@ -151,7 +146,7 @@ def batch(live: Live, wrappers: dict[Callable[..., Any], Callable[..., Any]],
         about = rec.p2p_post("batch_isend_irecv", peers, sys._getframe(1))
         works = issue(rec, about, len(peers), False, original, (p2p_op_list,), {})
         for work in works or ():
-            rec.requests[id(work)] = (work, about)
+            rec.requests[work] = about
         return works
 
     batch_isend_irecv._ddpkit_original = original  # type: ignore[attr-defined]
@@ -171,11 +166,11 @@ def wait(live: Live, original: Callable[..., Any]) -> Callable[..., Any]:
         if rec is None or not rec.requests:
             return original(work) if timeout is _NO_TIMEOUT else original(work, timeout)
         state = callers.get(thread_id()) or caller()
-        known = None if state.depth else rec.requests.pop(id(work), None)
-        if known is None:  # a collective's request, one waited for already, or a wait inside a watched call
+        about = None if state.depth else rec.requests.pop(work, None)
+        if about is None:  # a collective's request, one waited for already, or a wait inside a watched call
             return original(work) if timeout is _NO_TIMEOUT else original(work, timeout)
         state.since = monotonic()
-        state.call = about = known[1]
+        state.call = about
         state.depth = True
         try:
             out = original(work) if timeout is _NO_TIMEOUT else original(work, timeout)

@@ -34,9 +34,9 @@ __all__ = ["CALLERS", "Caller", "Live", "P2PCall", "Peers", "Recorder", "call_si
 #: A point-to-point call's ends: (``send`` or ``recv``, the peer's global rank, None for any source) per operation.
 Peers = tuple[tuple[str, int | None], ...]
 #: A posted point-to-point call: op, peers, its number (per peer and direction; a batch's: by batch), and where it
-#: was called: the caller's code object and instruction offset (None, 0: no Python caller), made a ``file:line
-#: (function)`` text only when a record shows the call (``site_text``): formatting it on every call cost more than
-#: the rest of the call's record.
+#: was called, as the caller's code object and instruction offset, made a ``file:line (function)`` text only when a
+#: record shows the call (``site_text``); None, 0 on the per-call path, which takes no frame: the site is then the
+#: line where the thread blocks, in the call or in a wait on its request (``Recorder.p2p_site``).
 P2PCall = tuple[str, Peers, int, Any, int]
 
 #: Steps kept for the timings (median, p99, wait share).
@@ -92,18 +92,16 @@ class Live:
 
 class Caller:
     """One thread on the watch's per-call path: whether it is inside a watched call (``depth``: one nested in it,
-    the ``isend`` in torch's ``send``, passes through), and the point-to-point call it blocks in (``call``, None: none),
-    since when, and its caller's frame (suspended in the call while it blocks: the call site is read from it only when
-    a record shows the call). Plain slots, not a ``threading.local``, whose attribute reads and writes cost a
-    point-to-point call more than its whole record."""
+    the ``isend`` in torch's ``send``, passes through), and the point-to-point call it blocks in (``call``, None: none)
+    since when. Plain slots, not a ``threading.local``, whose attribute reads and writes cost a point-to-point call
+    more than its whole record."""
 
-    __slots__ = ("call", "depth", "frame", "since")
+    __slots__ = ("call", "depth", "since")
 
     def __init__(self) -> None:
         self.depth = False
         self.call: P2PCall | None = None
         self.since = 0.0
-        self.frame: Any = None
 
 
 #: Every thread's Caller, by thread id (a thread's own entry is written by that thread only).
@@ -172,9 +170,9 @@ class Recorder:
         self.world: Any = None
         """The default group, once a point-to-point call looked it up."""
         self._sites: dict[tuple[str, int], str] = {}  # call site by (file, line)
-        self.requests: dict[int, tuple[Any, P2PCall]] = {}
-        """An async point-to-point call's request (a ``Work``; by id, as a plain dict costs the call least) -> the
-        call: a wait on it is a wait in that call. Dropped once only this dict holds the request (``record``)."""
+        self.requests: dict[Any, P2PCall] = {}
+        """An async point-to-point call's request (a ``Work``, hashed by identity) -> the call: a wait on it is a wait
+        in that call. Dropped once only this dict holds the request (``record``)."""
         self.not_user = (*self.skip, "<frozen")
 
     def count_group(self, model: Any, counter: Any = None) -> None:
@@ -319,40 +317,40 @@ class Recorder:
     def p2p_done(self, state: Caller | None) -> None:
         """A point-to-point call returned (posted, or waited for: the Caller ``p2p_block`` gave)."""
         if state is not None:
-            state.call = state.frame = None
+            state.call = None
         self.p2p_returned += 1
 
     def p2p_fail(self, state: Caller | None, about: P2PCall, error: BaseException) -> None:
         """A point-to-point call failed (a peer gone): reported at once, as a failed collective is."""
-        site = self.p2p_site(about, state)
         if state is not None:
-            state.call = state.frame = None
+            state.call = None
         if self.failed is None:
-            self.failed = {"seq": about[2], "op": about[0], "site": site, "error": str(error).strip(),
-                           "peers": [list(p) for p in about[1]]}
+            self.failed = {"seq": about[2], "op": about[0], "site": self.p2p_site(about, threading.get_ident()),
+                           "error": str(error).strip(), "peers": [list(p) for p in about[1]]}
         if self.on_failure is not None:
             self.on_failure()
 
-    def p2p_site(self, about: P2PCall, state: Caller | None) -> str:
-        """``about``'s call site: its own, or (a blocking call's) its caller's frame, suspended in the call."""
-        frame = None if about[3] is not None or state is None else state.frame
-        if frame is None:
+    def p2p_site(self, about: P2PCall, thread: int) -> str:
+        """``about``'s call site: its own (a batch, a first call), else the line where ``thread`` is now, in that
+        call or in a wait on its request (its stack read only here, when a record or a report shows the call: taking
+        the caller's frame in every call cost a pipeline's step more than the rest of the call's record)."""
+        if about[3] is not None:
             return self.site_text(about[3], about[4])
-        frame = self.user_frame(frame)
+        frame = self.user_frame(sys._current_frames().get(thread))
         return self.site_text(None, 0) if frame is None else self.site_text(frame.f_code, frame.f_lasti)
 
     def _p2p_waiting(self, now: float) -> Waiting | None:
         """The point-to-point call blocked in longest by any thread of this rank."""
-        longest: tuple[float, P2PCall, Caller] | None = None
-        for state in list(CALLERS.values()):
+        longest: tuple[float, P2PCall, int] | None = None
+        for thread, state in list(CALLERS.items()):
             about, since = state.call, state.since
             if about is not None and (longest is None or since < longest[0]):
-                longest = (since, about, state)
+                longest = (since, about, thread)
         if longest is None:
             return None
-        since, about, state = longest
+        since, about, thread = longest
         op, peers, seq = about[0], about[1], about[2]
-        return {"seq": seq, "op": op, "bytes": None, "site": self.p2p_site(about, state),
+        return {"seq": seq, "op": op, "bytes": None, "site": self.p2p_site(about, thread),
                 "for": round(now - since, 3), "peers": [list(p) for p in peers]}
 
     # -- steps and phases -------------------------------------------------------------------------------------
@@ -452,9 +450,9 @@ class Recorder:
 
     def record(self, beat: int, *, final: bool = False) -> Heartbeat:
         self.sweep()
-        for key, (work, _) in list(self.requests.items()):
-            if sys.getrefcount(work) <= 3:  # this dict, ``work`` and the call's argument: nobody can wait on it
-                self.requests.pop(key, None)
+        for work in list(self.requests):
+            if sys.getrefcount(work) <= 4:  # this dict, the list, ``work`` and the argument: nobody can wait on it
+                self.requests.pop(work, None)
         now = time.monotonic()
         entered = self.entered
         calls = [c for c in list(self._open.values()) if c[3] <= entered]
