@@ -179,3 +179,15 @@ def test_two_ranks_on_a_node_the_traceback_comes_from_the_failed_ranks_box() -> 
     assert lines[:4] == ["ddpkit: the job step failed (srun exit code 1): rank 3 on host node2 failed first with "
                          "exit code 1", '    File "/tmp/t/ke2.py", line 10, in <module>',
                          '      raise KeyError("batch")', "    KeyError: 'batch'"], lines
+
+
+def test_a_step_that_failed_with_no_rank_known_says_its_last_traceback() -> None:
+    """Nothing says which rank failed (no [host:rank] line, no agent's or srun's line for a task): the digest
+    still says the step's own last words, never only that it failed."""
+    screen = StepScreen(io.StringIO(), io.StringIO(), agents=False)
+    for line in ("0: Traceback (most recent call last):", '0:   File "/a/b.py", line 3, in <module>', "0:     f()",
+                 "0: ValueError: x"):
+        screen.take(line, to_stderr=True, now=0.0)
+    assert screen.digest(4, "LOG") == ["ddpkit: the job step failed (srun exit code 4)",
+                                       '    File "/a/b.py", line 3, in <module>', "      f()", "    ValueError: x",
+                                       "  full output of every node and rank: LOG"]

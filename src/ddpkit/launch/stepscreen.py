@@ -279,8 +279,10 @@ class StepScreen:
             lines.append(f"{head}; the watch found first: {culprit or report[0].removeprefix(WATCH).strip()}")
         elif self._errors:
             lines.append(f"{head}: {sorted(self._errors)[0]}")
-        else:
+        else:  # no rank known to have failed: the step's own last words (its last traceback, else its last lines)
             lines.append(head)
+            said_last = "\n".join(line for task in self.tasks.values() for line in task.stderr)
+            lines += [f"    {line}" for line in cause(RankEnd(rank=-1, stderr=said_last))] if said_last else []
         shown_first = first.rank if first is not None else None
         named = _RANK_ON_HOST.search(culprit or "")
         groups: dict[str, list[int]] = {}
