@@ -2,6 +2,7 @@
 
     sudo python -m benchmarks.bench_heal              # root: a 3-node namespace Slurm cluster; ~1 minute a drill
     BENCH_HEAL_DRILLS=4 BENCH_HEAL_FAULTS=stop,kill sudo python -m benchmarks.bench_heal
+    python -m benchmarks.bench_heal --render          # results/bench_heal.md again from its .json
 
 Each drill: ``ddpkit submit slurm -j 2x1 --spare-nodes 1 --heal --wait -- train --epochs 100 --samples 4096
 --snapshot-path ...`` on a fresh 3-node cluster's nodes; two snapshots in, plus 2 s, node2's ddpkit processes are
@@ -171,8 +172,18 @@ def markdown(result: dict[str, Any]) -> str:
     for phase in PHASES:
         v = s[phase]
         lines.append(f"| {phase} | {v['median_s'] if v else '-'} | {v['max_s'] if v else '-'} |")
+    rows = [r for r in result["drills"] if r["total"] is not None]
+    after = [r["teardown"] + r["preflight"] + r["startup"] for r in rows]
     lines += ["", f"Job COMPLETED: {s['completed']}; the bad host absent from every later attempt: "
-                  f"{s['bad_host_absent_later']}.", "", "By fault:", "",
+                  f"{s['bad_host_absent_later']}.", "",
+              f"Against the issue's targets: fault -> first step <= 60 s in {sum(r['total'] <= 60 for r in rows)} of "
+              f"{len(rows)} drills; detection <= 30 s in {sum(r['detection'] <= 30 for r in rows)} of {len(rows)}; "
+              f"everything after detection <= 30 s in {sum(a <= 30 for a in after)} of {len(rows)} (median "
+              f"{statistics.median(after):.1f} s, max {max(after):.1f} s). On this 2-core machine, shared with other "
+              "test runs (load above), the preflight check and the next attempt's start-up (each a fresh Python "
+              "importing torch on every rank) are the cost after detection; detection is the silent rule's 10 s "
+              "(--silent-after) for a stopped or cut-off host and srun's word, at once, for a killed rank.", "",
+              "By fault:", "",
               "| fault | drills | detection med/max | teardown med/max | preflight med/max | start-up med/max | "
               "total med/max |", "|---|---|---|---|---|---|---|"]
     for kind, v in result["by_fault"].items():
@@ -188,4 +199,7 @@ def markdown(result: dict[str, Any]) -> str:
 
 
 if __name__ == "__main__":
+    if sys.argv[1:] == ["--render"]:  # the .md again from the committed .json
+        (RESULTS / "bench_heal.md").write_text(markdown(json.loads((RESULTS / "bench_heal.json").read_text())))
+        sys.exit(0)
     sys.exit(main())
