@@ -170,3 +170,25 @@ def test_a_failure_of_the_program_on_every_rank_is_retried_once_then_93(two_host
     assert [e["hosts"] for e in started] == [[two_hosts[0].ip, two_hosts[1].ip]] * 2, started
     assert "excluded" not in run.stderr, run.output()
     assert two_hosts.leftover() == {}
+
+
+def test_with_min_hosts_the_job_shrinks_instead_of_stopping(two_hosts: Hosts) -> None:
+    """-j 1:2x1 over two hosts, h2's rank SIGKILLed: no spare, but the shape allows one host: the next attempt is one
+    mpirun on h1 alone, resuming from the snapshot, and the run succeeds."""
+    require_tools("mpirun")
+    work = Path(two_hosts.cluster.workdir) / "job"
+    work.mkdir()
+    run = _submit(two_hosts, "1:2x1", [0, 1], work, *_train(work))
+    _wait_for(lambda: list(work.glob("snap.*.pt")), [run], 240, "a snapshot")
+    for pid in _wait_for(lambda: _rank_pids(two_hosts, 1), [run], 30, "h2's rank"):  # type: ignore[attr-defined]
+        os.kill(pid, signal.SIGKILL)
+    run.wait(RUN_TIMEOUT)
+    h1, h2 = two_hosts[0].ip, two_hosts[1].ip
+    assert run.returncode == 0, run.output()
+    assert f"{h2} excluded for the rest of the run; relaunching on {h1} from the snapshot of step" in run.stderr, \
+        run.output()
+    started = [e for e in _ledger(work) if e["kind"] == "attempt-started"]
+    assert [e["hosts"] for e in started] == [[h1, h2], [h1]], started
+    summary = json.loads((work / "summary.json").read_text())
+    assert summary["world_size"] == 1 and summary["resumed_from"], summary
+    assert two_hosts.leftover() == {}
