@@ -19,7 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.infra.conftest import HostRun, Hosts, new_run_id
+from tests.helpers import require_tools
+from tests.infra.conftest import HostRun, Hosts, new_run_id, start_etcd
 
 pytestmark = [pytest.mark.infra, pytest.mark.multiproc]
 RUN_TIMEOUT = 300
@@ -57,12 +58,12 @@ def _ranks_on(run: HostRun) -> set[int]:
     return {int(r) for r in re.findall(rf"\[{re.escape(run.host.hostname)}:(\d+)\]", run.stderr + run.stdout)}
 
 
-def _victim(runs: list[HostRun], timeout: float = 60) -> int:
-    """A host other than the first (it holds the rendezvous store) whose rank is not 0 (rank 0 holds the workers'
-    store): the index of its run, once its workers said their rank."""
+def _victim(runs: list[HostRun], timeout: float = 60, first: int = 1) -> int:
+    """A host from ``first`` on (under c10d the first holds the rendezvous store) whose rank is not 0 (rank 0 holds
+    the workers' store): the index of its run, once its workers said their rank."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        for i, r in enumerate(runs[1:], start=1):
+        for i, r in enumerate(runs[first:], start=first):
             ranks = _ranks_on(r)
             if ranks and 0 not in ranks:
                 return i
@@ -70,8 +71,8 @@ def _victim(runs: list[HostRun], timeout: float = 60) -> int:
     pytest.fail("no host with a rank other than 0 said so\n" + "\n".join(r.output() for r in runs))
 
 
-def _train(hosts: Hosts, shape: str, work: Path, *extra: str) -> list[str]:
-    return ["train", "-j", shape, "--rdzv-endpoint", hosts.endpoint(), "--run-id", new_run_id(), "--heal",
+def _train(hosts: Hosts, shape: str, work: Path, *extra: str, endpoint: str = "") -> list[str]:
+    return ["train", "-j", shape, "--rdzv-endpoint", endpoint or hosts.endpoint(), "--run-id", new_run_id(), "--heal",
             "--run-dir", str(work / "run"), "--samples", "8192", "--epochs", "4", "--snapshot-path",
             str(work / "snap.pt"), "--json", str(work / "summary.json"), *extra]
 
@@ -295,3 +296,30 @@ def test_a_slow_rank_that_answers_is_never_a_host_fault(two_hosts: Hosts) -> Non
         assert len(started) == 1, started
     assert "done 0 4.0" in runs[0].stdout + runs[1].stdout, "\n".join(r.output() for r in runs)
     assert two_hosts.leftover() == {}
+
+
+@pytest.mark.slow  # three hosts and an etcd
+def test_with_etcd_the_exclusion_list_lives_outside_every_host(make_hosts: Callable[[int], Hosts]) -> None:
+    """`train -j 2:3x1 --heal --rdzv-backend etcd-v2` with a real etcd on the switch: no host holds the rendezvous
+    store, so any host whose rank is not 0 (the first included) can be stopped and excluded; the others finish."""
+    require_tools("etcd")
+    hosts = make_hosts(3)
+    etcd = start_etcd(hosts.cluster)
+    work = Path(hosts.cluster.workdir) / "job"
+    work.mkdir()
+    args = _train(hosts, "2:3x1", work, "--rdzv-backend", "etcd-v2", endpoint=etcd.endpoint)
+    runs = [hosts.ddpkit(h, *args, OMP_NUM_THREADS="1") for h in hosts.hosts]
+    _wait_for_snapshot(work, runs)
+    bad = _victim(runs, first=0)
+    victim, name = runs[bad], runs[bad].host.hostname
+    for pid in _children(victim.proc.pid):
+        os.kill(pid, signal.SIGSTOP)
+    good = [r for i, r in enumerate(runs) if i != bad]
+    for r in good:
+        r.wait(RUN_TIMEOUT)
+    assert [r.returncode for r in good] == [0, 0], "\n".join(r.output() for r in runs)
+    victim.wait(120)
+    assert victim.returncode == EXCLUDED and f"this host ({name}) was excluded from run" in victim.stderr, \
+        victim.output()
+    assert json.loads((work / "summary.json").read_text())["world_size"] == 2
+    assert hosts.leftover() == {}
