@@ -180,7 +180,6 @@ class HealRun:
         self.failed_rounds = 0
         self.attempt: int | None = None
         self.node_rank: int | None = None
-        self.started_at = time.time()
 
     # -- the rounds ---------------------------------------------------------------------------------------------
     def round_ended(self, exclusions: ExclusionList) -> None:
