@@ -213,6 +213,22 @@ def test_an_exception_on_every_rank_stops_after_two_attempts_without_requeue(clu
         "stopping with exit 93 (do not requeue; the job's own exit code was 1)" in tail[-1], tail
 
 
+def test_clean_runs_are_one_attempt_each(cluster: Any, tmp_path: Path) -> None:
+    """A healthy job is never restarted: one attempt, no decision line (DDPKIT_CLEAN_RUNS runs, 3 by default)."""
+    for n in range(int(os.environ.get("DDPKIT_CLEAN_RUNS", "3"))):
+        where = tmp_path / f"run-{n}"
+        where.mkdir()
+        proc = _submit(cluster, where, "train", "--epochs", "3", "--samples", "1024", "--snapshot-path",
+                       str(where / "snap.pt"))
+        out, _ = proc.communicate(timeout=JOB_TIMEOUT + 60)
+        log = _log(where)
+        assert proc.returncode == 0 and "COMPLETED exit code 0 (restarts 0)" in out, out + log
+        records = _ledger(where)
+        assert [r.hosts for r in records if isinstance(r, AttemptStarted)] == [("node1", "node2")], log
+        assert [(r.exit_code, r.action.value) for r in records if isinstance(r, AttemptEnded)] == [(0, "stop")]
+        assert "ddpkit heal: attempt" not in log and "preflight" not in log, log
+
+
 def _kill_node2_when_training(c: Any, tmp_path: Path, shape: str) -> tuple[subprocess.Popen[str], Path]:
     snaps = tmp_path / "snaps"
     snaps.mkdir()
