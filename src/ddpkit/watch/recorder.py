@@ -155,7 +155,7 @@ class Recorder:
         self._sample_end = 0
         self._rate = DDP_SAMPLE_RATE  # DDP's sample rate now
         self._read_at = 0  # the step at which DDP's statistic was last read
-        # point-to-point (the per-call path: ``hooks._point_to_point`` writes these fields itself, no method call;
+        # point-to-point (the per-call path: ``p2p.point_to_point`` writes these fields itself, no method call;
         # the call a thread blocks in is its ``Caller``'s): the calls posted per direction and peer; how many
         # returned (the monitor's progress)
         self.p2p_posted: dict[str, dict[int | None, int]] = {"send": {}, "recv": {}}
@@ -163,7 +163,7 @@ class Recorder:
         self.p2p_returned = 0
         self.p2p_per_op: int | None = None
         """How many collectives the default group counts per point-to-point operation (gloo: 1, NCCL: 0), learned
-        on the first call; until then the per-call path leaves the calls to ``hooks._issue``."""
+        on the first call; until then the per-call path leaves the calls to ``p2p.issue``."""
         self.p2p_first_base: int | None = None
         """The default group's count before the first point-to-point call, while it runs (``p2p_per_op`` unknown)."""
         self._p2p_first: tuple[int, int] = (0, 0)  # the first call's operations and the group's count of them
@@ -279,7 +279,7 @@ class Recorder:
         """A point-to-point call is posted on the default group (``peers``: (``send`` or ``recv``, global rank or
         None for any source) per operation; ``frame``: its caller's, or any frame inside torch below it): what it
         is, numbered per peer and direction (a batch: by batches). The cold path (a batch, the first call);
-        ``hooks._point_to_point`` does the same inline."""
+        ``p2p.point_to_point`` does the same inline."""
         seq = 0
         for direction, peer in peers:
             posted = self.p2p_posted[direction]
