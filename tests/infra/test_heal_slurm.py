@@ -79,7 +79,8 @@ def _submit(c: Any, cwd: Path, *job: str) -> subprocess.Popen[str]:
 
 
 def _ranks_on(node: Any) -> list[int]:
-    """The ddpkit processes in a node's namespace (its ranks), not Slurm's."""
+    """The ranks in a node's namespace (``PYTHON -m ddpkit CMD``, or ``-m ddpkit run``): not Slurm's processes, not
+    the supervisor (``-m ddpkit.heal.slurm_supervisor``) nor the client on node1."""
     res = subprocess.run(["ip", "netns", "pids", node.netns], capture_output=True, text=True, check=False)
     found = []
     for pid in res.stdout.split():
@@ -87,7 +88,7 @@ def _ranks_on(node: Any) -> list[int]:
             words = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
-        if b"ddpkit" in b" ".join(words) and not words[0].endswith((b"slurmstepd", b"slurmd")):
+        if words[1:3] == [b"-m", b"ddpkit"] and len(words) > 3 and words[3] in (b"train", b"run"):
             found.append(int(pid))
     return found
 
@@ -129,8 +130,9 @@ def _restore(c: Any, node: Any, fault: str) -> None:
     pytest.fail(f"{node.name} not idle again within 120 s")
 
 
-def _drill(c: Any, tmp_path: Path, uninterrupted: dict[str, Any], fault: str) -> None:
-    bad = c.nodes[1]
+def _drill(c: Any, tmp_path: Path, uninterrupted: dict[str, Any], fault: str, victim: int = 1) -> None:
+    bad = c.nodes[victim]
+    rank = victim  # one rank per node: rank R on node R+1
     snaps = tmp_path / "snaps"
     snaps.mkdir()
     proc = _submit(c, tmp_path, *TRAIN, "--snapshot-path", str(snaps / "snap.pt"), "--json",
@@ -160,7 +162,7 @@ def _drill(c: Any, tmp_path: Path, uninterrupted: dict[str, Any], fault: str) ->
     assert len(ended) == 2 and len(started) == 2, log
     found = ended[0].classification
     assert found is not None and found.kind is FailureClass.HOST and found.culprit_hosts == (bad.name,), log
-    assert found.culprit_ranks == (1,) and ended[0].action.value == "retry"
+    assert found.culprit_ranks == (rank,) and ended[0].action.value == "retry"
     expected = {"stop": "stopped answering", "link": "stopped answering", "kill": "killed by SIGKILL"}[fault]
     assert expected in found.reason and any(expected in e for e in found.evidence), found
     (excluded,) = [r for r in records if isinstance(r, HostExcluded)]
@@ -169,11 +171,13 @@ def _drill(c: Any, tmp_path: Path, uninterrupted: dict[str, Any], fault: str) ->
     print(f"{fault}: fault -> seen {seen[0].time - fault_at:.1f} s, -> decision {ended[0].time - fault_at:.1f} s")
     assert seen[0].time - fault_at <= 30, seen  # detection within 30 s (--silent-after 10 for a silent rank)
     # node2 runs no later attempt: not asked for, and no line of it after the decision
-    assert started[0].hosts == ("node1", "node2") and started[1].hosts == ("node1", "node3"), started
+    after = tuple(n.name for n in c.nodes[:3] if n is not bad)
+    assert started[0].hosts == ("node1", "node2") and started[1].hosts == after, started
     decision = f"ddpkit heal: attempt 1 of 3: {bad.name} excluded ("
-    assert decision in log and f"relaunching on node1, node3 from the snapshot of step {ended[0].progress}" in log
+    assert decision in log and f"relaunching on {', '.join(after)} from the snapshot of step {ended[0].progress}" \
+        in log
     assert f"[{bad.name}:" not in log.split(decision, 1)[1], log
-    assert "ddpkit heal: preflight check passed on node1, node3" in log
+    assert f"ddpkit heal: preflight check passed on {', '.join(after)}" in log
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["resumed_from"] is not None, summary
     assert summary["loss_history"] == uninterrupted["loss_history"]  # bitwise: floats compared exactly
@@ -189,6 +193,14 @@ def test_stopped_host_is_excluded_and_the_job_completes_bitwise(cluster: Any, tm
 def test_killed_ranks_host_is_excluded_and_the_job_completes_bitwise(cluster: Any, tmp_path: Path,
                                                                      uninterrupted: dict[str, Any]) -> None:
     _drill(cluster, tmp_path, uninterrupted, "kill")
+
+
+@pytest.mark.slow
+def test_stopped_rank_0_on_the_batch_host_is_found_by_its_silent_store(cluster: Any, tmp_path: Path,
+                                                                       uninterrupted: dict[str, Any]) -> None:
+    """Rank 0 holds the job's store: stopped, the others' watch loses the store; under --heal rank 1 names rank 0
+    silent within the rule's seconds, node1 (the batch host, where the supervisor runs on) is used no more."""
+    _drill(cluster, tmp_path, uninterrupted, "stop", victim=0)
 
 
 def test_an_exception_on_every_rank_stops_after_two_attempts_without_requeue(cluster: Any, tmp_path: Path) -> None:

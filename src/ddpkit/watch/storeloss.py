@@ -94,6 +94,8 @@ class StoreLoss:
         self.report_after = hang_deadline(options, slowest_gap=slowest_gap, first_step_done=first_done)
         self.stop_after = stop_deadline(options, report_deadline=self.report_after)
         self.holder = store_host()
+        if options.silent_stop is not None:  # under --heal: a store silent that long is its holder lost, at once
+            self.report_after = self.stop_after = options.silent_stop
 
     def tick(self, now: float | None = None) -> None:
         now = time.monotonic() if now is None else now
@@ -139,6 +141,11 @@ class StoreLoss:
             until = f"; this rank stops at {at} unless progress resumes"
         lines = [f"ddpkit watch: HANG: rank {self.rank} on host {self.host} has made no progress for {idle:.0f} s and "
                  f"{holder} has not answered for {time.monotonic() - self.lost_at:.0f} s{culprit}{until}"]
+        silent = self._silent_holder(peers)
+        if silent is not None:  # under --heal: the holder named as a silent rank, for the supervisor to take out
+            lines[0] = (f"ddpkit watch: {silent} stopped answering: {holder} has not answered rank {self.rank} on "
+                        f"host {self.host} for {time.monotonic() - self.lost_at:.0f} s (under --heal a silent rank "
+                        f"is a lost host after {self.options.silent_stop:g} s); this rank stops now (exit 3)")
         self._headline = lines[0]
         for r, (rec, state) in peers.items():
             seen = {"stopped": "stopped (SIGSTOP)", "gone": "gone (its process no longer runs)",
@@ -148,6 +155,16 @@ class StoreLoss:
         lines += [f"--- rank {self.rank} on host {self.host} (pid {os.getpid()}): Python stacks", python_stacks()]
         self.emit(lines, {"event": "hang", "reporter": self.rank, "store_lost": self.error, "idle": round(idle, 1),
                           "stopped": stopped, "holder": self.holder.rank})
+
+    def _silent_holder(self, peers: dict[int, tuple[Heartbeat, str]]) -> str | None:
+        """Under --heal, ``rank 0 on host H (pid P)`` when rank 0 holds the store and is not seen running on this
+        host (stopped or gone here, or on another host, where its silence is all this rank can know)."""
+        if self.options.silent_stop is None or self.holder.rank is None or self.holder.rank not in peers:
+            return None
+        rec, state = peers[self.holder.rank]
+        if state == "running":
+            return None
+        return f"rank {self.holder.rank} on host {rec['host']} (pid {rec['pid']})"
 
     def _stop(self) -> None:
         """This rank stops, exit 3, and a stopped peer on this host is killed a moment later (it cannot end itself;
