@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import statistics
 import subprocess
@@ -149,6 +150,7 @@ def main() -> int:
             rows.append(drill(c, root / f"drill-{i}", kind))
     finally:
         c.stop()
+        shutil.rmtree(root, ignore_errors=True)
     result = {"drills": rows, "summary": summarize(rows),
               "by_fault": {k: summarize([r for r in rows if r["fault"] == k]) for k in dict.fromkeys(r["fault"]
                                                                                               for r in rows)},
