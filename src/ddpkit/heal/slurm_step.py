@@ -214,7 +214,7 @@ def run_step(plan: StepPlan, *, teardown_s: float, deadline_s: float | None = No
             stage, killed = 2, True
             continue
         if reader.task_failed_at is not None and now >= reader.task_failed_at + teardown_s:
-            why = f"{now - reader.task_failed_at:.0f} s after a task failed (a host cut off never answers srun)"
+            why = f"{now - reader.task_failed_at:.0f} s after a task failed"
         elif reader.fault_at is not None and now >= reader.fault_at + FAULT_BOUND_S:
             why = f"{now - reader.fault_at:.0f} s after the fault"
         elif deadline_s is not None and now >= began + deadline_s:
