@@ -116,10 +116,10 @@ def _ledger(cwd: Path) -> list[Any]:
 
 
 def _restore(c: Any, node: Any, fault: str) -> None:
-    """The node's link up again; after a stop or a kill, the node idle in Slurm before the next test (bounded).
+    """After a cut the node's link up again; after a stop or a kill, the node idle in Slurm before the next test.
     After a cut Slurm hears from it only at its next ping (minutes): the link drill is the module's last."""
-    subprocess.run(["ip", "-n", node.netns, "link", "set", node.veth, "up"], check=False)
     if fault == "link":
+        subprocess.run(["ip", "-n", node.netns, "link", "set", node.veth, "up"], check=False)
         return
     until = time.monotonic() + 120
     while time.monotonic() < until:
