@@ -98,6 +98,11 @@ def parse(argv: list[str]) -> argparse.Namespace:
     if not args.program:
         raise ConfigError("no program after --", "the ranks' command line", "render the job with ddpkit submit")
     args.min_nodes = args.min_nodes or args.nodes
+    if not (1 <= args.min_nodes <= args.nodes and args.per_node >= 1 and args.max_attempts >= 1
+            and 4 <= args.silent_after <= 3600):
+        raise ConfigError(f"--nodes {args.nodes} --min-nodes {args.min_nodes} --per-node {args.per_node} "
+                          f"--max-attempts {args.max_attempts} --silent-after {args.silent_after:g}",
+                          "1 <= MIN <= N, P >= 1, attempts >= 1, 4 to 3600 s", "render the job with ddpkit submit")
     return args
 
 
