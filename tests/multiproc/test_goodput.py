@@ -62,6 +62,12 @@ def test_three_attempts_add_up_to_the_wall_clock_and_lose_exactly_the_steps_done
     assert split.lost_steps == done_again
     assert split.seconds[Category.LOST_PROGRESS] > 0 and split.seconds[Category.FAILURE] > 0
     assert [r.step for r in read_goodput(job.run_dir) if isinstance(r, Loaded)] == [None, *resumed]
+    # both ranks timed their gradient sync (ddpkit's hook), so the straggler wait is measured, not assumed zero
+    view = load_run(job.run_dir)
+    assert set(view.rank_steps) == {0, 1}
+    for rank, lines in view.rank_steps.items():
+        assert lines and all(r.sync_s is not None and 0 < r.sync_s <= r.busy_s for r in lines), (rank, lines[:2])
+    assert split.seconds[Category.STRAGGLER_WAIT] >= 0
     print("split (s): " + ", ".join(f"{c.value} {v:.3f}" for c, v in split.seconds.items())
           + f"; wall {split.wall_s:.3f}, goodput {split.goodput:.3f}, lost steps {split.lost_steps}")
 
@@ -95,6 +101,7 @@ def test_the_html_page_opens_in_headless_chromium_with_its_pictures_and_all_thre
     for attempt in (1, 2, 3):
         assert f"attempt {attempt}" in dom
     assert dom.count("was killed by SIGKILL") >= 2
+    assert "waiting for a slower rank" in dom and "<td>1</td>" in dom  # the per-rank table, rank 1's row
     assert _console(res.stderr) == []
     shot = job.run_dir.parent / "run.png"
     _chromium("--hide-scrollbars", "--window-size=1200,2400", f"--screenshot={shot}", page.resolve().as_uri())

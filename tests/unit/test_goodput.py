@@ -158,3 +158,64 @@ def test_another_rank_writes_only_its_steps_in_its_own_file(tmp_path: Path) -> N
     assert not (tmp_path / GOODPUT).exists()
     lines = read_goodput(tmp_path / "goodput.rank-1.jsonl")
     assert len(lines) == 1 and isinstance(lines[0], Steps) and (lines[0].rank, lines[0].first) == (1, 33)
+
+
+def _two_ranks(run_dir: Path, *, sync_0: float | None, sync_1: float | None, steps: int = 100) -> tuple[float, float]:
+    """One attempt of two ranks in lockstep, 10 ms steps: each rank's gradient sync per step as given (rank 0 the
+    quicker when its sync is the longer). Returns the attempt's start and end."""
+    start = 50.0
+    logs = [GoodputLog(run_dir, attempt=1, every_s=0.25, rank=rank) for rank in (0, 1)]
+    logs[0].started(time=start + 2.0, process=start, world_size=2)
+    t = start + 2.0
+    for step in range(1, steps + 1):
+        for log, sync in zip(logs, (sync_0, sync_1), strict=True):
+            log.step(t, t + STEP_S, step, sync)
+        t += STEP_S + GAP_S
+    logs[0].finished(t, steps, "completed")
+    for log in logs:
+        log.close()
+    return start, t
+
+
+def test_waiting_for_a_straggler_is_the_spread_of_the_ranks_gradient_sync(tmp_path: Path) -> None:
+    """Rank 1 computes 3 ms longer each step: rank 0 waits 4 ms in the sync, rank 1 (the straggler) 1 ms, the
+    transfer alone. The job lost 3 ms a step to the straggler, out of training, and the split still adds up."""
+    from ddpkit.goodput.straggler import rank_waits
+    from ddpkit.reports.run import load_run
+
+    start, end = _two_ranks(tmp_path, sync_0=0.004, sync_1=0.001)
+    view = load_run(tmp_path)
+    split = view.split
+    s = split.seconds
+    assert s[Category.STRAGGLER_WAIT] == pytest.approx(100 * 0.003)
+    assert s[Category.TRAINING] == pytest.approx(100 * (STEP_S - 0.003))
+    assert abs(split.accounted_s - split.wall_s) <= 0.01 * split.wall_s
+    assert split.goodput == pytest.approx(100 * (STEP_S - 0.003) / (end - start), rel=0.02)
+    waits = {w.rank: w for w in rank_waits(view.rank_steps)}
+    assert waits[0].wait_share == pytest.approx(0.3) and waits[1].wait_share == pytest.approx(0.0)
+    assert waits[0].sync_share == pytest.approx(0.4) and waits[1].steps == 100
+
+
+def test_without_the_other_ranks_or_a_measured_sync_no_straggler_wait_is_claimed(tmp_path: Path) -> None:
+    _two_ranks(tmp_path / "unmeasured", sync_0=None, sync_1=None)
+    spans, *_ = _three_attempts(tmp_path / "rank-0-only")
+    from ddpkit.reports.run import load_run
+
+    assert load_run(tmp_path / "unmeasured").split.seconds[Category.STRAGGLER_WAIT] == 0.0
+    split = account(spans, read_goodput(tmp_path / "rank-0-only"))
+    assert split.seconds[Category.STRAGGLER_WAIT] == 0.0
+    assert split.seconds[Category.TRAINING] == pytest.approx(160 * STEP_S)
+
+
+def test_the_queue_wait_the_scheduler_recorded_comes_before_the_run_and_adds_to_the_wall(tmp_path: Path) -> None:
+    from ddpkit.goodput.records import QueueWaited
+
+    spans, start, end = _three_attempts(tmp_path)
+    with open(tmp_path / GOODPUT, "a") as f:  # submitted 90 s before Slurm started it, 2 s before the supervisor
+        f.write(to_json(QueueWaited(scheduler="slurm", job_id="42", submit=start - 92.0, start=start - 2.0)) + "\n")
+    split = account(spans, read_goodput(tmp_path))
+    assert split.seconds[Category.QUEUE_WAIT] == pytest.approx(90.0)
+    assert split.seconds[Category.STARTUP] == pytest.approx(2.0 + 0.4 + 3 * 3.0)
+    assert split.wall_s == pytest.approx(end - start + 92.0)
+    assert abs(split.accounted_s - split.wall_s) <= 0.01 * split.wall_s
+    assert split.queue is not None and split.queue.job_id == "42"

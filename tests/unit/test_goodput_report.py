@@ -143,3 +143,40 @@ def test_each_ranks_steps_are_its_own_lane_of_the_trace_and_line_of_the_page(tmp
     lanes = {(e["pid"], e["tid"]) for e in events if e["ph"] == "X" and e["cat"] in ("steps", "lost-progress")}
     assert (3, 2) in lanes and (3, 1) in lanes and (1, 2) not in lanes
     assert "rank 1" in (tmp_path / "p.html").read_text()
+
+
+def test_the_straggler_wait_is_on_the_page_and_the_gradient_sync_a_counter_in_the_trace(tmp_path: Path) -> None:
+    """Rank 1 the straggler (1 ms sync a step), rank 0 waiting for it (4 ms): the page's per-rank table shows
+    rank 0 waiting 30% of its step time, the trace a gradient-sync counter track per rank."""
+    from tests.unit.test_goodput import _two_ranks
+
+    run_dir = tmp_path / "run"
+    _two_ranks(run_dir, sync_0=0.004, sync_1=0.001)
+    page, trace = tmp_path / "p.html", tmp_path / "t.json"
+    report_run(_args(str(run_dir), "--html", str(page), "--trace", str(trace)))
+    text = page.read_text()
+    rows = re.findall(r"<tr><td>(\d)</td><td>100</td>(?:<td[^>]*>[^<]*</td>){3}<td>([^<]*)</td></tr>", text)
+    assert rows == [("0", "30.0"), ("1", "0.0")], text[text.index("Per rank"):][:1500]
+    assert "waiting for a straggler" in text
+    events = json.loads(trace.read_text())["traceEvents"]
+    counters = [e for e in events if e["ph"] == "C"]
+    assert {e["name"] for e in counters} == {"gradient sync, rank 0", "gradient sync, rank 1"}
+    waits = [e["args"]["wait_ms"] for e in counters if e["name"] == "gradient sync, rank 0" and e["args"]["sync_ms"]]
+    assert waits and all(w == pytest.approx(3.0) for w in waits)
+
+
+def test_the_queue_wait_is_a_headline_a_category_and_the_traces_first_lane(tmp_path: Path) -> None:
+    from ddpkit.goodput.records import GOODPUT, QueueWaited, to_json
+
+    run_dir = _run_dir(tmp_path)
+    start = load_run(run_dir).split.start  # the supervisor's start; Slurm started the job 2 s before, after 28 s
+    queued = QueueWaited(scheduler="slurm", job_id="7", submit=start - 30.0, start=start - 2.0)
+    with open(run_dir / GOODPUT, "a") as f:
+        f.write(to_json(queued) + "\n")
+    page, trace, prom = tmp_path / "p.html", tmp_path / "t.json", tmp_path / "d.prom"
+    report_run(_args(str(run_dir), "--html", str(page), "--trace", str(trace), "--prometheus", str(prom)))
+    assert "28.0 s (job 7)" in page.read_text()
+    events = json.loads(trace.read_text())["traceEvents"]
+    queue = [e for e in events if e["ph"] == "X" and e["cat"] == "queue"]
+    assert len(queue) == 1 and queue[0]["ts"] == 0 and queue[0]["dur"] == pytest.approx(28e6)
+    assert 'ddpkit_time_seconds{run="run",category="queue_wait"} 28' in prom.read_text()

@@ -34,6 +34,7 @@ its name, and a line in ``choose_transport``; the hook, the rider and the traine
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
@@ -175,6 +176,8 @@ class GradientAveraging:
         self.rider = rider
         self._sum = TRANSPORTS[transport](world_size)
         self.issued = 0
+        self.last_bucket_at = 0.0
+        """When this rank last handed its last bucket of a step to the transport (``time.perf_counter``)."""
         self.bypasses_group = transport == "mpi"
         self.about = f"ddpkit's gradient averaging ({transport})"
         """What the watch calls these collectives in a report."""
@@ -190,7 +193,10 @@ class GradientAveraging:
         self.issued += 1
         grads = bucket.buffer()
         world = self.world_size
-        if self.rider is None or not bucket.is_last():
+        last = bucket.is_last()
+        if last:  # this rank's backward is done: from here to backward's return is the sync (goodput.straggler)
+            self.last_bucket_at = time.perf_counter()
+        if self.rider is None or not last:
             return self._sum(grads, lambda total: total.div_(world))
         rider = self.rider
         extra = rider.outgoing()

@@ -1,13 +1,20 @@
 """From a run's records to where its wall-clock time went: pure (no files, no clocks, no torch).
 
-The wall clock runs from the run's start (the supervisor's process start, ``RunStarted``; else the first
-attempt's) to the last attempt's end, and every second of it lands in exactly one category:
+The wall clock runs from the run's start (the batch job's submission where the scheduler said, ``QueueWaited``;
+else the supervisor's process start, ``RunStarted``; else the first attempt's) to the last attempt's end, and
+every second of it lands in exactly one category:
 
-- ``startup``: before the first attempt, and in each attempt from its start to its first step (imports,
-  rendezvous, the process group, wrapping the model), less the snapshot load;
+- ``queue_wait``: from the job's submission to its start, as the scheduler recorded them (Slurm's SubmitTime and
+  StartTime, ``goodput.queue``); 0 where no scheduler said;
+- ``startup``: before the first attempt (after the queue), and in each attempt from its start to its first step
+  (imports, rendezvous, the process group, wrapping the model), less the snapshot load;
 - ``checkpoint_load`` and ``checkpoint_save``: the time the training thread was held by them;
-- ``training``: inside the steps that made progress; ``lost_progress``: inside the steps that did again what an
-  earlier attempt had done (a step number at or below the furthest step reached before), counted by step;
+- ``training``: inside the steps that made progress, less the straggler wait in them; ``lost_progress``: inside
+  the steps that did again what an earlier attempt had done (a step number at or below the furthest step reached
+  before), counted by step;
+- ``straggler_wait``: inside the steps that made progress, the time the quickest rank waited in the gradient sync
+  for the slowest (``goodput.straggler``: max - min over ranks of the measured sync time per step), from the
+  other ranks' ``Steps`` lines (0 without them, or where the sync was not measured);
 - ``loop_other``: the loop's own time between steps (data, the epoch's loss line, the stop vote);
 - ``failure``: in a failed attempt, from its last record to its end: the hang until detection, and teardown;
 - ``teardown``: in an attempt that finished, from its last record to its end (the process group's end, exit);
@@ -22,19 +29,22 @@ goodput = training / wall clock, overall and per window of ``window_s``.
 from __future__ import annotations
 
 import enum
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from ddpkit.goodput.records import Finished, GoodputRecord, Loaded, RankStarted, RunStarted, Saved, Steps
+from ddpkit.goodput.records import Finished, GoodputRecord, Loaded, QueueWaited, RankStarted, RunStarted, Saved, Steps
+from ddpkit.goodput.straggler import window_wait
 
 __all__ = ["AttemptAccount", "AttemptSpan", "Category", "Split", "account"]
 
 
 class Category(enum.Enum):
+    QUEUE_WAIT = "queue_wait"
     STARTUP = "startup"
     CHECKPOINT_LOAD = "checkpoint_load"
     TRAINING = "training"
     LOST_PROGRESS = "lost_progress"
+    STRAGGLER_WAIT = "straggler_wait"
     CHECKPOINT_SAVE = "checkpoint_save"
     LOOP_OTHER = "loop_other"
     FAILURE = "failure"
@@ -47,8 +57,10 @@ class Category(enum.Enum):
         return _WORDS[self]
 
 
-_WORDS = {Category.STARTUP: "start-up (imports, rendezvous)", Category.CHECKPOINT_LOAD: "checkpoint load",
+_WORDS = {Category.QUEUE_WAIT: "queue wait (the scheduler's)", Category.STARTUP: "start-up (imports, rendezvous)",
+          Category.CHECKPOINT_LOAD: "checkpoint load",
           Category.TRAINING: "training steps", Category.LOST_PROGRESS: "lost progress (steps done again)",
+          Category.STRAGGLER_WAIT: "waiting for a straggler",
           Category.CHECKPOINT_SAVE: "checkpoint save", Category.LOOP_OTHER: "loop between steps",
           Category.FAILURE: "hang until detection, teardown", Category.TEARDOWN: "teardown after the last step",
           Category.RELAUNCH: "relaunch between attempts",
@@ -84,6 +96,8 @@ class AttemptAccount:
     resumed_from: int | None = None
     lost_steps: int = 0
     steps: list[Steps] = field(default_factory=list)
+    waits: list[float] = field(default_factory=list)
+    """The straggler wait inside each of ``steps`` (its steps that made progress), seconds."""
     saves: list[Saved] = field(default_factory=list)
     loads: list[Loaded] = field(default_factory=list)
     first_step_at: float | None = None
@@ -101,6 +115,7 @@ class Split:
     window_s: float
     lost_steps: int
     furthest_step: int
+    queue: QueueWaited | None = None
 
     @property
     def wall_s(self) -> float:
@@ -122,14 +137,14 @@ def _zero() -> dict[Category, float]:
 def _by_attempt(records: Sequence[GoodputRecord]) -> dict[int, list[GoodputRecord]]:
     out: dict[int, list[GoodputRecord]] = {}
     for r in records:
-        if not isinstance(r, RunStarted):
+        if not isinstance(r, RunStarted | QueueWaited):
             out.setdefault(r.attempt, []).append(r)
     return out
 
 
 def _last_time(records: Sequence[GoodputRecord]) -> float | None:
     times = [r.end if isinstance(r, Loaded | Steps | Saved) else r.time for r in records
-             if not isinstance(r, RunStarted)]
+             if not isinstance(r, RunStarted | QueueWaited)]
     return max(times, default=None)
 
 
@@ -150,17 +165,27 @@ def _spans_from_records(by_attempt: dict[int, list[GoodputRecord]]) -> list[Atte
 
 
 def account(attempts: Sequence[AttemptSpan], records: Sequence[GoodputRecord], *, window_s: float = 60.0,
-            now: float | None = None) -> Split:
+            now: float | None = None, rank_steps: Mapping[int, Sequence[Steps]] | None = None) -> Split:
     """The run's split. ``attempts``: the heal ledger's (empty: derived from ``records``); ``now``: the end of an
-    attempt with no recorded end and no records (a run still starting)."""
+    attempt with no recorded end and no records (a run still starting); ``rank_steps``: the other ranks' step lines
+    (``goodput.rank-R.jsonl``), for the straggler wait."""
     by_attempt = _by_attempt(records)
     spans = sorted(attempts or _spans_from_records(by_attempt), key=lambda a: a.start)
     if not spans:
         raise ValueError("no attempt recorded: nothing to account for")
     run_starts = [r.time for r in records if isinstance(r, RunStarted)]
-    start = min([*run_starts, spans[0].start])
+    launched = min([*run_starts, spans[0].start])
+    queue = next((r for r in records if isinstance(r, QueueWaited) and r.submit <= r.start), None)
+    start = min(launched, queue.submit) if queue is not None else launched
     total = _zero()
-    total[Category.STARTUP] += spans[0].start - start
+    queue_end = min(queue.start, launched) if queue is not None else start
+    total[Category.QUEUE_WAIT] += queue_end - start
+    total[Category.STARTUP] += spans[0].start - queue_end
+    others: dict[int, dict[int, list[Steps]]] = {}
+    for rank, lines in (rank_steps or {}).items():
+        if rank != 0:
+            for r in lines:
+                others.setdefault(r.attempt, {}).setdefault(rank, []).append(r)
     accounts: list[AttemptAccount] = []
     furthest = 0
     previous_end = start
@@ -169,7 +194,7 @@ def account(attempts: Sequence[AttemptSpan], records: Sequence[GoodputRecord], *
         end = span.end if span.end is not None else (_last_time(recs) or now or span.start)
         if index:
             total[Category.RELAUNCH] += max(0.0, span.start - previous_end)
-        one = _attempt(span, end, recs, furthest)
+        one = _attempt(span, end, recs, furthest, others.get(span.attempt, {}))
         accounts.append(one)
         for category, seconds in one.seconds.items():
             total[category] += seconds
@@ -177,7 +202,7 @@ def account(attempts: Sequence[AttemptSpan], records: Sequence[GoodputRecord], *
             furthest = max(furthest, one.last_step)
         previous_end = end
     split = Split(start=start, end=previous_end, seconds=total, attempts=accounts, windows=[], window_s=window_s,
-                  lost_steps=sum(a.lost_steps for a in accounts), furthest_step=furthest)
+                  lost_steps=sum(a.lost_steps for a in accounts), furthest_step=furthest, queue=queue)
     split.windows = _windows(split, window_s)
     return split
 
@@ -187,7 +212,8 @@ def _recomputed(window: Steps, furthest: int) -> int:
     return max(0, min(window.last, furthest) - window.first + 1)
 
 
-def _attempt(span: AttemptSpan, end: float, recs: list[GoodputRecord], furthest: int) -> AttemptAccount:
+def _attempt(span: AttemptSpan, end: float, recs: list[GoodputRecord], furthest: int,
+             others: Mapping[int, Sequence[Steps]]) -> AttemptAccount:
     steps = sorted((r for r in recs if isinstance(r, Steps)), key=lambda r: r.start)
     saves = [r for r in recs if isinstance(r, Saved)]
     loads = [r for r in recs if isinstance(r, Loaded)]
@@ -202,12 +228,15 @@ def _attempt(span: AttemptSpan, end: float, recs: list[GoodputRecord], furthest:
     busy = sum(r.busy_s for r in steps)
     lost_steps = sum(_recomputed(r, furthest) for r in steps)
     lost = sum(r.busy_s * _recomputed(r, furthest) / r.count for r in steps)
+    # the wait inside steps done again is already lost progress: only the useful steps' share is counted here
+    waits = [window_wait(r, others) * (r.count - _recomputed(r, furthest)) / r.count for r in steps]
     last_record = _last_time(recs)
     activity_end = min(end, last_record) if last_record is not None else span.start
     seconds[Category.CHECKPOINT_LOAD] = load
     seconds[Category.CHECKPOINT_SAVE] = save
-    seconds[Category.TRAINING] = busy - lost
+    seconds[Category.TRAINING] = busy - lost - sum(waits)
     seconds[Category.LOST_PROGRESS] = lost
+    seconds[Category.STRAGGLER_WAIT] = sum(waits)
     if steps:
         first_at = steps[0].start
         seconds[Category.STARTUP] = max(0.0, first_at - span.start - load)
@@ -223,7 +252,8 @@ def _attempt(span: AttemptSpan, end: float, recs: list[GoodputRecord], furthest:
                           cause=span.cause, failure_class=span.failure_class, seconds=seconds,
                           first_step=steps[0].first if steps else None, last_step=max((r.last for r in steps),
                                                                                       default=None),
-                          resumed_from=resumed, lost_steps=lost_steps, steps=steps, saves=saves, loads=loads,
+                          resumed_from=resumed, lost_steps=lost_steps, steps=steps, waits=waits, saves=saves,
+                          loads=loads,
                           first_step_at=first_at)
 
 
@@ -235,8 +265,8 @@ def _windows(split: Split, width: float) -> list[tuple[float, float]]:
     trained = [0.0] * count
     furthest = 0
     for attempt in split.attempts:
-        for r in attempt.steps:
-            useful = r.busy_s * (r.count - _recomputed(r, furthest)) / r.count
+        for r, wait in zip(attempt.steps, attempt.waits, strict=True):
+            useful = r.busy_s * (r.count - _recomputed(r, furthest)) / r.count - wait
             span = max(r.end - r.start, 1e-9)
             for i in range(count):
                 lo = split.start + i * width

@@ -7,9 +7,9 @@ process's start (imports included) and tells its ranks the run directory and the
 a ``RankStarted`` line, the snapshot it loaded (``Loaded``), one ``Steps`` line per second of training (or per
 window of ``every_s``: never a line per step), each snapshot it saved (``Saved``) and, where it finished,
 ``Finished``; every other rank R its own ``Steps`` lines in ``goodput.rank-R.jsonl`` (per-rank step times for
-the report; the accounting reads rank 0's). Lines are written and read by ``base.jsonlines`` (one whole fsynced
-line each): a job killed at any moment keeps every line it wrote, and at most one torn last line, which reading
-skips.
+the report, and the straggler wait: ``goodput.straggler``); under Slurm, rank 0 the job's queue wait once
+(``QueueWaited``, ``goodput.queue``). Lines are written and read by ``base.jsonlines`` (one whole fsynced line
+each): a job killed at any moment keeps every line it wrote, and at most one torn last line, which reading skips.
 
 The attempts themselves (their start and end, their cause) are the heal ledger's; ``accounting`` joins the two.
 """
@@ -25,8 +25,8 @@ from typing import ClassVar
 from ddpkit.base.jsonlines import Kinds, append_line, encode
 
 __all__ = ["ATTEMPT_VAR", "GOODPUT", "RUN_DIR_VAR", "Finished", "GoodputLog", "GoodputRecord", "Loaded",
-           "RankStarted", "RunStarted", "Saved", "Steps", "append_line", "attempt_from_environ", "rank_file",
-           "read_goodput", "run_dir_from_environ"]
+           "QueueWaited", "RankStarted", "RunStarted", "Saved", "Steps", "append_line", "attempt_from_environ",
+           "rank_file", "read_goodput", "run_dir_from_environ"]
 
 GOODPUT = "goodput.jsonl"
 
@@ -93,10 +93,27 @@ class Steps:
     """The rank's median step time in the window."""
     rank: int = 0
     """The rank whose steps these are: rank 0's are in ``goodput.jsonl``, another rank's in its own file."""
+    sync_s: float | None = None
+    """The window's time in the gradient sync: per step, from the moment this rank handed its last gradient bucket
+    to the all-reduce (its own backward done) to the moment its backward returned (the all-reduce complete): the
+    transfer, plus the wait for ranks slower than this one. None: not measured (DDP's own C++ all-reduce, one
+    rank, a ledger written before this field)."""
 
     @property
     def count(self) -> int:
         return self.last - self.first + 1
+
+
+@dataclass(frozen=True, kw_only=True)
+class QueueWaited:
+    """The batch scheduler's word on the job's queue wait (``goodput.queue``: Slurm's SubmitTime and StartTime),
+    written once per scheduler job by rank 0 of the first attempt that could read it."""
+
+    KIND: ClassVar[str] = "queue-waited"
+    scheduler: str
+    job_id: str
+    submit: float
+    start: float
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -121,8 +138,9 @@ class Finished:
     outcome: str
 
 
-GoodputRecord = RunStarted | RankStarted | Loaded | Steps | Saved | Finished
-_KINDS: Kinds[GoodputRecord] = Kinds("goodput", (RunStarted, RankStarted, Loaded, Steps, Saved, Finished))
+GoodputRecord = RunStarted | RankStarted | Loaded | Steps | Saved | Finished | QueueWaited
+_KINDS: Kinds[GoodputRecord] = Kinds("goodput", (RunStarted, RankStarted, Loaded, Steps, Saved, Finished,
+                                                 QueueWaited))
 to_json = encode
 
 
@@ -165,6 +183,8 @@ class GoodputLog:
         self._times: list[float] = []
         self._start = self._end = 0.0
         self._first = self._last = 0
+        self._sync = 0.0
+        self._synced = False
 
     def write(self, record: GoodputRecord) -> None:
         """Append ``record``; another rank than 0 keeps only its steps (the run's events are rank 0's)."""
@@ -178,10 +198,14 @@ class GoodputLog:
     def loaded(self, start: float, end: float, step: int | None) -> None:
         self.write(Loaded(attempt=self.attempt, start=start, end=end, step=step))
 
-    def step(self, start: float, end: float, step: int) -> None:
-        """Step ``step`` ran from ``start`` to ``end`` (epoch seconds)."""
+    def step(self, start: float, end: float, step: int, sync_s: float | None = None) -> None:
+        """Step ``step`` ran from ``start`` to ``end`` (epoch seconds), ``sync_s`` of it in the gradient sync (None:
+        not measured)."""
         if not self._times:
             self._start, self._first = start, step
+        if sync_s is not None:
+            self._sync += sync_s
+            self._synced = True
         self._times.append(end - start)
         self._end, self._last = end, step
         if end - self._start >= self.every_s:
@@ -201,8 +225,10 @@ class GoodputLog:
             return
         ordered = sorted(times)
         self._times = []
+        sync = self._sync if self._synced else None
+        self._sync, self._synced = 0.0, False
         self.write(Steps(attempt=self.attempt, start=self._start, end=self._end, first=self._first, last=self._last,
-                         busy_s=sum(ordered), p50_ms=ordered[len(ordered) // 2] * 1e3, rank=self.rank))
+                         busy_s=sum(ordered), p50_ms=ordered[len(ordered) // 2] * 1e3, rank=self.rank, sync_s=sync))
 
     def close(self) -> None:
         self.flush()

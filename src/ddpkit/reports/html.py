@@ -14,16 +14,17 @@ from typing import Any
 from ddpkit import __version__
 from ddpkit.base.errors import ConfigError
 from ddpkit.goodput.accounting import Category, Split
+from ddpkit.goodput.straggler import rank_waits
 from ddpkit.heal.ledger import AttemptEnded
 from ddpkit.reports.run import RunView
 
 __all__ = ["COLORS", "render_html"]
 
 #: One colour per category, the same in every figure.
-COLORS = {Category.STARTUP: "#9e9e9e", Category.CHECKPOINT_LOAD: "#7e57c2", Category.TRAINING: "#2e7d32",
-          Category.LOST_PROGRESS: "#ef6c00", Category.CHECKPOINT_SAVE: "#1565c0", Category.LOOP_OTHER: "#b0bec5",
-          Category.FAILURE: "#c62828", Category.TEARDOWN: "#6d4c41", Category.RELAUNCH: "#f9a825",
-          Category.UNMEASURED: "#e0e0e0"}
+COLORS = {Category.QUEUE_WAIT: "#cfd8dc", Category.STARTUP: "#9e9e9e", Category.CHECKPOINT_LOAD: "#7e57c2",
+          Category.TRAINING: "#2e7d32", Category.LOST_PROGRESS: "#ef6c00", Category.STRAGGLER_WAIT: "#ad1457",
+          Category.CHECKPOINT_SAVE: "#1565c0", Category.LOOP_OTHER: "#b0bec5", Category.FAILURE: "#c62828",
+          Category.TEARDOWN: "#6d4c41", Category.RELAUNCH: "#f9a825", Category.UNMEASURED: "#e0e0e0"}
 
 _STYLE = """body{font-family:system-ui,sans-serif;margin:2em auto;max-width:1100px;color:#222}
 h1{font-size:1.5em}h2{font-size:1.2em;margin-top:1.6em}table{border-collapse:collapse;margin:.5em 0}
@@ -57,6 +58,9 @@ def _timeline(split: Split) -> str:
     attempts = split.attempts
     fig, ax = plt.subplots(figsize=(10, 0.9 + 0.6 * len(attempts)), dpi=100)
     t0 = split.start
+    if split.queue is not None and split.seconds[Category.QUEUE_WAIT] > 0:  # drawn on the first attempt's row
+        ax.broken_barh([(0.0, split.seconds[Category.QUEUE_WAIT])], (len(attempts) - 1.35, 0.7),
+                       color=COLORS[Category.QUEUE_WAIT])
     for row, a in enumerate(attempts):
         y = len(attempts) - 1 - row
         bars: list[tuple[float, float, Category]] = []
@@ -126,6 +130,20 @@ def _step_times(view: RunView) -> str | None:
     return _svg(fig)
 
 
+def _rank_table(view: RunView) -> str:
+    """Per rank: steps, median step, time in the gradient sync and the wait for a slower rank (goodput.straggler)."""
+    waits = rank_waits(view.rank_steps)
+    if not waits:
+        return '<p class="muted">No rank recorded its steps.</p>'
+
+    def share(value: float | None) -> str:
+        return "not measured" if value is None else f"{100 * value:.1f}"
+
+    rows = [[w.rank, w.steps, w.p50_ms, w.busy_s, share(w.sync_share), share(w.wait_share)] for w in waits]
+    return _rows(["rank", "steps", "step p50 (ms)", "in steps (s)", "gradient sync (% of steps)",
+                  "waiting for a slower rank (% of steps)"], rows)
+
+
 def _rolling(split: Split) -> str | None:
     if not split.windows:
         return None
@@ -163,6 +181,9 @@ def render_html(view: RunView, *, title: str = "ddpkit run") -> str:
     headline = _rows(["figure", "value"], [
         ["goodput (training / wall clock)", f"{100 * split.goodput:.1f} %"],
         ["wall clock", f"{wall:.1f} s"], ["attempts", len(split.attempts)], ["failed attempts", len(failed)],
+        ["queue wait (the scheduler's)", f"{split.seconds[Category.QUEUE_WAIT]:.1f} s (job {split.queue.job_id})"
+         if split.queue is not None else "not recorded (no scheduler said)"],
+        ["waiting for a straggler", f"{split.seconds[Category.STRAGGLER_WAIT]:.2f} s"],
         ["furthest step", split.furthest_step], ["steps done again (lost progress)", split.lost_steps],
         ["categories add up to", f"{split.accounted_s:.2f} s of {wall:.2f} s"]])
     categories = _rows(["category", "seconds", "% of wall clock"],
@@ -191,6 +212,10 @@ def render_html(view: RunView, *, title: str = "ddpkit run") -> str:
         _figure("Where the wall clock went", _split_bar(split)), categories,
         _figure("Step time per rank", _step_times(view), "each rank's median step per ledger line (about one a "
                 "second); a rank slower than the others is a straggler, the others wait for it"),
+        "<h2>Per rank: step time and wait share</h2>", _rank_table(view),
+        '<p class="muted">Gradient sync: from a rank\'s last gradient bucket handed to the all-reduce to its end. '
+        "Waiting for a slower rank: that, less the least of any rank over the same steps (the slowest rank's, "
+        "the transfer alone). Not measured under DDP's own C++ all-reduce (large models).</p>",
         _figure("Goodput over time", _rolling(split)),
         "<h2>Attempts</h2>", attempts,
         "<h2>Hosts at fault</h2>", faults,

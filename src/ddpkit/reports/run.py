@@ -65,7 +65,6 @@ def load_run(run_dir: str | Path, *, window_s: float = 60.0) -> RunView:
         raise ConfigError(f"{run_dir} holds no attempt ({LEDGER} and {GOODPUT} are missing or empty)",
                           "a run directory of ddpkit train --run-dir DIR, or of ddpkit run|train --heal",
                           "pass the directory that --run-dir named (or .ddpkit-runs/RUN_ID)")
-    split = account(spans, goodput, window_s=window_s)
     started = [r for r in ledger if isinstance(r, SupervisorStarted)]
     at_fault = [HostAtFault(host=host, attempt=r.attempt, ranks=r.classification.culprit_ranks,
                             reason=r.classification.reason, decision=r.decision)
@@ -77,6 +76,7 @@ def load_run(run_dir: str | Path, *, window_s: float = 60.0) -> RunView:
         lines = [r for r in read_goodput(path) if isinstance(r, Steps)]
         if lines:
             rank_steps[lines[0].rank] = lines
+    split = account(spans, goodput, window_s=window_s, rank_steps=rank_steps)
     return RunView(run_dir=run_dir, split=split, goodput=goodput, ledger=ledger,
                    command=started[-1].command if started else (), hosts_at_fault=at_fault,
                    world_size=sizes[-1] if sizes else None, rank_steps=dict(sorted(rank_steps.items())))

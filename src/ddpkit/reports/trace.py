@@ -1,15 +1,24 @@
 """A run as Chrome/Perfetto trace events (the JSON ``traceEvents`` format: chrome://tracing, ui.perfetto.dev).
 
-One process per attempt (``pid`` = the attempt number, named "attempt N: exit C, cause"), and in it: thread 0 the
-attempt and its phases (start-up, checkpoint load and save, the failure or teardown tail), thread R + 1 rank R's
-steps (one complete event per ledger line of that rank's steps, about one a second). Complete events
-(``"ph": "X"``) with ``ts``/``dur`` in microseconds from the run's start; metadata events name the lanes."""
+One process per attempt (``pid`` = the attempt number, named "attempt N: exit C, cause"; ``pid`` 0: the
+scheduler's queue wait, where it said), and in it: thread 0 the attempt and its phases (start-up, checkpoint load
+and save, the failure or teardown tail), thread R + 1 rank R's steps (one complete event per ledger line of that
+rank's steps, about one a second). Complete events
+(``"ph": "X"``) with ``ts``/``dur`` in microseconds from the run's start; metadata events name the lanes.
+
+The collectives, as counters (``"ph": "C"``, one track per rank in each attempt, a sample per ledger line where the
+rank measured its gradient sync: ``goodput.straggler``): "gradient sync, rank R" with ``sync_ms`` (the mean time
+per step from its last gradient bucket handed to the all-reduce to the all-reduce's end) and ``wait_ms`` (that
+less the least of any rank over the same steps: the wait for a slower rank). Not in the trace: each single
+all-reduce or bucket (ddpkit keeps per-second sums, never per-call events), collectives other than the gradients'
+(the stop-flag vote, barriers, the watch's store traffic), and the sync under DDP's own C++ all-reduce."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from ddpkit.goodput.accounting import Category
+from ddpkit.goodput.straggler import mean_sync
 from ddpkit.reports.run import RunView
 
 __all__ = ["trace_events"]
@@ -24,11 +33,37 @@ def _complete(name: str, cat: str, start: float, end: float, t0: float, pid: int
     return event
 
 
+def _sync_counters(view: RunView, attempt: int, t0: float, pid: int) -> list[dict[str, Any]]:
+    """Each rank's gradient sync per ledger line of ``attempt``, as counter samples at the line's start (and a zero
+    at the attempt's last line's end, so the track does not run on into the next attempt's time)."""
+    lines = {rank: [r for r in rows if r.attempt == attempt] for rank, rows in view.rank_steps.items()}
+    events: list[dict[str, Any]] = []
+    for rank, mine in lines.items():
+        measured = [r for r in mine if r.sync_s is not None]
+        for r in measured:
+            least = min(m for m in (mean_sync(peer, r.first, r.last) for peer in lines.values()) if m is not None)
+            per_step = (r.sync_s or 0.0) / r.count
+            events.append({"name": f"gradient sync, rank {rank}", "ph": "C", "pid": pid,
+                           "ts": round((r.start - t0) * 1e6, 1),
+                           "args": {"sync_ms": round(per_step * 1e3, 4),
+                                    "wait_ms": round(max(0.0, per_step - least) * 1e3, 4)}})
+        if measured:
+            events.append({"name": f"gradient sync, rank {rank}", "ph": "C", "pid": pid,
+                           "ts": round((measured[-1].end - t0) * 1e6, 1), "args": {"sync_ms": 0, "wait_ms": 0}})
+    return events
+
+
 def trace_events(view: RunView) -> dict[str, Any]:
     split = view.split
     t0 = split.start
     events: list[dict[str, Any]] = []
     furthest = 0
+    if split.queue is not None:  # process 0: the scheduler's queue, before the first attempt
+        q = split.queue
+        events += [{"name": "process_name", "ph": "M", "pid": 0, "tid": 0,
+                    "args": {"name": f"{q.scheduler} job {q.job_id}"}},
+                   _complete("queue wait", "queue", split.start, split.start + split.seconds[Category.QUEUE_WAIT],
+                             t0, 0, 0, {"submit": q.submit, "start": q.start})]
     for a in split.attempts:
         pid = a.attempt
         label = f"attempt {a.attempt}: exit {a.exit_code}" + (f", {a.cause}" if a.cause else "")
@@ -58,7 +93,9 @@ def trace_events(view: RunView) -> dict[str, Any]:
                                         r.end, t0, pid, rank + 1, {"rank": rank, "steps": r.count,
                                                                    "busy_s": round(r.busy_s, 6),
                                                                    "p50_ms": round(r.p50_ms, 3),
-                                                                   "done_again": again}))
+                                                                   "done_again": again,
+                                                                   "sync_s": r.sync_s}))
+        events += _sync_counters(view, a.attempt, t0, pid)
         if a.last_step is not None:
             furthest = max(furthest, a.last_step)
     return {"traceEvents": events, "displayTimeUnit": "ms",

@@ -160,6 +160,10 @@ def _goodput_log(args: argparse.Namespace, rank: int, world_size: int, context: 
     first = context.restart_count == 0  # a restarted worker group's process starts at its fork
     log_.started(time=time.time(), process=context.started_at if first else process_started_at(),
                  world_size=world_size)
+    if rank == 0 and os.environ.get("SLURM_JOB_ID"):
+        from ddpkit.goodput.queue import record_queue_wait
+
+        record_queue_wait(log_)  # once per Slurm job: its submission to its start, as scontrol says
     return log_
 
 

@@ -31,7 +31,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import Dataset
 
 from ddpkit.base.log import get_logger
-from ddpkit.comm.gradients import register_gradient_averaging
+from ddpkit.comm.gradients import GradientAveraging, register_gradient_averaging
 from ddpkit.process.stopping import RunOutcome, mark_outside_signal
 from ddpkit.process.worker_context import WorkerContext
 from ddpkit.train.config import TrainConfig
@@ -88,6 +88,10 @@ class Trainer:
         """What the ranks are doing now, for the message when a peer stops answering."""
         self.hosts: list[str] = []
         """Each rank's host, ``name (address)``, gathered once at start-up."""
+        self.averaging: GradientAveraging | None = None
+        """ddpkit's gradient hook where it runs and a goodput writer wants the sync time; else None."""
+        self.sync_s: float | None = None
+        """The last step's time in the gradient sync (goodput.straggler), or None: not measured."""
         self.step_times: list[float] = []
         self.samples = 0
         self.summary = RunSummary(
@@ -136,7 +140,7 @@ class Trainer:
                     self.samples += len(x)
                     times.append(time.perf_counter() - t0)
                     if goodput is not None:  # gathered in memory; one fsynced line per second
-                        goodput.step(w0, time.time(), step)
+                        goodput.step(w0, time.time(), step, self.sync_s)
                     progress.advance(loss)
                     summary.marks.setdefault("first_step", time.time())  # a restart: kill -> first resumed step
                     self._fire_drill(epoch, batch, step)
@@ -170,6 +174,8 @@ class Trainer:
         # all-reduce (None), the stop flags then voted on every few steps.
         averaging = register_gradient_averaging(ddp, world_size=self.world, rider=preemption, transport=self.transport)
         preemption.rides_gradients(averaging is not None)
+        # the gradient sync is timed where ddpkit's hook runs (goodput.straggler): not under DDP's C++ all-reduce
+        self.averaging = averaging if averaging is not None and self.world > 1 and self.goodput is not None else None
         self.summary.grad_transport = averaging.transport if averaging is not None else "ddp all-reduce"
         self.summary.stop_flags = ("gradient all-reduce" if preemption.piggyback
                                    else f"vote every {preemption.VOTE_EVERY} steps")
@@ -180,6 +186,8 @@ class Trainer:
         self.job.optimizer.zero_grad(set_to_none=True)
         loss = self.job.loss_fn(ddp(x), y)
         loss.backward()  # DDP all-reduces the gradients (and the ranks' stop flags) here
+        if self.averaging is not None:  # from this rank's last bucket handed over to the all-reduce's end
+            self.sync_s = time.perf_counter() - self.averaging.last_bucket_at
         self.snapshots.wait_for_staging()  # an async snapshot still copies the parameters: not yet
         self.job.optimizer.step()
         return loss.detach()
