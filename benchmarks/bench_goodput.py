@@ -75,8 +75,9 @@ def end_to_end(tmp: Path) -> dict[str, Any]:
     return out
 
 
-def per_step_cost(tmp: Path, step_s: float, seconds: float = 5.0) -> dict[str, Any]:
-    """Seconds the ledger's calls take per step, in a loop that spins ``step_s`` per step for ``seconds``."""
+def per_step_cost(tmp: Path, step_s: float, seconds: float = 5.0, *, sync: bool = True) -> dict[str, Any]:
+    """Seconds the ledger's calls take per step, in a loop that spins ``step_s`` per step for ``seconds``; ``sync``
+    False: without the gradient sync's two clock reads (the ledger before the straggler wait was measured)."""
     log = GoodputLog(tmp / f"cost-{time.monotonic_ns()}", attempt=1)
     inside = 0.0
     steps = 0
@@ -88,14 +89,19 @@ def per_step_cost(tmp: Path, step_s: float, seconds: float = 5.0) -> dict[str, A
         inside += time.perf_counter() - c0
         while time.perf_counter() < t_spin:
             pass
-        c1 = time.perf_counter()
-        last_bucket_at = time.perf_counter()  # the gradient hook's clock read, at the last bucket
-        inside += time.perf_counter() - c1
         steps += 1
-        c2 = time.perf_counter()
-        sync_s = time.perf_counter() - last_bucket_at  # the trainer's, after backward: the step's gradient sync
-        log.step(w0, time.time(), steps, sync_s)
-        inside += time.perf_counter() - c2
+        if sync:
+            c1 = time.perf_counter()
+            last_bucket_at = time.perf_counter()  # the gradient hook's clock read, at the last bucket
+            inside += time.perf_counter() - c1
+            c2 = time.perf_counter()
+            sync_s = time.perf_counter() - last_bucket_at  # the trainer's, after backward: the step's gradient sync
+            log.step(w0, time.time(), steps, sync_s)
+            inside += time.perf_counter() - c2
+        else:
+            c2 = time.perf_counter()
+            log.step(w0, time.time(), steps)
+            inside += time.perf_counter() - c2
     log.close()
     per_step = inside / steps
     return {"step_ms": step_s * 1e3, "steps": steps, "cost_us_per_step": per_step * 1e6,
@@ -109,8 +115,11 @@ def main() -> None:
         tmp = Path(tmp_name)
         e2e = end_to_end(tmp)
         costs = {name: per_step_cost(tmp, r["step_ms_p50"] / 1e3) for name, r in e2e.items()}
+        step_s = e2e["reference job (linear)"]["step_ms_p50"] / 1e3
+        rounds = [(per_step_cost(tmp, step_s, 3.0, sync=False)["cost_us_per_step"],
+                   per_step_cost(tmp, step_s, 3.0, sync=True)["cost_us_per_step"]) for _ in range(3)]
     result = {"machine": {"cpus": os.cpu_count(), "torch": torch.__version__, "python": platform.python_version()},
-              "pairs": PAIRS, "end_to_end": e2e, "per_step": costs}
+              "pairs": PAIRS, "end_to_end": e2e, "per_step": costs, "sync_reads_rounds_us": rounds}
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "bench_goodput.json").write_text(json.dumps(result, indent=2) + "\n")
     lines = ["# bench_goodput: the goodput ledger's cost per step", "",
@@ -123,7 +132,9 @@ def main() -> None:
                      f"{100 * c['cost_fraction']:.3f}% | <= 1% | {c['lines']} for {c['steps']:,} steps |")
     lines += ["", "(a) measured in one process around the ledger's calls (four clock reads: the step's two and the "
               "gradient sync's two, `GoodputLog.step`, the "
-              "once-a-second fsynced line), in a loop that spins the job's step time.", "",
+              "once-a-second fsynced line), in a loop that spins the job's step time. The gradient sync's two clock "
+              "reads, alternating 3 s each at the reference step, without / with (us per step): "
+              + "; ".join(f"{a:.2f} / {b:.2f}" for a, b in rounds) + ".", "",
               "| job | samples/s with the ledger | without | ratio (median of pairs) | ledger lines / steps |",
               "|---|---|---|---|---|"]
     for name, r in e2e.items():
