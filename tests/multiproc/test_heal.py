@@ -109,7 +109,8 @@ def test_a_rank_killed_by_sigkill_is_relaunched_and_the_run_completes(tmp_path: 
 
 def test_a_rank_that_stopped_answering_is_a_host_fault_named_by_the_watch_and_relaunched(tmp_path: Path) -> None:
     script, run_dir = _script(tmp_path, STOPPED_ONCE), tmp_path / "run"
-    res = run_ddpkit("run", "-n", "2", "--heal", "--run-dir", str(run_dir), "--hang-after", "5", "--",
+    # no --hang-after: the silent rule of --heal (10 s) names it, long before the hang deadline (60 s and more)
+    res = run_ddpkit("run", "-n", "2", "--heal", "--run-dir", str(run_dir), "--",
                      str(script), str(tmp_path / "stopped-once"), timeout=240, cwd=tmp_path)
     out = res.stdout + res.stderr
     assert res.returncode == 0, out
@@ -120,6 +121,7 @@ def test_a_rank_that_stopped_answering_is_a_host_fault_named_by_the_watch_and_re
         first.classification.reason
     assert any("stopped answering" in line for line in first.classification.evidence)
     assert first.action is Action.RETRY and second.exit_code == 0
+    assert "under --heal a silent rank is a lost host after 10 s" in out, out
 
 
 def test_an_exception_on_every_rank_stops_after_two_attempts_with_do_not_requeue(tmp_path: Path) -> None:

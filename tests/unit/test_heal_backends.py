@@ -9,7 +9,7 @@ import logging
 from pathlib import Path
 
 from ddpkit.heal.classify import FailureClass, classify
-from ddpkit.heal.elastic import Excluded, ExclusionList, _TorchFailures
+from ddpkit.heal.elastic import Excluded, ExclusionList, _TorchFailures, stop_together
 from ddpkit.heal.k8s import PodEnd, record_attempt
 from ddpkit.heal.k8s import evidence_of as pods_evidence
 from ddpkit.heal.ledger import Action, HostExcluded, Ledger
@@ -84,6 +84,26 @@ def test_elastic_the_exclusion_list_keeps_each_host_once_in_a_torch_store() -> N
     entry = Excluded(host="h2", reason="rank 1 on host h2 stopped answering", by="h1", time=5.0)
     assert exclusions.add(entry) and not exclusions.add(Excluded(host="h2", reason="x", by="h3", time=6.0))
     assert exclusions.read() == [entry]
+
+
+def test_elastic_the_host_that_stops_the_run_waits_until_every_host_of_the_round_has() -> None:
+    """The store's host leaves last: a host that stopped the run (a job fault, seen on every host) waits until the
+    round's other hosts have stopped it too, so none of them loses the store while it judges its own ranks (in a
+    run under load one said only 'the store was lost, exit 3' where the other said 93)."""
+    import threading
+
+    from torch.distributed import HashStore
+
+    store = HashStore()
+    first: list[int] = []
+    holder = threading.Thread(target=lambda: first.append(stop_together(store, 2, timeout=30)))
+    holder.start()
+    holder.join(0.6)
+    assert holder.is_alive(), "the store's host left before the other host stopped the run"
+    assert stop_together(store, 2, timeout=30) == 2
+    holder.join(5)
+    assert not holder.is_alive() and first == [2]
+    assert stop_together(HashStore(), 3, timeout=0.3) == 1  # a host that never stops it: bounded
 
 
 def test_elastic_torchs_failed_worker_lines_are_read_before_the_agents_filter_drops_them() -> None:

@@ -55,13 +55,13 @@ from ddpkit.heal.classify import (
 from ddpkit.heal.ledger import Action, AttemptEnded, AttemptStarted, HostExcluded, Ledger, SupervisorStarted
 from ddpkit.heal.policy import HealPolicy, Outcome, decide
 from ddpkit.process.stopping import take_abort_orders
-from ddpkit.process.worker_context import HEAL_SILENT_S, STOP_DIR
+from ddpkit.process.worker_context import HEAL_SILENT_DEFAULT_S, HEAL_SILENT_S, STOP_DIR
 
 if TYPE_CHECKING:
     from ddpkit.launch.agent import LaunchOptions
 
 __all__ = ["EXIT_HOST_EXCLUDED", "HEALED_BACKENDS", "SILENT_S", "Excluded", "ExcludedFromRun", "HostGuard",
-           "supervise_across_hosts"]
+           "stop_together", "supervise_across_hosts"]
 
 log = get_logger(__name__)
 
@@ -71,13 +71,17 @@ EXIT_HOST_EXCLUDED = 95
 #: The rendezvous backends whose store the exclusion list can live in (torch's dynamic rendezvous).
 HEALED_BACKENDS = ("c10d", "etcd-v2")
 #: Under --heal a rank whose heartbeat stopped this long is a lost host (the watch's ``silent_stop``).
-SILENT_S = 10.0
+SILENT_S = HEAL_SILENT_DEFAULT_S
 #: How often a running agent reads the exclusion list (it is read before every round too).
 POLL_S = 1.0
 #: Rendezvous settings under --heal unless given: a dead agent is dropped after 3 missed 1 s keep-alives, and a
 #: round closes 5 s after MIN hosts joined (torch's defaults: 5 s keep-alives, 30 s last call).
 HEAL_RDZV_DEFAULTS = (("keep_alive_interval", "1"), ("last_call_timeout", "5"))
 _KEY = "ddpkit-heal/excluded"
+#: The run's count of hosts that stopped it (a run stops once).
+_STOPPED_KEY = "ddpkit-heal/stopped"
+#: How long a host that stops the run waits for the round's other hosts to stop it too (``stop_together``).
+STOP_TOGETHER_S = 15.0
 #: torch's agent logs each failed worker with this format (torch/distributed/elastic/multiprocessing/api.py).
 _TORCH_FAILED = "failed (exitcode: %s) local_rank: %s (pid: %s)"
 _TORCH_LOGGER = "torch.distributed.elastic.multiprocessing.api"
@@ -180,6 +184,8 @@ class HealRun:
         self.failed_rounds = 0
         self.attempt: int | None = None
         self.node_rank: int | None = None
+        self.nodes = 1
+        """The hosts of the last round."""
 
     # -- the rounds ---------------------------------------------------------------------------------------------
     def round_ended(self, exclusions: ExclusionList) -> None:
@@ -218,7 +224,7 @@ class HealRun:
 
     def round_started(self, rank: int, world_size: int) -> None:
         self.rounds += 1
-        self.node_rank = rank
+        self.node_rank, self.nodes = rank, world_size
         if self.attempt is None:  # else the membership changed: the same attempt goes on with other hosts
             self.attempt = self.ledger.next_attempt()
             self.ledger.append(AttemptStarted(attempt=self.attempt, time=time.time(), hosts=(self.host,),
@@ -323,7 +329,11 @@ class HostGuard:
 
     def next_rendezvous(self) -> Any:
         exclusions = self.exclusions()
-        self._run.round_ended(exclusions)
+        try:
+            self._run.round_ended(exclusions)
+        except HealStopped:
+            stop_together(exclusions.store, self._run.nodes)
+            raise
         self._leave_if_excluded(exclusions)
         from torch.distributed.elastic.rendezvous.api import RendezvousGracefulExitError
 
@@ -393,6 +403,23 @@ class HostGuard:
             self._inner._op_executor.run(_RendezvousExitOp(), time.monotonic() + 10)
         except Exception as exc:  # its keep-alive stopped: the others drop it within seconds anyway
             log.debug("leaving the rendezvous: %r", exc)
+
+
+def stop_together(store: Any, nodes: int, timeout: float = STOP_TOGETHER_S) -> int:
+    """This host stops the run: count it in the store, then wait (at most ``timeout`` s) until the round's ``nodes``
+    hosts all have. A job fault is seen on every host, and each stops on its own judgement; but the store lives
+    with one of them (c10d), and a host that leaves at once takes it away from the others while they still judge
+    their own ranks' failure: they could then say only "the store was lost, exit 3". Returns the hosts counted."""
+    try:
+        done = int(store.add(_STOPPED_KEY, 1))
+        deadline = time.monotonic() + timeout
+        while done < nodes and time.monotonic() < deadline:
+            time.sleep(0.2)
+            done = int(store.add(_STOPPED_KEY, 0))
+        return done
+    except Exception as exc:  # the store went with its host: the others stopped already, or will on their own
+        log.debug("stopping together: %r", exc)
+        return 0
 
 
 def supervise_across_hosts(args: argparse.Namespace, options: LaunchOptions,

@@ -52,7 +52,7 @@ from ddpkit.heal.ledger import (
 from ddpkit.heal.nodepool import NodePool
 from ddpkit.heal.policy import DEFAULT_MAX_ATTEMPTS, HealPolicy, Outcome, decide
 from ddpkit.heal.slurm_step import StepPlan, StepRun, echo_line, run_step
-from ddpkit.process.worker_context import HEAL_SILENT_S
+from ddpkit.process.worker_context import HEAL_SILENT_DEFAULT_S, HEAL_SILENT_S
 
 __all__ = ["EXIT_NO_NODES", "main"]
 
@@ -62,7 +62,6 @@ EXIT_NO_NODES = 94
 TEARDOWN_S = 5.0
 #: The preflight check's deadlines (roll-call and every later phase) and the step's own bound.
 PREFLIGHT_S = 20.0
-DEFAULT_SILENT_S = 10.0
 SCONTROL_S = 30.0
 
 
@@ -89,7 +88,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--max-attempts", type=int, default=DEFAULT_MAX_ATTEMPTS)
     p.add_argument("--on-fail", choices=("report", "drain"), default="report")
     p.add_argument("--run-dir", default=None)
-    p.add_argument("--silent-after", type=float, default=DEFAULT_SILENT_S)
+    p.add_argument("--silent-after", type=float, default=HEAL_SILENT_DEFAULT_S)
     p.add_argument("--requeue", action="store_true", help="the job may requeue itself (#SBATCH --requeue)")
     p.add_argument("program", nargs=argparse.REMAINDER)
     args = p.parse_args(argv)

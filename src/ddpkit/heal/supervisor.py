@@ -39,6 +39,7 @@ from ddpkit.goodput.records import ATTEMPT_VAR, RUN_DIR_VAR
 from ddpkit.heal.classify import Evidence, RankEvidence, WatchReport, classify, exception_line
 from ddpkit.heal.ledger import Action, AttemptEnded, AttemptStarted, Ledger, SupervisorStarted
 from ddpkit.heal.policy import HealPolicy, Outcome, decide
+from ddpkit.process.worker_context import HEAL_SILENT_DEFAULT_S, HEAL_SILENT_S
 
 if TYPE_CHECKING:
     from ddpkit.env import WorldInfo
@@ -80,6 +81,10 @@ def supervise(world: WorldInfo, args: argparse.Namespace, options_for: Callable[
     ledger.append(SupervisorStarted(time=time.time(), pid=os.getpid(), host=host, max_attempts=policy.max_attempts,
                                     command=tuple(getattr(args, "ddpkit_argv", ()))))
     _start_goodput(run_dir, host)
+    # a rank whose heartbeat stopped (a stopped or killed process) is a host fault in seconds, not at the hang
+    # deadline: every rank stops and the next attempt starts (the watch's silent_stop; a slow rank that answers
+    # keeps its heartbeat and is never one)
+    os.environ.setdefault(HEAL_SILENT_S, f"{HEAL_SILENT_DEFAULT_S:g}")
     for of_session in range(1, policy.max_attempts + 1):
         attempt = ledger.next_attempt()
         logs = run_dir / f"attempt-{attempt}"

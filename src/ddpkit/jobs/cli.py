@@ -24,6 +24,7 @@ from ddpkit.base.errors import ConfigError
 from ddpkit.base.inputs import endpoint, output_path, seconds, shape_text
 from ddpkit.base.log import get_logger
 from ddpkit.jobs.spec import JobSpec
+from ddpkit.process.worker_context import HEAL_SILENT_DEFAULT_S
 
 __all__ = ["add_arguments", "build_spec", "render", "run"]
 
@@ -82,9 +83,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--run-dir", default=None, metavar="PATH",
                    help="with --heal: the run directory (ledger.jsonl, goodput.jsonl); default "
                         ".ddpkit-runs/slurm-JOBID in the directory the job runs in")
-    g.add_argument("--silent-after", type=seconds("--silent-after"), default=10.0, metavar="S",
+    g.add_argument("--silent-after", type=seconds("--silent-after"), default=HEAL_SILENT_DEFAULT_S, metavar="S",
                    help="with --heal: a rank without a heartbeat this long is a lost host: every rank stops and "
-                        "the supervisor relaunches without it (default 10)")
+                        "the supervisor relaunches without it (default %(default)g)")
     g = p.add_argument_group("mpi")
     g.add_argument("--mpi", default="openmpi", choices=["openmpi", "mpich"], dest="mpi_flavour")
     g.add_argument("--hosts", default="", help="comma-separated hosts, the first runs rank 0")

@@ -26,6 +26,7 @@ from ddpkit import __version__
 from ddpkit.base.errors import ConfigError
 from ddpkit.base.shape import JobShape, split_endpoint
 from ddpkit.jobs.interpreter import job_interpreter
+from ddpkit.process.worker_context import HEAL_SILENT_DEFAULT_S
 
 __all__ = ["BACKENDS", "DDPKIT_COMMANDS", "JobSpec", "asks_for_mpi", "header", "python_argv", "torchrun_entry"]
 
@@ -137,7 +138,7 @@ class JobSpec:
     """With ``heal``: ``drain`` also drains a host found bad (``scontrol update ... state=drain reason=...``)."""
     run_dir: str | None = None
     """With ``heal``: the run directory (ledger, goodput); default ``.ddpkit-runs/slurm-JOBID`` in the job's cwd."""
-    silent_after: float = 10.0
+    silent_after: float = HEAL_SILENT_DEFAULT_S
     """With ``heal``: seconds without a heartbeat after which a rank's host is lost (the watch's ``silent_stop``)."""
 
     @property

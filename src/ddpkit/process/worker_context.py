@@ -16,8 +16,9 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-__all__ = ["HEAL_SILENT_S", "LAUNCHED", "LAUNCHED_AT", "PREEMPTED_MARK", "RESULT_DIR", "START_METHOD", "STOP_DIR",
-           "WorkerContext", "command_started_at", "launched_by_ddpkit", "process_started_at"]
+__all__ = ["HEAL_SILENT_DEFAULT_S", "HEAL_SILENT_S", "LAUNCHED", "LAUNCHED_AT", "PREEMPTED_MARK", "RESULT_DIR",
+           "START_METHOD", "STOP_DIR", "WorkerContext", "command_started_at", "launched_by_ddpkit",
+           "process_started_at"]
 
 #: "1" in every worker of ddpkit's launcher: its -n/-j were already honoured.
 LAUNCHED = "DDPKIT_LAUNCHED"
@@ -32,6 +33,8 @@ STOP_DIR = "DDPKIT_STOP_DIR"
 #: Set by a heal supervisor (``ddpkit submit slurm --heal``): seconds after which a rank whose heartbeat stopped is a
 #: lost host and every rank stops at once (the watch's ``WatchOptions.silent_stop``), not at the hang deadline.
 HEAL_SILENT_S = "DDPKIT_HEAL_SILENT_S"
+#: Its default under every --heal backend: a rank silent 10 s is a lost host (a heartbeat is stale after 3 s).
+HEAL_SILENT_DEFAULT_S = 10.0
 #: ``fork`` (default with a CPU build of torch: workers forked from the agent, preloaded modules inherited) or
 #: ``spawn`` (fresh processes; always with a CUDA build, see launch.agent._preload).
 START_METHOD = "DDPKIT_START_METHOD"
