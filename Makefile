@@ -45,7 +45,8 @@ unit: $(STAMP)
 	$(PY) -m pytest -q tests/unit
 
 test: $(STAMP) infra-deps lint
-	$(PY) -m pytest -q -n 2 --dist loadgroup --durations=25 tests
+	$(PY) -m pytest -q -n 2 --dist loadgroup --durations=25 -m "not serial" tests
+	$(PY) -m pytest -q -m serial tests
 
 bench: $(STAMP)
 	set -e; for b in benchmarks/bench_*.py; do n=$$(basename $$b .py); echo "== $$n"; $(PY) -m benchmarks.$$n; done

@@ -195,6 +195,7 @@ def test_killed_ranks_host_is_excluded_and_the_job_completes_bitwise(cluster: An
     _drill(cluster, tmp_path, uninterrupted, "kill")
 
 
+@pytest.mark.serial  # failed under the parallel suite's load, passes alone
 @pytest.mark.slow
 def test_stopped_rank_0_on_the_batch_host_is_found_by_its_silent_store(cluster: Any, tmp_path: Path,
                                                                        uninterrupted: dict[str, Any]) -> None:

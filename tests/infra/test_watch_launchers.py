@@ -168,6 +168,7 @@ def _two_host_run(two_hosts: Hosts, events: Path, cpus: tuple[str, str], *job: s
     return output
 
 
+@pytest.mark.serial  # failed under the parallel suite's load, passes alone
 def test_cpu_limited_host_named_as_the_straggler(two_hosts: Hosts) -> None:
     """Host 2's two ranks share their CPU with two busy processes (a quarter of a CPU each; host 1's get half): the
     watch names host 2 as the slowest, with its ranks; the same layout without the busy processes names nothing
