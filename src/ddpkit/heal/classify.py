@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import enum
 import json
+import re
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -31,11 +32,13 @@ from typing import Any
 from ddpkit.base.errors import EXIT_PREEMPTED, EXIT_PREEMPTED_UNSAVED
 from ddpkit.process.exiting import PEER_GONE
 
-__all__ = ["Classification", "Evidence", "FailureClass", "RankEvidence", "WatchReport", "classify", "exception_line",
-           "rank_list"]
+__all__ = ["STOPPED_ANSWERING", "Classification", "Evidence", "FailureClass", "RankEvidence", "WatchReport", "classify",
+           "exception_line", "rank_list"]
 
 TRACEBACK = "Traceback (most recent call last):"
 _PREEMPTED_CODES = (EXIT_PREEMPTED, EXIT_PREEMPTED_UNSAVED)
+#: The watch's line for a rank whose heartbeat stopped: (rank, host), read by every backend from its ranks' output.
+STOPPED_ANSWERING = re.compile(r"rank (\d+) on host (\S+?)(?: \(pid \d+\))? stopped answering")
 
 
 class FailureClass(enum.Enum):

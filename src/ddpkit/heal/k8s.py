@@ -22,7 +22,15 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from ddpkit.heal.classify import Evidence, FailureClass, RankEvidence, WatchReport, classify, exception_line
+from ddpkit.heal.classify import (
+    STOPPED_ANSWERING,
+    Evidence,
+    FailureClass,
+    RankEvidence,
+    WatchReport,
+    classify,
+    exception_line,
+)
 from ddpkit.heal.ledger import Action, AttemptEnded, AttemptStarted, HostExcluded, Ledger
 from ddpkit.heal.policy import Decision, HealPolicy, Outcome, decide
 
@@ -30,7 +38,6 @@ __all__ = ["PodEnd", "evidence_of", "record_attempt"]
 
 #: torchrun's agent ends a failed pod with this exception's traceback (its report of a worker, not the program's).
 _LAUNCHER_ERROR = "ChildFailedError"
-_STOPPED = re.compile(r"rank (\d+) on host (\S+?)(?: \(pid \d+\))? stopped answering")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -58,7 +65,7 @@ def evidence_of(pods: Sequence[PodEnd], exit_code: int) -> Evidence:
             if "ddpkit watch:" not in line or "stopped answering" not in line:
                 continue
             lines.append(line.strip())
-            for found in _STOPPED.finditer(line):
+            for found in STOPPED_ANSWERING.finditer(line):
                 if found.group(2) in node_of:
                     stopped[int(found.group(1))] = node_of[found.group(2)]
         own = re.search(rf"\[{re.escape(p.pod)}:(\d+)\]", p.log)

@@ -37,6 +37,7 @@ from ddpkit.base.errors import DdpkitError
 from ddpkit.base.shape import JobShape
 from ddpkit.goodput.records import ATTEMPT_VAR, RUN_DIR_VAR
 from ddpkit.heal.classify import (
+    STOPPED_ANSWERING,
     Classification,
     Evidence,
     FailureClass,
@@ -59,7 +60,6 @@ __all__ = ["EXIT_NO_HOSTS", "MpiAttempt", "evidence_of", "main", "supervise"]
 #: code for the same end (``heal.slurm_supervisor.EXIT_NO_NODES``).
 EXIT_NO_HOSTS = 94
 _TAG = re.compile(r"^\[\d+,(\d+)\]<(stdout|stderr)>:(.*)$")
-_STOPPED = re.compile(r"rank (\d+) on host (\S+?)(?: \(pid \d+\))? stopped answering")
 _SIGNALLED = re.compile(r"process rank (\d+) with PID \d+ on node (\S+) exited on signal (\d+)")
 
 
@@ -90,7 +90,7 @@ def evidence_of(run: MpiAttempt) -> Evidence:
             by_rank.setdefault(rank, []).append(text)
         if "ddpkit watch:" in text or "stopped answering" in text:
             watch.append(text.strip())
-        for found in _STOPPED.finditer(text):
+        for found in STOPPED_ANSWERING.finditer(text):
             stopped[int(found.group(1))] = run.host_of(int(found.group(1)))
         killed = _SIGNALLED.search(text)
         if killed:

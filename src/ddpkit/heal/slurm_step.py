@@ -34,7 +34,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from ddpkit.heal.classify import Evidence, RankEvidence, WatchReport, exception_line
+from ddpkit.heal.classify import STOPPED_ANSWERING, Evidence, RankEvidence, WatchReport, exception_line
 
 __all__ = ["StepPlan", "StepRun", "run_step", "srun_argv"]
 
@@ -45,7 +45,6 @@ _EXITED = re.compile(r"Exited with exit code (\d+)")
 #: srun says it is ending the step (``--kill-on-bad-exit``, a cancel): later task ends are its doing.
 _TERMINATING = ("Terminating StepId", "Force Terminated", "CANCELLED AT", "Job step aborted")
 _LABEL = re.compile(r"^\s*(\d+): ?(.*)$")
-_STOPPED = re.compile(r"rank (\d+) on host (\S+?)(?: \(pid \d+\))? stopped answering")
 #: srun's word for a signal that ended a task -> the signal's name.
 _SIGNALS = {"Killed": "SIGKILL", "Terminated": "SIGTERM", "Segmentation fault": "SIGSEGV", "Aborted": "SIGABRT",
             "Bus error": "SIGBUS", "Interrupt": "SIGINT", "Hangup": "SIGHUP"}
@@ -130,7 +129,7 @@ class _Reader:
             self.tails.setdefault(int(labelled.group(1)), deque(maxlen=TAIL_LINES)).append(text)
         if any(words in text for words in _TERMINATING):
             self.terminating = True
-        for match in _STOPPED.finditer(text):
+        for match in STOPPED_ANSWERING.finditer(text):
             self.stopped[int(match.group(1))] = match.group(2)
             self.watch_lines.append(text.strip())
             self._fault(text.strip())

@@ -23,7 +23,6 @@ import argparse
 import dataclasses
 import logging
 import os
-import re
 import secrets
 import socket
 import sys
@@ -36,7 +35,7 @@ from typing import TYPE_CHECKING
 from ddpkit.base.errors import EXIT_MISSING, ConfigError, DdpkitError
 from ddpkit.base.log import get_logger
 from ddpkit.goodput.records import ATTEMPT_VAR, RUN_DIR_VAR
-from ddpkit.heal.classify import Evidence, RankEvidence, WatchReport, classify, exception_line
+from ddpkit.heal.classify import STOPPED_ANSWERING, Evidence, RankEvidence, WatchReport, classify, exception_line
 from ddpkit.heal.ledger import Action, AttemptEnded, AttemptStarted, Ledger, SupervisorStarted
 from ddpkit.heal.policy import HealPolicy, Outcome, decide
 from ddpkit.process.worker_context import HEAL_SILENT_DEFAULT_S, HEAL_SILENT_S
@@ -55,7 +54,6 @@ RUNS_DIR = ".ddpkit-runs"
 HEALED_COMMANDS = ("run", "train")
 #: Read from the end of each rank's stderr log: the traceback and the watch's report are there.
 TAIL_BYTES = 64 * 1024
-_STOPPED = re.compile(r"rank (\d+) on host (\S+?)(?: \(pid \d+\))? stopped answering")
 
 
 def supervise(world: WorldInfo, args: argparse.Namespace, options_for: Callable[[], LaunchOptions],
@@ -164,7 +162,7 @@ def gather(code: int, lines: list[logging.LogRecord], logs: str | None, host: st
         for line in text.splitlines():
             if "ddpkit watch:" in line or "stopped answering" in line:
                 watch_lines.append(line.strip())
-            for match in _STOPPED.finditer(line):
+            for match in STOPPED_ANSWERING.finditer(line):
                 stopped[int(match.group(1))] = match.group(2)
         if said is None:
             continue
