@@ -44,21 +44,26 @@ from ddpkit.jobs.torchrun import RESTART_FIX, torchrun_argv
 __all__ = ["render"]
 
 
-def directives(spec: JobSpec) -> list[str]:
+def directives(spec: JobSpec, *, nodes: str | None = None, per_node: int | None = None,
+               allocation: tuple[str, ...] = ()) -> list[str]:
+    """The ``#SBATCH`` lines: ``nodes`` and ``per_node`` as the spec asks unless given (the heal supervisor's
+    allocation has its spares and one task per rank); ``allocation``: how the allocation itself behaves
+    (``--no-kill``, ``--requeue``), after ``--wait-all-nodes``."""
     s = spec.shape
-    nodes = s.nodes_text("-")
-    per_node = s.nproc_per_node if spec.tasks_per_rank else 1
+    nodes = nodes or s.nodes_text("-")
+    if per_node is None:
+        per_node = s.nproc_per_node if spec.tasks_per_rank else 1
     d = [f"--job-name={spec.job_name}", f"--nodes={nodes}", f"--ntasks-per-node={per_node}"]
     if spec.exclusive:
         d.append("--exclusive")
-    d += ["--wait-all-nodes=1", f"--output={spec.output}"]
+    d += ["--wait-all-nodes=1", *allocation, f"--output={spec.output}"]
     if spec.partition:
         d.append(f"--partition={spec.partition}")
     if spec.time:
         d.append(f"--time={spec.time}")
     if spec.signal:
         d.append(f"--signal={spec.signal}")
-    if spec.requeue:
+    if spec.requeue and "--requeue" not in allocation:
         d += ["--requeue", "--open-mode=append"]
     if spec.exclude:  # the hosts a check or bench report named bad (--exclude-from)
         d.append(f"--exclude={','.join(spec.exclude)}")

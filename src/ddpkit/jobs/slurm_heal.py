@@ -12,6 +12,7 @@ import of the supervisor: the script names it.
 
 from __future__ import annotations
 
+from ddpkit.jobs import slurm
 from ddpkit.jobs.interpreter import job_interpreter
 from ddpkit.jobs.shell import preamble, wrap
 from ddpkit.jobs.spec import JobSpec, python_argv
@@ -22,21 +23,10 @@ SUPERVISOR = "ddpkit.heal.slurm_supervisor"
 
 
 def directives(spec: JobSpec) -> list[str]:
+    """N+K nodes, one task per rank; the allocation outlives a failed node and may requeue itself."""
     s = spec.shape
-    d = [f"--job-name={spec.job_name}", f"--nodes={s.max_nodes + spec.spare_nodes}",
-         f"--ntasks-per-node={s.nproc_per_node}"]
-    if spec.exclusive:
-        d.append("--exclusive")
-    d += ["--wait-all-nodes=1", "--no-kill", "--requeue", "--open-mode=append", f"--output={spec.output}"]
-    if spec.partition:
-        d.append(f"--partition={spec.partition}")
-    if spec.time:
-        d.append(f"--time={spec.time}")
-    if spec.signal:
-        d.append(f"--signal={spec.signal}")
-    if spec.exclude:
-        d.append(f"--exclude={','.join(spec.exclude)}")
-    return [f"#SBATCH {x}" for x in d]
+    return slurm.directives(spec, nodes=str(s.max_nodes + spec.spare_nodes), per_node=s.nproc_per_node,
+                            allocation=("--no-kill", "--requeue", "--open-mode=append"))
 
 
 def render(spec: JobSpec) -> str:
