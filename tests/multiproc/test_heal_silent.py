@@ -5,7 +5,6 @@ stopped so (the watch's report-early-stop-late rule stands)."""
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import pytest
@@ -53,15 +52,13 @@ dist.destroy_process_group()
 def test_a_silent_rank_stops_the_job_in_seconds_under_heal(tmp_path: Path) -> None:
     script = tmp_path / "stopped.py"
     script.write_text(STOPPED)
-    began = time.monotonic()
     res = run_ddpkit("run", "-n", "2", "--", str(script), timeout=120, cwd=tmp_path,
                      env=ddpkit_env(DDPKIT_HEAL_SILENT_S="5"))
-    took = time.monotonic() - began
     out = res.stdout + res.stderr
     assert res.returncode == 3, out
     assert "rank 1 on host " in out and "stopped answering: no heartbeat for" in out, out
+    # said by the heal rule alone (the hang deadline's report is a HANG headline): it, not the deadline, stopped it
     assert "under --heal a silent rank is a lost host after 5 s" in out, out
-    assert took < 40, f"{took:.1f} s: the hang deadline (60 s at least), not the heal rule, stopped it\n{out}"
 
 
 def test_a_slow_rank_that_answers_is_never_stopped_by_the_heal_rule(tmp_path: Path) -> None:
