@@ -6,8 +6,11 @@ all_reduce: the same proof that the launch works, at a third of the cost on a lo
 from __future__ import annotations
 
 import os
+import signal
+import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -60,3 +63,62 @@ def test_rendered_torchrun_scripts_run_check(tmp_path: Path) -> None:
     assert res.returncode == 0, res.stdout + res.stderr
     assert "a world of 2 rank(s) on 1 node(s), launcher torchrun" in res.stdout
     assert "all_reduce of (rank+1) across the world verified on every rank" in res.stdout
+
+
+RAISES_ON_RANK_1 = """\
+import time
+import torch
+import torch.distributed as dist
+dist.init_process_group("gloo")
+t = torch.ones(4)
+for step in range(5):
+    dist.all_reduce(t)
+    if step == 3 and dist.get_rank() == 1:
+        raise KeyError("batch")
+dist.destroy_process_group()
+"""
+
+
+def test_a_failed_rendered_torchrun_job_ends_with_its_digest(tmp_path: Path) -> None:
+    """Rank 1 raises: the job's screen ends with one digest, cause first (rank 1, this host, its exception), with
+    torch's ChildFailedError box and "Root Cause" only in the full log the digest names; torchrun's exit code."""
+    (tmp_path / "raises.py").write_text(RAISES_ON_RANK_1)
+    res = run_ddpkit("submit", "torchrun", "-j", "1x2", "--python", sys.executable, "--", "raises.py", timeout=240,
+                     cwd=tmp_path)
+    assert res.returncode == 1, res.stdout + res.stderr
+    digest = res.stderr[res.stderr.index("ddpkit: the job failed"):].splitlines()
+    host = socket.gethostname().split(".", 1)[0]
+    assert digest[0] == f"ddpkit: the job failed (torchrun exit code 1): rank 1 on host {host} failed first with " \
+                        "exit code 1", res.stderr
+    assert "    KeyError: 'batch'" in digest[:5], res.stderr
+    assert "ChildFailedError" not in res.stderr and "Root Cause" not in res.stderr, res.stderr
+    log = Path(digest[-1].split(": ", 1)[1])
+    assert log.is_file() and "ChildFailedError" in log.read_text() and "KeyError: 'batch'" in log.read_text()
+
+
+def test_a_signal_to_the_rendered_torchrun_job_reaches_torchrun_once(tmp_path: Path) -> None:
+    """SIGTERM to ``ddpkit step`` (a scheduler ending the job; torchrun runs in a session of its own): torchrun gets
+    it, ends its ranks and the job ends, by SIGTERM's convention, instead of running on."""
+    (tmp_path / "sleeps.py").write_text("import time\ntime.sleep(600)\n")
+    script = tmp_path / "job.sh"
+    res = run_ddpkit("submit", "torchrun", "-j", "1x2", "--python", sys.executable, "--dry-run", "-o", str(script),
+                     "--", "sleeps.py", timeout=60)
+    assert res.returncode == 0, res.stderr
+    job = subprocess.Popen(["bash", str(script)], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                           text=True, env=ddpkit_env())
+    step = None
+    for _ in range(600):  # the step's launcher running, its ranks started
+        kids = subprocess.run(["pgrep", "-f", "-P", str(job.pid), "ddpkit step"], capture_output=True, text=True)
+        step = int(kids.stdout.split()[0]) if kids.stdout.split() else None
+        found = subprocess.run(["pgrep", "-f", "-- sleeps.py"], capture_output=True, text=True).stdout.split()
+        if step is not None and len(found) >= 4:  # the step, torchrun and its two ranks
+            break
+        time.sleep(0.1)
+    assert step is not None, "no ddpkit step process under the job's shell"
+    time.sleep(2)
+    os.kill(step, signal.SIGTERM)
+    out, _ = job.communicate(timeout=120)
+    assert job.returncode == 1, out  # torchrun's, for a SignalException
+    assert out.splitlines()[-1].startswith("ddpkit: torchrun was ended by SIGTERM from outside (passed on by ddpkit "
+                                           "step; exit code 1); its full output: "), out
+    assert "Traceback" not in out, out  # the agent's SignalException: in the full log only

@@ -191,3 +191,47 @@ def test_a_step_that_failed_with_no_rank_known_says_its_last_traceback() -> None
     assert screen.digest(4, "LOG") == ["ddpkit: the job step failed (srun exit code 4)",
                                        '    File "/a/b.py", line 3, in <module>', "      f()", "    ValueError: x",
                                        "  full output of every node and rank: LOG"]
+
+
+TORCHRUN_STDERR = """\
+Traceback (most recent call last):
+  File "/tmp/t/raise.py", line 8, in <module>
+    raise KeyError("batch")
+KeyError: 'batch'
+ddpkit watch: rank 0 on host vm: all_reduce #5 (called at raise.py:6 (<module>)) failed: Connection closed by peer
+  rank 1 on host vm (pid 20758) is gone (its process no longer runs)
+0: a line of the user's that starts like srun's label
+E1126 17:13:40.261000 20660 torch/distributed/elastic/multiprocessing/api.py:1002] failed (exitcode: 1) \
+local_rank: 1 (pid: 20758) of binary: /venv/bin/python
+torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
+Root Cause (first observed failure):
+[0]:
+  time      : 2026-11-26_17:13:40
+  host      : localhost
+  rank      : 1 (local_rank: 1)
+  exitcode  : 1 (pid: 20758)
+  error_file: /tmp/torchelastic_1/attempt_0/1/error.json
+  traceback : Traceback (most recent call last):
+    File "/tmp/t/raise.py", line 8, in <module>
+      raise KeyError("batch")
+  KeyError: 'batch'
+============================================================
+"""
+
+
+def test_a_rendered_torchrun_jobs_one_stream_is_read_without_srun_labels() -> None:
+    """``ddpkit step -- torchrun ...`` (a rendered torchrun job): no line is a task's label, the box's "localhost"
+    is this host, and the digest names the launcher."""
+    import socket
+
+    err = io.StringIO()
+    screen = StepScreen(io.StringIO(), err, agents=True, ranks_per_task=2, launcher="torchrun")
+    for line in TORCHRUN_STDERR.replace("\\\n", "").splitlines():
+        screen.take(line, to_stderr=True)
+    assert set(screen.tasks) == {-1}  # "0: a line ..." is the user's, not task 0's
+    lines = screen.digest(1, "LOG")
+    host = socket.gethostname().split(".", 1)[0]
+    assert lines[0] == f"ddpkit: the job failed (torchrun exit code 1): rank 1 on host {host} failed first with " \
+                       "exit code 1"
+    assert "    KeyError: 'batch'" in lines and lines[-1] == "  full output of this node and its ranks: LOG"
+    assert "ChildFailedError" not in err.getvalue() and "Root Cause" not in err.getvalue()

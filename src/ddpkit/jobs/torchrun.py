@@ -1,4 +1,5 @@
-"""The torchrun backend: the command to run on every node (c10d rendezvous), as a short bash script.
+"""The torchrun backend: the command to run on every node (c10d rendezvous), as a short bash script; its torchrun
+runs under ``ddpkit step`` (a failed job's digest on one screen, the full output in a file).
 
     ddpkit submit torchrun -j 2x4 --rdzv-endpoint node1:29400 --dry-run -- check   # print it; run it on each node
     ddpkit submit torchrun -j 1x2 -- check                                         # run it here, now
@@ -49,6 +50,17 @@ def static_argv(spec: JobSpec, endpoint: str) -> list[str]:
             f"--max-restarts={spec.max_restarts}", *torchrun_entry(spec)]
 
 
+def step(spec: JobSpec) -> list[str]:
+    """``ddpkit step --`` before the agent: its full output kept in a file, a failed job's digest on one screen
+    (``ddpkit.launch.steplog``), as a rendered Slurm job's step has."""
+    return [job_interpreter(spec).path, "-m", "ddpkit", "step", "--"]
+
+
+#: The script's comment on the line above.
+STEP_NOTE = ("# ddpkit step: torchrun's whole output goes to a .full.log file; a failed run ends with one screen, "
+             "cause first.")
+
+
 def _render_static(spec: JobSpec) -> str:
     host, port = split_endpoint(spec.rdzv_endpoint or "127.0.0.1")
     endpoint = f"{host}:{spec.port or port or DEFAULT_RDZV_PORT}"
@@ -57,7 +69,7 @@ def _render_static(spec: JobSpec) -> str:
                  f': "${{NODE_RANK:?set NODE_RANK to the index of this node, 0 to {last}}}"')
     lines = preamble(spec)
     lines += ["# Static rendezvous: run this script on every node, NODE_RANK=0 on the master's node, then 1, 2...",
-              node_rank, RESTART_FIX, wrap(static_argv(spec, endpoint)), ""]
+              node_rank, RESTART_FIX, STEP_NOTE, wrap([*step(spec), *static_argv(spec, endpoint)]), ""]
     return "\n".join(lines)
 
 
@@ -69,5 +81,6 @@ def render(spec: JobSpec) -> str:
         endpoint = f"{endpoint.rpartition(':')[0]}:{spec.port}"
     lines = preamble(spec)
     lines += ["# Run this same script on every node; they meet at the rendezvous and agree on ranks.", RESTART_FIX,
-              wrap(torchrun_argv(spec, endpoint=endpoint, run_id=spec.run_id or spec.job_name)), ""]
+              STEP_NOTE, wrap([*step(spec), *torchrun_argv(spec, endpoint=endpoint,
+                                                           run_id=spec.run_id or spec.job_name)]), ""]
     return "\n".join(lines)

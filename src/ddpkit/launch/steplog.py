@@ -1,6 +1,9 @@
-"""``ddpkit step -- srun --label ...``: a Slurm job step whose output the user reads on one screen.
+"""``ddpkit step -- srun --label ...`` (or ``-- torchrun ...``): a job step whose output the user reads on one screen.
 
-The rendered batch script (``ddpkit.jobs.slurm``) runs its ``srun`` under this command. Every line srun writes
+The rendered batch script (``ddpkit.jobs.slurm``) runs its ``srun`` under this command, and a rendered torchrun
+script (``ddpkit.jobs.torchrun``) its ``torchrun``: the same screen for the one agent's stream of that node (its
+full log: beside the script's output where that is a file, else ``ddpkit-step-PID.full.log`` in the working
+directory). Every line srun writes
 (each node's torchrun agent and its ranks, or each rank under ``--tasks-per-rank``, labelled ``T:`` by ``--label``)
 goes whole, with its label, to the full log beside the job's output (``logs/NAME_ID.out`` -> ``NAME_ID.full.log``,
 appended across requeues). The job's output gets the same lines without the label, except:
@@ -15,8 +18,10 @@ appended across requeues). The job's output gets the same lines without the labe
   and words; a rank ddpkit stopped, exit 3, is never that rank); a step that goes on shows what was held after
   ``RELEASE_S``.
 
-Its exit code is srun's. It ignores the signals Slurm sends the batch step (SIGTERM on scancel or requeue, USR1/USR2
-of ``--signal``): srun gets them too and ends the step, whose last lines are read to the end.
+Its exit code is the launcher's. Under srun it ignores the signals Slurm sends the batch step (SIGTERM on scancel or
+requeue, USR1/USR2 of ``--signal``): srun gets them too and ends the step, whose last lines are read to the end.
+Another launcher runs in a session of its own, and each of those signals (and Ctrl-C's SIGINT) is passed to it once:
+a second copy from the terminal's process group would cut its shutdown of the ranks short.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 
 from ddpkit.base.errors import ConfigError
 from ddpkit.launch.stepscreen import StepScreen
@@ -52,7 +58,7 @@ def full_log_path(job_id: str | None = None) -> str:
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--log", metavar="PATH", help="the full output's file (default: beside the job's output, "
                                                  "NAME_ID.full.log)")
-    p.add_argument("argv", nargs=argparse.REMAINDER, help="-- srun --label ... (the step to run)")
+    p.add_argument("argv", nargs=argparse.REMAINDER, help="-- srun --label ... or -- torchrun ... (the step to run)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -60,19 +66,26 @@ def run(args: argparse.Namespace) -> int:
     if argv[:1] == ["--"]:
         argv = argv[1:]
     if not argv:
-        raise ConfigError("no step to run", "ddpkit step [--log PATH] -- srun --label ARGS...",
-                          "give the srun command after --")
+        raise ConfigError("no step to run", "ddpkit step [--log PATH] -- srun --label ARGS... (or -- torchrun ...)",
+                          "give the launcher's command after --")
     log = args.log or full_log_path()
-    for sig in (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2, signal.SIGHUP):
-        signal.signal(sig, _ignore)  # a handler, not SIG_IGN: srun (exec'd) gets its own default dispositions
-    try:
-        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    except OSError as exc:
-        raise ConfigError(f"cannot start {argv[0]}: {exc}", "an srun command on PATH", "check the job script") \
-            from None
     agents = any(word.endswith(("torchrun", "torch.distributed.run")) for word in argv)
+    launcher = "srun" if os.path.basename(argv[0]) == "srun" else "torchrun" if agents else os.path.basename(argv[0])
+    forward: list[subprocess.Popen[bytes]] = []
+    passed: list[int] = []  # the signals passed on to the launcher
+    for sig in (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2, signal.SIGHUP) + \
+            ((signal.SIGINT,) if launcher != "srun" else ()):
+        # a handler, not SIG_IGN: the launcher (exec'd) gets its own default dispositions
+        signal.signal(sig, _ignore if launcher == "srun" else lambda signum, frame: _forward(forward, signum, passed))
+    try:
+        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                start_new_session=launcher != "srun")
+    except OSError as exc:
+        raise ConfigError(f"cannot start {argv[0]}: {exc}", "a launcher command on PATH (srun, torchrun)",
+                          "check the job script") from None
+    forward.append(proc)
     per_node = next((w.split("=", 1)[1] for w in argv if w.startswith("--nproc-per-node=")), "")
-    screen = StepScreen(sys.stdout, sys.stderr, agents=agents,
+    screen = StepScreen(sys.stdout, sys.stderr, agents=agents, launcher=launcher,
                         ranks_per_task=int(per_node) if agents and per_node.isdigit() else None if agents else 1)
     lines: queue.Queue[tuple[bool, bytes | None]] = queue.Queue()
     readers = [threading.Thread(target=_read, args=(stream, to_stderr, lines), daemon=True)
@@ -80,9 +93,12 @@ def run(args: argparse.Namespace) -> int:
     for reader in readers:
         reader.start()
     with open(log, "ab") as full:
-        restart = os.environ.get("SLURM_RESTART_COUNT", "0")
-        full.write(f"ddpkit step: job {os.environ.get('SLURM_JOB_ID', '?')} restart {restart}: "
-                   f"{' '.join(argv)}\n".encode())
+        if launcher == "srun":
+            restart = os.environ.get("SLURM_RESTART_COUNT", "0")
+            full.write(f"ddpkit step: job {os.environ.get('SLURM_JOB_ID', '?')} restart {restart}: "
+                       f"{' '.join(argv)}\n".encode())
+        else:
+            full.write(f"ddpkit step: {time.strftime('%Y-%m-%dT%H:%M:%S')}: {' '.join(argv)}\n".encode())
         open_streams = len(readers)
         while open_streams:
             try:
@@ -101,6 +117,12 @@ def run(args: argparse.Namespace) -> int:
     if code == 0 or not (screen.failing or code):
         screen.release()
         return code
+    if passed and not screen.failing:  # ended from outside: that is the cause (the agent's traceback: in the log)
+        names = ", ".join(dict.fromkeys(signal.Signals(n).name for n in passed))
+        sys.stderr.write(f"ddpkit: {launcher} was ended by {names} from outside (passed on by ddpkit step; exit code "
+                         f"{code}); its full output: {log}\n")
+        sys.stderr.flush()
+        return code if code > 0 else 128 - code
     for text in screen.digest(code, log):
         sys.stderr.write(text + "\n")
     sys.stderr.flush()
@@ -122,6 +144,14 @@ def _wait(proc: subprocess.Popen[bytes]) -> int:
             continue
     proc.kill()
     return proc.wait(timeout=10)
+
+
+def _forward(procs: list[subprocess.Popen[bytes]], signum: int, passed: list[int]) -> None:
+    """A signal for the job, passed to the launcher (in a session of its own, it gets no copy from the terminal)."""
+    passed.append(signum)
+    for proc in procs:
+        if proc.poll() is None:
+            proc.send_signal(signum)
 
 
 def _ignore(signum: int, frame: object) -> None:

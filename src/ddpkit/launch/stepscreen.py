@@ -1,9 +1,9 @@
-"""The screen of a Slurm job step as ``ddpkit step`` shows it (``ddpkit.launch.steplog``): srun's lines in, with
-``--label``'s task; out, the lines a user reads (no C++ frames, each C++ warning once, one usage error for all the
-ranks, tracebacks held once a task prints one or an agent says a rank failed); and the facts for the digest of a
-failed step: the ranks and their hosts (``[host:rank]`` lines), torchrun's "failed (exitcode ...)" lines and "Root
-Cause" boxes, srun's "task T: Exited with exit code N" lines, the watch's report, Slurm's "CANCELLED" line. Pure
-apart from the two streams it writes to."""
+"""The screen of a job step as ``ddpkit step`` shows it (``ddpkit.launch.steplog``): srun's lines in, with
+``--label``'s task (or a rendered torchrun job's lines, one unlabelled stream); out, the lines a user reads (no C++
+frames, each C++ warning once, one usage error for all the ranks, tracebacks held once a task prints one or an agent
+says a rank failed); and the facts for the digest of a failed step: the ranks and their hosts (``[host:rank]``
+lines), torchrun's "failed (exitcode ...)" lines and "Root Cause" boxes, srun's "task T: Exited with exit code N"
+lines, the watch's report, Slurm's "CANCELLED" line. Pure apart from the two streams it writes to."""
 
 from __future__ import annotations
 
@@ -83,10 +83,13 @@ class StepScreen:
     a digest needs. Pure apart from the streams it writes to."""
 
     def __init__(self, out: TextIO, err: TextIO, *, agents: bool | None = None, ranks_per_task: int | None = None,
-                 release_s: float = RELEASE_S) -> None:
+                 release_s: float = RELEASE_S, launcher: str = "srun") -> None:
         """``agents``: whether each task is a torchrun agent (True) or a rank (False); None: from their lines.
-        ``ranks_per_task``: torchrun's --nproc-per-node (None: from the ranks' lines)."""
+        ``ranks_per_task``: torchrun's --nproc-per-node (None: from the ranks' lines). ``launcher``: the program
+        whose lines come in: ``srun`` (labelled by ``--label``, one task per line's label) or another (a rendered
+        torchrun job: one unlabelled stream, the agent's)."""
         self._out, self._err = out, err
+        self._launcher = launcher
         self._agents_run = agents
         self._ranks_per_task = ranks_per_task
         self.cancelled: str | None = None
@@ -108,7 +111,7 @@ class StepScreen:
     def take(self, line: str, *, to_stderr: bool, now: float | None = None) -> None:
         """One whole line srun wrote (labelled ``T: ...`` with ``--label``; unlabelled lines are srun's own)."""
         self._seq += 1
-        found = _LABEL.match(line)
+        found = _LABEL.match(line) if self._launcher == "srun" else None
         number, text = (int(found[1]), found[2]) if found else (-1, line)
         task = self.tasks.setdefault(number, _Task())
         self._learn(number, task, text, to_stderr)
@@ -227,7 +230,10 @@ class StepScreen:
         if failure is None:
             failure = Failure(rank=None, host=None, exitcode=int(code[1]), pid=pid, seq=self._seq)
             self.failures.append(failure)
-        failure.rank, failure.host, failure.timestamp = int(rank[1]), box.get("host"), box.get("time", "")
+        host = box.get("host")
+        if host == "localhost" and self._launcher != "srun":  # a standalone torchrun's box: the agent is here
+            host = socket.gethostname().split(".", 1)[0]
+        failure.rank, failure.host, failure.timestamp = int(rank[1]), host, box.get("time", "")
         failure.traceback = traceback or failure.traceback
 
     def _duplicate_error(self, task: _Task, text: str) -> bool:
@@ -259,7 +265,8 @@ class StepScreen:
         if self.cancelled and not own and not self.watch:
             return [f"ddpkit: Slurm ended the step (srun exit code {code}): {self.cancelled}; its full output: {log}"]
         report = _first_report([text for _, text in self.watch])
-        head = f"ddpkit: the job step failed (srun exit code {code})"
+        what = "job step" if self._launcher == "srun" else "job"
+        head = f"ddpkit: the {what} failed ({self._launcher} exit code {code})"
         lines: list[str] = []
         culprit = None
         if first is not None and first.rank is not None:
@@ -300,7 +307,8 @@ class StepScreen:
             groups.setdefault(words, []).append(rank)
         lines += [f"  {rank_list(r)} ({_hosts(ranks, r)}): {words}" for words, r in groups.items()]
         lines += [f"  {text}" for text in report if text.strip() != culprit]
-        lines.append(f"  full output of every node and rank: {log}")
+        whose = "every node and rank" if self._launcher == "srun" else "this node and its ranks"
+        lines.append(f"  full output of {whose}: {log}")
         return lines
 
     def _rank_hosts(self) -> dict[int, str]:

@@ -36,7 +36,7 @@ from ddpkit.process.worker_context import WorkerContext
 from ddpkit.watch.diagnose import Hang, diagnose_deadline, diagnose_hang, straggler, summary_lines
 from ddpkit.watch.failure import FailureReport
 from ddpkit.watch.options import WatchOptions, hang_deadline, stop_deadline
-from ddpkit.watch.processes import STACK_WAIT_S, end_stopped, python_stacks, stop_rank
+from ddpkit.watch.processes import STACK_WAIT_S, end_stopped, python_stacks, stop_rank, write_lines
 from ddpkit.watch.recorder import Recorder
 from ddpkit.watch.records import AbortOrder, Heartbeat, StoppedRank
 from ddpkit.watch.store import BoundedStore
@@ -366,7 +366,7 @@ class Monitor:
         # the process's own stderr, not sys.stderr: torch's excepthook (installed by init_process_group) swaps
         # sys.stderr for a StringIO while the hooks before it run, ours included, and writes that out only after; a
         # launcher's SIGTERM in between lost the report (CI: [2-kill], the event written and no line printed)
-        print("\n".join(lines), file=sys.__stderr__ or sys.stderr, flush=True)
+        write_lines(lines)
         if self.options.events is not None:
             event = {"time": round(time.time(), 3), **event}
             try:

@@ -16,7 +16,7 @@ from typing import NoReturn
 from ddpkit.base.errors import EXIT_MISSING
 from ddpkit.process.exiting import flush_files
 
-__all__ = ["STACK_WAIT_S", "end_stopped", "process_state", "python_stacks", "stop_rank"]
+__all__ = ["STACK_WAIT_S", "end_stopped", "process_state", "python_stacks", "stop_rank", "write_lines"]
 
 #: How long the reporter waits for the live ranks' stacks, for the others to see the abort, and for a stopped rank
 #: to go once sent SIGCONT.
@@ -62,11 +62,20 @@ def python_stacks() -> str:
     return "".join(parts)
 
 
+def write_lines(lines: list[str]) -> None:
+    """The watch's lines on the process's own stderr (``Monitor.emit`` says why not ``sys.stderr``), in one write
+    with their last newline: ``print`` writes that newline apart, and another process's line on the same stream (a
+    launcher's agent shares it with its ranks) ran into the report's last line between the two."""
+    stream = sys.__stderr__ or sys.stderr
+    stream.write("\n".join(lines) + "\n")
+    stream.flush()
+
+
 def stop_rank(line: str | None) -> NoReturn:
     """End this rank with exit 3 (EXIT_MISSING), after ``line`` on stderr: ``os._exit``, since a thread blocked in C
     (the rank's main thread in a collective) cannot hold the process then."""
     if line is not None:
-        print(line, file=sys.__stderr__ or sys.stderr, flush=True)  # see Monitor.emit
+        write_lines([line])
     # what the script wrote to its files so far reaches them (not closed: its main thread may still hold them); on
     # a thread of its own, bounded: a write stuck on a full pipe must not keep the rank
     flushing = threading.Thread(target=flush_files, name="ddpkit-flush", daemon=True)
