@@ -122,3 +122,28 @@ def test_a_signal_to_the_rendered_torchrun_job_reaches_torchrun_once(tmp_path: P
     assert out.splitlines()[-1].startswith("ddpkit: torchrun was ended by SIGTERM from outside (passed on by ddpkit "
                                            "step; exit code 1); its full output: "), out
     assert "Traceback" not in out, out  # the agent's SignalException: in the full log only
+
+
+@pytest.mark.parametrize(("fault", "code", "first"), [
+    ("raise KeyError('batch')", 1, "rank 1 failed first with exit code 1"),
+    ("os.kill(os.getpid(), signal.SIGKILL)", 137, "rank 1 on host {host} was killed by SIGKILL")])
+def test_a_failed_rendered_open_mpi_job_ends_with_its_digest(fault: str, code: int, first: str,
+                                                             tmp_path: Path) -> None:
+    """Rank 1 raises or is killed under the rendered mpirun: the screen ends with the digest naming rank 1 first (by
+    mpirun's own word), its exception under it; mpirun's boxes and rank 0's secondary traceback in the full log."""
+    require_tools("mpirun")
+    (tmp_path / "fails.py").write_text("import os, signal\n" + RAISES_ON_RANK_1.replace('raise KeyError("batch")',
+                                                                                       fault))
+    root = ["--allow-run-as-root"] if IS_ROOT else []
+    res = run_ddpkit("submit", "mpi", "-j", "1x2", *root, "--python", sys.executable, "--port", free_port(), "--",
+                     "fails.py", timeout=240, cwd=tmp_path, errors="replace")
+    assert res.returncode == code, res.stdout + res.stderr
+    digest = res.stderr[res.stderr.index("ddpkit: the job failed"):].splitlines()
+    host = socket.gethostname().split(".", 1)[0]
+    assert digest[0] == f"ddpkit: the job failed (mpirun exit code {code}): " + first.format(host=host), res.stderr
+    if code == 1:
+        assert "    KeyError: 'batch'" in digest[:5], res.stderr
+    assert "Process name" not in res.stderr and "mpirun noticed" not in res.stderr, res.stderr
+    assert "Traceback" not in res.stderr, res.stderr  # rank 0's secondary one: in the full log
+    log = Path(digest[-1].split(": ", 1)[1])
+    assert "Exit code:" in log.read_text() or "exited on signal 9" in log.read_text()

@@ -235,3 +235,54 @@ def test_a_rendered_torchrun_jobs_one_stream_is_read_without_srun_labels() -> No
                        "exit code 1"
     assert "    KeyError: 'batch'" in lines and lines[-1] == "  full output of this node and its ranks: LOG"
     assert "ChildFailedError" not in err.getvalue() and "Root Cause" not in err.getvalue()
+
+
+MPIRUN_LINES = """\
+[1,0]<stderr>:[vm:0] WARNING OMP_NUM_THREADS set to 1 (2 cores available / 2 ranks on this node)
+[1,1]<stderr>:Traceback (most recent call last):
+[1,1]<stderr>:  File "/tmp/t/raise.py", line 8, in <module>
+[1,1]<stderr>:    raise KeyError("batch")
+[1,1]<stderr>:KeyError: 'batch'
+--------------------------------------------------------------------------
+Primary job  terminated normally, but 1 process returned
+a non-zero exit code. Per user-direction, the job has been aborted.
+--------------------------------------------------------------------------
+[1,0]<stderr>:Traceback (most recent call last):
+[1,0]<stderr>:  File "/tmp/t/raise.py", line 6, in <module>
+[1,0]<stderr>:    dist.all_reduce(t)
+[1,0]<stderr>:RuntimeError: [../gloo/transport/tcp/pair.cc:553] Connection closed by peer [127.0.0.1]:12703
+--------------------------------------------------------------------------
+mpirun detected that one or more processes exited with non-zero status, thus causing
+the job to be terminated. The first process to do so was:
+
+  Process name: [[2802,1],1]
+  Exit code:    5
+--------------------------------------------------------------------------
+"""
+
+
+def test_an_open_mpi_jobs_tagged_lines_name_the_first_process_mpirun_saw() -> None:
+    """``ddpkit step -- mpirun --tag-output ...`` (a rendered Open MPI job): each line's tag is its rank, mpirun's
+    "Process name: [[J,1],R] / Exit code: N" the rank that failed first, its boxes kept off the screen."""
+    err = io.StringIO()
+    screen = StepScreen(io.StringIO(), err, agents=False, ranks_per_task=1, launcher="mpirun")
+    for line in MPIRUN_LINES.splitlines():
+        screen.take(line, to_stderr=True)
+    lines = screen.digest(5, "LOG")
+    assert lines[0] == "ddpkit: the job failed (mpirun exit code 5): rank 1 failed first with exit code 5"
+    assert lines[1:4] == ['    File "/tmp/t/raise.py", line 8, in <module>', '      raise KeyError("batch")',
+                          "    KeyError: 'batch'"], lines
+    assert lines[4].startswith("  rank 0 (vm): RuntimeError: ") and lines[-1] == "  full output of every node and " \
+                                                                                  "rank: LOG", lines
+    shown = err.getvalue()
+    assert "Process name" not in shown and "Primary job" not in shown and "-----" not in shown, shown
+    assert shown.splitlines() == ["[vm:0] WARNING OMP_NUM_THREADS set to 1 (2 cores available / 2 ranks on this node)"]
+
+
+def test_an_open_mpi_process_ended_by_a_signal_is_named_with_its_node() -> None:
+    screen = StepScreen(io.StringIO(), io.StringIO(), agents=False, ranks_per_task=1, launcher="mpirun")
+    for line in ("[1,0]<stderr>:[vm:0] WARNING OMP_NUM_THREADS set to 1",
+                 "mpirun noticed that process rank 1 with PID 0 on node vm exited on signal 9 (Killed)."):
+        screen.take(line, to_stderr=True)
+    assert screen.digest(137, "LOG")[0] == ("ddpkit: the job failed (mpirun exit code 137): rank 1 on host vm was "
+                                            "killed by SIGKILL")

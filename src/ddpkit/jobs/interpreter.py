@@ -48,7 +48,7 @@ class _Shape(Protocol):
     @property
     def max_nodes(self) -> int: ...
 
-__all__ = ["Interpreter", "job_interpreter", "placement_notes"]
+__all__ = ["STEP_NOTE", "Interpreter", "job_interpreter", "placement_notes", "step_argv"]
 
 #: Filesystem types that every node of a cluster usually mounts at the same path (from /proc/self/mounts).
 NETWORK_FILESYSTEMS = ("nfs", "nfs4", "lustre", "gpfs", "cephfs", "ceph", "beegfs", "glusterfs", "fuse.glusterfs",
@@ -90,6 +90,17 @@ def job_interpreter(spec: JobSpec) -> Interpreter:
         return Interpreter("python", "from the container image (its interpreter runs every rank)")
     return Interpreter(spec.submitter, "the interpreter that ran ddpkit submit (no --venv, --conda-env or "
                        "container image was given)", submitter=True)
+
+
+#: The rendered script's comment above a launcher run under ``ddpkit step``.
+STEP_NOTE = ("# ddpkit step: the launcher's whole output goes to a .full.log file; a failed run ends with one screen, "
+             "cause first.")
+
+
+def step_argv(spec: JobSpec) -> list[str]:
+    """``ddpkit step --`` before a rendered torchrun or mpirun: its full output kept in a file, a failed job's
+    digest on one screen (``ddpkit.launch.steplog``), as a rendered Slurm job's step has."""
+    return [job_interpreter(spec).path, "-m", "ddpkit", "step", "--"]
 
 
 def runs_elsewhere(spec: JobSpec) -> bool:

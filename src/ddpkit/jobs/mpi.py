@@ -17,7 +17,7 @@ of every later attempt, and with no spare left the job shrinks down to MIN (``-j
 
 from __future__ import annotations
 
-from ddpkit.jobs.interpreter import job_interpreter
+from ddpkit.jobs.interpreter import STEP_NOTE, job_interpreter, step_argv
 from ddpkit.jobs.shell import Raw, preamble, wrap
 from ddpkit.jobs.spec import JobSpec, python_argv
 
@@ -57,7 +57,8 @@ def render(spec: JobSpec) -> str:
             argv.append("--allow-run-as-root")
         for var in ("MASTER_ADDR", "MASTER_PORT", "PATH", *(k for k, _ in spec.env)):
             argv += ["-x", var]
-        argv.append("--tag-output")
+        argv = [*step_argv(spec), *argv, "--tag-output"]  # the ranks' lines tagged with their rank: digested
+        lines.append(STEP_NOTE)
     else:
         argv = ["mpiexec.mpich", "-n", str(total), "-ppn", str(s.nproc_per_node)]
         if spec.hosts:

@@ -14,7 +14,7 @@ with its own ``NODE_RANK`` (0 on the master's node); no elasticity, no restarts 
 from __future__ import annotations
 
 from ddpkit.base.shape import DEFAULT_RDZV_PORT, split_endpoint
-from ddpkit.jobs.interpreter import job_interpreter
+from ddpkit.jobs.interpreter import STEP_NOTE, job_interpreter, step_argv
 from ddpkit.jobs.shell import Raw, preamble, wrap
 from ddpkit.jobs.spec import JobSpec, torchrun_entry
 
@@ -50,17 +50,6 @@ def static_argv(spec: JobSpec, endpoint: str) -> list[str]:
             f"--max-restarts={spec.max_restarts}", *torchrun_entry(spec)]
 
 
-def step(spec: JobSpec) -> list[str]:
-    """``ddpkit step --`` before the agent: its full output kept in a file, a failed job's digest on one screen
-    (``ddpkit.launch.steplog``), as a rendered Slurm job's step has."""
-    return [job_interpreter(spec).path, "-m", "ddpkit", "step", "--"]
-
-
-#: The script's comment on the line above.
-STEP_NOTE = ("# ddpkit step: torchrun's whole output goes to a .full.log file; a failed run ends with one screen, "
-             "cause first.")
-
-
 def _render_static(spec: JobSpec) -> str:
     host, port = split_endpoint(spec.rdzv_endpoint or "127.0.0.1")
     endpoint = f"{host}:{spec.port or port or DEFAULT_RDZV_PORT}"
@@ -69,7 +58,7 @@ def _render_static(spec: JobSpec) -> str:
                  f': "${{NODE_RANK:?set NODE_RANK to the index of this node, 0 to {last}}}"')
     lines = preamble(spec)
     lines += ["# Static rendezvous: run this script on every node, NODE_RANK=0 on the master's node, then 1, 2...",
-              node_rank, RESTART_FIX, STEP_NOTE, wrap([*step(spec), *static_argv(spec, endpoint)]), ""]
+              node_rank, RESTART_FIX, STEP_NOTE, wrap([*step_argv(spec), *static_argv(spec, endpoint)]), ""]
     return "\n".join(lines)
 
 
@@ -81,6 +70,6 @@ def render(spec: JobSpec) -> str:
         endpoint = f"{endpoint.rpartition(':')[0]}:{spec.port}"
     lines = preamble(spec)
     lines += ["# Run this same script on every node; they meet at the rendezvous and agree on ranks.", RESTART_FIX,
-              STEP_NOTE, wrap([*step(spec), *torchrun_argv(spec, endpoint=endpoint,
+              STEP_NOTE, wrap([*step_argv(spec), *torchrun_argv(spec, endpoint=endpoint,
                                                            run_id=spec.run_id or spec.job_name)]), ""]
     return "\n".join(lines)

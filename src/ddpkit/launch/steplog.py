@@ -70,7 +70,9 @@ def run(args: argparse.Namespace) -> int:
                           "give the launcher's command after --")
     log = args.log or full_log_path()
     agents = any(word.endswith(("torchrun", "torch.distributed.run")) for word in argv)
-    launcher = "srun" if os.path.basename(argv[0]) == "srun" else "torchrun" if agents else os.path.basename(argv[0])
+    name = os.path.basename(argv[0])
+    launcher = "srun" if name == "srun" else "torchrun" if agents else \
+        "mpirun" if name in ("mpirun", "mpiexec") and "--tag-output" in argv else name
     forward: list[subprocess.Popen[bytes]] = []
     passed: list[int] = []  # the signals passed on to the launcher
     for sig in (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2, signal.SIGHUP) + \

@@ -40,6 +40,13 @@ _SRUN_SIGNALS = {"Killed": signal.SIGKILL, "Aborted": signal.SIGABRT, "Segmentat
                  "Terminated": signal.SIGTERM, "Bus error": signal.SIGBUS}
 #: slurmstepd's "*** STEP 7.0 ON node1 CANCELLED AT 2026-11-26T13:33:40 DUE TO JOB REQUEUE ***" (or JOB ...)
 _CANCELLED = re.compile(r"\*\*\* (?:STEP|JOB) \S+ ON \S+ CANCELLED AT \S+(?: DUE TO [^*]+)? \*\*\*")
+#: Open MPI's --tag-output: "[1,3]<stderr>:text", the job's number and the rank
+_OMPI_TAG = re.compile(r"^\[\d+,(\d+)\]<std(?:out|err)>: ?(.*)$")
+#: Open MPI's box on the first process with a non-zero exit code, and its line on a process a signal ended
+_MPI_FIRST = re.compile(r"^\s*Process name: \[\[\d+,\d+\],(\d+)\]")
+_MPI_EXIT = re.compile(r"^\s*Exit code:\s+(-?\d+)")
+_MPI_SIGNAL = re.compile(r"mpirun noticed that process rank (\d+) with PID \d+ on node (\S+) exited on signal (\d+)")
+_MPI_FAILED = ("Primary job  terminated normally", "mpirun detected that one or more processes")
 _PREFIX = re.compile(r"^\[([^\]:\s]+):(\d+)\] ")
 _RANK_ON_HOST = re.compile(r"\brank (\d+) on (?:host )?([\w.\-]+)")
 _BOX_FIELD = re.compile(r"^\s*(time|host|rank|exitcode|error_file|traceback)\s*: ?(.*)$")
@@ -106,17 +113,21 @@ class StepScreen:
         self._errors: set[str] = set()
         self._started = time.monotonic()
         self._seq = 0
+        self._mpi_first: int | None = None
 
     # -- lines in --------------------------------------------------------------------------------------------
     def take(self, line: str, *, to_stderr: bool, now: float | None = None) -> None:
         """One whole line srun wrote (labelled ``T: ...`` with ``--label``; unlabelled lines are srun's own)."""
         self._seq += 1
-        found = _LABEL.match(line) if self._launcher == "srun" else None
+        label = {"srun": _LABEL, "mpirun": _OMPI_TAG}.get(self._launcher)
+        found = label.match(line) if label is not None else None
         number, text = (int(found[1]), found[2]) if found else (-1, line)
         task = self.tasks.setdefault(number, _Task())
         self._learn(number, task, text, to_stderr)
         if is_noise(text) or text.strip() == "<omitting python frames>":
             return
+        if number < 0 and self._launcher == "mpirun" and re.fullmatch(r"-{20,}", text.strip()):
+            return  # the frame of mpirun's boxes (their words are shown, or held once a rank failed)
         if not to_stderr:
             self._show(self._out, text)
             return
@@ -174,6 +185,8 @@ class StepScreen:
                 if not any(f.pid == int(failed[3]) for f in self.failures):
                     self.failures.append(Failure(rank=None, host=task.host, exitcode=int(failed[1]),
                                                  pid=int(failed[3]), seq=self._seq))
+        if number < 0 and self._launcher == "mpirun":
+            self._learn_mpirun(text)
         srun = _SRUN_EXIT.match(text) if number < 0 else None
         if srun:
             self._failing = True
@@ -189,6 +202,26 @@ class StepScreen:
         if cancelled and self.cancelled is None:
             self.cancelled = cancelled[0].strip("* ")
         self._read_box(task, text)
+
+    def _learn_mpirun(self, text: str) -> None:
+        """Open MPI's own lines: the first process with a non-zero exit code ("Process name: [[J,1],R]" then "Exit
+        code: N"), a process a signal ended ("mpirun noticed that process rank R ... on node H exited on signal S")."""
+        if any(words in text for words in _MPI_FAILED):
+            self._failing = True
+        first = _MPI_FIRST.match(text)
+        if first:
+            self._mpi_first = int(first[1])
+            return
+        code = _MPI_EXIT.match(text)
+        if code and self._mpi_first is not None:
+            task = self.tasks.setdefault(self._mpi_first, _Task())
+            task.exitcode, task.ended_seq, self._mpi_first, self._failing = int(code[1]), self._seq, None, True
+            return
+        killed = _MPI_SIGNAL.search(text)
+        if killed:
+            task = self.tasks.setdefault(int(killed[1]), _Task())
+            task.host, task.exitcode, task.ended_seq = killed[2], -int(killed[3]), self._seq
+            self._failing = True
 
     def _read_box(self, task: _Task, text: str) -> None:
         """torchrun's "Root Cause" box: one entry per failed rank (time, host, global rank, exit code and pid, and
@@ -297,8 +330,8 @@ class StepScreen:
             if rank == shown_first:
                 continue
             words = said(self._end(rank), shown_first)
-            if not self._agents():  # one task per rank: srun ends the others (--kill-on-bad-exit), no agent
-                words = words.replace("by the agent", "by srun")
+            if not self._agents():  # one task per rank: srun (--kill-on-bad-exit) or mpirun ends the others
+                words = words.replace("by the agent", f"by {self._launcher}")
             error = self._usage_error(rank)
             if error and error not in words:
                 words = f"{words}: {error}"
@@ -307,7 +340,7 @@ class StepScreen:
             groups.setdefault(words, []).append(rank)
         lines += [f"  {rank_list(r)} ({_hosts(ranks, r)}): {words}" for words, r in groups.items()]
         lines += [f"  {text}" for text in report if text.strip() != culprit]
-        whose = "every node and rank" if self._launcher == "srun" else "this node and its ranks"
+        whose = "this node and its ranks" if self._launcher == "torchrun" else "every node and rank"
         lines.append(f"  full output of {whose}: {log}")
         return lines
 

@@ -10,7 +10,9 @@ set -euo pipefail
 MASTER_ADDR=n1
 MASTER_PORT=29500
 export MASTER_ADDR MASTER_PORT
-mpirun -np 4 --map-by ppr:2:node --bind-to none \
-  --host n1:2,n3:2 -x MASTER_ADDR -x MASTER_PORT \
-  -x PATH --tag-output '/opt/ddpkit venv/it'"'"'s $HOME/bin/python' \
+# ddpkit step: the launcher's whole output goes to a .full.log file; a failed run ends with one screen, cause first.
+'/opt/ddpkit venv/it'"'"'s $HOME/bin/python' \
+  -m ddpkit step -- mpirun -np 4 --map-by ppr:2:node \
+  --bind-to none --host n1:2,n3:2 -x MASTER_ADDR \
+  -x MASTER_PORT -x PATH --tag-output '/opt/ddpkit venv/it'"'"'s $HOME/bin/python' \
   -m ddpkit check

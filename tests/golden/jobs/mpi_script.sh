@@ -12,7 +12,9 @@ source '/opt/my envs/it'"'"'s $HOME/bin/activate'
 MASTER_ADDR=n1
 MASTER_PORT=29500
 export MASTER_ADDR MASTER_PORT
-mpirun -np 4 --map-by ppr:2:node --bind-to none \
-  --host n1:2,n2:2 -x MASTER_ADDR -x MASTER_PORT \
-  -x PATH --tag-output python -m ddpkit run \
-  -- 'my dir/ddp'"'"'s.py' 3 1 --data '$HOME/a b'
+# ddpkit step: the launcher's whole output goes to a .full.log file; a failed run ends with one screen, cause first.
+python -m ddpkit step -- mpirun -np 4 --map-by ppr:2:node \
+  --bind-to none --host n1:2,n2:2 -x MASTER_ADDR \
+  -x MASTER_PORT -x PATH --tag-output python \
+  -m ddpkit run -- 'my dir/ddp'"'"'s.py' 3 1 \
+  --data '$HOME/a b'

@@ -10,7 +10,7 @@ source '/opt/v $1/bin/activate'
 
 # Run this same script on every node; they meet at the rendezvous and agree on ranks.
 export TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1
-# ddpkit step: torchrun's whole output goes to a .full.log file; a failed run ends with one screen, cause first.
+# ddpkit step: the launcher's whole output goes to a .full.log file; a failed run ends with one screen, cause first.
 python -m ddpkit step -- torchrun --nnodes=2 \
   --nproc-per-node=4 --rdzv-backend=c10d --rdzv-endpoint=node1:29400 \
   --rdzv-id=r1 --max-restarts=0 -m ddpkit check

@@ -7,7 +7,7 @@ set -euo pipefail
 
 # Run this same script on every node; they meet at the rendezvous and agree on ranks.
 export TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1
-# ddpkit step: torchrun's whole output goes to a .full.log file; a failed run ends with one screen, cause first.
+# ddpkit step: the launcher's whole output goes to a .full.log file; a failed run ends with one screen, cause first.
 '/opt/ddpkit venv/it'"'"'s $HOME/bin/python' \
   -m ddpkit step -- '/opt/ddpkit venv/it'"'"'s $HOME/bin/python' \
   -m torch.distributed.run --nnodes=1 --nproc-per-node=2 \

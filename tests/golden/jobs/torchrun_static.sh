@@ -7,7 +7,7 @@ set -euo pipefail
 # Static rendezvous: run this script on every node, NODE_RANK=0 on the master's node, then 1, 2...
 : "${NODE_RANK:?set NODE_RANK to the index of this node, 0 to 1}"
 export TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1
-# ddpkit step: torchrun's whole output goes to a .full.log file; a failed run ends with one screen, cause first.
+# ddpkit step: the launcher's whole output goes to a .full.log file; a failed run ends with one screen, cause first.
 '/opt/py 3/bin/python' -m ddpkit step -- '/opt/py 3/bin/python' \
   -m torch.distributed.run --nnodes=2 --nproc-per-node=2 \
   --node-rank="$NODE_RANK" --master-addr=10.0.0.1 \
