@@ -27,7 +27,6 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import threading
 import time
 from collections import deque
@@ -254,8 +253,3 @@ def _signum(name: str | None) -> int:
         return int(signal.Signals[name or "SIGKILL"])
     except KeyError:
         return int(signal.SIGKILL)
-
-
-def echo_line(line: str) -> None:
-    sys.stdout.write(line + "\n")
-    sys.stdout.flush()

@@ -51,7 +51,9 @@ from ddpkit.heal.ledger import (
 )
 from ddpkit.heal.nodepool import NodePool
 from ddpkit.heal.policy import DEFAULT_MAX_ATTEMPTS, HealPolicy, Outcome, decide
-from ddpkit.heal.slurm_step import StepPlan, StepRun, echo_line, run_step
+from ddpkit.heal.slurm_step import StepPlan, StepRun, run_step
+from ddpkit.launch.steplog import full_log_path
+from ddpkit.launch.stepscreen import StepScreen
 from ddpkit.process.worker_context import HEAL_SILENT_DEFAULT_S, HEAL_SILENT_S
 
 __all__ = ["EXIT_NO_NODES", "main"]
@@ -154,9 +156,11 @@ def supervise(args: argparse.Namespace) -> int:
                                      ranks=len(nodes) * args.per_node))
         env = {"MASTER_PORT": str(step_port(int(job), steps)), HEAL_SILENT_S: f"{args.silent_after:g}",
                ATTEMPT_VAR: str(attempt), RUN_DIR_VAR: str(run_dir.resolve())}
-        step = run_step(StepPlan(nodes=nodes, per_node=args.per_node, program=tuple(args.program), env=env,
-                                 name=f"attempt-{attempt}"), teardown_s=TEARDOWN_S, outside=lambda: signals.name,
-                        echo=echo_line)
+        with AttemptScreen(full_log_path()) as screen:
+            step = run_step(StepPlan(nodes=nodes, per_node=args.per_node, program=tuple(args.program), env=env,
+                                     name=f"attempt-{attempt}"), teardown_s=TEARDOWN_S,
+                            outside=lambda: signals.name, echo=screen.line)
+            screen.ended(failed=bool(step.exit_code))
         if step.fault_at is not None and step.fault_line is not None:
             ledger.append(FaultSeen(attempt=attempt, time=step.fault_at, line=step.fault_line))
         found = classify(step.evidence) if step.exit_code and step.evidence is not None else None
@@ -364,6 +368,40 @@ def _hostnames(nodelist: str) -> tuple[str, ...]:
 
 def say(line: str) -> None:
     print(line, flush=True)
+
+
+class AttemptScreen:
+    """An attempt's output as the job's log shows it: every line whole in the full log beside it (``NAME_ID.full.log``,
+    appended across attempts and requeues, as ``ddpkit step`` keeps it), and on the screen without torch's C++
+    frames and repeated warnings, its tracebacks held once a rank failed (``StepScreen``): the supervisor's own
+    lines and its cause-first summary say the failure. Lines come from the step reader's thread."""
+
+    def __init__(self, log: str) -> None:
+        self.log = log
+        self.full = open(log, "ab")  # noqa: SIM115 (closed by __exit__)
+        self.screen = StepScreen(sys.stdout, sys.stdout, agents=False, ranks_per_task=1)
+
+    def __enter__(self) -> AttemptScreen:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.full.close()
+
+    def line(self, text: str) -> None:
+        self.full.write(text.encode(errors="replace") + b"\n")
+        self.full.flush()
+        if text.startswith("ddpkit heal:"):  # the supervisor's own word: always on the screen
+            say(text)
+            return
+        self.screen.take(text, to_stderr=True)
+        self.screen.tick()
+
+    def ended(self, *, failed: bool) -> None:
+        """A clean attempt shows what it held; a failed one names where all of it is."""
+        if not failed:
+            self.screen.release()
+        else:
+            say(f"ddpkit heal: every line of the attempt's ranks and srun, in full: {self.log}")
 
 
 if __name__ == "__main__":
