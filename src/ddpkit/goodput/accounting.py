@@ -19,7 +19,8 @@ every second of it lands in exactly one category:
 - ``failure``: in a failed attempt, from its last record to its end: the hang until detection, and teardown;
 - ``teardown``: in an attempt that finished, from its last record to its end (the process group's end, exit);
 - ``relaunch``: between one attempt's end and the next one's start;
-- ``unmeasured``: an attempt whose rank 0 wrote nothing (``ddpkit run``'s script: ddpkit does not see its steps).
+- ``unmeasured``: an attempt whose rank 0 wrote nothing (a script under ``ddpkit run --no-watch``, or one without a
+  DDP model: ``ddpkit run``'s lines are the watch's count of DDP forwards, ``watch.steplines``).
 
 So the categories add up to the wall clock by construction (``loop_other`` is the remainder inside the loop; a
 negative remainder, which only clocks that disagree make, is clipped and shows as a sum that misses the wall).

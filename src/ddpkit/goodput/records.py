@@ -230,6 +230,10 @@ class GoodputLog:
         self.write(Steps(attempt=self.attempt, start=self._start, end=self._end, first=self._first, last=self._last,
                          busy_s=sum(ordered), p50_ms=ordered[len(ordered) // 2] * 1e3, rank=self.rank, sync_s=sync))
 
+    @property
+    def closed(self) -> bool:
+        return self._fd is None
+
     def close(self) -> None:
         self.flush()
         if self._fd is not None:

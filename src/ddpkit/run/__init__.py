@@ -107,7 +107,12 @@ def run(args: argparse.Namespace, start: RankStart) -> int:
 
         install(options_from_args(args))
         sigterm.install()  # the launcher ending this rank: first name a rank on this host that is gone
-    return run_target(words[0], words[1:], module=args.module, error_file=start.context.error_file)
+    code = run_target(words[0], words[1:], module=args.module, error_file=start.context.error_file)
+    if not args.no_watch:  # the script's last goodput lines, with --run-dir or under --heal (watch.steplines)
+        from ddpkit.watch import ended
+
+        ended(code)
+    return code
 
 
 def _python_signals() -> None:

@@ -45,8 +45,9 @@ if TYPE_CHECKING:
     from ddpkit.watch.monitor import Monitor
     from ddpkit.watch.recorder import Recorder
     from ddpkit.watch.records import AbortOrder
+    from ddpkit.watch.steplines import StepLines
 
-__all__ = ["Session", "WatchOptions", "active", "install", "note_exception", "phase", "uninstall", "watch"]
+__all__ = ["Session", "WatchOptions", "active", "ended", "install", "note_exception", "phase", "uninstall", "watch"]
 
 log = get_logger(__name__)
 STORE_TIMEOUT = timedelta(seconds=10)
@@ -64,6 +65,9 @@ class Session:
         self.options = options
         self.recorder: Recorder | None = None
         self.monitor: Monitor | None = None
+        self.steplines: StepLines | None = None
+        """``ddpkit run``'s goodput lines (``WatchOptions.goodput``): made when the group begins, ended by
+        ``ended``."""
         self._abort_handlers: list[Callable[[AbortOrder], object]] = []
         self.hooks: Hooks = Hooks(_live, self._begin, self.finish)
 
@@ -88,6 +92,11 @@ class Session:
         recorder = Recorder(rank, world_size)
         self.monitor = Monitor(recorder, self.options, store if prefixed else dist.PrefixStore(_prefix(), store))
         self.monitor.abort_handlers = self._abort_handlers
+        if self.options.goodput is not None and self.steplines is None:  # once: a second group is the same run
+            from ddpkit.watch.steplines import StepLines
+
+            self.steplines = StepLines(self.options.goodput, recorder)
+        self.monitor.steplines = self.steplines
         self.monitor.start()
         self.recorder = recorder
         _sync_live()
@@ -183,6 +192,17 @@ def install(options: WatchOptions | None = None, *, store: dist.Store | None = N
     _session.begin_if_ready()
     _sync_live()
     return _session
+
+
+def ended(code: int) -> None:
+    """The watched script returned ``code`` (``ddpkit run``): its last goodput lines (``watch.steplines``)."""
+    session = _session
+    if session is None or session.steplines is None:
+        return
+    lines, session.steplines = session.steplines, None
+    if session.monitor is not None:
+        session.monitor.steplines = None
+    lines.end(code)
 
 
 def uninstall() -> None:

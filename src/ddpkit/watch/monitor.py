@@ -39,6 +39,7 @@ from ddpkit.watch.options import WatchOptions, hang_deadline, stop_deadline
 from ddpkit.watch.processes import STACK_WAIT_S, end_stopped, python_stacks, stop_rank, write_lines
 from ddpkit.watch.recorder import Recorder
 from ddpkit.watch.records import AbortOrder, Heartbeat, StoppedRank
+from ddpkit.watch.steplines import StepLines
 from ddpkit.watch.store import BoundedStore
 from ddpkit.watch.storeloss import StoreLoss, holder_left
 
@@ -142,6 +143,8 @@ class Monitor:
         self._alone: StoreLoss | None = None  # this rank's watch while the store does not answer
         self.abort_handlers: list[Callable[[AbortOrder], object]] = []
         """Run on the watch's thread, in order, just before this rank exits 3 (``Session.on_abort``)."""
+        self.steplines: StepLines | None = None
+        """This rank's goodput lines (``WatchOptions.goodput``), written on the watch's thread."""
 
     def start(self) -> Monitor:
         self._publish()
@@ -153,6 +156,8 @@ class Monitor:
         poll_every = max(1, round(1.0 / self.options.heartbeat))
         while not self._stop.wait(self.options.heartbeat):
             try:
+                if self.steplines is not None:
+                    self.steplines.beat()  # a file of its own: before the store, which may be gone
                 self._publish()
                 if self.beat % poll_every == 0:
                     self._poll()
@@ -384,6 +389,8 @@ class Monitor:
         report (``ddpkit check``'s rank 0) or leaving one for the agent (``train``). That also keeps a rank that
         hosts the job's store (rank 0 under ``ddpkit check`` or env://) until the others have seen the order."""
         self.aborting = True
+        if self.steplines is not None:  # the steps this rank ended are the run's goodput, up to this stop
+            self.steplines.beat(final=True)
         host = self.rec.host
         mine = [d.pid for d in order.stopped if d.by == self.rank and d.host == host]
         if mine:

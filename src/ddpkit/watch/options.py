@@ -64,6 +64,9 @@ class WatchOptions:
     """Print the per-rank and per-host step-time summary when the process group is destroyed (or at exit)."""
     heartbeat: float = 0.5
     """Seconds between two publications of a rank's progress in the job's store."""
+    goodput: Path | None = None
+    """The run directory: this rank's DDP steps as goodput lines there (``watch.steplines``; ``ddpkit run``'s
+    ``--run-dir``, or its heal supervisor's). None: none written."""
     silent_stop: float | None = None
     """Under ``--heal`` (a supervisor will start the job again without the bad host): a rank whose heartbeat has not
     changed for this long (stopped, killed, its host cut off) stops every rank at once, naming it, instead of at the
@@ -149,5 +152,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def options_from_args(args: argparse.Namespace) -> WatchOptions:
     """The watch's options from ``add_arguments``' flags; ConfigError for a bad value (pure: a parent process
     checks them before any rank starts)."""
+    from ddpkit.goodput.records import run_dir_from_environ
+
+    run_dir = run_dir_from_environ() or getattr(args, "run_dir", None)  # the heal supervisor's, else --run-dir
     return WatchOptions(hang_after=args.hang_after, stop_after=args.stop_after, on_hang=args.on_hang,
-                        report_every=args.report_every, events=args.events)
+                        report_every=args.report_every, events=args.events,
+                        goodput=Path(run_dir) if run_dir else None)

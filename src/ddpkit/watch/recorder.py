@@ -46,6 +46,7 @@ RECENT = 8
 #: Step time and gradient-sync time are measured on one step in this many (each bucket's Future timed through a
 #: ``then``, which costs about 20 us a step); for a model on DDP's C++ path, DDP's own runtime statistics.
 SAMPLE_EVERY = 10
+_wall = time.time  # a module global: one lookup in every step
 #: DDP samples its runtime statistics (the gradient-sync time, for the straggler check) one iteration in this many
 #: (its default), and the watch reads the statistic as often: the job pays nothing for the sampling ...
 DDP_SAMPLE_RATE = 100
@@ -134,6 +135,11 @@ class Recorder:
         self._open: dict[int, list[Any]] = {}
         self._recent: deque[tuple[int, tuple[str, int | None, str]]] = deque(maxlen=RECENT)
         self.steps = 0
+        self.step_at = 0.0
+        """When step ``steps`` began (epoch seconds; ``watch.steplines`` writes the goodput lines from it)."""
+        self.first_step_at = 0.0
+        self.sync_total = 0.0  # the sampled gradient-sync times, summed, and how many (``watch.steplines``)
+        self.sync_samples = 0
         self._step_start: float | None = None
         self.step_times: deque[float] = deque(maxlen=WINDOW)
         self.sync_times: deque[float] = deque(maxlen=WINDOW)
@@ -370,6 +376,7 @@ class Recorder:
                     else:
                         self.fail(call, error)
         n = self.steps + 1
+        self.step_at = _wall()
         self.steps = n
         if n % SAMPLE_EVERY <= 1:
             self._sample(n)
@@ -380,6 +387,8 @@ class Recorder:
         buckets' times in flight, timed while ``sampling``); for a model on DDP's C++ path (or ddpkit's own hook),
         DDP's own statistic (``_sampled_sync``)."""
         now = time.monotonic()
+        if n == 1:
+            self.first_step_at = self.step_at
         if n % SAMPLE_EVERY == 1:
             start, self._step_start = self._step_start, None
             took = now - start if start is not None else 0.0
@@ -390,6 +399,8 @@ class Recorder:
                 sampled, self._intervals = _union(self._intervals), []
             if sampled is not None:
                 self.sync_times.append(sampled)
+                self.sync_total += sampled
+                self.sync_samples += 1
             self.sampling = False
         else:
             self._step_start = now

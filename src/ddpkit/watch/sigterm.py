@@ -102,6 +102,9 @@ def _terminate() -> None:
 
 
 def _report(monitor: Monitor) -> None:
+    lines = monitor.steplines
+    if lines is not None:  # the steps this rank ended are the run's goodput (a file of its own: quick)
+        lines.beat(final=True)
     try:
         monitor.failures.on_terminate()
     except Exception as exc:  # the store may be gone with the launcher: the rank ends all the same
