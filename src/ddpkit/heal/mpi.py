@@ -143,7 +143,7 @@ def supervise(spec: JobSpec, *, run_dir: Path | None = None) -> int:
         ledger.append(AttemptStarted(attempt=attempt, time=time.time(), hosts=hosts,
                                      ranks=len(hosts) * shape.nproc_per_node, logs=str(logs)))
         say(f"ddpkit heal: attempt {of_session} of {policy.max_attempts} on {', '.join(hosts)}")
-        run = _run(render(one), logs / "mpirun.log", hosts, shape.nproc_per_node)
+        run = _run(render(one, step=False), logs / "mpirun.log", hosts, shape.nproc_per_node)
         found = classify(evidence_of(run)) if run.exit_code else None
         progress = _progress(spec)
         decision = decide(policy, ledger.ended(), Outcome(attempt=attempt, of_session=of_session,
@@ -185,8 +185,13 @@ def _retry_line(of_session: int, policy: HealPolicy, found: Classification, pool
 
 
 def _run(script: str, log: Path, hosts: tuple[str, ...], nproc: int) -> MpiAttempt:
-    """``bash`` the attempt's script; every line echoed as it comes and kept in ``log``. SIGTERM/SIGINT to the
-    supervisor go to mpirun (which ends its ranks), and the attempt ends as mpirun ends."""
+    """``bash`` the attempt's script; every line kept in ``log`` as it comes, and shown through ``ddpkit step``'s
+    screen (without Open MPI's tags and boxes, torch's C++ frames, and, once a rank failed, the peers' tracebacks:
+    the supervisor's lines say the failure, and a failed attempt names ``log``). SIGTERM/SIGINT to the supervisor go
+    to mpirun (which ends its ranks), and the attempt ends as mpirun ends."""
+    from ddpkit.launch.stepscreen import StepScreen
+
+    screen = StepScreen(sys.stdout, sys.stdout, agents=False, ranks_per_task=1, launcher="mpirun")
     with tempfile.NamedTemporaryFile("w", suffix=".sh", prefix="ddpkit-heal-mpi-", delete=False) as f:
         f.write(script)
     lines: list[str] = []
@@ -198,16 +203,21 @@ def _run(script: str, log: Path, hosts: tuple[str, ...], nproc: int) -> MpiAttem
             try:
                 assert proc.stdout is not None
                 for line in proc.stdout:
-                    sys.stdout.write(line)
-                    sys.stdout.flush()
                     out.write(line)
+                    out.flush()
                     lines.append(line.rstrip("\n"))
+                    screen.take(lines[-1], to_stderr=True)
+                    screen.tick()
                 code = proc.wait()
             finally:
                 for s, old in forward.items():
                     signal.signal(s, old)
     finally:
         os.unlink(f.name)
+    if code == 0:
+        screen.release()
+    else:
+        say(f"ddpkit heal: every line of the attempt's ranks and mpirun, in full: {log}")
     return MpiAttempt(exit_code=code, hosts=hosts, nproc=nproc, lines=lines)
 
 

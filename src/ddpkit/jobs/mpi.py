@@ -30,7 +30,9 @@ def master_address(spec: JobSpec) -> str:
     return "127.0.0.1" if spec.shape.max_nodes == 1 else "$(hostname)"
 
 
-def render(spec: JobSpec) -> str:
+def render(spec: JobSpec, *, step: bool = True) -> str:
+    """The job's script. ``step``: Open MPI's mpirun under ``ddpkit step`` (its screen and digest); the heal
+    supervisor's attempts (``heal.mpi``) read mpirun's tagged lines themselves and show them through the same screen."""
     if spec.heal:
         return _render_heal(spec)
     s = spec.shape
@@ -57,8 +59,10 @@ def render(spec: JobSpec) -> str:
             argv.append("--allow-run-as-root")
         for var in ("MASTER_ADDR", "MASTER_PORT", "PATH", *(k for k, _ in spec.env)):
             argv += ["-x", var]
-        argv = [*step_argv(spec), *argv, "--tag-output"]  # the ranks' lines tagged with their rank: digested
-        lines.append(STEP_NOTE)
+        argv.append("--tag-output")  # each rank's lines tagged with its rank: digested
+        if step:
+            argv = [*step_argv(spec), *argv]
+            lines.append(STEP_NOTE)
     else:
         argv = ["mpiexec.mpich", "-n", str(total), "-ppn", str(s.nproc_per_node)]
         if spec.hosts:
