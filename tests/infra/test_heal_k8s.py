@@ -26,7 +26,10 @@ from tests.infra.k8s_operator import Manifest, Operator, Unschedulable, load
 pytestmark = [pytest.mark.infra, pytest.mark.multiproc]
 NODES = ["node-a", "node-b", "node-c"]
 JOB_TIMEOUT = 240
-TRAIN = ("train", "--samples", "8192", "--epochs", "4", "--seed", "7", "--json", "/snapshots/summary.json")
+#: 20 epochs of about 0.2 s: the pod is killed at the first snapshot, found by polling every 0.5 s, while training
+#: (with 4, a loaded machine saw training end first, and the master's torchrun wait 300 s in its exit barrier)
+EPOCHS = 20
+TRAIN = ("train", "--samples", "8192", "--epochs", str(EPOCHS), "--seed", "7", "--json", "/snapshots/summary.json")
 
 
 def _render(run_id: str, *extra: str) -> list[Manifest]:
@@ -87,5 +90,5 @@ def test_the_next_attempt_keeps_off_the_node_of_a_host_fault(make_hosts: Callabl
     decision, out = record_attempt(Ledger(run_dir), _ends(second), started=started, policy=policy)
     assert decision.exit_code == 0 and out == ("node-b",), decision
     summary = json.loads((pvc / "summary.json").read_text())
-    assert summary["resumed_from"] and sorted(int(e) for e in summary["loss_history"]) == list(range(4)), summary
+    assert summary["resumed_from"] and sorted(int(e) for e in summary["loss_history"]) == list(range(EPOCHS)), summary
     assert hosts.leftover() == {}
