@@ -136,7 +136,9 @@ def test_trainjob_check(operator: Callable[..., Operator]) -> None:
 
 def _wrong_command(job: Manifest) -> str:
     container = job["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]
-    container["command"] = [a.replace("ddpkit", "ddpkit_typo") for a in container["command"]]
+    agent = container["command"].index("torchrun")  # the module torchrun runs, not ddpkit step before it
+    container["command"] = [a.replace("ddpkit", "ddpkit_typo") if i > agent else a
+                            for i, a in enumerate(container["command"])]
     return "No module named ddpkit_typo"
 
 
@@ -213,7 +215,8 @@ def test_pytorchjob_runs_a_users_script_unchanged(operator: Callable[..., Operat
     objects = render("-j", "2x2", "--run-id", new_run_id(), "--", str(script))
     commands = [c["command"] for obj in objects for spec in obj.get("spec", {}).get("pytorchReplicaSpecs", {}).values()
                 for c in spec["template"]["spec"]["containers"]]
-    assert commands and all(c[:5] == ["torchrun", "-m", "ddpkit", "run", "--"] for c in commands), commands
+    assert commands and all(c[:9] == ["ddpkit", "step", "--show-all", "--", "torchrun", "-m", "ddpkit", "run", "--"]
+                            for c in commands), commands
     op = _finish(operator(objects))
     assert all(p.succeeded for p in op.job), op.logs()
     _ranks_agree(op, 4)
@@ -233,10 +236,31 @@ def test_elastic_pods_whose_command_is_ddpkit_run(operator: Callable[..., Operat
     for obj in objects:
         for spec in obj.get("spec", {}).get("pytorchReplicaSpecs", {}).values():
             for container in spec["template"]["spec"]["containers"]:
-                assert container["command"][0] == "torchrun", container["command"]
+                assert container["command"][4] == "torchrun", container["command"]
                 container["command"] = [sys.executable, "-m", "ddpkit", "run", "--", str(script)]
                 replaced += 1
     assert replaced
     op = _finish(operator(objects))
     assert all(p.succeeded for p in op.job), op.logs()
     _ranks_agree(op, 4)
+
+
+def test_a_failed_pods_log_keeps_every_line_and_ends_with_its_digest(operator: Callable[..., Operator],
+                                                                     tmp_path: Path) -> None:
+    """Rank 1 raises at its fourth all-reduce: each pod runs torchrun under ``ddpkit step --show-all``, so its log
+    (the only full log a pod has) keeps every line, torch's ChildFailedError box included, and ends with the digest:
+    the worker's names rank 1 and its exception first."""
+    from tests.infra.test_jobs_local import RAISES_ON_RANK_1
+
+    script = tmp_path / "raises.py"
+    script.write_text(RAISES_ON_RANK_1)
+    op = _finish(operator(render("-j", "2x1", "--run-id", new_run_id(), "--", str(script)), max_restarts=0))
+    worker = next(p for p in op.job if "worker" in p.spec.name)
+    log = worker.log()
+    assert worker.exit_codes[-1] == 1, op.logs()
+    tail = log[log.index("ddpkit: the job failed (torchrun exit code 1): "):].splitlines()
+    assert re.fullmatch(r"ddpkit: the job failed \(torchrun exit code 1\): rank 1 on host \S+ failed first with "
+                        r"exit code 1", tail[0]), op.logs()
+    assert "    KeyError: 'batch'" in tail[:5] and tail[-1].endswith(": the lines above"), op.logs()
+    before = log[:log.index(tail[0])]
+    assert "ChildFailedError" in before and "Traceback (most recent call last):" in before, op.logs()

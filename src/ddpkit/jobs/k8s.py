@@ -62,11 +62,13 @@ def _env(spec: JobSpec) -> list[Manifest]:
 
 
 def _command(spec: JobSpec) -> list[str]:
-    """torchrun reads its shape and rendezvous from the operator's PET_* variables; train snapshots on the PVC."""
+    """torchrun reads its shape and rendezvous from the operator's PET_* variables; train snapshots on the PVC.
+    It runs under ``ddpkit step --show-all``: the pod's log keeps every line (it is the only full log a pod has)
+    and a failed pod's log ends with the digest, cause first."""
     entry = torchrun_entry(spec)
     if spec.command_name == "train" and "--snapshot-path" not in entry:
         entry += ["--snapshot-path", SNAPSHOT_DIR + "/"]  # a trailing slash: train keeps its snapshots in the dir
-    return ["torchrun", *entry]
+    return ["ddpkit", "step", "--show-all", "--", "torchrun", *entry]
 
 
 def _plain(spec: JobSpec) -> bool:

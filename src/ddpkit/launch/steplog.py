@@ -58,6 +58,9 @@ def full_log_path(job_id: str | None = None) -> str:
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--log", metavar="PATH", help="the full output's file (default: beside the job's output, "
                                                  "NAME_ID.full.log)")
+    p.add_argument("--show-all", action="store_true",
+                   help="show every line as it comes, no full log (where the output is kept whole already, a "
+                        "Kubernetes pod's log): a failed run still ends with the digest")
     p.add_argument("argv", nargs=argparse.REMAINDER, help="-- srun --label ... or -- torchrun ... (the step to run)")
 
 
@@ -68,7 +71,8 @@ def run(args: argparse.Namespace) -> int:
     if not argv:
         raise ConfigError("no step to run", "ddpkit step [--log PATH] -- srun --label ARGS... (or -- torchrun ...)",
                           "give the launcher's command after --")
-    log = args.log or full_log_path()
+    log = os.devnull if args.show_all else args.log or full_log_path()
+    named = "the lines above" if args.show_all else log  # where the digest says the full output is
     agents = any(word.endswith(("torchrun", "torch.distributed.run")) for word in argv)
     name = os.path.basename(argv[0])
     launcher = "srun" if name == "srun" else "torchrun" if agents else \
@@ -87,7 +91,7 @@ def run(args: argparse.Namespace) -> int:
                           "check the job script") from None
     forward.append(proc)
     per_node = next((w.split("=", 1)[1] for w in argv if w.startswith("--nproc-per-node=")), "")
-    screen = StepScreen(sys.stdout, sys.stderr, agents=agents, launcher=launcher,
+    screen = StepScreen(sys.stdout, sys.stderr, agents=agents, launcher=launcher, show_all=args.show_all,
                         ranks_per_task=int(per_node) if agents and per_node.isdigit() else None if agents else 1)
     lines: queue.Queue[tuple[bool, bytes | None]] = queue.Queue()
     readers = [threading.Thread(target=_read, args=(stream, to_stderr, lines), daemon=True)
@@ -122,10 +126,10 @@ def run(args: argparse.Namespace) -> int:
     if passed and not screen.failing:  # ended from outside: that is the cause (the agent's traceback: in the log)
         names = ", ".join(dict.fromkeys(signal.Signals(n).name for n in passed))
         sys.stderr.write(f"ddpkit: {launcher} was ended by {names} from outside (passed on by ddpkit step; exit code "
-                         f"{code}); its full output: {log}\n")
+                         f"{code}); its full output: {named}\n")
         sys.stderr.flush()
         return code if code > 0 else 128 - code
-    for text in screen.digest(code, log):
+    for text in screen.digest(code, named):
         sys.stderr.write(text + "\n")
     sys.stderr.flush()
     return code if code > 0 else 128 - code

@@ -90,13 +90,15 @@ class StepScreen:
     a digest needs. Pure apart from the streams it writes to."""
 
     def __init__(self, out: TextIO, err: TextIO, *, agents: bool | None = None, ranks_per_task: int | None = None,
-                 release_s: float = RELEASE_S, launcher: str = "srun") -> None:
+                 release_s: float = RELEASE_S, launcher: str = "srun", show_all: bool = False) -> None:
         """``agents``: whether each task is a torchrun agent (True) or a rank (False); None: from their lines.
         ``ranks_per_task``: torchrun's --nproc-per-node (None: from the ranks' lines). ``launcher``: the program
         whose lines come in: ``srun`` (labelled by ``--label``, one task per line's label) or another (a rendered
-        torchrun job: one unlabelled stream, the agent's)."""
+        torchrun job: one unlabelled stream, the agent's). ``show_all``: every line shown as it came (where the
+        output is the only full log, a Kubernetes pod's): the screen only reads them, for the digest."""
         self._out, self._err = out, err
         self._launcher = launcher
+        self._show_all = show_all
         self._agents_run = agents
         self._ranks_per_task = ranks_per_task
         self.cancelled: str | None = None
@@ -124,6 +126,11 @@ class StepScreen:
         number, text = (int(found[1]), found[2]) if found else (-1, line)
         task = self.tasks.setdefault(number, _Task())
         self._learn(number, task, text, to_stderr)
+        if self._show_all:
+            if to_stderr:
+                task.stderr.append(text)
+            self._show(self._err if to_stderr else self._out, line)
+            return
         if is_noise(text) or text.strip() == "<omitting python frames>":
             return
         if number < 0 and self._launcher == "mpirun" and re.fullmatch(r"-{20,}", text.strip()):
