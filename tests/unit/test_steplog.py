@@ -5,6 +5,7 @@ node2 raises, rank 0 on node1 fails after it, each node's torchrun agent prints 
 from __future__ import annotations
 
 import io
+import socket
 
 from ddpkit.launch.stepscreen import StepScreen
 
@@ -222,8 +223,6 @@ Root Cause (first observed failure):
 def test_a_rendered_torchrun_jobs_one_stream_is_read_without_srun_labels() -> None:
     """``ddpkit step -- torchrun ...`` (a rendered torchrun job): no line is a task's label, the box's "localhost"
     is this host, and the digest names the launcher."""
-    import socket
-
     err = io.StringIO()
     screen = StepScreen(io.StringIO(), err, agents=True, ranks_per_task=2, launcher="torchrun")
     for line in TORCHRUN_STDERR.replace("\\\n", "").splitlines():
@@ -286,3 +285,16 @@ def test_an_open_mpi_process_ended_by_a_signal_is_named_with_its_node() -> None:
         screen.take(line, to_stderr=True)
     assert screen.digest(137, "LOG")[0] == ("ddpkit: the job failed (mpirun exit code 137): rank 1 on host vm was "
                                             "killed by SIGKILL")
+
+
+def test_show_all_shows_every_line_as_it_came_and_still_digests() -> None:
+    """``ddpkit step --show-all`` (a Kubernetes pod, whose log is its only full log): nothing held or left out, the
+    digest at the end the same."""
+    err = io.StringIO()
+    screen = StepScreen(io.StringIO(), err, agents=True, ranks_per_task=2, launcher="torchrun", show_all=True)
+    lines = TORCHRUN_STDERR.replace("\\\n", "").splitlines()
+    for line in lines:
+        screen.take(line, to_stderr=True)
+    assert err.getvalue().splitlines() == lines
+    host = socket.gethostname().split(".", 1)[0]
+    assert screen.digest(1, "the lines above")[0].endswith(f"rank 1 on host {host} failed first with exit code 1")
