@@ -170,7 +170,8 @@ def test_pod_environments_are_the_operators() -> None:
         "MASTER_ADDR": "ddpkit-check-master-0", "PET_MASTER_ADDR": "ddpkit-check-master-0", "MASTER_PORT": "23456",
         "WORLD_SIZE": "4", "RANK": "1", "PET_NODE_RANK": "1", "PET_NNODES": "2", "PET_NPROC_PER_NODE": "2"}
     assert master.env["RANK"] == "0" and master.env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] == "1"
-    assert master.command == ("torchrun", "-m", "ddpkit", "check") and master.restart_policy == "OnFailure"
+    assert master.command == ("ddpkit", "step", "--show-all", "--", "torchrun", "-m", "ddpkit", "check") and \
+        master.restart_policy == "OnFailure"
     objects = render("-j", "1:2x2", "--k8s-rdzv", "etcd", "--run-id", "r9", "--", "train")
     (etcd,), pods = etcd_pods(objects), job_pods(objects)
     assert etcd.aliases == ("ddpkit-train-etcd",) and etcd.ready_port == 2379
