@@ -298,3 +298,31 @@ def test_show_all_shows_every_line_as_it_came_and_still_digests() -> None:
     assert err.getvalue().splitlines() == lines
     host = socket.gethostname().split(".", 1)[0]
     assert screen.digest(1, "the lines above")[0].endswith(f"rank 1 on host {host} failed first with exit code 1")
+
+
+MPICH_LINES = """\
+[0] [vm:0] WARNING OMP_NUM_THREADS set to 1 (2 cores available / 2 ranks on this node)
+[1] Traceback (most recent call last):
+[1]   File "/tmp/t/raise.py", line 8, in <module>
+[1]     raise KeyError("batch")
+[1] KeyError: 'batch'
+[0] ddpkit watch: rank 0 on host vm: all_reduce #5 (called at raise.py:6 (<module>)) failed: Connection closed by peer
+[0]   rank 1 on host vm (pid 20899) is gone (its process no longer runs)
+[0] Traceback (most recent call last):
+[0]   File "/tmp/t/raise.py", line 6, in <module>
+[0]     dist.all_reduce(t)
+[0] RuntimeError: [../gloo/transport/tcp/pair.cc:553] Connection closed by peer [127.0.0.1]:33471
+"""
+
+
+def test_an_mpich_job_names_the_rank_whose_own_exception_came_first() -> None:
+    """``ddpkit step -- mpiexec.mpich -prepend-rank ...``: mpiexec names no failed rank, so the rank whose own
+    traceback (not a peer's failure) began first is named, as having raised first, with the launcher's code."""
+    screen = StepScreen(io.StringIO(), io.StringIO(), agents=False, ranks_per_task=1, launcher="mpich")
+    for line in MPICH_LINES.splitlines():
+        screen.take(line, to_stderr=True)
+    lines = screen.digest(1, "LOG")
+    assert lines[:4] == ["ddpkit: the job failed (mpiexec exit code 1): rank 1 raised first",
+                         '    File "/tmp/t/raise.py", line 8, in <module>', '      raise KeyError("batch")',
+                         "    KeyError: 'batch'"], lines
+    assert lines[4].startswith("  rank 0 (vm): RuntimeError: "), lines

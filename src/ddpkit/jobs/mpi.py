@@ -60,15 +60,15 @@ def render(spec: JobSpec, *, step: bool = True) -> str:
         for var in ("MASTER_ADDR", "MASTER_PORT", "PATH", *(k for k, _ in spec.env)):
             argv += ["-x", var]
         argv.append("--tag-output")  # each rank's lines tagged with its rank: digested
-        if step:
-            argv = [*step_argv(spec), *argv]
-            lines.append(STEP_NOTE)
     else:
         argv = ["mpiexec.mpich", "-n", str(total), "-ppn", str(s.nproc_per_node)]
         if spec.hosts:
             argv += ["-hosts", ",".join(spec.kept_hosts)]
         argv += ["-genv", "MASTER_ADDR", Raw('"$MASTER_ADDR"'), "-genv", "MASTER_PORT", Raw('"$MASTER_PORT"'),
                  "-prepend-rank"]
+    if step:
+        argv = [*step_argv(spec), *argv]
+        lines.append(STEP_NOTE)
     lines += [wrap([*argv, *python_argv(spec)]), ""]
     return "\n".join(lines)
 

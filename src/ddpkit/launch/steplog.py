@@ -76,7 +76,8 @@ def run(args: argparse.Namespace) -> int:
     agents = any(word.endswith(("torchrun", "torch.distributed.run")) for word in argv)
     name = os.path.basename(argv[0])
     launcher = "srun" if name == "srun" else "torchrun" if agents else \
-        "mpirun" if name in ("mpirun", "mpiexec") and "--tag-output" in argv else name
+        "mpirun" if name in ("mpirun", "mpiexec") and "--tag-output" in argv else \
+        "mpich" if name.startswith("mpiexec") and "-prepend-rank" in argv else name
     forward: list[subprocess.Popen[bytes]] = []
     passed: list[int] = []  # the signals passed on to the launcher
     for sig in (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2, signal.SIGHUP) + \

@@ -18,9 +18,10 @@ from typing import TextIO
 
 from ddpkit.base.errors import EXIT_MISSING, EXIT_PREEMPTED, EXIT_PREEMPTED_UNSAVED
 from ddpkit.launch.digest import CHAINED as _CHAINED
-from ddpkit.launch.digest import TRACEBACK, WATCH, RankEnd, cause, is_noise, rank_list, said, short
+from ddpkit.launch.digest import TRACEBACK, WATCH, RankEnd, cause, is_noise, last_traceback, rank_list, said, short
 from ddpkit.launch.failure import failure_order
 from ddpkit.launch.kernlog import oom_line_for
+from ddpkit.process.exiting import PEER_GONE
 
 __all__ = ["RELEASE_S", "Failure", "StepScreen"]
 
@@ -47,6 +48,8 @@ _MPI_FIRST = re.compile(r"^\s*Process name: \[\[\d+,\d+\],(\d+)\]")
 _MPI_EXIT = re.compile(r"^\s*Exit code:\s+(-?\d+)")
 _MPI_SIGNAL = re.compile(r"mpirun noticed that process rank (\d+) with PID \d+ on node (\S+) exited on signal (\d+)")
 _MPI_FAILED = ("Primary job  terminated normally", "mpirun detected that one or more processes")
+#: MPICH's -prepend-rank: "[3] text"; its exit says no rank, so the rank whose own traceback came first is named
+_MPICH_TAG = re.compile(r"^\[(\d+)\] ?(.*)$")
 _PREFIX = re.compile(r"^\[([^\]:\s]+):(\d+)\] ")
 _RANK_ON_HOST = re.compile(r"\brank (\d+) on (?:host )?([\w.\-]+)")
 _BOX_FIELD = re.compile(r"^\s*(time|host|rank|exitcode|error_file|traceback)\s*: ?(.*)$")
@@ -71,6 +74,9 @@ class Failure:
     """The order its line arrived in: srun reports a task's end as it happens."""
     traceback: str = ""
     """The rank's own traceback, where it wrote torch's error file (``ddpkit run`` does): the box shows it."""
+    raised: bool = False
+    """Known only by its own traceback, the first of any rank's that no peer caused (MPICH says no rank's exit):
+    ``exitcode`` is then the launcher's."""
 
 
 @dataclass
@@ -83,6 +89,8 @@ class _Task:
     quiet_block: bool = False
     box: dict[str, str] | None = None
     box_traceback: list[str] | None = None
+    traceback_seq: int = 0
+    """When its first Python traceback began (``StepScreen._seq``; 0: none)."""
 
 
 class StepScreen:
@@ -116,15 +124,18 @@ class StepScreen:
         self._started = time.monotonic()
         self._seq = 0
         self._mpi_first: int | None = None
+        self._code = 0  # the launcher's exit code, once ``digest`` has it
 
     # -- lines in --------------------------------------------------------------------------------------------
     def take(self, line: str, *, to_stderr: bool, now: float | None = None) -> None:
         """One whole line srun wrote (labelled ``T: ...`` with ``--label``; unlabelled lines are srun's own)."""
         self._seq += 1
-        label = {"srun": _LABEL, "mpirun": _OMPI_TAG}.get(self._launcher)
+        label = {"srun": _LABEL, "mpirun": _OMPI_TAG, "mpich": _MPICH_TAG}.get(self._launcher)
         found = label.match(line) if label is not None else None
         number, text = (int(found[1]), found[2]) if found else (-1, line)
         task = self.tasks.setdefault(number, _Task())
+        if number >= 0 and not task.traceback_seq and text.strip() == TRACEBACK:
+            task.traceback_seq = self._seq
         self._learn(number, task, text, to_stderr)
         if self._show_all:
             if to_stderr:
@@ -299,6 +310,7 @@ class StepScreen:
         A step Slurm cancelled where no rank failed on its own (a requeue, scancel) is said in one line."""
         for task in self.tasks.values():  # a box the step's end cut short
             self._box_done(task)
+        self._code = code
         ranks = self._rank_hosts()
         first = self._first_failure()
         own = first is not None and first.exitcode not in (-signal.SIGTERM, *PREEMPTED)
@@ -306,13 +318,14 @@ class StepScreen:
             return [f"ddpkit: Slurm ended the step (srun exit code {code}): {self.cancelled}; its full output: {log}"]
         report = _first_report([text for _, text in self.watch])
         what = "job step" if self._launcher == "srun" else "job"
-        head = f"ddpkit: the {what} failed ({self._launcher} exit code {code})"
+        program = "mpiexec" if self._launcher == "mpich" else self._launcher
+        head = f"ddpkit: the {what} failed ({program} exit code {code})"
         lines: list[str] = []
         culprit = None
         if first is not None and first.rank is not None:
             where = f" on host {first.host}" if first.host else ""
             how = (f"was killed by {_signal_name(first.exitcode)}" if first.exitcode < 0
-                   else f"failed first with exit code {first.exitcode}")
+                   else "raised first" if first.raised else f"failed first with exit code {first.exitcode}")
             error = self._usage_error(first.rank)
             if error:  # shown once above, as every rank printed it
                 lines.append(f"{head}: rank {first.rank}{where} {how}: {error}")
@@ -377,10 +390,25 @@ class StepScreen:
             failed = [Failure(rank=n, host=t.host, exitcode=t.exitcode, seq=t.ended_seq)
                       for n, t in self.tasks.items()
                       if n >= 0 and t.exitcode and (not t.ranks or set(t.ranks) == {n})]
+        if not failed and self._launcher == "mpich":
+            return self._first_raised()
         if not failed or any(f.exitcode == EXIT_MISSING for f in [*failed, *self.failures]):
             return None
         return min(failed, key=lambda f: (failure_order(f.rank or 0, f.exitcode, 0.0)[0], f.timestamp, f.seq,
                                           f.rank or 0))
+
+    def _first_raised(self) -> Failure | None:
+        """The rank whose own traceback (its exception not a peer's failure) began first: MPICH's mpiexec names no
+        rank that failed, and a rank's exception is printed as it leaves."""
+        own = []
+        for number, task in self.tasks.items():
+            found = last_traceback(self._rank_stderr(number)) if number >= 0 and task.traceback_seq else None
+            if found and found[1] and not any(words in " ".join(found[1]) for words in PEER_GONE):
+                own.append((task.traceback_seq, number))
+        if not own:
+            return None
+        _, rank = min(own)
+        return Failure(rank=rank, host=self._rank_hosts().get(rank), exitcode=self._code, raised=True)
 
     @staticmethod
     def _watch_culprit(report: Sequence[str]) -> str | None:

@@ -12,6 +12,8 @@ source '/v w/bin/activate'
 MASTER_ADDR=127.0.0.1
 MASTER_PORT=29500
 export MASTER_ADDR MASTER_PORT
-mpiexec.mpich -n 2 -ppn 2 -genv MASTER_ADDR "$MASTER_ADDR" \
+# ddpkit step: the launcher's whole output goes to a .full.log file; a failed run ends with one screen, cause first.
+python -m ddpkit step -- mpiexec.mpich -n 2 \
+  -ppn 2 -genv MASTER_ADDR "$MASTER_ADDR" \
   -genv MASTER_PORT "$MASTER_PORT" -prepend-rank python \
   -m ddpkit check
