@@ -69,3 +69,11 @@ def test_a_failed_script_and_another_rank_write_no_finished_line(tmp_path: Path)
     assert [type(r) for r in zero] == [RankStarted, Steps, Steps, Steps, Steps]
     assert [(r.first, r.last, r.rank) for r in one if isinstance(r, Steps)] == [(1, 1, 1), (2, 2, 1), (3, 3, 1),
                                                                                  (4, 4, 1)]
+
+
+def test_a_script_without_steps_writes_nothing(tmp_path: Path) -> None:
+    """No DDP forward seen (a script without a DDP model): no line at all, so its attempt reads as unmeasured."""
+    lines = StepLines(tmp_path, FakeRecorder(0))  # type: ignore[arg-type]
+    lines.beat()
+    lines.end(0)
+    assert read_goodput(tmp_path) == []

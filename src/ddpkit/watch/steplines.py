@@ -13,7 +13,9 @@ statistic, as the watch samples it (``Recorder._sample``), scaled to the window'
 (``goodput.straggler``) is seen under DDP's C++ all-reduce too; None where no sample fell in the window.
 
 A line at most every ``every_s`` (1 s), each one appended whole and fsynced: a job killed at any moment keeps what
-was written. Rank 0 writes ``RankStarted`` when the group exists and ``Finished`` when the script returned 0.
+was written. Rank 0 writes ``RankStarted`` (the time the group began) with its first step, and ``Finished`` when the
+script returned 0; a script whose steps the watch does not see (no DDP model) writes nothing: its attempt is
+``unmeasured``, not one long start-up.
 """
 
 from __future__ import annotations
@@ -49,10 +51,11 @@ class StepLines:
         self.first = 0  # the first step not yet written (0: none seen)
         self.at = 0.0  # when it began
         self.sync = (0.0, 0)  # the recorder's sampled sync total and count at ``at``
-        if recorder.rank == 0:
-            started = context.started_at if context.restart_count == 0 else process_started_at()
-            self.log.write(RankStarted(attempt=self.log.attempt, time=time.time(), process=started, pid=os.getpid(),
-                                       host=recorder.host, world_size=recorder.world_size))
+        # rank 0's start (the group exists now), written with the first step: a script whose steps the watch never
+        # sees (no DDP model) leaves no line, and its attempt stays "unmeasured", not one long start-up
+        self.started = RankStarted(attempt=self.log.attempt, time=time.time(), pid=os.getpid(), host=recorder.host,
+                                   process=context.started_at if context.restart_count == 0 else process_started_at(),
+                                   world_size=recorder.world_size)
 
     def beat(self, *, final: bool = False) -> None:
         """Write the steps that ended since the last line (at most one line every ``every_s``, unless ``final``).
@@ -73,6 +76,8 @@ class StepLines:
             return
         if self.first == 0:
             self.first, self.at, self.sync = 1, rec.first_step_at, (rec.sync_total, rec.sync_samples)
+            if rec.rank == 0:
+                self.log.write(self.started)
         if n <= self.first or (not final and began - self.at < self.every_s):
             return
         count = n - self.first
@@ -90,7 +95,7 @@ class StepLines:
         (a failed attempt's end is the supervisor's or the accounting's: its tail is the failure)."""
         self.beat(final=True)
         with self._lock:
-            if code == 0 and self.rec.rank == 0 and not self.log.closed:
+            if code == 0 and self.rec.rank == 0 and self.first and not self.log.closed:
                 with contextlib.suppress(OSError):
                     self.log.write(Finished(attempt=self.log.attempt, time=time.time(),
                                             step=max(0, self.first - 1), outcome="completed"))
