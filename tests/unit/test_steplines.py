@@ -77,3 +77,18 @@ def test_a_script_without_steps_writes_nothing(tmp_path: Path) -> None:
     lines.beat()
     lines.end(0)
     assert read_goodput(tmp_path) == []
+
+
+def test_a_beat_between_counting_step_1_and_stamping_it_waits(tmp_path: Path) -> None:
+    """The watch's thread may read the step count after the main thread counted step 1 but before it stamped its
+    start: no line then (a window from the epoch's 0 would be 55 years long), the next beat writes it."""
+    rec = FakeRecorder(0)
+    lines = StepLines(tmp_path, rec)  # type: ignore[arg-type]
+    rec.steps, rec.step_at = 1, 50.0  # counted, first_step_at not yet set
+    lines.beat(final=True)
+    assert read_goodput(tmp_path) == []
+    rec.first_step_at = 50.0
+    rec.forward(51.0)
+    lines.end(0)
+    steps = [r for r in read_goodput(tmp_path) if isinstance(r, Steps)]
+    assert [(s.start, s.end, s.first, s.last) for s in steps] == [(50.0, 51.0, 1, 1)]

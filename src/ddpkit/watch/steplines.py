@@ -72,7 +72,7 @@ class StepLines:
     def _beat(self, final: bool) -> None:
         rec = self.rec
         n, began = rec.steps, rec.step_at  # step n is in flight since ``began``; 1..n-1 have ended
-        if n < 1:
+        if n < 1 or not rec.first_step_at:  # the main thread counted step 1 and has not stamped it yet
             return
         if self.first == 0:
             self.first, self.at, self.sync = 1, rec.first_step_at, (rec.sync_total, rec.sync_samples)
