@@ -21,8 +21,12 @@ IS_ROOT = os.geteuid() == 0
 
 def ddpkit_env(**extra: str) -> dict[str, str]:
     """A clean environment for a ddpkit subprocess: no launcher variables leaking in from the test runner."""
+    # and what a heal supervisor tells its ranks: a unit test that runs one in the test process (``supervise``) sets
+    # them there, and every later subprocess of that pytest worker inherited them (a job's goodput lines went to that
+    # test's run directory)
     drop = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT",
-            "TORCHELASTIC_RUN_ID", "OMP_NUM_THREADS", "DDPKIT_LAUNCHED", "DDPKIT_FAULTS")
+            "TORCHELASTIC_RUN_ID", "OMP_NUM_THREADS", "DDPKIT_LAUNCHED", "DDPKIT_FAULTS", "DDPKIT_RUN_DIR",
+            "DDPKIT_ATTEMPT", "DDPKIT_HEAL_SILENT_S")
     env = {k: v for k, v in os.environ.items()
            if k not in drop and not k.startswith(("SLURM_", "OMPI_", "PMI_", "PMIX_", "PET_"))}
     env["PYTHONUNBUFFERED"] = "1"

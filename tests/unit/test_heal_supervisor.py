@@ -17,6 +17,16 @@ from ddpkit.heal.supervisor import gather, supervise
 from ddpkit.launch.agent import LaunchOptions
 
 
+@pytest.fixture(autouse=True)
+def _environment_restored(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``supervise`` tells its ranks the run directory and attempt through this process's environment: restored after
+    each test, so no later subprocess of this pytest worker inherits them."""
+    for name in ("DDPKIT_RUN_DIR", "DDPKIT_ATTEMPT", "DDPKIT_HEAL_SILENT_S"):
+        monkeypatch.setenv(name, "")  # recorded as it was (unset, as a rule), so put back as it was after the test
+        monkeypatch.delenv(name)
+
+
+
 def record(msg: str, *args: object, name: str = "ddpkit.launch.failure") -> logging.LogRecord:
     return logging.LogRecord(name, logging.ERROR, __file__, 1, msg, args, None)
 
