@@ -124,7 +124,6 @@ class StepScreen:
         self._started = time.monotonic()
         self._seq = 0
         self._mpi_first: int | None = None
-        self._code = 0  # the launcher's exit code, once ``digest`` has it
 
     # -- lines in --------------------------------------------------------------------------------------------
     def take(self, line: str, *, to_stderr: bool, now: float | None = None) -> None:
@@ -310,9 +309,8 @@ class StepScreen:
         A step Slurm cancelled where no rank failed on its own (a requeue, scancel) is said in one line."""
         for task in self.tasks.values():  # a box the step's end cut short
             self._box_done(task)
-        self._code = code
         ranks = self._rank_hosts()
-        first = self._first_failure()
+        first = self._first_failure(code)
         own = first is not None and first.exitcode not in (-signal.SIGTERM, *PREEMPTED)
         if self.cancelled and not own and not self.watch:
             return [f"ddpkit: Slurm ended the step (srun exit code {code}): {self.cancelled}; its full output: {log}"]
@@ -383,7 +381,7 @@ class StepScreen:
             return self._agents_run
         return any(f.pid is not None for f in self.failures)
 
-    def _first_failure(self) -> Failure | None:
+    def _first_failure(self, code: int) -> Failure | None:
         """The rank that failed first, never one ddpkit stopped (exit 3: the watch's report says why)."""
         failed = [f for f in self.failures if f.rank is not None]
         if not failed and not self._agents():  # one task per rank: srun's lines say how each ended, in order
@@ -391,13 +389,13 @@ class StepScreen:
                       for n, t in self.tasks.items()
                       if n >= 0 and t.exitcode and (not t.ranks or set(t.ranks) == {n})]
         if not failed and self._launcher == "mpich":
-            return self._first_raised()
+            return self._first_raised(code)
         if not failed or any(f.exitcode == EXIT_MISSING for f in [*failed, *self.failures]):
             return None
         return min(failed, key=lambda f: (failure_order(f.rank or 0, f.exitcode, 0.0)[0], f.timestamp, f.seq,
                                           f.rank or 0))
 
-    def _first_raised(self) -> Failure | None:
+    def _first_raised(self, code: int) -> Failure | None:
         """The rank whose own traceback (its exception not a peer's failure) began first: MPICH's mpiexec names no
         rank that failed, and a rank's exception is printed as it leaves."""
         own = []
@@ -408,7 +406,7 @@ class StepScreen:
         if not own:
             return None
         _, rank = min(own)
-        return Failure(rank=rank, host=self._rank_hosts().get(rank), exitcode=self._code, raised=True)
+        return Failure(rank=rank, host=self._rank_hosts().get(rank), exitcode=code, raised=True)
 
     @staticmethod
     def _watch_culprit(report: Sequence[str]) -> str | None:
