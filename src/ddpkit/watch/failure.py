@@ -4,7 +4,8 @@ job that names the ranks that are gone or stopped, with their hosts, before the 
 gloo's own error names an address ("Connection reset by peer [addr]"), no rank; torchrun ends every rank 0.1 s after
 one dies, often before their collectives with it fail (``watch/sigterm.py`` calls ``on_terminate`` then). Store keys
 (under the watch's prefix): ``failed`` (the reporting rank, first writer wins), ``term/<rank>`` (a rank told to stop:
-a peer ended by the same SIGTERM is no news).
+a peer ended by the same SIGTERM is no news). Under ddpkit's agent a file in its stop directory,
+``watch-report.<restart>``, says a rank on this host reported: the store goes with rank 0, which holds it there.
 """
 
 from __future__ import annotations
@@ -133,6 +134,8 @@ class FailureReport:
         (``failed`` None) this rank is told to stop while a rank on this host is gone: name the ranks that are gone
         or stopped, from their records. Quick: the launcher may end this rank any moment."""
         m, host = self.monitor, self.monitor.rec.host
+        if not _claim_here():
+            return  # a rank on this host wrote the report (its store may be gone since: rank 0 held it)
         try:
             if m.store.compare_set("failed", "", str(m.rank)).decode() != str(m.rank):
                 return  # another rank's failure report says it (one report per job)
@@ -177,6 +180,24 @@ class FailureReport:
         hosts = {str(r): rec["host"] for r, rec in records.items() if rec}
         m.emit(lines, {"event": "collective-failed" if failed is not None else "rank-gone", "reporter": m.rank,
                        "failed": failed, "gone": gone, "hosts": hosts})
+
+
+def _claim_here() -> bool:
+    """Whether this rank is the first on its host to write a report in this attempt (ddpkit's agent's stop directory;
+    True elsewhere). The store's ``failed`` key says it for the job, but rank 0 holds the store under ddpkit's agent
+    and takes it along when the launcher ends it: a peer told to stop a moment later would find no store, and write
+    a second report from its last read."""
+    context = WorkerContext.from_environ()
+    if context.stop_dir is None:
+        return True
+    try:
+        os.close(os.open(os.path.join(context.stop_dir, f"watch-report.{context.restart_count}"),
+                         os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
+    except FileExistsError:
+        return False
+    except OSError:
+        return True  # no mark can be left: the store alone decides
+    return True
 
 
 def _told_mark(rank: int) -> str | None:
