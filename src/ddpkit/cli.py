@@ -48,6 +48,11 @@ class Command:
     torch and torch._dynamo, which DDP's constructor imports, on a loaded 2-core machine)."""
     checks_first: bool = False
     """The module's ``check_arguments(args)`` checks every input once, before any rank starts."""
+    watched: bool = False
+    """The module's ``watch_options(args)`` says how the watch runs on each rank (None: not at all); the rank's
+    lifecycle installs it and its SIGTERM report before ``run`` and hands it the exit code after."""
+    script_signals: bool = False
+    """The rank runs a user's script: the signal dispositions ``python SCRIPT`` gets, not the agent's handlers."""
 
 
 COMMANDS: tuple[Command, ...] = (
@@ -73,7 +78,7 @@ COMMANDS: tuple[Command, ...] = (
             preload=("torch.nn.parallel", "torch._dynamo", "ddpkit.runtime", "ddpkit.train.jobs",
                      "ddpkit.train.trainer", "ddpkit.watch.hooks", "ddpkit.watch.monitor")),
     Command("run", "ddpkit.run", "run your own DDP script, unchanged, under any launcher (or start -n ranks)",
-            worker=True, checks_first=True,
+            worker=True, checks_first=True, watched=True, script_signals=True,
             preload=("torch", "torch.distributed", "torch.nn.parallel", "torch._dynamo")),
 )
 _BY_NAME = {c.name: c for c in COMMANDS}

@@ -44,6 +44,10 @@ class WorkerCommand(Protocol):
     def preload(self) -> tuple[str, ...]: ...
     @property
     def checks_first(self) -> bool: ...
+    @property
+    def watched(self) -> bool: ...
+    @property
+    def script_signals(self) -> bool: ...
 
 
 def run_rank(command: WorkerCommand, module: ModuleType, args: argparse.Namespace, argv: list[str],
@@ -74,10 +78,39 @@ def run_rank(command: WorkerCommand, module: ModuleType, args: argparse.Namespac
 
         die_with_agent()  # a worker of ddpkit's own launcher: never outlive the agent
         if command.verdict:
-            code = int(module.run(args, start))
+            code = _in_rank(command, module, args, start)
             _linger()
             return verdict_exit_code(code)
-    return int(module.run(args, start))
+    return _in_rank(command, module, args, start)
+
+
+def _in_rank(command: WorkerCommand, module: ModuleType, args: argparse.Namespace, start: RankStart) -> int:
+    """The command in this rank, with what it declares: the dispositions of ``python SCRIPT``, then the watch and
+    its SIGTERM report (``watch/sigterm.py`` installs only over SIGTERM's default), which hears the exit code."""
+    if command.script_signals:
+        _script_signals()
+    options = module.watch_options(args) if command.watched else None
+    if options is None:
+        return int(module.run(args, start))
+    from ddpkit.watch import ended, install, sigterm
+
+    install(options)  # a stalled rank is named, with its host and every rank's stack
+    sigterm.install()  # the launcher ending this rank: first name a rank on this host that is gone
+    code = int(module.run(args, start))
+    ended(code)  # the last goodput lines, with --run-dir or under --heal (watch.steplines)
+    return code
+
+
+def _script_signals() -> None:
+    """The signal dispositions a script gets from ``python SCRIPT``: a rank forked from ddpkit's agent inherits the
+    agent's handlers (they forward SIGTERM to the ranks as an exception), and a rank stopped by its agent would
+    print that exception as if the script had raised it."""
+    import signal
+
+    for name in ("SIGTERM", "SIGUSR1", "SIGUSR2", "SIGHUP"):
+        if hasattr(signal, name):
+            signal.signal(getattr(signal, name), signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def launch_shape(args: argparse.Namespace) -> JobShape:

@@ -35,8 +35,9 @@ from ddpkit.process.exiting import caused_by_peer, sys_exit_code, yield_to_first
 
 if TYPE_CHECKING:
     from ddpkit.env.start import RankStart
+    from ddpkit.watch.options import WatchOptions
 
-__all__ = ["add_arguments", "check_arguments", "run", "run_target"]
+__all__ = ["add_arguments", "check_arguments", "run", "run_target", "watch_options"]
 
 log = get_logger(__name__)
 
@@ -89,8 +90,19 @@ def check_arguments(args: argparse.Namespace) -> None:
                               f"create it first (mkdir -p {events.parent}) or choose another --events")
 
 
+def watch_options(args: argparse.Namespace) -> WatchOptions | None:
+    """How the watch runs on each rank (``ddpkit.lifecycle`` installs it before ``run``): on by default, off with
+    ``--no-watch``."""
+    if args.no_watch:
+        return None
+    from ddpkit.watch.options import options_from_args
+
+    return options_from_args(args)
+
+
 def run(args: argparse.Namespace, start: RankStart) -> int:
-    """In a rank: export torch's variables for the world the launcher made, then run the script."""
+    """In a rank (the watch installed by then): export torch's variables for the world the launcher made, then run
+    the script."""
     from ddpkit.runtime import export_world, set_env
 
     words = _target(args)
@@ -100,31 +112,7 @@ def run(args: argparse.Namespace, start: RankStart) -> int:
         set_env("GROUP_RANK", str(world.node_rank))
     if not world.local_world_known:
         log.info("LOCAL_WORLD_SIZE left unset: %s gives none (torch's env:// does not need it)", world.launcher)
-    _python_signals()
-    if not args.no_watch:  # on by default: a stalled rank is named, with its host and every rank's stack
-        from ddpkit.watch import install, sigterm
-        from ddpkit.watch.options import options_from_args
-
-        install(options_from_args(args))
-        sigterm.install()  # the launcher ending this rank: first name a rank on this host that is gone
-    code = run_target(words[0], words[1:], module=args.module, error_file=start.context.error_file)
-    if not args.no_watch:  # the script's last goodput lines, with --run-dir or under --heal (watch.steplines)
-        from ddpkit.watch import ended
-
-        ended(code)
-    return code
-
-
-def _python_signals() -> None:
-    """The signal dispositions a script gets from ``python SCRIPT``: a rank forked from ddpkit's agent inherits the
-    agent's handlers (they forward SIGTERM to the ranks as an exception), and a rank stopped by its agent would
-    print that exception as if the script had raised it."""
-    import signal
-
-    for name in ("SIGTERM", "SIGUSR1", "SIGUSR2", "SIGHUP"):
-        if hasattr(signal, name):
-            signal.signal(getattr(signal, name), signal.SIG_DFL)
-    signal.signal(signal.SIGINT, signal.default_int_handler)
+    return run_target(words[0], words[1:], module=args.module, error_file=start.context.error_file)
 
 
 def _check_target(target: str, module: bool) -> None:
