@@ -11,6 +11,7 @@ import socket
 import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
 
 import pytest
@@ -99,22 +100,23 @@ def test_a_failed_rendered_torchrun_job_ends_with_its_digest(tmp_path: Path) -> 
 def test_a_signal_to_the_rendered_torchrun_job_reaches_torchrun_once(tmp_path: Path) -> None:
     """SIGTERM to ``ddpkit step`` (a scheduler ending the job; torchrun runs in a session of its own): torchrun gets
     it, ends its ranks and the job ends, by SIGTERM's convention, instead of running on."""
-    (tmp_path / "sleeps.py").write_text("import time\ntime.sleep(600)\n")
+    sleeps = f"sleeps-{uuid.uuid4().hex[:12]}.py"  # its processes found by this name alone
+    (tmp_path / sleeps).write_text("import time\ntime.sleep(600)\n")
     script = tmp_path / "job.sh"
     res = run_ddpkit("submit", "torchrun", "-j", "1x2", "--python", sys.executable, "--dry-run", "-o", str(script),
-                     "--", "sleeps.py", timeout=60)
+                     "--", sleeps, timeout=60)
     assert res.returncode == 0, res.stderr
     job = subprocess.Popen(["bash", str(script)], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                            text=True, env=ddpkit_env())
-    step = None
+    step, found = None, []
     for _ in range(600):  # the step's launcher running, its ranks started
         kids = subprocess.run(["pgrep", "-f", "-P", str(job.pid), "ddpkit step"], capture_output=True, text=True)
         step = int(kids.stdout.split()[0]) if kids.stdout.split() else None
-        found = subprocess.run(["pgrep", "-f", "-- sleeps.py"], capture_output=True, text=True).stdout.split()
+        found = subprocess.run(["pgrep", "-f", "--", f"-- {sleeps}"], capture_output=True, text=True).stdout.split()
         if step is not None and len(found) >= 4:  # the step, torchrun and its two ranks
             break
         time.sleep(0.1)
-    assert step is not None, "no ddpkit step process under the job's shell"
+    assert step is not None and len(found) >= 4, f"the job's step and ranks did not start in 60 s: {found}"
     time.sleep(2)
     os.kill(step, signal.SIGTERM)
     out, _ = job.communicate(timeout=120)
