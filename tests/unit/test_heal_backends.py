@@ -120,3 +120,19 @@ def test_elastic_torchs_failed_worker_lines_are_read_before_the_agents_filter_dr
         logger.removeFilter(failures)
         logger.removeFilter(drop_exit_tracebacks)
     assert failures.seen == [(-9, 0, 4242)]
+
+
+def test_mpi_an_attempt_keeps_its_last_lines_in_memory_and_every_line_in_its_log(tmp_path: Path) -> None:
+    """A real bash 'attempt' printing more lines than the supervisor keeps: all of them in the log, the last
+    KEPT_LINES in memory (the evidence is at the end), and the failure still read from them."""
+    from ddpkit.heal.mpi import KEPT_LINES, _run
+
+    many = KEPT_LINES + 5000
+    script = (f"for i in $(seq 1 {many}); do echo \"[1,0]<stdout>:line $i\"; done\n"
+              "echo 'mpirun noticed that process rank 1 with PID 730 on node 10.0.0.12 exited on signal 9 (Killed).'\n"
+              "exit 137\n")
+    log = tmp_path / "attempt.log"
+    run = _run(script, log, HOSTS[:2], 1)
+    assert run.exit_code == 137 and len(run.lines) == KEPT_LINES
+    assert len(log.read_text().splitlines()) == many + 1
+    assert classify(mpi_evidence(run)).culprit_hosts == (HOSTS[1],)

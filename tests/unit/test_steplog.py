@@ -326,3 +326,19 @@ def test_an_mpich_job_names_the_rank_whose_own_exception_came_first() -> None:
                          '    File "/tmp/t/raise.py", line 8, in <module>', '      raise KeyError("batch")',
                          "    KeyError: 'batch'"], lines
     assert lines[4].startswith("  rank 0 (vm): RuntimeError: "), lines
+
+
+def test_a_long_jobs_watch_lines_are_kept_bounded_and_its_first_report_still_leads_the_digest() -> None:
+    """A job that runs for days prints a watch line now and then: the screen keeps the first WATCH_KEPT for the
+    digest (which shows the first report), not every one."""
+    from ddpkit.launch.stepscreen import WATCH_KEPT
+
+    screen = StepScreen(io.StringIO(), io.StringIO())
+    screen.take("0: ddpkit watch: SLOW: rank 1 on host node2 is 3.1x the median step", to_stderr=True, now=0.0)
+    screen.take("0:   rank 1 on host node2: step 40 ms, median 13 ms", to_stderr=True, now=0.0)
+    for i in range(3 * WATCH_KEPT):
+        screen.take(f"0: ddpkit watch: SLOW: rank 1 on host node2 (report {i})", to_stderr=True, now=0.0)
+    assert len(screen.watch) == WATCH_KEPT
+    lines = screen.digest(1, "LOG")
+    assert lines[0].startswith("ddpkit: the job step failed (srun exit code 1); the watch found first: rank 1 on "
+                               "host node2: step 40 ms"), lines

@@ -30,6 +30,8 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import deque
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -59,18 +61,22 @@ __all__ = ["EXIT_NO_HOSTS", "MpiAttempt", "evidence_of", "main", "supervise"]
 #: Fewer healthy hosts are left than the job needs (``-j MIN:N``'s MIN): no attempt can run. The Slurm supervisor's
 #: code for the same end (``heal.slurm_supervisor.EXIT_NO_NODES``).
 EXIT_NO_HOSTS = 94
+#: The attempt's last lines the supervisor keeps for its evidence (the failure is said at the end: a rank's
+#: exception, the watch's report, mpirun's word on the process that died); every line is in the attempt's log.
+KEPT_LINES = 20_000
 _TAG = re.compile(r"^\[\d+,(\d+)\]<(stdout|stderr)>:(.*)$")
 _SIGNALLED = re.compile(r"process rank (\d+) with PID \d+ on node (\S+) exited on signal (\d+)")
 
 
 @dataclasses.dataclass
 class MpiAttempt:
-    """What one mpirun left: its exit code and every line, by rank where Open MPI tagged it."""
+    """What one mpirun left: its exit code and its last lines (``KEPT_LINES``), by rank where Open MPI tagged
+    them."""
 
     exit_code: int
     hosts: tuple[str, ...]
     nproc: int
-    lines: list[str]
+    lines: Sequence[str]
 
     def host_of(self, rank: int) -> str:
         index = rank // self.nproc
@@ -194,7 +200,7 @@ def _run(script: str, log: Path, hosts: tuple[str, ...], nproc: int) -> MpiAttem
     screen = StepScreen(sys.stdout, sys.stdout, agents=False, ranks_per_task=1, launcher="mpirun")
     with tempfile.NamedTemporaryFile("w", suffix=".sh", prefix="ddpkit-heal-mpi-", delete=False) as f:
         f.write(script)
-    lines: list[str] = []
+    lines: deque[str] = deque(maxlen=KEPT_LINES)  # a long job's output stays in its log, not in memory
     try:
         with open(log, "w", encoding="utf-8") as out:
             proc = subprocess.Popen(["bash", f.name], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,

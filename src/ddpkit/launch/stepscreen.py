@@ -28,6 +28,9 @@ __all__ = ["RELEASE_S", "Failure", "StepScreen"]
 RELEASE_S = 15.0
 PREEMPTED = (EXIT_PREEMPTED, EXIT_PREEMPTED_UNSAVED)
 HELD_MAX = 20_000
+#: The watch's lines kept for the digest, the first ones (the digest shows its first report; a long job's
+#: periodic reports would grow without bound).
+WATCH_KEPT = 2_000
 TAIL_LINES = 400
 _LABEL = re.compile(r"^\s*(\d+): ?(.*)$")
 #: torch's C++ log lines: "[W1126 13:20:16.502588947 socket.cpp:207] ...", on a rank "[rank1]:[W1126 ...] ..."
@@ -189,9 +192,11 @@ class StepScreen:
             task.host = task.host or prefix[1]
         if text.startswith(WATCH):
             self._watching.add(number)
-            self.watch.append((number, text))
+            if len(self.watch) < WATCH_KEPT:
+                self.watch.append((number, text))
         elif number in self._watching and (text.startswith(" ") or text.startswith("---")):
-            self.watch.append((number, text))
+            if len(self.watch) < WATCH_KEPT:
+                self.watch.append((number, text))
         else:
             self._watching.discard(number)
         torch_line = _TORCH_LOG.match(text)
