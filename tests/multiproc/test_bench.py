@@ -102,7 +102,7 @@ def test_pairs_names_a_bad_link_and_not_a_transient_stall(tmp_path: Path, measur
     busy machine's stall: the confirmations that follow clear it, and nothing is named."""
     js = tmp_path / "pairs.json"
     env = ddpkit_env(DDPKIT_FAULTS="slow:rank=1:peer=2:ms=20" + (f":measures={measures}" if measures else ""))
-    proc = run_ddpkit("bench", "-n", "3", "--pairs", "ranks", "--pairs-size", "64K", "--pairs-iters", "3",
+    proc = run_ddpkit("bench", "-n", "3", "--pairs", "ranks", "--pairs-size", "64K", "--pairs-iters", "7",
                       "--json", str(js), env=env, timeout=240)
     pairs = json.loads(js.read_text())["pairs"]
     assert pairs["slow_endpoints"] == [], proc.stdout
@@ -117,9 +117,9 @@ def test_pairs_names_a_bad_link_and_not_a_transient_stall(tmp_path: Path, measur
     else:
         assert proc.returncode == EXIT_CHECK_FAILED, proc.stdout + proc.stderr
         assert [sorted(link) for link in pairs["slow_links"]] == [link], proc.stdout
-        # measured again in every pass while it stays named between healthy endpoints (3); 2 when a busy moment
-        # slowed rank 1's other link too: rank 1 was named a slow endpoint until that link was measured again
-        assert 2 <= len(again) <= 3 and link in [sorted(p) for p in pairs["rounds"][-1]["pairs"]], proc.stdout
+        # measured again while it stays named, 3 times (bench.schedules.confirm); 2 when busy moments slowed the
+        # endpoints' other links and their passes took the last of the budget (tests/unit/test_pairs_confirm.py)
+        assert 2 <= len(again) <= 3, proc.stdout
         assert "# slow ranks: none" in proc.stdout
 
 

@@ -31,9 +31,9 @@ from ddpkit.base.log import get_logger
 from ddpkit.bench.schedules import (
     Link,
     Pair,
+    confirm,
     judge_links,
     judge_round,
-    matchings,
     named_links,
     ring_rounds,
     ring_suspects,
@@ -52,7 +52,7 @@ REFERENCES = 2  # healthy endpoints measured against the suspects in --ring mode
 # round trips a latency is the fastest of, at least: a busy CPU delays some (the pairs of a round start together)
 LATENCY_SAMPLES = 10
 CONFIRM_LATENCY_SAMPLES = 50  # a confirmation measures one or few pairs: more round trips cost little there
-CONFIRM_PASSES = 3  # re-measurements of the links a verdict rests on, at most
+CONFIRM_PASSES = 3  # re-measurements of a link a verdict rests on, at most (``schedules.confirm``)
 DEFAULT_SECONDS = 1.0  # a pair's time budget (iperf measures for a fixed time too: its -t)
 
 
@@ -315,31 +315,12 @@ def measure_pairs(*, mode: str, size: int, iters: int, threshold: float, rank: i
     else:
         plan = round_robin(n)
         links = runner.run(plan)
+    runner.round_trips = max(iters, CONFIRM_LATENCY_SAMPLES)
+    again = confirm(n, plan, links, threshold, runner.run, CONFIRM_PASSES)
     ref_bw, ref_lat, overall, slow = judge_links(n, links, threshold)
     named = named_links(plan, links, overall, threshold)
-    confirm: list[list[Pair]] = []
-    confirmed: set[Pair] = set()
-    runner.round_trips = max(iters, CONFIRM_LATENCY_SAMPLES)
-    # A link between healthy endpoints is measured again in every pass while it stays named (a stall of a busy
-    # machine seldom lasts three measurements; a bad cable does); a new verdict can name a link measured once.
-    for _ in range(CONFIRM_PASSES):
-        doubtful = [p for p in named if p[0] not in slow and p[1] not in slow]
-        for e in slow:  # an endpoint is named by all its links: measure its best one not yet measured again (one a
-            # pass: its best may be a bad cable, and a busy moment may have slowed its only other link; CI saw both)
-            again = [p for p in links if e in p and p not in confirmed and p not in doubtful]
-            if again:
-                doubtful.append(max(again, key=lambda p: links[p][0]))
-        if not doubtful:
-            break
-        passes = matchings(doubtful)  # every rank computed the same verdict from the same figures: all take part
-        for p, (bw, lat) in runner.run(passes).items():
-            links[p] = (max(bw, links[p][0]), min(lat, links[p][1]))
-        confirm += passes
-        confirmed.update(doubtful)
-        ref_bw, ref_lat, overall, slow = judge_links(n, links, threshold)
-        named = named_links(plan, links, overall, threshold)
     rounds = []
-    for k, (pairs, took) in enumerate(zip(plan + confirm, runner.seconds, strict=True)):
+    for k, (pairs, took) in enumerate(zip(plan + again, runner.seconds, strict=True)):
         median, in_round = judge_round(pairs, links, threshold)
         rounds.append({"pairs": list(pairs), "seconds": round(took, 4), "median_bw": median, "slow": in_round,
                        "confirm": k >= len(plan)})
