@@ -26,7 +26,6 @@ def _environment_restored(monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.delenv(name)
 
 
-
 def record(msg: str, *args: object, name: str = "ddpkit.launch.failure") -> logging.LogRecord:
     return logging.LogRecord(name, logging.ERROR, __file__, 1, msg, args, None)
 

@@ -19,12 +19,11 @@ endpoints and one bad one, two of three links are bad, so a plain median of link
 median does not. Within each round: a link is also compared with the median of its own round, measured at the
 same moment, so a round in which the whole (shared) machine slowed down does not name links; a link is named
 slow only when it is slow both overall and within its round (rounds of one pair: overall alone). A slow link
-between two endpoints that are not slow themselves, and the best link of every slow endpoint, are measured once
-more (``confirm`` rounds, a matching of those links) and keep their better figure: a transient stall is not a
-bad cable. A verdict changed by the confirmation can rest on other links measured once: those are confirmed in
-turn (``confirm``): a named link between healthy endpoints is measured again until it cleared or was measured
-``1 + passes`` times, a slow endpoint's links until one cleared or each was measured ``passes`` times (at most
-twice ``passes`` passes in all).
+between two endpoints that are not slow themselves, and one link of every slow endpoint, are measured again
+(``confirm`` rounds, a matching of those links) and keep their better figure: a transient stall is not a bad
+cable. A verdict changed by the confirmation can rest on other links measured once: those are confirmed in turn.
+A named link between healthy endpoints is measured until it cleared or was measured ``1 + passes`` times, a slow
+endpoint's links until one cleared or each was measured ``passes`` times (at most twice ``passes`` passes in all).
 """
 
 from __future__ import annotations

@@ -192,13 +192,10 @@ class StepScreen:
             task.host = task.host or prefix[1]
         if text.startswith(WATCH):
             self._watching.add(number)
-            if len(self.watch) < WATCH_KEPT:
-                self.watch.append((number, text))
-        elif number in self._watching and (text.startswith(" ") or text.startswith("---")):
-            if len(self.watch) < WATCH_KEPT:
-                self.watch.append((number, text))
-        else:
+        elif not text.startswith((" ", "---")):  # a report's lines end
             self._watching.discard(number)
+        if number in self._watching and len(self.watch) < WATCH_KEPT:
+            self.watch.append((number, text))
         torch_line = _TORCH_LOG.match(text)
         if torch_line:
             failed = _FAILED.search(torch_line[1])

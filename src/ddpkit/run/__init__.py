@@ -101,12 +101,11 @@ def watch_options(args: argparse.Namespace) -> WatchOptions | None:
 
 
 def run(args: argparse.Namespace, start: RankStart) -> int:
-    """In a rank (the watch installed by then): export torch's variables for the world the launcher made, then run
-    the script."""
+    """In a rank (its inputs checked and the watch installed by ``ddpkit.lifecycle``): export torch's variables for
+    the world the launcher made, then run the script."""
     from ddpkit.runtime import export_world, set_env
 
     words = _target(args)
-    check_arguments(args)
     world = export_world(start.world)
     if not world.sources.get("node_rank", "").startswith("unknown"):
         set_env("GROUP_RANK", str(world.node_rank))

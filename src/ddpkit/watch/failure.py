@@ -187,12 +187,11 @@ def _claim_here() -> bool:
     True elsewhere). The store's ``failed`` key says it for the job, but rank 0 holds the store under ddpkit's agent
     and takes it along when the launcher ends it: a peer told to stop a moment later would find no store, and write
     a second report from its last read."""
-    context = WorkerContext.from_environ()
-    if context.stop_dir is None:
+    mark = _agent_mark("watch-report")
+    if mark is None:
         return True
     try:
-        os.close(os.open(os.path.join(context.stop_dir, f"watch-report.{context.restart_count}"),
-                         os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
+        os.close(os.open(mark, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
     except FileExistsError:
         return False
     except OSError:
@@ -202,7 +201,13 @@ def _claim_here() -> bool:
 
 def _told_mark(rank: int) -> str | None:
     """The file a rank told to stop leaves in ddpkit's agent's stop directory (per attempt), or None elsewhere."""
+    return _agent_mark("watch-told", rank)
+
+
+def _agent_mark(name: str, *more: object) -> str | None:
+    """``STOP_DIR/NAME.RESTART[.MORE...]``: a mark of this attempt in ddpkit's agent's stop directory (which outlives
+    the job's store), or None where no ddpkit agent started this rank."""
     context = WorkerContext.from_environ()
     if context.stop_dir is None:
         return None
-    return os.path.join(context.stop_dir, f"watch-told.{context.restart_count}.{rank}")
+    return os.path.join(context.stop_dir, ".".join(str(part) for part in (name, context.restart_count, *more)))
