@@ -1,23 +1,55 @@
-"""Suite-wide collection rules.
+"""Suite-wide collection and distribution rules.
 
 ``make test`` runs the suite on two pytest-xdist workers (``-n 2 --dist loadgroup``): most multi-process tests
-spend their time waiting (a deadline, a launcher's teardown), so two run side by side on two cores. An
-infrastructure test module runs whole on one worker, in order (``xdist_group("infra:MODULE")``): its tests
-share what its fixtures start (a Slurm cluster, namespace hosts, an etcd), which a worker starts once. Two
-modules may run at once: every cluster, host and network lives in namespaces named from a run id of its own,
-with ports derived from it. Without ``-n`` the marks do nothing.
+spend their time waiting (a deadline, a launcher's teardown), so two run side by side on two cores.
+
+A module whose tests share what a module fixture starts runs whole on one worker, in order (``scope_of``): every
+infrastructure module (a Slurm cluster, namespace hosts, an etcd, a Kubernetes harness) and the multi-process
+modules in ``WHOLE``. Split over two workers, each worker would start the fixture's clusters or jobs again. Two
+modules may run at once: every cluster, host and network lives in namespaces named from a run id of its own, with
+ports derived from it.
+
+The rule is this conftest's scheduler (``pytest_xdist_make_scheduler``), not ``xdist_group`` marks: xdist's
+loadgroup carries a mark to the scheduler by rewriting the test's node id, which pytest 9.2 no longer lets it do,
+so the marks were silently ignored and every module was spread test by test (pytest-dev/pytest-xdist#1386).
+
+Work is handed out in collection order (xdist's reordering by test count is off), and ``FIRST`` is collected
+first: its jobs mostly sleep through pauses of 75 to 150 s, which the other worker's tests then fill. Collected
+last, as its name sorts, it left both cores idle for two minutes at the end of the run.
 """
 
 from __future__ import annotations
 
-from pathlib import Path
+from typing import Any
 
 import pytest
 
-INFRA = Path(__file__).parent / "infra"
+#: Multi-process modules whose module fixture runs jobs that all its tests read.
+WHOLE = frozenset({"tests/multiproc/test_watch_pauses.py", "tests/multiproc/test_train.py",
+                   "tests/multiproc/test_goodput.py"})
+#: Modules collected (and so handed out) first.
+FIRST = ("tests/multiproc/test_watch_pauses.py",)
+
+
+def scope_of(nodeid: str) -> str:
+    """The unit of work a test belongs to: its module for an infrastructure module or one in ``WHOLE``, else
+    the test alone."""
+    module = nodeid.split("::", 1)[0]
+    return module if module.startswith("tests/infra/") or module in WHOLE else nodeid
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    for item in items:
-        if INFRA in Path(item.path).parents:
-            item.add_marker(pytest.mark.xdist_group(f"infra:{Path(item.path).stem}"))
+    items.sort(key=lambda item: item.nodeid.split("::", 1)[0] not in FIRST)  # stable: the rest as collected
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    if config.getvalue("dist") != "loadgroup":
+        return None  # xdist's own
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ModuleScopes(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return scope_of(nodeid)
+
+    config.option.loadscopereorder = False  # in collection order: FIRST first
+    return ModuleScopes(config, log)
