@@ -60,7 +60,7 @@ class _Group:
 def test_point_to_point_calls_are_numbered_per_peer_and_kept_out_of_the_groups_count() -> None:
     rec = Recorder(1, 2)
     group = _Group()
-    rec._group = rec.world = group
+    rec._group = rec.p2p.world = group
     here = sys._getframe(0)
     assert rec.p2p_post("recv", (("recv", 0),), here)[2] == 1
     about = rec.p2p_post("recv", (("recv", 0),), here)
@@ -117,7 +117,7 @@ def test_the_per_call_wrappers_name_each_call_at_the_users_line_and_pass_nested_
     from ddpkit.watch.recorder import Live
 
     live, rec, group, seen = Live(), Recorder(1, 2), _Group(), []
-    rec.world = group
+    rec.p2p.world = group
     live.recorder = rec
 
     # torch's functions, faked in a file of their own ("<torch>"), whose frames a call site skips as it skips torch's
@@ -132,6 +132,7 @@ def test_the_per_call_wrappers_name_each_call_at_the_users_line_and_pass_nested_
     rec.p2p_learn(1, 1)  # the group's count per operation, learned on a first call
     wrapped["recv"](None, src=0)
     recv_line = here.f_lineno - 1
+    assert live.p2p is rec.p2p  # the general path took the first call: the per-call path takes the next
     wrapped["recv"](None, 0)
     request = wrapped["irecv"](None, src=0)
     wait(request)
@@ -144,9 +145,9 @@ def test_the_per_call_wrappers_name_each_call_at_the_users_line_and_pass_nested_
     name = here.f_code.co_name
     assert seen[0] == {"seq": 1, "op": "recv", "bytes": None, "site": f"test_watch_p2p_units.py:{recv_line} ({name})",
                        "for": seen[0]["for"], "peers": [["recv", 0]]}
-    assert seen[1]["seq"] == 2 and seen[1]["site"] == f"test_watch_p2p_units.py:{recv_line + 2} ({name})"
+    assert seen[1]["seq"] == 2 and seen[1]["site"] == f"test_watch_p2p_units.py:{recv_line + 3} ({name})"
     assert seen[2]["op"] == "irecv" and seen[2]["seq"] == 3 and \
         seen[2]["site"] == f"test_watch_p2p_units.py:{wait_line} ({name})"  # where it waits
     assert rec.p2p_posted == {"send": {0: 2}, "recv": {0: 4}}  # send's inner isend and wait pass through
-    assert rec.record(9)["waiting"] is None and rec.p2p_returned == 7
-    assert list(rec.requests) == [kept]  # a request nobody holds is forgotten, one held is not
+    assert rec.record(9)["waiting"] is None and rec.p2p.returned == 7
+    assert list(rec.p2p.requests) == [kept]  # a request nobody holds is forgotten, one held is not

@@ -166,6 +166,7 @@ _saved_excepthook = sys.excepthook
 def _sync_live() -> None:
     """``_live.recorder`` is the current watch's recorder: called wherever the watch or its recorder changes."""
     _live.recorder = _session.recorder if _session is not None else None
+    _live.p2p = None  # the new recorder's book, once its first point-to-point call learned (``p2p.general``)
 
 
 def active() -> Session | None:

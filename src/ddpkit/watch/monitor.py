@@ -473,7 +473,7 @@ class Monitor:
                 log.debug("watch: the job's store does not answer (%s): this rank watches its own progress", exc)
                 r = self.rec
                 self._alone = StoreLoss(rank=self.rank, host=r.host, options=self.options, records=self.last_read,
-                                        progress=lambda: (r.entered, r.steps, r.p2p_returned, r.group_seq()),
+                                        progress=lambda: (r.entered, r.steps, r.p2p.returned, r.group_seq()),
                                         emit=self.emit, stop=stop_rank, abort_handlers=self._run_abort_handlers,
                                         error=str(exc).strip().split("\n")[0],
                                         since=min(self._progress_at, self._store_failed_at),

@@ -7,12 +7,14 @@ does (``Caller.depth``).
 
 A pipeline makes a few of these calls in every step, each a few microseconds of Python at most, so the per-call path
 is written for its cost (benchmarks/results/bench_watch.md: it was 4% of a 2.6 ms step): one function per call with
-torch's own parameters (packing and unpacking ``*args, **kwargs`` cost a call about as much as its record), no
-method call, one tuple for its record, the thread's state in plain slots (``Caller``: a ``threading.local`` cost
-more than the record), and no frame taken: the call site is read from the blocked thread's stack when a record shows
-the call (``Recorder.p2p_site``; ``sys._getframe`` in every call cost a step about a quarter of the watch's cost),
-so an async call is named at the line that waits on it. The first call on the group (which learns how the group
-counts them), a sub-group's call, a batch, a failure, and a torch whose signatures differ take the general path
+torch's own parameters (packing and unpacking ``*args, **kwargs`` cost a call about as much as its record), one
+template for a blocking call and one for an async call with their names as constants, no method call, one tuple for
+its record, the thread's state in plain slots (``Caller``: a ``threading.local`` cost more than the record), the
+counts in the slots of one small book (``P2PBook``: a call comes cold after the step's compute, and the recorder's
+many attributes cost it more cache misses), and no frame taken: the call site is read from the blocked thread's
+stack when a record shows the call (``Recorder.p2p_site``; ``sys._getframe`` in every call cost a step about a
+quarter of the watch's cost), so an async call is named at the line that waits on it. The first call on the group
+(which learns how the group counts them), a batch and a torch whose signatures differ take the general path
 (``general``, ``issue``).
 """
 
@@ -28,46 +30,67 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ddpkit.watch.recorder import CALLERS, Live, P2PCall, Recorder, caller
+from ddpkit.watch.recorder import CALLERS, Caller, Live, P2PCall, Recorder, caller
 
-__all__ = ["POINT_TO_POINT", "batch", "general", "issue", "point_to_point", "wait", "world"]
+__all__ = ["POINT_TO_POINT", "batch", "failed", "general", "issue", "point_to_point", "wait", "world"]
 
 #: Point-to-point calls, by the argument that names the peer (a global rank; ``group_*``: the group's, the same on
 #: the default group).
 POINT_TO_POINT = {"send": "dst", "isend": "dst", "recv": "src", "irecv": "src"}
 
 _HERE = os.path.dirname(__file__)  # as recorder.py names the watch's folder
-#: The per-call wrapper, for torch's own signature ``(tensor, dst | src, group, tag, group_dst | group_src)``.
-_PER_CALL = '''\
+#: The per-call wrappers, for torch's own signature ``(tensor, dst | src, group, tag, group_dst | group_src)``: a
+#: blocking call (``send``, ``recv``) is open while it runs; an async one's request is remembered for its wait. The
+#: book is ``live.p2p`` (None: no watch, or its first call not made: the general path).
+_BLOCKING = '''\
 def {name}(tensor, {peer}=None, group=None, tag=0, group_{peer}=None):
-    rec = live.recorder
-    if rec is None:
-        return original(tensor, {peer}, group, tag, group_{peer})
-    state = callers.get(thread_id()) or caller()
-    if state.depth:
-        return original(tensor, {peer}, group, tag, group_{peer})
-    if group is not None and group is not (rec.world or world(rec)) or rec.p2p_per_op is None:
+    p = live.p2p
+    if p is None:
         return general(tensor, {peer}, group, tag, group_{peer})
+    state = callers.get(thread_id()) or caller()
+    if state.depth or group is not None and group is not p.world:  # nested in a watched call; a sub-group's
+        return original(tensor, {peer}, group, tag, group_{peer})
     peer = {peer} if {peer} is not None else group_{peer}
-    posted = rec.p2p_posted[direction]
+    posted = p.{direction}
     seq = posted[peer] = posted.get(peer, 0) + 1
-    about = (name, ((direction, peer),), seq, None, 0)
-    if blocking:
-        state.since = monotonic()
-        state.call = about
+    about = ("{name}", (("{direction}", peer),), seq, None, 0)
+    state.since = monotonic()
+    state.call = about
     state.depth = True
     try:
         out = original(tensor, {peer}, group, tag, group_{peer})
     except BaseException as exc:
-        rec.p2p_fail(state if blocking else None, about, exc)
+        failed(live, state, about, exc)
         raise
     finally:
         state.depth = False
-    if blocking:
-        state.call = None
-    elif out is not None:
-        rec.requests[out] = about
-    rec.p2p_returned += 1
+    state.call = None
+    p.returned += 1
+    return out
+'''
+_ASYNC = '''\
+def {name}(tensor, {peer}=None, group=None, tag=0, group_{peer}=None):
+    p = live.p2p
+    if p is None:
+        return general(tensor, {peer}, group, tag, group_{peer})
+    state = callers.get(thread_id()) or caller()
+    if state.depth or group is not None and group is not p.world:  # nested in a watched call; a sub-group's
+        return original(tensor, {peer}, group, tag, group_{peer})
+    peer = {peer} if {peer} is not None else group_{peer}
+    posted = p.{direction}
+    seq = posted[peer] = posted.get(peer, 0) + 1
+    about = ("{name}", (("{direction}", peer),), seq, None, 0)
+    state.depth = True
+    try:
+        out = original(tensor, {peer}, group, tag, group_{peer})
+    except BaseException as exc:
+        failed(live, None, about, exc)
+        raise
+    finally:
+        state.depth = False
+    if out is not None:
+        p.requests[out] = about
+    p.returned += 1
     return out
 '''
 
@@ -86,10 +109,11 @@ def point_to_point(live: Live, name: str, original: Callable[..., Any]) -> Calla
         return slow
     namespace: dict[str, Any] = {
         "live": live, "original": original, "general": slow, "callers": CALLERS, "caller": caller,
-        "thread_id": threading.get_ident, "monotonic": time.monotonic, "world": world,
-        "name": name, "direction": "send" if peer_arg == "dst" else "recv", "blocking": name in ("send", "recv")}
+        "thread_id": threading.get_ident, "monotonic": time.monotonic, "failed": failed}
     # its file is named in the watch's folder, whose frames a call site skips; its lines show in a traceback
-    source, filename = _PER_CALL.format(name=name, peer=peer_arg), os.path.join(_HERE, f"p2p.py ({name}, generated)")
+    template = _BLOCKING if name in ("send", "recv") else _ASYNC
+    source = template.format(name=name, peer=peer_arg, direction="send" if peer_arg == "dst" else "recv")
+    filename = os.path.join(_HERE, f"p2p.py ({name}, generated)")
     linecache.cache[filename] = (len(source), None, source.splitlines(keepends=True), filename)
     exec(compile(source, filename, "exec"), namespace)  # a fixed template with torch's names
     fast: Callable[..., Any] = functools.wraps(original)(namespace[name])
@@ -110,7 +134,7 @@ def general(live: Live, name: str, original: Callable[..., Any]) -> Callable[...
         if rec is None or caller().depth:
             return original(*args, **kwargs)
         group = kwargs.get("group", args[group_at] if group_at is not None and len(args) > group_at else None)
-        if group is not None and group is not (rec.world or world(rec)):
+        if group is not None and group is not (rec.p2p.world or world(rec)):
             return original(*args, **kwargs)  # a sub-group's calls pass unwatched, as its collectives do
         peer = kwargs.get(peer_arg, args[peer_at] if peer_at is not None and len(args) > peer_at else None)
         if peer is None:
@@ -118,7 +142,9 @@ def general(live: Live, name: str, original: Callable[..., Any]) -> Callable[...
         about = rec.p2p_post(name, ((direction, peer),), sys._getframe(1))
         out = issue(rec, about, 1, blocking, original, args, kwargs)
         if not blocking and out is not None:
-            rec.requests[out] = about
+            rec.p2p.requests[out] = about
+        if rec.p2p_per_op is not None and live.recorder is rec:
+            live.p2p = rec.p2p  # learned: the per-call path from the next call on
         return out
 
     point_to_point._ddpkit_original = original  # type: ignore[attr-defined]
@@ -139,14 +165,16 @@ def batch(live: Live, wrappers: dict[Callable[..., Any], Callable[..., Any]],
         if rec is None or caller().depth or not isinstance(p2p_op_list, list) or not p2p_op_list:
             return original(p2p_op_list)
         group = getattr(p2p_op_list[0], "group", None)
-        if group is not None and group is not (rec.world or world(rec)):
+        if group is not None and group is not (rec.p2p.world or world(rec)):
             return original(p2p_op_list)
         peers = tuple(("send" if "send" in getattr(op.op, "__name__", "") else "recv", op.peer)
                       for op in p2p_op_list)
         about = rec.p2p_post("batch_isend_irecv", peers, sys._getframe(1))
         works = issue(rec, about, len(peers), False, original, (p2p_op_list,), {})
         for work in works or ():
-            rec.requests[work] = about
+            rec.p2p.requests[work] = about
+        if rec.p2p_per_op is not None and live.recorder is rec:
+            live.p2p = rec.p2p
         return works
 
     batch_isend_irecv._ddpkit_original = original  # type: ignore[attr-defined]
@@ -162,11 +190,16 @@ def wait(live: Live, original: Callable[..., Any]) -> Callable[..., Any]:
 
     @functools.wraps(original)
     def wait(work: Any, timeout: Any = _NO_TIMEOUT) -> Any:
-        rec = live.recorder
-        if rec is None or not rec.requests:
+        p = live.p2p
+        if p is None:  # before the first call learned (its request is in the recorder's book), or no watch
+            rec = live.recorder
+            if rec is None:
+                return original(work) if timeout is _NO_TIMEOUT else original(work, timeout)
+            p = rec.p2p
+        if not p.requests:
             return original(work) if timeout is _NO_TIMEOUT else original(work, timeout)
         state = callers.get(thread_id()) or caller()
-        about = None if state.depth else rec.requests.pop(work, None)
+        about = None if state.depth else p.requests.pop(work, None)
         if about is None:  # a collective's request, one waited for already, or a wait inside a watched call
             return original(work) if timeout is _NO_TIMEOUT else original(work, timeout)
         state.since = monotonic()
@@ -175,24 +208,33 @@ def wait(live: Live, original: Callable[..., Any]) -> Callable[..., Any]:
         try:
             out = original(work) if timeout is _NO_TIMEOUT else original(work, timeout)
         except BaseException as exc:
-            rec.p2p_fail(state, about, exc)
+            failed(live, state, about, exc)
             raise
         finally:
             state.depth = False
         state.call = None
-        rec.p2p_returned += 1
+        p.returned += 1
         return out
 
     return wait
 
 
 def world(rec: Recorder) -> Any:
-    """The default group (``GroupMember.WORLD`` is a property that looks it up: kept on the recorder, which lives
-    as long as the group)."""
+    """The default group (``GroupMember.WORLD`` is a property that looks it up: kept in the recorder's book, which
+    lives as long as the group)."""
     import torch.distributed as dist
 
-    rec.world = dist.GroupMember.WORLD
-    return rec.world
+    rec.p2p.world = dist.GroupMember.WORLD
+    return rec.p2p.world
+
+
+def failed(live: Live, state: Caller | None, about: P2PCall, error: BaseException) -> None:
+    """The per-call path's call ``about`` failed (``state``: the thread's Caller, when it blocked in the call)."""
+    if state is not None:
+        state.call = None
+    rec = live.recorder
+    if rec is not None:
+        rec.p2p_fail(None, about, error)
 
 
 def issue(rec: Recorder, about: P2PCall, ops: int, blocking: bool, original: Callable[..., Any],
@@ -203,7 +245,7 @@ def issue(rec: Recorder, about: P2PCall, ops: int, blocking: bool, original: Cal
     (``Recorder.p2p_in_group``; a call counts as soon as it is posted)."""
     learn = rec.p2p_per_op is None
     if learn:
-        counted = rec.p2p_first_base = (rec.world or world(rec))._get_sequence_number_for_group()
+        counted = rec.p2p_first_base = (rec.p2p.world or world(rec))._get_sequence_number_for_group()
     state = caller()
     if blocking:
         rec.p2p_block(about)
@@ -216,7 +258,7 @@ def issue(rec: Recorder, about: P2PCall, ops: int, blocking: bool, original: Cal
     finally:
         state.depth = False
         if learn:
-            rec.p2p_learn(ops, rec.world._get_sequence_number_for_group() - counted)
+            rec.p2p_learn(ops, rec.p2p.world._get_sequence_number_for_group() - counted)
     rec.p2p_done(state if blocking else None)
     return out
 

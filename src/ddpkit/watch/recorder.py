@@ -83,12 +83,33 @@ def _percentile(values: list[float], q: float) -> float:
 
 class Live:
     """The current watch's recorder (None: no watch, or no process group yet), read by the patched functions on the
-    per-step path as an attribute (one call less in every step)."""
+    per-step path as an attribute (one call less in every step), and its point-to-point book once the per-call path
+    may use it (``p2p``: None until the recorder learned how the group counts these calls)."""
 
-    __slots__ = ("recorder",)
+    __slots__ = ("p2p", "recorder")
 
     def __init__(self) -> None:
         self.recorder: Recorder | None = None
+        self.p2p: P2PBook | None = None
+
+
+class P2PBook:
+    """A rank's point-to-point calls as the per-call path (``p2p.point_to_point``) keeps them, in the slots of one
+    small object, not among the recorder's many attributes: a call that comes cold after the step's compute reads
+    fewer cache lines (benchmarks/results/bench_watch.md). The default group, once a call looked it up
+    (``world``); the calls posted per peer to send and to receive (``send``, ``recv``); an async call's request (a
+    ``Work``, hashed by identity) -> the call, since a wait on it is a wait in that call (``requests``: dropped once
+    only this dict holds the request, ``Recorder.record``); how many calls returned (``returned``: the monitor's
+    progress)."""
+
+    __slots__ = ("recv", "requests", "returned", "send", "world")
+
+    def __init__(self) -> None:
+        self.world: Any = None
+        self.send: dict[int | None, int] = {}
+        self.recv: dict[int | None, int] = {}
+        self.requests: dict[Any, P2PCall] = {}
+        self.returned = 0
 
 
 class Caller:
@@ -164,21 +185,16 @@ class Recorder:
         # point-to-point (the per-call path: ``p2p.point_to_point`` writes these fields itself, no method call;
         # the call a thread blocks in is its ``Caller``'s): the calls posted per direction and peer; how many
         # returned (the monitor's progress)
-        self.p2p_posted: dict[str, dict[int | None, int]] = {"send": {}, "recv": {}}
+        self.p2p = P2PBook()
+        self.p2p_posted: dict[str, dict[int | None, int]] = {"send": self.p2p.send, "recv": self.p2p.recv}
         self.p2p_batches = 0
-        self.p2p_returned = 0
         self.p2p_per_op: int | None = None
         """How many collectives the default group counts per point-to-point operation (gloo: 1, NCCL: 0), learned
         on the first call; until then the per-call path leaves the calls to ``p2p.issue``."""
         self.p2p_first_base: int | None = None
         """The default group's count before the first point-to-point call, while it runs (``p2p_per_op`` unknown)."""
         self._p2p_first: tuple[int, int] = (0, 0)  # the first call's operations and the group's count of them
-        self.world: Any = None
-        """The default group, once a point-to-point call looked it up."""
         self._sites: dict[tuple[str, int], str] = {}  # call site by (file, line)
-        self.requests: dict[Any, P2PCall] = {}
-        """An async point-to-point call's request (a ``Work``, hashed by identity) -> the call: a wait on it is a wait
-        in that call. Dropped once only this dict holds the request (``record``)."""
         self.not_user = (*self.skip, "<frozen")
 
     def count_group(self, model: Any, counter: Any = None) -> None:
@@ -203,10 +219,11 @@ class Recorder:
         if group is None:
             return None
         counter = self._counter
-        base = self.p2p_first_base if group is self.world else None
+        world = self.p2p.world
+        base = self.p2p_first_base if group is world else None
         issued = int(group._get_sequence_number_for_group()) if base is None else base
         issued += counter.issued if counter is not None else 0
-        return issued - self.p2p_in_group() if group is self.world else issued
+        return issued - self.p2p_in_group() if group is world else issued
 
     def _sampled_sync(self) -> float | None:
         """The latest sampled iteration's gradient-sync time (s), once per new sample."""
@@ -324,7 +341,7 @@ class Recorder:
         """A point-to-point call returned (posted, or waited for: the Caller ``p2p_block`` gave)."""
         if state is not None:
             state.call = None
-        self.p2p_returned += 1
+        self.p2p.returned += 1
 
     def p2p_fail(self, state: Caller | None, about: P2PCall, error: BaseException) -> None:
         """A point-to-point call failed (a peer gone): reported at once, as a failed collective is."""
@@ -461,9 +478,10 @@ class Recorder:
 
     def record(self, beat: int, *, final: bool = False) -> Heartbeat:
         self.sweep()
-        for work in list(self.requests):
+        requests = self.p2p.requests
+        for work in list(requests):
             if sys.getrefcount(work) <= 4:  # this dict, the list, ``work`` and the argument: nobody can wait on it
-                self.requests.pop(work, None)
+                requests.pop(work, None)
         now = time.monotonic()
         entered = self.entered
         calls = [c for c in list(self._open.values()) if c[3] <= entered]
@@ -475,7 +493,7 @@ class Recorder:
             "rank": self.rank, "host": self.host, "pid": os.getpid(), "beat": beat, "entered": entered,
             # the calls that returned, point-to-point ones included: the monitor's measure of progress (a healthy
             # send / recv exchange makes no collective progress)
-            "completed": entered - len(calls) + self.p2p_returned, "step": self.steps,
+            "completed": entered - len(calls) + self.p2p.returned, "step": self.steps,
             "first_step_done": self.steps > 1,
             "recent": [[seq, *about] for seq, about in list(self._recent)],
             # the oldest open collective, else the point-to-point call this rank blocks in (it has ``peers``)
@@ -487,7 +505,7 @@ class Recorder:
             "stage": None if self.stage is None else list(self.stage),
             "final": final, "failed": self.failed is not None, "group_seq": group_seq, "timings": self.timings(),
         }
-        if self.p2p_returned or any(state.call is not None for state in list(CALLERS.values())):
+        if self.p2p.returned or any(state.call is not None for state in list(CALLERS.values())):
             out["p2p"] = {direction: {str(peer): n for peer, n in posted.items()}
                           for direction, posted in self.p2p_posted.items()}
         if group_seq is not None:
