@@ -16,9 +16,10 @@ it names. Writes benchmarks/results/bench_watch.{json,md}.
 (d) longrun (``--parts longrun``, not in the default set: 5 minutes): the issue's no-false-alarm run at full length.
 (e) pairs: the added time per step with watched and unwatched steps alternating one by one in one process
     (benchmarks/watch_step_pairs.py), resolved to about a microsecond.
-(f) p2p (``--parts p2p``, not in the default set: about 4 minutes, twice that with ``--p2p-before REV``): the same
+(f) p2p (``--parts p2p``, not in the default set: about 5 minutes, more with ``--p2p-before REV``): the same
     for a two-stage pipeline whose step makes 4 point-to-point calls per rank (benchmarks/watch_p2p_pairs.py,
-    torchrun, 2 ranks); ``--p2p-before REV`` runs REV's watch too, alternating job by job with this one.
+    torchrun, 2 ranks), each run followed by one of a no-op wrapper (the floor of any Python code in front of the
+    calls); ``--p2p-before REV`` runs REV's watch too, alternating job by job with this one.
 """
 
 from __future__ import annotations
@@ -173,16 +174,18 @@ def p2p_pairs(runs: int = 5, pairs: int = 2000, spin_us: float = 2.0, before: st
     it before each job of this one, so both are measured on the same machine at the same time. Then one control
     run: ``spin_us`` of busy Python before each call instead of the watch (what a known delay reads as, the peer's
     longer wait included)."""
-    data, earlier = [], []
+    data, earlier, floor = [], [], []
     with tempfile.TemporaryDirectory() as tmp:
         tree = _p2p_tree(before, Path(tmp)) if before else None
         for _ in range(runs):
             if tree is not None:
                 earlier.append(_p2p_run(pairs, tree=tree))
             data.append(_p2p_run(pairs))
+            floor.append(_p2p_run(pairs, "--spin-us", "0"))
     control = _p2p_run(pairs, "--spin-us", str(spin_us))
     out: dict[str, Any] = {"runs": runs, "pairs": pairs, "p2p_calls_per_step": data[0]["p2p_calls_per_step"],
                            "activation_bytes": data[0]["activation_bytes"], "ranks": _p2p_summary(data),
+                           "floor": {"ranks": _p2p_summary(floor)},
                            "control": {"spin_us": spin_us, "added_cpu_us": {
                                str(r["rank"]): r["added"]["cpu"] for r in control["ranks"]}}}
     if earlier:
@@ -407,6 +410,11 @@ def write(result: dict[str, Any]) -> None:
                "CPU is the rank's main thread's, waits included: a rank slowed by its watch also keeps its peer "
                "waiting longer, so the figure bounds the watch's own work from above.", ""]
         versions = [("this revision", pp["ranks"])]
+        if "floor" in pp:
+            versions.append(("no-op wrapper (control)", pp["floor"]["ranks"]))
+            md += ["Each run of the watch is followed by a run of a control, the floor of any Python code in front "
+                   "of these calls: instead of the watch, a function that reads the clock twice and calls torch's "
+                   "(the shape of the watch's wrapper without its work).", ""]
         if "before" in pp:
             versions.insert(0, (f"before ({pp['before']['revision']})", pp["before"]["ranks"]))
             md += [f"Each run of this revision's watch came right after a run of {pp['before']['revision']}'s "
