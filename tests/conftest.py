@@ -3,15 +3,17 @@
 ``make test`` runs the suite on two pytest-xdist workers (``-n 2 --dist loadgroup``): most multi-process tests
 spend their time waiting (a deadline, a launcher's teardown), so two run side by side on two cores.
 
-A module whose tests share what a module fixture starts runs whole on one worker, in order (``scope_of``): every
-infrastructure module (a Slurm cluster, namespace hosts, an etcd, a Kubernetes harness) and the multi-process
-modules in ``WHOLE``. Split over two workers, each worker would start the fixture's clusters or jobs again. Two
-modules may run at once: every cluster, host and network lives in namespaces named from a run id of its own, with
-ports derived from it.
+The unit of work is one test, except for the modules in ``WHOLE``, which run whole on one worker, in order
+(``scope_of``): their tests read what one module fixture ran (jobs of a minute or more), which a second worker
+would run again. An infrastructure module is spread test by test like the rest: each worker starts the module's
+fixtures (a Slurm cluster, namespace hosts, an etcd, a Kubernetes harness) for the tests it gets, side by side,
+since every cluster, host and network lives in namespaces named from a run id of its own, with ports derived from
+it. Measured on 2 cores: with every infrastructure module whole on one worker, the parallel phase took 31:12; spread,
+27:25 (two of its clusters' start-ups cost less than its heavy modules running back to back beside each other).
 
 The rule is this conftest's scheduler (``pytest_xdist_make_scheduler``), not ``xdist_group`` marks: xdist's
 loadgroup carries a mark to the scheduler by rewriting the test's node id, which pytest 9.2 no longer lets it do,
-so the marks were silently ignored and every module was spread test by test (pytest-dev/pytest-xdist#1386).
+so such marks are silently ignored (pytest-dev/pytest-xdist#1386).
 
 Work is handed out in collection order (xdist's reordering by test count is off), and ``FIRST`` is collected
 first: its jobs mostly sleep through pauses of 75 to 150 s, which the other worker's tests then fill. Collected
@@ -32,10 +34,9 @@ FIRST = ("tests/multiproc/test_watch_pauses.py",)
 
 
 def scope_of(nodeid: str) -> str:
-    """The unit of work a test belongs to: its module for an infrastructure module or one in ``WHOLE``, else
-    the test alone."""
+    """The unit of work a test belongs to: its module for one in ``WHOLE``, else the test alone."""
     module = nodeid.split("::", 1)[0]
-    return module if module.startswith("tests/infra/") or module in WHOLE else nodeid
+    return module if module in WHOLE else nodeid
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
