@@ -7,9 +7,9 @@ does (``Caller.depth``).
 
 A pipeline makes a few of these calls in every step, each a few microseconds of Python at most, so the per-call path
 is written for its cost (benchmarks/results/bench_watch.md: it was 4% of a 2.6 ms step): one function per call with
-torch's own parameters (packing and unpacking ``*args, **kwargs`` cost a call about as much as its record), one
-template for a blocking call and one for an async call with their names as constants, no method call, one tuple for
-its record, the thread's state in plain slots (``Caller``: a ``threading.local`` cost more than the record), the
+torch's own parameters (packing and unpacking ``*args, **kwargs`` cost a call about as much as its record), its
+source written for its kind (blocking or async) with its names as constants, no method call, one tuple for its
+record, the thread's state in plain slots (``Caller``: a ``threading.local`` cost more than the record), the
 counts in the slots of one small book (``P2PBook``: a call comes cold after the step's compute, and the recorder's
 many attributes cost it more cache misses), and no frame taken: the call site is read from the blocked thread's
 stack when a record shows the call (``Recorder.p2p_site``; ``sys._getframe`` in every call cost a step about a
@@ -39,60 +39,37 @@ __all__ = ["POINT_TO_POINT", "batch", "failed", "general", "issue", "point_to_po
 POINT_TO_POINT = {"send": "dst", "isend": "dst", "recv": "src", "irecv": "src"}
 
 _HERE = os.path.dirname(__file__)  # as recorder.py names the watch's folder
-#: The per-call wrappers, for torch's own signature ``(tensor, dst | src, group, tag, group_dst | group_src)``: a
+#: The per-call wrapper, for torch's own signature ``(tensor, dst | src, group, tag, group_dst | group_src)``: a
 #: blocking call (``send``, ``recv``) is open while it runs; an async one's request is remembered for its wait. The
 #: book is ``live.p2p`` (None: no watch, or its first call not made: the general path).
-_BLOCKING = '''\
+_PER_CALL = '''\
 def {name}(tensor, {peer}=None, group=None, tag=0, group_{peer}=None):
     p = live.p2p
     if p is None:
         return general(tensor, {peer}, group, tag, group_{peer})
     state = callers.get(thread_id()) or caller()
-    if state.depth or group is not None and group is not p.world:  # nested in a watched call; a sub-group's
+    if state.depth or group is not None and group is not p.world:  # nested in a watched call, or a sub-group's
         return original(tensor, {peer}, group, tag, group_{peer})
     peer = {peer} if {peer} is not None else group_{peer}
     posted = p.{direction}
     seq = posted[peer] = posted.get(peer, 0) + 1
     about = ("{name}", (("{direction}", peer),), seq, None, 0)
-    state.since = monotonic()
-    state.call = about
-    state.depth = True
+{opened}    state.depth = True
     try:
         out = original(tensor, {peer}, group, tag, group_{peer})
     except BaseException as exc:
-        failed(live, state, about, exc)
+        failed(live, {blocked}, about, exc)
         raise
     finally:
         state.depth = False
-    state.call = None
-    p.returned += 1
+{closed}    p.returned += 1
     return out
 '''
-_ASYNC = '''\
-def {name}(tensor, {peer}=None, group=None, tag=0, group_{peer}=None):
-    p = live.p2p
-    if p is None:
-        return general(tensor, {peer}, group, tag, group_{peer})
-    state = callers.get(thread_id()) or caller()
-    if state.depth or group is not None and group is not p.world:  # nested in a watched call; a sub-group's
-        return original(tensor, {peer}, group, tag, group_{peer})
-    peer = {peer} if {peer} is not None else group_{peer}
-    posted = p.{direction}
-    seq = posted[peer] = posted.get(peer, 0) + 1
-    about = ("{name}", (("{direction}", peer),), seq, None, 0)
-    state.depth = True
-    try:
-        out = original(tensor, {peer}, group, tag, group_{peer})
-    except BaseException as exc:
-        failed(live, None, about, exc)
-        raise
-    finally:
-        state.depth = False
-    if out is not None:
-        p.requests[out] = about
-    p.returned += 1
-    return out
-'''
+#: What differs by kind: a blocking call (True) is open while it runs; an async one's request is remembered.
+_KIND = {True: {"opened": "    state.since = monotonic()\n    state.call = about\n", "blocked": "state",
+                "closed": "    state.call = None\n"},
+         False: {"opened": "", "blocked": "None",
+                 "closed": "    if out is not None:\n        p.requests[out] = about\n"}}
 
 
 def point_to_point(live: Live, name: str, original: Callable[..., Any]) -> Callable[..., Any]:
@@ -111,8 +88,8 @@ def point_to_point(live: Live, name: str, original: Callable[..., Any]) -> Calla
         "live": live, "original": original, "general": slow, "callers": CALLERS, "caller": caller,
         "thread_id": threading.get_ident, "monotonic": time.monotonic, "failed": failed}
     # its file is named in the watch's folder, whose frames a call site skips; its lines show in a traceback
-    template = _BLOCKING if name in ("send", "recv") else _ASYNC
-    source = template.format(name=name, peer=peer_arg, direction="send" if peer_arg == "dst" else "recv")
+    source = _PER_CALL.format(name=name, peer=peer_arg, direction="send" if peer_arg == "dst" else "recv",
+                              **_KIND[name in ("send", "recv")])
     filename = os.path.join(_HERE, f"p2p.py ({name}, generated)")
     linecache.cache[filename] = (len(source), None, source.splitlines(keepends=True), filename)
     exec(compile(source, filename, "exec"), namespace)  # a fixed template with torch's names
