@@ -117,11 +117,9 @@ def general(live: Live, name: str, original: Callable[..., Any]) -> Callable[...
         if peer is None:
             peer = kwargs.get(group_peer)
         about = rec.p2p_post(name, ((direction, peer),), sys._getframe(1))
-        out = issue(rec, about, 1, blocking, original, args, kwargs)
+        out = issue(live, rec, about, 1, blocking, original, args, kwargs)
         if not blocking and out is not None:
             rec.p2p.requests[out] = about
-        if rec.p2p_per_op is not None and live.recorder is rec:
-            live.p2p = rec.p2p  # learned: the per-call path from the next call on
         return out
 
     point_to_point._ddpkit_original = original  # type: ignore[attr-defined]
@@ -147,11 +145,9 @@ def batch(live: Live, wrappers: dict[Callable[..., Any], Callable[..., Any]],
         peers = tuple(("send" if "send" in getattr(op.op, "__name__", "") else "recv", op.peer)
                       for op in p2p_op_list)
         about = rec.p2p_post("batch_isend_irecv", peers, sys._getframe(1))
-        works = issue(rec, about, len(peers), False, original, (p2p_op_list,), {})
+        works = issue(live, rec, about, len(peers), False, original, (p2p_op_list,), {})
         for work in works or ():
             rec.p2p.requests[work] = about
-        if rec.p2p_per_op is not None and live.recorder is rec:
-            live.p2p = rec.p2p
         return works
 
     batch_isend_irecv._ddpkit_original = original  # type: ignore[attr-defined]
@@ -214,12 +210,13 @@ def failed(live: Live, state: Caller | None, about: P2PCall, error: BaseExceptio
         rec.p2p_fail(None, about, error)
 
 
-def issue(rec: Recorder, about: P2PCall, ops: int, blocking: bool, original: Callable[..., Any],
+def issue(live: Live, rec: Recorder, about: P2PCall, ops: int, blocking: bool, original: Callable[..., Any],
           args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """Post a point-to-point call of ``ops`` operations through ``original``, open while it runs when
     ``blocking`` (the general path). The default group counts each operation as a collective on gloo (none on
     NCCL): how many is measured on the first call, and from then on the posts are taken out of the group's count
-    (``Recorder.p2p_in_group``; a call counts as soon as it is posted)."""
+    (``Recorder.p2p_in_group``; a call counts as soon as it is posted). Once that is known, the per-call path
+    takes the next call (``live.p2p``)."""
     learn = rec.p2p_per_op is None
     if learn:
         counted = rec.p2p_first_base = (rec.p2p.world or world(rec))._get_sequence_number_for_group()
@@ -237,6 +234,8 @@ def issue(rec: Recorder, about: P2PCall, ops: int, blocking: bool, original: Cal
         if learn:
             rec.p2p_learn(ops, rec.p2p.world._get_sequence_number_for_group() - counted)
     rec.p2p_done(state if blocking else None)
+    if live.p2p is None and live.recorder is rec:
+        live.p2p = rec.p2p  # learned: the per-call path takes the next call
     return out
 
 

@@ -182,9 +182,8 @@ class Recorder:
         self._sample_end = 0
         self._rate = DDP_SAMPLE_RATE  # DDP's sample rate now
         self._read_at = 0  # the step at which DDP's statistic was last read
-        # point-to-point (the per-call path: ``p2p.point_to_point`` writes these fields itself, no method call;
-        # the call a thread blocks in is its ``Caller``'s): the calls posted per direction and peer; how many
-        # returned (the monitor's progress)
+        # point-to-point: the book the per-call path writes itself (``p2p.point_to_point``, no method call; the call
+        # a thread blocks in is its ``Caller``'s), and its posts per direction and peer by direction
         self.p2p = P2PBook()
         self.p2p_posted: dict[str, dict[int | None, int]] = {"send": self.p2p.send, "recv": self.p2p.recv}
         self.p2p_batches = 0
