@@ -93,9 +93,13 @@ def test_one_node_stopped_the_output_names_it_first_in_a_screen(slurm_cluster: A
     assert not re.search(r"rank 0\b[^\n]*(failed first|was killed)", out), out
     assert "  rank 0 (node1): stopped by ddpkit (exit 3)" in lines[digest:], out
     full = _full_log(out).read_text()
-    # what the screen left out is there (torch's C++ frames too, in the runs that printed some: not every run does)
+    # what the screen left out is there (torch's C++ frames too, in the runs that printed some: not every run does),
+    # and so is what it showed; how many lines torch prints varies from run to run (95 to 300 seen), so no ratio
     assert "ChildFailedError" in full and "Root Cause" in full, full[-3000:]
-    assert len(full.splitlines()) > 3 * len(lines)
+    left_out = [line for line in full.splitlines() if NOISE.search(line)]
+    shown = [line for line in lines if line.startswith("[RANK ")]
+    assert shown and all(line in full for line in shown), (shown, full[-3000:])
+    assert len(full.splitlines()) >= len(shown) + len(left_out) > len(shown), full[-3000:]
 
 
 def test_a_usage_error_is_one_clear_line(slurm_cluster: Any, tmp_path: Path) -> None:
