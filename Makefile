@@ -45,7 +45,7 @@ unit: $(STAMP)
 	$(PY) -m pytest -q tests/unit
 
 test: $(STAMP) infra-deps lint
-	$(PY) -m pytest -q -n 2 --dist loadgroup --durations=25 -m "not serial" tests
+	$(PY) -m pytest -q -n 3 --dist loadgroup --durations=25 -m "not serial" tests
 	$(PY) -m pytest -q -m serial tests
 
 bench: $(STAMP)

@@ -1,7 +1,14 @@
 """Suite-wide collection and distribution rules.
 
-``make test`` runs the suite on two pytest-xdist workers (``-n 2 --dist loadgroup``): most multi-process tests
-spend their time waiting (a deadline, a launcher's teardown), so two run side by side on two cores.
+``make test`` runs the suite on three pytest-xdist workers on two cores (``-n 3 --dist loadgroup``), in two lanes.
+Most multi-process tests spend much of their time waiting (a deadline, a hang held on purpose, a launcher's
+teardown): with two workers the cores were 76% busy over the parallel phase (sampled from /proc/stat every 5 s),
+and under 50% for its first five minutes, where two waiting modules ran side by side. So one worker, the last, takes
+only the modules in ``WAITING`` (measured at about half a core each while they run, and none of the load-sensitive
+tests of the ``serial`` mark), and the others take the rest, which keeps two cores busy: a third worker running the
+busy tests too would oversubscribe the cores and slow the tests that time something. When the busy lane is empty
+its workers take what is left of the waiting lane; when the waiting lane is empty its worker stops. Under ``-n 2``
+there are no lanes (every worker takes anything, in order).
 
 The unit of work is one test, except for the modules in ``WHOLE``, which run whole on one worker, in order
 (``scope_of``): their tests read what one module fixture ran (jobs of a minute or more), which a second worker
@@ -16,8 +23,7 @@ loadgroup carries a mark to the scheduler by rewriting the test's node id, which
 so such marks are silently ignored (pytest-dev/pytest-xdist#1386).
 
 Work is handed out in collection order (xdist's reordering by test count is off), and ``FIRST`` is collected
-first: its jobs mostly sleep through pauses of 75 to 150 s, which the other worker's tests then fill. Collected
-last, as its name sorts, it left both cores idle for two minutes at the end of the run.
+first: its jobs mostly sleep through pauses of 75 to 150 s.
 """
 
 from __future__ import annotations
@@ -29,18 +35,33 @@ import pytest
 #: Multi-process modules whose module fixture runs jobs that all its tests read.
 WHOLE = frozenset({"tests/multiproc/test_watch_pauses.py", "tests/multiproc/test_train.py",
                    "tests/multiproc/test_goodput.py"})
+#: Modules that mostly wait: at most about 0.6 of a core on average while they run (estimated from /proc/stat
+#: samples over a two-worker run, by least squares over which modules ran in each 5 s), and nothing load-sensitive.
+WAITING = frozenset({
+    "tests/multiproc/test_watch_pauses.py", "tests/infra/test_heal_multihost.py",
+    "tests/infra/test_multihost_drills.py", "tests/infra/test_heal_mpi.py", "tests/multiproc/test_watch_p2p.py",
+    "tests/infra/test_env_launchers_real.py", "tests/multiproc/test_heal_silent.py",
+    "tests/multiproc/test_run_goodput.py", "tests/multiproc/test_watch.py", "tests/multiproc/test_rendezvous_wait.py",
+    "tests/multiproc/test_worker_dies_with_agent.py", "tests/multiproc/test_train_disk_full.py",
+    "tests/multiproc/test_watch_store.py"})
 #: Modules collected (and so handed out) first.
 FIRST = ("tests/multiproc/test_watch_pauses.py",)
+#: Fewer workers than this: no lanes.
+LANES_FROM = 3
+
+
+def module_of(nodeid: str) -> str:
+    return nodeid.split("::", 1)[0]
 
 
 def scope_of(nodeid: str) -> str:
     """The unit of work a test belongs to: its module for one in ``WHOLE``, else the test alone."""
-    module = nodeid.split("::", 1)[0]
+    module = module_of(nodeid)
     return module if module in WHOLE else nodeid
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    items.sort(key=lambda item: item.nodeid.split("::", 1)[0] not in FIRST)  # stable: the rest as collected
+    items.sort(key=lambda item: module_of(item.nodeid) not in FIRST)  # stable: the rest as collected
 
 
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
@@ -48,9 +69,26 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
         return None  # xdist's own
     from xdist.scheduler import LoadScopeScheduling
 
-    class ModuleScopes(LoadScopeScheduling):
+    class Lanes(LoadScopeScheduling):
+        """xdist's scope scheduling with ``scope_of`` as the scope, and the waiting lane on the last worker."""
+
         def _split_scope(self, nodeid: str) -> str:
             return scope_of(nodeid)
 
+        def _assign_work_unit(self, node: Any) -> None:
+            nodes = self.nodes
+            waits = len(nodes) >= LANES_FROM and node is nodes[-1]
+            mine = [scope for scope in self.workqueue if (module_of(scope) in WAITING) == waits]
+            if not waits and (not mine or len(nodes) < LANES_FROM):
+                mine = list(self.workqueue)  # no lanes, or the busy lane is done: help with what waits
+            if not mine:
+                if not self._pending_of(self.assigned_work[node]):
+                    node.shutdown()  # the waiting lane is done; two workers keep the cores busy
+                return
+            work_unit = self.workqueue.pop(mine[0])
+            self.assigned_work.setdefault(node, {})[mine[0]] = work_unit
+            collection = self.registered_collections[node]
+            node.send_runtest_some([collection.index(nodeid) for nodeid, done in work_unit.items() if not done])
+
     config.option.loadscopereorder = False  # in collection order: FIRST first
-    return ModuleScopes(config, log)
+    return Lanes(config, log)
