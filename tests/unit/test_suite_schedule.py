@@ -68,8 +68,10 @@ def test_a_real_run_keeps_a_module_on_one_worker_hands_out_the_first_first_and_s
 
 
 def test_with_three_workers_the_waiting_modules_get_one_worker_and_the_rest_the_other_two(tmp_path: Path) -> None:
+    # the waiting lane's 5 units are all handed out within 3 of its tests (0.6 s); the busy lane's 30 keep its two
+    # workers busy for 3 s, so neither of them ever takes a waiting test here
     waiting = sorted(module for module in WAITING if module not in FIRST)[:2]
-    runs = _run(tmp_path, 3, {FIRST[0]: 2, waiting[0]: 2, waiting[1]: 2, "tests/unit/test_spread.py": 16})
+    runs = _run(tmp_path, 3, {FIRST[0]: 2, waiting[0]: 2, waiting[1]: 2, "tests/unit/test_spread.py": 30})
     by_worker: dict[str, list[str]] = {}
     for w, m, _ in runs:
         by_worker.setdefault(w, []).append(m)
