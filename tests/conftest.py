@@ -76,19 +76,20 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
             return scope_of(nodeid)
 
         def _assign_work_unit(self, node: Any) -> None:
+            """xdist's own hand-out of the queue's first unit, once this node's lane's first is put at the front."""
             nodes = self.nodes
-            waits = len(nodes) >= LANES_FROM and node is nodes[-1]
-            mine = [scope for scope in self.workqueue if (module_of(scope) in WAITING) == waits]
-            if not waits and (not mine or len(nodes) < LANES_FROM):
-                mine = list(self.workqueue)  # no lanes, or the busy lane is done: help with what waits
-            if not mine:
+            lanes = len(nodes) >= LANES_FROM
+            waits = lanes and node is nodes[-1]
+            scope = next((scope for scope in self.workqueue
+                          if not lanes or (module_of(scope) in WAITING) == waits), None)
+            if scope is None and not waits:
+                scope = next(iter(self.workqueue), None)  # the busy lane is done: help with what waits
+            if scope is None:
                 if not self._pending_of(self.assigned_work[node]):
                     node.shutdown()  # the waiting lane is done; two workers keep the cores busy
                 return
-            work_unit = self.workqueue.pop(mine[0])
-            self.assigned_work.setdefault(node, {})[mine[0]] = work_unit
-            collection = self.registered_collections[node]
-            node.send_runtest_some([collection.index(nodeid) for nodeid, done in work_unit.items() if not done])
+            self.workqueue.move_to_end(scope, last=False)
+            super()._assign_work_unit(node)
 
     config.option.loadscopereorder = False  # in collection order: FIRST first
     return Lanes(config, log)
