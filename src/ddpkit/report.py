@@ -289,8 +289,9 @@ def _run_dir_report(args: argparse.Namespace, run_dir: Path) -> int:
         partial.replace(target)
         written.append(args.prometheus)
     split = view.split
-    print(f"{run_dir}: {len(split.attempts)} attempt(s), goodput {100 * split.goodput:.1f}% of {split.wall_s:.1f} s; "
-          f"wrote {', '.join(written)}")
+    goodput = f"goodput {100 * split.goodput:.1f}%" if split.lost_known else \
+        f"goodput at most {100 * split.goodput:.1f}% (steps done again not known)"
+    print(f"{run_dir}: {len(split.attempts)} attempt(s), {goodput} of {split.wall_s:.1f} s; wrote {', '.join(written)}")
     return EXIT_OK
 
 

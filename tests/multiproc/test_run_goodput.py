@@ -81,3 +81,154 @@ def test_under_heal_a_killed_rank_makes_two_attempts_each_with_its_lines(tmp_pat
     assert split.attempts[0].seconds[Category.FAILURE] > 0  # from its last line to the attempt's end
     # the script starts again from step 1: every step the first attempt had done is done again
     assert split.lost_steps == by_attempt[1][-1].last
+
+
+#: pytorch/examples' ddp-tutorial-series ``multigpu_torchrun.py`` (the seeds' ``ddp.py``) made CPU-only, as it
+#: is but for one line: with KILL_EPOCH set, rank 1 of the first attempt kills itself 5 steps into that epoch.
+SEEDS_DDP = """\
+import os, signal
+import torch
+import torch.nn.functional as F
+from torch.utils.data import Dataset, DataLoader
+from torch.utils.data.distributed import DistributedSampler
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.distributed import init_process_group, destroy_process_group
+
+
+class MyTrainDataset(Dataset):
+    def __init__(self, size):
+        self.size = size
+        self.data = [(torch.rand(20), torch.rand(1)) for _ in range(size)]
+
+    def __len__(self):
+        return self.size
+
+    def __getitem__(self, index):
+        return self.data[index]
+
+
+class Trainer:
+    def __init__(self, model, train_data, optimizer, save_every, snapshot_path):
+        self.global_rank = int(os.environ["RANK"])
+        self.model = model
+        self.train_data = train_data
+        self.optimizer = optimizer
+        self.save_every = save_every
+        self.epochs_run = 0
+        self.snapshot_path = snapshot_path
+        if os.path.exists(snapshot_path):
+            print("Loading snapshot")
+            self._load_snapshot(snapshot_path)
+        self.model = DDP(self.model)
+
+    def _load_snapshot(self, snapshot_path):
+        snapshot = torch.load(snapshot_path)
+        self.model.load_state_dict(snapshot["MODEL_STATE"])
+        self.epochs_run = snapshot["EPOCHS_RUN"]
+        print(f"Resuming training from snapshot at Epoch {self.epochs_run}")
+
+    def _run_batch(self, source, targets):
+        self.optimizer.zero_grad()
+        output = self.model(source)
+        loss = F.cross_entropy(output, targets)
+        loss.backward()
+        self.optimizer.step()
+
+    def _run_epoch(self, epoch):
+        b_sz = len(next(iter(self.train_data))[0])
+        print(f"[RANK {self.global_rank}] Epoch {epoch} | Batchsize: {b_sz} | Steps: {len(self.train_data)}")
+        self.train_data.sampler.set_epoch(epoch)
+        for batch, (source, targets) in enumerate(self.train_data):
+            if (epoch, batch, self.global_rank, os.environ.get("DDPKIT_ATTEMPT")) == (KILL_EPOCH, 5, 1, "1"):
+                os.kill(os.getpid(), signal.SIGKILL)
+            self._run_batch(source, targets)
+
+    def _save_snapshot(self, epoch):
+        snapshot = {"MODEL_STATE": self.model.module.state_dict(), "EPOCHS_RUN": epoch}
+        torch.save(snapshot, self.snapshot_path)
+        print(f"Epoch {epoch} | Training snapshot saved at {self.snapshot_path}")
+
+    def train(self, max_epochs):
+        for epoch in range(self.epochs_run, max_epochs):
+            self._run_epoch(epoch)
+            if self.global_rank == 0 and epoch % self.save_every == 0:
+                self._save_snapshot(epoch)
+
+
+def main(save_every, total_epochs, batch_size, snapshot_path="snapshot.pt"):
+    init_process_group(backend="gloo")
+    dataset = MyTrainDataset(2048)
+    model = torch.nn.Linear(20, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
+    loader = DataLoader(dataset, batch_size=batch_size, pin_memory=False, shuffle=False,
+                        sampler=DistributedSampler(dataset))
+    Trainer(model, loader, optimizer, save_every, snapshot_path).train(total_epochs)
+    destroy_process_group()
+
+
+if __name__ == "__main__":
+    import argparse, sys
+    parser = argparse.ArgumentParser()
+    parser.add_argument("total_epochs", type=int)
+    parser.add_argument("save_every", type=int)
+    parser.add_argument("--batch_size", default=32, type=int)
+    args = parser.parse_args()
+    main(args.save_every, args.total_epochs, args.batch_size)
+"""
+
+#: A loop of one's own: a checkpoint of model, optimizer and epoch after every epoch, loaded on start; the sampler
+#: told each epoch. Rank 1 of the first attempt kills itself 5 steps into KILL_EPOCH.
+OWN_LOOP = """\
+import os, signal
+import torch, torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data.distributed import DistributedSampler
+
+dist.init_process_group("gloo")
+torch.manual_seed(0)
+data = TensorDataset(torch.randn(2048, 8), torch.randn(2048, 1))
+sampler = DistributedSampler(data)
+loader = DataLoader(data, batch_size=32, sampler=sampler)
+model = DDP(torch.nn.Linear(8, 1))
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+start = 0
+if os.path.exists("ckpt.pt"):
+    ckpt = torch.load("ckpt.pt")
+    model.module.load_state_dict(ckpt["model"]); opt.load_state_dict(ckpt["opt"]); start = ckpt["epoch"] + 1
+    print(f"resumed at epoch {start}")
+for epoch in range(start, 12):
+    sampler.set_epoch(epoch)
+    for batch, (x, y) in enumerate(loader):
+        if (epoch, batch, dist.get_rank(), os.environ.get("DDPKIT_ATTEMPT")) == (KILL_EPOCH, 5, 1, "1"):
+            os.kill(os.getpid(), signal.SIGKILL)
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        opt.zero_grad(); loss.backward(); opt.step()
+    if dist.get_rank() == 0 and epoch % 4 == 0:
+        torch.save({"model": model.module.state_dict(), "opt": opt.state_dict(), "epoch": epoch}, "ckpt.pt")
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.parametrize(("script", "args", "resumed_at"), [
+    pytest.param(SEEDS_DDP, ["12", "4"], 8, id="seeds-ddp.py"),  # snapshot of epoch 8 holds EPOCHS_RUN 8: run again
+    pytest.param(OWN_LOOP, [], 9, id="own-loop"),  # checkpoint after epoch 8: goes on at 9
+])
+def test_a_script_resuming_from_its_checkpoint_is_charged_the_steps_it_did_again(
+        tmp_path: Path, script: str, args: list[str], resumed_at: int) -> None:
+    kill_epoch = 10
+    (tmp_path / "job.py").write_text(script.replace("KILL_EPOCH", str(kill_epoch)))
+    res = run_ddpkit("run", "-n", "2", "--heal", "--run-dir", "run", "--", "job.py", *args, timeout=300,
+                     cwd=tmp_path)
+    assert res.returncode == 0, res.stdout + res.stderr
+    steps_per_epoch = 2048 // 2 // 32
+    truth = (kill_epoch - resumed_at) * steps_per_epoch + 5  # the epochs run again, and 5 steps of the killed one
+    split = load_run(tmp_path / "run").split
+    assert [a.attempt for a in split.attempts] == [1, 2], split.attempts
+    assert split.lost_steps is not None and abs(split.lost_steps - truth) <= steps_per_epoch, (split.lost_steps, truth)
+    assert split.attempts[1].resumed_from == resumed_at * steps_per_epoch
+    assert split.furthest_step == 12 * steps_per_epoch - 1  # the last step was in flight at the end
+    prom = run_ddpkit("report", "run", "--prometheus", "run.prom", timeout=120, cwd=tmp_path)
+    assert prom.returncode == 0, prom.stdout + prom.stderr
+    text = (tmp_path / "run.prom").read_text()
+    assert f'ddpkit_lost_steps_total{{run="run"}} {split.lost_steps}' in text and "_known{run=\"run\"} 1" in text

@@ -10,8 +10,10 @@ every second of it lands in exactly one category:
   (imports, rendezvous, the process group, wrapping the model), less the snapshot load;
 - ``checkpoint_load`` and ``checkpoint_save``: the time the training thread was held by them;
 - ``training``: inside the steps that made progress, less the straggler wait in them; ``lost_progress``: inside
-  the steps that did again what an earlier attempt had done (a step number at or below the furthest step reached
-  before), counted by step;
+  the steps that did again what an earlier attempt had done (a step at or below the furthest point reached before,
+  ``goodput.positions``: a step's number for ``train``, its epoch and place in it for a user's script), counted
+  by step. Where that cannot be known (a user's script that showed no epoch), the steps are counted as training
+  and the split says so (``lost_steps`` None): its goodput is then an upper bound, never a lost step invented;
 - ``straggler_wait``: inside the steps that made progress, the time the quickest rank waited in the gradient sync
   for the slowest (``goodput.straggler``: max - min over ranks of the measured sync time per step), from the
   other ranks' ``Steps`` lines (0 without them, or where the sync was not measured);
@@ -33,7 +35,18 @@ import enum
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from ddpkit.goodput.records import Finished, GoodputRecord, Loaded, QueueWaited, RankStarted, RunStarted, Saved, Steps
+from ddpkit.goodput.positions import GLOBAL, Placement, epoch_length, numbered_per_attempt, place
+from ddpkit.goodput.records import (
+    EpochBegan,
+    Finished,
+    GoodputRecord,
+    Loaded,
+    QueueWaited,
+    RankStarted,
+    RunStarted,
+    Saved,
+    Steps,
+)
 from ddpkit.goodput.straggler import window_wait
 
 __all__ = ["AttemptAccount", "AttemptSpan", "Category", "Split", "account"]
@@ -95,14 +108,31 @@ class AttemptAccount:
     first_step: int | None = None
     last_step: int | None = None
     resumed_from: int | None = None
-    lost_steps: int = 0
+    lost_steps: int | None = 0
+    """Steps done again; None: not known (a user's script whose resume point it did not show)."""
+    reached: int | None = None
+    """The furthest point of the run's training this attempt reached (``goodput.positions``); None: not known."""
     steps: list[Steps] = field(default_factory=list)
+    done_again: list[int | None] = field(default_factory=list)
+    """How many of each of ``steps`` an earlier attempt had done (None: not known)."""
     waits: list[float] = field(default_factory=list)
     """The straggler wait inside each of ``steps`` (its steps that made progress), seconds."""
     saves: list[Saved] = field(default_factory=list)
     loads: list[Loaded] = field(default_factory=list)
     first_step_at: float | None = None
     """When this attempt's first step began (the end of its start-up)."""
+    placement: Placement | None = GLOBAL
+    """Where its steps lie on the run's axis (None: not known)."""
+    before: int | None = 0
+    """The furthest point reached before this attempt (None: not known)."""
+
+    def again(self, first: int, last: int) -> int | None:
+        """How many of its steps ``first..last`` (any rank's) an earlier attempt had done; None: not known."""
+        if self.before == 0:  # nothing done before: nothing done again, wherever the steps lie
+            return 0
+        if self.before is None or self.placement is None:
+            return None
+        return self.placement.done_again(first, last, self.before)
 
 
 @dataclass(kw_only=True)
@@ -114,8 +144,9 @@ class Split:
     windows: list[tuple[float, float]]
     """(window start, goodput in that window), one per ``window_s``."""
     window_s: float
-    lost_steps: int
-    furthest_step: int
+    lost_steps: int | None
+    """Steps done again over the run; None: not known for some attempt (its training time is an upper bound)."""
+    furthest_step: int | None
     queue: QueueWaited | None = None
 
     @property
@@ -125,6 +156,10 @@ class Split:
     @property
     def accounted_s(self) -> float:
         return sum(self.seconds.values())
+
+    @property
+    def lost_known(self) -> bool:
+        return self.lost_steps is not None
 
     @property
     def goodput(self) -> float:
@@ -188,33 +223,32 @@ def account(attempts: Sequence[AttemptSpan], records: Sequence[GoodputRecord], *
             for r in lines:
                 others.setdefault(r.attempt, {}).setdefault(rank, []).append(r)
     accounts: list[AttemptAccount] = []
-    furthest = 0
+    furthest: int | None = 0  # None: not known (an attempt whose steps could not be placed)
+    epochs = {r.epoch for r in records if isinstance(r, EpochBegan)}
+    length = epoch_length(records)
     previous_end = start
     for index, span in enumerate(spans):
         recs = by_attempt.get(span.attempt, [])
         end = span.end if span.end is not None else (_last_time(recs) or now or span.start)
         if index:
             total[Category.RELAUNCH] += max(0.0, span.start - previous_end)
-        one = _attempt(span, end, recs, furthest, others.get(span.attempt, {}))
+        one = _attempt(span, end, recs, furthest, others.get(span.attempt, {}), length, len(epochs) <= 1)
         accounts.append(one)
         for category, seconds in one.seconds.items():
             total[category] += seconds
-        if one.last_step is not None:
-            furthest = max(furthest, one.last_step)
+        if one.steps:
+            furthest = None if furthest is None or one.reached is None else max(furthest, one.reached)
         previous_end = end
+    lost = [a.lost_steps for a in accounts]
     split = Split(start=start, end=previous_end, seconds=total, attempts=accounts, windows=[], window_s=window_s,
-                  lost_steps=sum(a.lost_steps for a in accounts), furthest_step=furthest, queue=queue)
+                  lost_steps=None if None in lost else sum(n for n in lost if n is not None), furthest_step=furthest,
+                  queue=queue)
     split.windows = _windows(split, window_s)
     return split
 
 
-def _recomputed(window: Steps, furthest: int) -> int:
-    """How many of the window's steps an earlier attempt had already done."""
-    return max(0, min(window.last, furthest) - window.first + 1)
-
-
-def _attempt(span: AttemptSpan, end: float, recs: list[GoodputRecord], furthest: int,
-             others: Mapping[int, Sequence[Steps]]) -> AttemptAccount:
+def _attempt(span: AttemptSpan, end: float, recs: list[GoodputRecord], furthest: int | None,
+             others: Mapping[int, Sequence[Steps]], length: int | None, one_epoch: bool) -> AttemptAccount:
     steps = sorted((r for r in recs if isinstance(r, Steps)), key=lambda r: r.start)
     saves = [r for r in recs if isinstance(r, Saved)]
     loads = [r for r in recs if isinstance(r, Loaded)]
@@ -227,10 +261,13 @@ def _attempt(span: AttemptSpan, end: float, recs: list[GoodputRecord], furthest:
     load = sum(r.end - r.start for r in loads)
     save = sum(r.end - r.start for r in saves)
     busy = sum(r.busy_s for r in steps)
-    lost_steps = sum(_recomputed(r, furthest) for r in steps)
-    lost = sum(r.busy_s * _recomputed(r, furthest) / r.count for r in steps)
+    placement = place(recs, steps, length, one_epoch)
+    where = AttemptAccount(attempt=span.attempt, start=span.start, end=end, exit_code=span.exit_code, cause=span.cause,
+                           failure_class=span.failure_class, seconds=seconds, placement=placement, before=furthest)
+    again = [where.again(r.first, r.last) for r in steps]
+    lost = sum(r.busy_s * (n or 0) / r.count for r, n in zip(steps, again, strict=True))
     # the wait inside steps done again is already lost progress: only the useful steps' share is counted here
-    waits = [window_wait(r, others) * (r.count - _recomputed(r, furthest)) / r.count for r in steps]
+    waits = [window_wait(r, others) * (r.count - (n or 0)) / r.count for r, n in zip(steps, again, strict=True)]
     last_record = _last_time(recs)
     activity_end = min(end, last_record) if last_record is not None else span.start
     seconds[Category.CHECKPOINT_LOAD] = load
@@ -249,13 +286,17 @@ def _attempt(span: AttemptSpan, end: float, recs: list[GoodputRecord], furthest:
     ok = bool(finished) and (span.exit_code in (None, 0) or finished[-1].outcome != "completed")
     seconds[Category.TEARDOWN if ok else Category.FAILURE] = tail
     resumed = next((r.step for r in loads if r.step is not None), None)
+    if resumed is None and placement is not None and steps and numbered_per_attempt(recs):
+        resumed = placement.reached(steps[0].first, steps[0].first) - 1 or None  # the point its script went on from
     return AttemptAccount(attempt=span.attempt, start=span.start, end=end, exit_code=span.exit_code,
                           cause=span.cause, failure_class=span.failure_class, seconds=seconds,
                           first_step=steps[0].first if steps else None, last_step=max((r.last for r in steps),
                                                                                       default=None),
-                          resumed_from=resumed, lost_steps=lost_steps, steps=steps, waits=waits, saves=saves,
-                          loads=loads,
-                          first_step_at=first_at)
+                          resumed_from=resumed, lost_steps=None if None in again else sum(n or 0 for n in again),
+                          reached=None if placement is None else max((placement.reached(r.first, r.last)
+                                                                      for r in steps), default=0),
+                          steps=steps, done_again=again, waits=waits, saves=saves, loads=loads, first_step_at=first_at,
+                          placement=placement, before=furthest)
 
 
 def _windows(split: Split, width: float) -> list[tuple[float, float]]:
@@ -264,18 +305,15 @@ def _windows(split: Split, width: float) -> list[tuple[float, float]]:
         return []
     count = max(1, int(-(-split.wall_s // width)))
     trained = [0.0] * count
-    furthest = 0
     for attempt in split.attempts:
-        for r, wait in zip(attempt.steps, attempt.waits, strict=True):
-            useful = r.busy_s * (r.count - _recomputed(r, furthest)) / r.count - wait
+        for r, wait, again in zip(attempt.steps, attempt.waits, attempt.done_again, strict=True):
+            useful = r.busy_s * (r.count - (again or 0)) / r.count - wait
             span = max(r.end - r.start, 1e-9)
             for i in range(count):
                 lo = split.start + i * width
                 overlap = min(r.end, lo + width) - max(r.start, lo)
                 if overlap > 0 or (span <= 1e-9 and lo <= r.start < lo + width):
                     trained[i] += useful * (min(1.0, max(overlap, 0.0) / span) if span > 1e-9 else 1.0)
-        if attempt.last_step is not None:
-            furthest = max(furthest, attempt.last_step)
     out = []
     for i in range(count):
         lo = split.start + i * width

@@ -24,9 +24,9 @@ from typing import ClassVar
 
 from ddpkit.base.jsonlines import Kinds, append_line, encode
 
-__all__ = ["ATTEMPT_VAR", "GOODPUT", "RUN_DIR_VAR", "Finished", "GoodputLog", "GoodputRecord", "Loaded",
-           "QueueWaited", "RankStarted", "RunStarted", "Saved", "Steps", "append_line", "attempt_from_environ",
-           "rank_file", "read_goodput", "run_dir_from_environ"]
+__all__ = ["ATTEMPT_VAR", "GOODPUT", "RUN_DIR_VAR", "EpochBegan", "Finished", "GoodputLog", "GoodputRecord",
+           "Loaded", "QueueWaited", "RankStarted", "RunStarted", "Saved", "Steps", "append_line",
+           "attempt_from_environ", "rank_file", "read_goodput", "run_dir_from_environ"]
 
 GOODPUT = "goodput.jsonl"
 
@@ -64,6 +64,25 @@ class RankStarted:
     pid: int
     host: str
     world_size: int
+    numbering: str = "global"
+    """How the attempt's ``Steps`` are numbered: ``"global"``, across attempts (``train``: a resumed attempt goes on
+    from its snapshot's step); ``"attempt"``, from 1 in every attempt (a user's script under ``ddpkit run``: the watch
+    counts its DDP forwards and cannot see its checkpoint; where it resumed is told by its ``EpochBegan`` lines)."""
+    loaded_state: bool | None = None
+    """A user's script loaded saved state (``torch.load``, a model's or optimizer's ``load_state_dict``) before its
+    first step; None: not watched (``train``, whose ``Loaded`` says)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class EpochBegan:
+    """A user's script began epoch ``epoch`` (it called its sampler's ``set_epoch``) before its step ``step`` of
+    this attempt (numbered from 1 in each attempt: ``RankStarted.numbering``)."""
+
+    KIND: ClassVar[str] = "epoch-began"
+    attempt: int
+    epoch: int
+    step: int
+    time: float
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -138,9 +157,9 @@ class Finished:
     outcome: str
 
 
-GoodputRecord = RunStarted | RankStarted | Loaded | Steps | Saved | Finished | QueueWaited
-_KINDS: Kinds[GoodputRecord] = Kinds("goodput", (RunStarted, RankStarted, Loaded, Steps, Saved, Finished,
-                                                 QueueWaited))
+GoodputRecord = RunStarted | RankStarted | EpochBegan | Loaded | Steps | Saved | Finished | QueueWaited
+_KINDS: Kinds[GoodputRecord] = Kinds("goodput", (RunStarted, RankStarted, EpochBegan, Loaded, Steps, Saved,
+                                                 Finished, QueueWaited))
 to_json = encode
 
 

@@ -96,8 +96,11 @@ def _in_rank(command: WorkerCommand, module: ModuleType, args: argparse.Namespac
 
     install(options)  # a stalled rank is named, with its host and every rank's stack
     sigterm.install()  # the launcher ending this rank: first name a rank on this host that is gone
-    code = int(module.run(args, start))
-    ended(code)  # the last goodput lines, with --run-dir or under --heal (watch.steplines)
+    code = 1  # a script that raised (a peer gone mid-collective) ends its goodput lines too: the steps it made count
+    try:
+        code = int(module.run(args, start))
+    finally:
+        ended(code)  # the last goodput lines, with --run-dir or under --heal (watch.steplines)
     return code
 
 

@@ -30,10 +30,16 @@ def prometheus_text(view: RunView) -> str:
     metric("ddpkit_attempts_total", "counter", "Attempts the run started.", [(run, float(len(split.attempts)))])
     metric("ddpkit_failed_attempts_total", "counter", "Attempts that ended with a non-zero exit code.",
            [(run, float(failed))])
-    metric("ddpkit_lost_steps_total", "counter", "Training steps done again after a resume.",
-           [(run, float(split.lost_steps))])
-    metric("ddpkit_furthest_step", "gauge", "The furthest training step the run reached.",
-           [(run, float(split.furthest_step))])
+    # a figure ddpkit does not know is left out, never written as 0: a user's script that showed no epoch
+    metric("ddpkit_lost_steps_known", "gauge", "1 where the steps done again after a resume are known, else 0 "
+           "(ddpkit_lost_steps_total is then absent and ddpkit_goodput_ratio an upper bound).",
+           [(run, float(split.lost_known))])
+    if split.lost_steps is not None:
+        metric("ddpkit_lost_steps_total", "counter", "Training steps done again after a resume.",
+               [(run, float(split.lost_steps))])
+    if split.furthest_step is not None:
+        metric("ddpkit_furthest_step", "gauge", "The furthest training step the run reached.",
+               [(run, float(split.furthest_step))])
     metric("ddpkit_time_seconds", "gauge", "Wall-clock seconds of the run by category (they add up to the wall).",
            [(f'{run},category="{c.value}"', split.seconds[c]) for c in Category])
     return "\n".join(lines) + "\n"

@@ -57,7 +57,6 @@ def trace_events(view: RunView) -> dict[str, Any]:
     split = view.split
     t0 = split.start
     events: list[dict[str, Any]] = []
-    furthest = 0
     if split.queue is not None:  # process 0: the scheduler's queue, before the first attempt
         q = split.queue
         events += [{"name": "process_name", "ph": "M", "pid": 0, "tid": 0,
@@ -88,16 +87,17 @@ def trace_events(view: RunView) -> dict[str, Any]:
         events.append(_complete(tail_name, "phase", min(tail, a.end), a.end, t0, pid, 0))
         for rank, lines in view.rank_steps.items():
             for r in (r for r in lines if r.attempt == a.attempt):
-                again = max(0, min(r.last, furthest) - r.first + 1)
-                events.append(_complete(f"steps {r.first}-{r.last}", "lost-progress" if again else "steps", r.start,
+                again = a.again(r.first, r.last)
+                kind = "steps" if again == 0 else "lost-progress" if again else "steps (done again: not known)"
+                events.append(_complete(f"steps {r.first}-{r.last}", kind, r.start,
                                         r.end, t0, pid, rank + 1, {"rank": rank, "steps": r.count,
                                                                    "busy_s": round(r.busy_s, 6),
                                                                    "p50_ms": round(r.p50_ms, 3),
                                                                    "done_again": again,
                                                                    "sync_s": r.sync_s}))
         events += _sync_counters(view, a.attempt, t0, pid)
-        if a.last_step is not None:
-            furthest = max(furthest, a.last_step)
     return {"traceEvents": events, "displayTimeUnit": "ms",
             "otherData": {"run_dir": str(view.run_dir), "goodput": round(split.goodput, 6),
-                          "wall_s": round(split.wall_s, 6)}}
+                          "goodput_is": "exact" if split.lost_known else "an upper bound (steps done again not known)",
+                          "lost_steps": split.lost_steps, "wall_s": round(split.wall_s, 6)}}
+

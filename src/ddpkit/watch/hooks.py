@@ -19,8 +19,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
+import operator
 import threading
 import time
 from collections.abc import Callable
@@ -114,6 +116,14 @@ class Hooks:
         self._set(DDP, "register_comm_hook", self._register(DDP.register_comm_hook))
         self._set(DDP, "_register_builtin_comm_hook", self._builtin(DDP._register_builtin_comm_hook))
         self._set(DDP, "forward", self._forward(DDP.forward))
+        import torch
+        from torch.utils.data.distributed import DistributedSampler
+
+        # where a resumed script went on from (goodput.positions): the epoch it began, and whether it loaded state
+        self._set(DistributedSampler, "set_epoch", self._set_epoch(DistributedSampler.set_epoch))
+        for owner, name in ((torch, "load"), (torch.nn.Module, "load_state_dict"),
+                            (torch.optim.Optimizer, "load_state_dict")):
+            self._set(owner, name, self._loading(getattr(owner, name)))
 
     def uninstall(self) -> None:
         for owner, name, value in reversed(self._saved):
@@ -274,6 +284,32 @@ class Hooks:
             return original(model, *args, **kwargs)
 
         return forward
+
+
+    def _set_epoch(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        live = self.live
+
+        @functools.wraps(original)
+        def set_epoch(sampler: Any, epoch: int) -> None:
+            rec = live.recorder
+            if rec is not None:
+                with contextlib.suppress(TypeError):  # an epoch that is no integer places nothing
+                    rec.epoch_began(operator.index(epoch))
+            original(sampler, epoch)
+
+        return set_epoch
+
+    def _loading(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        live = self.live
+
+        @functools.wraps(original)
+        def loading(*args: Any, **kwargs: Any) -> Any:
+            rec = live.recorder
+            if rec is not None:
+                rec.state_loaded()
+            return original(*args, **kwargs)
+
+        return loading
 
 
 def _watch_hookless(model: Any, rec: Recorder) -> None:

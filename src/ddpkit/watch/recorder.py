@@ -159,6 +159,12 @@ class Recorder:
         self.step_at = 0.0
         """When step ``steps`` began (epoch seconds; ``watch.steplines`` writes the goodput lines from it)."""
         self.first_step_at = 0.0
+        self.loaded_state = False
+        """The script loaded saved state (``torch.load``, a model's or optimizer's ``load_state_dict``) before its
+        first step: it may have resumed (``goodput.positions``)."""
+        self.epochs: list[tuple[int, int, float]] = []
+        """(epoch, the step it began before, when): the script's sampler's ``set_epoch`` calls, each new epoch once
+        (``watch.steplines`` writes them: where a resumed script went on from, ``goodput.positions``)."""
         self.sync_total = 0.0  # the sampled gradient-sync times, summed, and how many (``watch.steplines``)
         self.sync_samples = 0
         self._step_start: float | None = None
@@ -396,6 +402,16 @@ class Recorder:
         self.steps = n
         if n % SAMPLE_EVERY <= 1:
             self._sample(n)
+
+    def epoch_began(self, epoch: int) -> None:
+        """The script's sampler was told ``epoch`` (``DistributedSampler.set_epoch``): the next DDP forward is its
+        first step. A second sampler told the same epoch (an evaluation's) adds nothing."""
+        if not self.epochs or self.epochs[-1][0] != epoch:
+            self.epochs.append((epoch, self.steps + 1, _wall()))
+
+    def state_loaded(self) -> None:
+        if not self.steps:
+            self.loaded_state = True
 
     def _sample(self, n: int) -> None:
         """Step ``n`` begins, one in SAMPLE_EVERY is timed: the one that begins at n = 0 (mod SAMPLE_EVERY) ends at

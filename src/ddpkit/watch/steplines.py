@@ -12,6 +12,11 @@ the window's mean step (the watch times no single step on this path); ``sync_s``
 statistic, as the watch samples it (``Recorder._sample``), scaled to the window's steps, so the straggler wait
 (``goodput.straggler``) is seen under DDP's C++ all-reduce too; None where no sample fell in the window.
 
+Rank 0 also writes each epoch the script's sampler began (``EpochBegan``, from ``DistributedSampler.set_epoch``):
+its steps are numbered from 1 in every attempt (``RankStarted.numbering``), so that is how the report learns where a
+script that resumed from its own checkpoint went on from (``goodput.positions``); without it, its steps done again
+are reported as not known.
+
 A line at most every ``every_s`` (1 s), each one appended whole and fsynced: a job killed at any moment keeps what
 was written. Rank 0 writes ``RankStarted`` (the time the group began) with its first step, and ``Finished`` when the
 script returned 0; a script whose steps the watch does not see (no DDP model) writes nothing: its attempt is
@@ -21,6 +26,7 @@ script returned 0; a script whose steps the watch does not see (no DDP model) wr
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import threading
 import time
@@ -28,7 +34,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ddpkit.base.log import get_logger
-from ddpkit.goodput.records import Finished, GoodputLog, RankStarted, Steps, attempt_from_environ
+from ddpkit.goodput.records import EpochBegan, Finished, GoodputLog, RankStarted, Steps, attempt_from_environ
 from ddpkit.process.worker_context import WorkerContext, process_started_at
 
 if TYPE_CHECKING:
@@ -55,7 +61,8 @@ class StepLines:
         # sees (no DDP model) leaves no line, and its attempt stays "unmeasured", not one long start-up
         self.started = RankStarted(attempt=self.log.attempt, time=time.time(), pid=os.getpid(), host=recorder.host,
                                    process=context.started_at if context.restart_count == 0 else process_started_at(),
-                                   world_size=recorder.world_size)
+                                   world_size=recorder.world_size, numbering="attempt")
+        self.epochs = 0  # the recorder's epochs written
 
     def beat(self, *, final: bool = False) -> None:
         """Write the steps that ended since the last line (at most one line every ``every_s``, unless ``final``).
@@ -77,7 +84,9 @@ class StepLines:
         if self.first == 0:
             self.first, self.at, self.sync = 1, rec.first_step_at, (rec.sync_total, rec.sync_samples)
             if rec.rank == 0:
-                self.log.write(self.started)
+                self.log.write(dataclasses.replace(self.started, loaded_state=rec.loaded_state))
+        if rec.rank == 0:
+            self._write_epochs()
         if n <= self.first or (not final and began - self.at < self.every_s):
             return
         count = n - self.first
@@ -89,6 +98,12 @@ class StepLines:
         self.log.write(Steps(attempt=self.log.attempt, start=self.at, end=began, first=self.first, last=n - 1,
                              busy_s=span, p50_ms=span / count * 1e3, rank=rec.rank, sync_s=sync))
         self.first, self.at, self.sync = n, began, (total, samples)
+
+    def _write_epochs(self) -> None:
+        marks = self.rec.epochs[self.epochs:]
+        for epoch, step, at in marks:
+            self.log.write(EpochBegan(attempt=self.log.attempt, epoch=epoch, step=step, time=at))
+        self.epochs += len(marks)
 
     def end(self, code: int) -> None:
         """The script returned ``code``: the last whole steps written; rank 0 says ``Finished`` when it succeeded
