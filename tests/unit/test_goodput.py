@@ -219,3 +219,26 @@ def test_the_queue_wait_the_scheduler_recorded_comes_before_the_run_and_adds_to_
     assert split.wall_s == pytest.approx(end - start + 92.0)
     assert abs(split.accounted_s - split.wall_s) <= 0.01 * split.wall_s
     assert split.queue is not None and split.queue.job_id == "42"
+
+
+def test_noisy_windows_of_equal_ranks_are_no_straggler_but_a_slower_rank_is() -> None:
+    """Two equal ranks whose sampled sync per window is noisy (one a hundred steps sampled): the spread of each
+    window's means is positive on average, and summed it said 10-25% "waiting for a straggler" on a healthy job."""
+    import random
+
+    from ddpkit.goodput.accounting import AttemptSpan, Category, account
+    from ddpkit.goodput.records import Steps
+
+    rng = random.Random(7)
+
+    def lines(rank: int, extra_ms: float) -> list[Steps]:
+        return [Steps(attempt=1, start=float(w), end=w + 1.0, first=1 + 400 * w, last=400 * (w + 1), busy_s=1.0,
+                      p50_ms=2.5, rank=rank, sync_s=400 * (1e-3 + rng.uniform(-0.5e-3, 0.5e-3) + extra_ms * 1e-3))
+                for w in range(60)]
+
+    span = [AttemptSpan(attempt=1, start=0.0, end=60.0, exit_code=0)]
+    zero = lines(0, 0.0)
+    healthy = account(span, zero, rank_steps={0: zero, 1: lines(1, 0.0)})
+    assert healthy.seconds[Category.STRAGGLER_WAIT] < 0.05 * 60, healthy.seconds  # each window's spread: 13%
+    slow = account(span, zero, rank_steps={0: zero, 1: lines(1, 0.5)})  # rank 1 waits 0.5 ms a step for rank 0
+    assert abs(slow.seconds[Category.STRAGGLER_WAIT] - 60 * 400 * 0.5e-3) < 0.3 * 60 * 400 * 0.5e-3, slow.seconds

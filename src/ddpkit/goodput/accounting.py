@@ -47,7 +47,7 @@ from ddpkit.goodput.records import (
     Saved,
     Steps,
 )
-from ddpkit.goodput.straggler import window_wait
+from ddpkit.goodput.straggler import attempt_wait, window_wait
 
 __all__ = ["AttemptAccount", "AttemptSpan", "Category", "Split", "account"]
 
@@ -266,8 +266,12 @@ def _attempt(span: AttemptSpan, end: float, recs: list[GoodputRecord], furthest:
                            failure_class=span.failure_class, seconds=seconds, placement=placement, before=furthest)
     again = [where.again(r.first, r.last) for r in steps]
     lost = sum(r.busy_s * (n or 0) / r.count for r, n in zip(steps, again, strict=True))
-    # the wait inside steps done again is already lost progress: only the useful steps' share is counted here
-    waits = [window_wait(r, others) * (r.count - (n or 0)) / r.count for r, n in zip(steps, again, strict=True)]
+    # the attempt's wait (``straggler.attempt_wait``), shared among its windows as their own spreads show it; the
+    # wait inside steps done again is already lost progress: only the useful steps' share is counted here
+    spreads = [window_wait(r, others) for r in steps]
+    scale = attempt_wait(steps, others) / sum(spreads) if sum(spreads) > 0 else 0.0
+    waits = [min(r.busy_s, w * scale) * (r.count - (n or 0)) / r.count
+             for r, w, n in zip(steps, spreads, again, strict=True)]
     last_record = _last_time(recs)
     activity_end = min(end, last_record) if last_record is not None else span.start
     seconds[Category.CHECKPOINT_LOAD] = load

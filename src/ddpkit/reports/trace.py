@@ -11,7 +11,8 @@ rank measured its gradient sync: ``goodput.straggler``): "gradient sync, rank R"
 per step from its last gradient bucket handed to the all-reduce to the all-reduce's end) and ``wait_ms`` (that
 less the least of any rank over the same steps: the wait for a slower rank). Not in the trace: each single
 all-reduce or bucket (ddpkit keeps per-second sums, never per-call events), collectives other than the gradients'
-(the stop-flag vote, barriers, the watch's store traffic), and the sync under DDP's own C++ all-reduce."""
+(the stop-flag vote, barriers, the watch's store traffic), and ``train``'s sync under DDP's own C++ all-reduce (a
+model above ``PYTHON_HOOK_MAX_PARAMS``; a script under ``ddpkit run`` has DDP's own statistic, sampled)."""
 
 from __future__ import annotations
 
