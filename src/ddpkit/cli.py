@@ -19,7 +19,6 @@ from ddpkit import __version__
 from ddpkit.base.errors import EXIT_USAGE, ConfigError, DdpkitError
 from ddpkit.base.inputs import endpoint, local_ranks, shape_text
 from ddpkit.base.log import configure, get_logger
-from ddpkit.lifecycle import run_rank
 from ddpkit.process.exiting import leave
 
 __all__ = ["main", "program"]
@@ -178,7 +177,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.ddpkit_argv = argv  # the command line as given, for the header of generated files
         command = _BY_NAME[args.command]
         module = _load(command.name)
-        if command.worker:
+        if command.worker:  # imported here: the rank's lifecycle reads the launchers (env/), which submit never needs
+            from ddpkit.lifecycle import run_rank
+
             return run_rank(command, module, args, argv, main)
         return int(module.run(args))
     except DdpkitError as exc:

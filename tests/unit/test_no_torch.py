@@ -87,3 +87,15 @@ def test_light_commands_import_no_torch(argv: list[str]) -> None:
     modules = [line.rsplit("|", 1)[-1].strip() for line in proc.stderr.splitlines() if line.startswith("import time:")]
     assert "ddpkit.cli" in modules  # the timing did see ddpkit's own imports
     assert not [m for m in modules if m == "torch" or m.startswith("torch.")]
+
+
+def test_submit_help_loads_few_ddpkit_modules() -> None:
+    """``ddpkit submit --help`` loads what it renders with, not the rank's lifecycle and every launcher (it loaded 27
+    ddpkit modules when cli.py imported the lifecycle at its top)."""
+    proc = subprocess.run([sys.executable, "-X", "importtime", "-m", "ddpkit", "submit", "--help"], capture_output=True,
+                          text=True, timeout=120, env=ddpkit_env())
+    assert proc.returncode == 0, proc.stderr
+    modules = [line.rsplit("|", 1)[-1].strip() for line in proc.stderr.splitlines() if line.startswith("import time:")]
+    ours = [m for m in modules if m == "ddpkit" or m.startswith("ddpkit.")]
+    assert "ddpkit.cli" in ours and len(ours) <= 15, ours
+    assert not [m for m in modules if m == "torch" or m.startswith("torch.")]
