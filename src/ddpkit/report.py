@@ -40,7 +40,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="check or bench JSON files (--json of each command), or one run directory")
     p.add_argument("-o", "--output", default="report.md", help="Markdown file to write (default report.md)")
     p.add_argument("--title", default="ddpkit report", help="first heading of the report")
-    p.add_argument("--no-plots", action="store_true", help="do not draw the bench plots")
+    p.add_argument("--no-plots", action="store_true", help="do not draw the bench plots (they need matplotlib: pip install 'ddpkit[plots]')")
     p.add_argument("--baseline", type=baseline_path, default=None, metavar="FILE",
                    help="show each bench run beside this baseline (bench --save-baseline) where the run was not "
                         "judged against one already; check runs: node facts that changed")
@@ -49,7 +49,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         f"(default {DEFAULT_TOLERANCE:g})")
     r = p.add_argument_group("a run directory")
     r.add_argument("--html", type=output_path("--html"), default=None, metavar="PATH",
-                   help="one self-contained HTML page: attempts and causes, the goodput split, step times")
+                   help="one self-contained HTML page (inline SVG: no plotting library needed): attempts and causes, "
+                        "the goodput split, step times")
     r.add_argument("--trace", type=output_path("--trace"), default=None, metavar="PATH",
                    help="a Chrome/Perfetto trace (JSON traceEvents) of the attempts, phases and rank 0's steps")
     r.add_argument("--prometheus", type=output_path("--prometheus"), default=None, metavar="PATH",
@@ -281,12 +282,9 @@ def _run_dir_report(args: argparse.Namespace, run_dir: Path) -> int:
         Path(args.trace).write_text(json.dumps(trace_events(view)) + "\n")
         written.append(args.trace)
     if args.prometheus:
-        from ddpkit.reports.prometheus import prometheus_text
+        from ddpkit.reports.prometheus import write_prometheus
 
-        target = Path(args.prometheus)  # node-exporter may read at any moment: written whole, then renamed
-        partial = target.with_name(f".{target.name}.tmp")
-        partial.write_text(prometheus_text(view))
-        partial.replace(target)
+        write_prometheus(view, args.prometheus)  # node-exporter may read at any moment: written whole, then renamed
         written.append(args.prometheus)
     split = view.split
     goodput = f"goodput {100 * split.goodput:.1f}%" if split.lost_known else \
