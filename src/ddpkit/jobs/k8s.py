@@ -18,7 +18,8 @@ from __future__ import annotations
 from typing import Any
 
 from ddpkit.base.errors import ConfigError
-from ddpkit.jobs.spec import JobSpec, header, torchrun_entry
+from ddpkit.jobs.rendering import header, torchrun_entry
+from ddpkit.jobs.spec import JobSpec
 
 __all__ = ["ETCD_IMAGE", "SNAPSHOT_DIR", "manifests", "render"]
 

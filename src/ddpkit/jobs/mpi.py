@@ -18,8 +18,9 @@ of every later attempt, and with no spare left the job shrinks down to MIN (``-j
 from __future__ import annotations
 
 from ddpkit.jobs.interpreter import STEP_NOTE, job_interpreter, step_argv
+from ddpkit.jobs.rendering import python_argv
 from ddpkit.jobs.shell import Raw, preamble, wrap
-from ddpkit.jobs.spec import JobSpec, python_argv
+from ddpkit.jobs.spec import JobSpec
 
 __all__ = ["master_address", "render"]
 

@@ -6,7 +6,8 @@ import shlex
 from collections.abc import Sequence
 
 from ddpkit.jobs.interpreter import job_interpreter
-from ddpkit.jobs.spec import JobSpec, header
+from ddpkit.jobs.rendering import header
+from ddpkit.jobs.spec import JobSpec
 
 __all__ = ["Raw", "preamble", "wrap"]
 

@@ -37,8 +37,9 @@ from __future__ import annotations
 
 from ddpkit.base.ports import derive_port_shell
 from ddpkit.jobs.interpreter import job_interpreter
+from ddpkit.jobs.rendering import python_argv
 from ddpkit.jobs.shell import Raw, preamble, wrap
-from ddpkit.jobs.spec import DDPKIT_COMMANDS, JobSpec, asks_for_mpi, python_argv
+from ddpkit.jobs.spec import DDPKIT_COMMANDS, JobSpec, asks_for_mpi
 from ddpkit.jobs.torchrun import RESTART_FIX, torchrun_argv
 
 __all__ = ["render"]

@@ -14,8 +14,9 @@ from __future__ import annotations
 
 from ddpkit.jobs import slurm
 from ddpkit.jobs.interpreter import job_interpreter
+from ddpkit.jobs.rendering import python_argv
 from ddpkit.jobs.shell import preamble, wrap
-from ddpkit.jobs.spec import JobSpec, python_argv
+from ddpkit.jobs.spec import JobSpec
 
 __all__ = ["directives", "render"]
 

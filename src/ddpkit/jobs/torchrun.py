@@ -15,8 +15,9 @@ from __future__ import annotations
 
 from ddpkit.base.shape import DEFAULT_RDZV_PORT, split_endpoint
 from ddpkit.jobs.interpreter import STEP_NOTE, job_interpreter, step_argv
+from ddpkit.jobs.rendering import torchrun_entry
 from ddpkit.jobs.shell import Raw, preamble, wrap
-from ddpkit.jobs.spec import JobSpec, torchrun_entry
+from ddpkit.jobs.spec import JobSpec
 
 __all__ = ["render", "torchrun_argv"]
 

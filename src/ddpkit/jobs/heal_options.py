@@ -1,0 +1,91 @@
+"""The rules of ``--heal`` and its options on a job (``ddpkit.jobs.spec.JobSpec`` checks them on construction)."""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from ddpkit.base.errors import ConfigError
+from ddpkit.base.shape import JobShape
+
+__all__ = ["check_heal", "check_mpi_heal"]
+
+
+class HealedJob(Protocol):
+    """What these rules read of a job: a protocol, so that the spec, which applies them, and this module do not
+    import each other."""
+
+    @property
+    def backend(self) -> str: ...
+    @property
+    def shape(self) -> JobShape: ...
+    @property
+    def hosts(self) -> tuple[str, ...]: ...
+    @property
+    def heal(self) -> bool: ...
+    @property
+    def spare_nodes(self) -> int: ...
+    @property
+    def max_attempts(self) -> int: ...
+    @property
+    def on_fail(self) -> str: ...
+    @property
+    def run_dir(self) -> str | None: ...
+    @property
+    def silent_after(self) -> float: ...
+    @property
+    def max_restarts(self) -> int: ...
+    @property
+    def container_image(self) -> str | None: ...
+
+
+def check_heal(spec: HealedJob) -> None:
+    """``--heal`` and its options: Slurm's supervisor today (torchrun, mpi and k8s heal in their own ways)."""
+    given = [name for name, on in (("--spare-nodes", spec.spare_nodes), ("--on-fail drain", spec.on_fail == "drain"),
+                                   ("--run-dir", spec.run_dir)) if on]
+    if not spec.heal:
+        if given:
+            raise ConfigError(f"{', '.join(given)} without --heal", "these options with --heal",
+                              f"add --heal, or drop {', '.join(given)}")
+        return
+    if spec.backend not in ("slurm", "mpi"):
+        raise ConfigError(f"submit {spec.backend} --heal", "submit slurm --heal (a supervisor in the batch script) "
+                          "or submit mpi --heal (a supervisor around mpirun); across hosts without a scheduler: "
+                          "ddpkit run|train -j MIN:MAXxP --heal on every host",
+                          "use one of those, or drop --heal")
+    if spec.backend == "mpi" and spec.on_fail == "drain":
+        raise ConfigError("submit mpi --heal --on-fail drain", "--on-fail drain under Slurm (scontrol drains a node)",
+                          "drop --on-fail drain: the mpi supervisor keeps the bad host out of its own attempts")
+    if spec.spare_nodes < 0:
+        raise ConfigError(f"--spare-nodes {spec.spare_nodes}", "0 or more", "pass --spare-nodes 1")
+    if spec.max_attempts < 1:
+        raise ConfigError(f"--max-attempts {spec.max_attempts}", "1 or more", "pass --max-attempts 3 (the default)")
+    if spec.on_fail not in ("report", "drain"):
+        raise ConfigError(f"--on-fail {spec.on_fail!r}", "report or drain", "pass --on-fail drain")
+    if not (4 <= spec.silent_after <= 3600):
+        raise ConfigError(f"--silent-after {spec.silent_after:g}", "4 to 3600 seconds (a heartbeat is stale "
+                          "after 3 s)", "leave it at 10")
+    if spec.max_restarts:
+        raise ConfigError(f"--heal with --max-restarts {spec.max_restarts}", "one of them: --heal starts the "
+                          "ranks again itself, after classifying each failure", "drop --max-restarts")
+    if spec.container_image:
+        raise ConfigError("--heal with --container-image", "--heal with a Python on the nodes: its supervisor runs "
+                          "in the batch script, outside the image", "drop --container-image, or drop --heal")
+    if spec.run_dir is not None and (not spec.run_dir.isprintable() or not spec.run_dir.strip()):
+        raise ConfigError(f"--run-dir {spec.run_dir!r}", "a path of printable text", "pass --run-dir runs/job")
+
+
+def check_mpi_heal(spec: HealedJob, kept: tuple[str, ...]) -> None:
+    """``submit mpi --heal``: the hosts to choose from (beyond -j's N: spares), at least MIN of them."""
+    s = spec.shape
+    if not spec.hosts:
+        raise ConfigError("submit mpi --heal without --hosts", "--hosts naming the hosts to run on (more than -j's "
+                          "N: spares)", f"add --hosts with {s.max_nodes} host(s) or more")
+    if len(kept) < s.min_nodes:
+        left = f" ({len(kept)} left after --exclude-from)" if len(kept) != len(spec.hosts) else ""
+        raise ConfigError(f"--hosts names {len(spec.hosts)} host(s){left} but -j {s} needs {s.min_nodes} at least",
+                          "at least MIN hosts", "add hosts to --hosts")
+    if spec.spare_nodes and spec.spare_nodes != len(kept) - s.max_nodes:
+        raise ConfigError(f"submit mpi --spare-nodes {spec.spare_nodes} with {len(kept)} host(s) for -j {s}",
+                          "the spares of submit mpi are the --hosts beyond -j's N "
+                          f"({max(0, len(kept) - s.max_nodes)} here)",
+                          f"leave out --spare-nodes, or list {s.max_nodes + spec.spare_nodes} hosts in --hosts")
