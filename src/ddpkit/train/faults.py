@@ -29,11 +29,12 @@ import torch
 import torch.distributed as dist
 
 from ddpkit.base.log import get_logger
-from ddpkit.process.stopping import signal_from_outside
-from ddpkit.train.config import Drill
+from ddpkit.process.stopping import mark_outside_signal, signal_from_outside
+from ddpkit.train.config import Drill, TrainConfig
+from ddpkit.train.output import say
 from ddpkit.train.summary import DrillResult
 
-__all__ = ["DrillBook", "PreemptionWatch", "requeue_slurm_job"]
+__all__ = ["DrillBook", "DrillTrigger", "PreemptionWatch", "requeue_slurm_job"]
 
 log = get_logger(__name__)
 
@@ -179,3 +180,39 @@ class DrillBook:
                                    f"(global step {rec['global_step']})", fired_at_step=rec["global_step"],
                                    lost_steps=lost, within_interval=lost is not None and lost <= interval_steps))
         return out
+
+
+class DrillTrigger:
+    """Fires the drill due at a step (the trainer's one call per step): every rank reaches it at the same step, rank 0
+    records it in the book, then its target rank injects the fault: SIGKILL, or the preemption signal."""
+
+    def __init__(self, book: DrillBook, config: TrainConfig, *, rank: int, world_size: int, steps_per_epoch: int,
+                 stop_dir: str | None) -> None:
+        self.book, self.cfg = book, config
+        self.rank, self.world, self.steps_per_epoch = rank, world_size, steps_per_epoch
+        self.stop_dir = stop_dir  # the agent's (WorkerContext.stop_dir): where a preempt drill leaves its mark
+
+    def fire_due(self, epoch: int, batch: int, step: int) -> None:
+        drill = self.book.due(epoch, batch, self.steps_per_epoch)
+        if drill is None:
+            return
+        target = (self.world - 1 if drill.rank is None else drill.rank) if drill.kind == "kill-worker" else 0
+        if target >= self.world:
+            if self.rank == 0:
+                log.warning("drill %s: rank %d does not exist in a world of %d; skipped", drill, target, self.world)
+            return
+        if self.rank == 0:
+            self.book.record(drill, epoch=epoch, global_step=step, target_rank=target)
+        else:
+            self.book.fired[str(drill)] = {}
+        dist.barrier()  # the drill is on record before it fires: the restarted attempt will not repeat it
+        if self.rank != target:
+            return
+        if drill.kind == "kill-worker":
+            say(f"drill {drill}: killing rank {self.rank} (pid {os.getpid()}) with SIGKILL at step {step}")
+            os.kill(os.getpid(), signal.SIGKILL)
+        else:
+            say(f"drill {drill}: sending SIG{self.cfg.preempt_signal} to rank 0 at step {step}")
+            # the drill plays the world outside the job: it leaves the mark the agent leaves for such a signal
+            mark_outside_signal(self.stop_dir, f"SIG{self.cfg.preempt_signal}")
+            os.kill(os.getpid(), self.cfg.preempt_signum)

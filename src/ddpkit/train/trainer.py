@@ -16,7 +16,6 @@ continues at the step after the snapshot: nothing saved is run again. How a run 
 from __future__ import annotations
 
 import math
-import os
 import signal
 import socket
 import time
@@ -25,18 +24,17 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
-import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import Dataset
 
 from ddpkit.base.log import get_logger
 from ddpkit.comm.gradients import GradientAveraging, register_gradient_averaging
-from ddpkit.process.stopping import RunOutcome, mark_outside_signal
+from ddpkit.process.stopping import RunOutcome
 from ddpkit.process.worker_context import WorkerContext
 from ddpkit.train.config import TrainConfig
 from ddpkit.train.data import Batches
-from ddpkit.train.faults import DrillBook, PreemptionWatch, requeue_slurm_job
+from ddpkit.train.faults import DrillBook, DrillTrigger, PreemptionWatch, requeue_slurm_job
 from ddpkit.train.output import say
 from ddpkit.train.progress import Progress, on_terminal
 from ddpkit.train.snapshotter import Snapshotter
@@ -84,6 +82,8 @@ class Trainer:
         self.steps_per_epoch = self.batches.steps()
         self.snapshots = Snapshotter(config, rank=self.rank, world_size=self.world, device=runtime.device)
         self.drills = DrillBook(self.snapshots.drill_file if self.rank == 0 else None, config.drills)
+        self.drill_trigger = DrillTrigger(self.drills, config, rank=self.rank, world_size=self.world,
+                                          steps_per_epoch=self.steps_per_epoch, stop_dir=self.context.stop_dir)
         self.phase = "start-up (agreeing on the snapshot to resume from)"
         """What the ranks are doing now, for the message when a peer stops answering."""
         self.hosts: list[str] = []
@@ -143,7 +143,7 @@ class Trainer:
                         goodput.step(w0, time.time(), step, self.sync_s)
                     progress.advance(loss)
                     summary.marks.setdefault("first_step", time.time())  # a restart: kill -> first resumed step
-                    self._fire_drill(epoch, batch, step)
+                    self.drill_trigger.fire_due(epoch, batch, step)
                     self.phase = f"the stop-flag vote after step {step} (epoch {epoch})"
                     if preemption.should_stop(step):  # a stop signal reached some rank: all stop after this step
                         self.step_times += times
@@ -214,32 +214,6 @@ class Trainer:
                             step=step, urgent=urgent, loss_history=self.summary.loss_history, losses=losses or ())
         if self.goodput is not None:
             self.goodput.saved(began, time.time(), step)
-
-    # ---- drills ---------------------------------------------------------------------------------------
-    def _fire_drill(self, epoch: int, batch: int, step: int) -> None:
-        drill = self.drills.due(epoch, batch, self.steps_per_epoch)
-        if drill is None:
-            return
-        target = (self.world - 1 if drill.rank is None else drill.rank) if drill.kind == "kill-worker" else 0
-        if target >= self.world:
-            if self.rank == 0:
-                log.warning("drill %s: rank %d does not exist in a world of %d; skipped", drill, target, self.world)
-            return
-        if self.rank == 0:
-            self.drills.record(drill, epoch=epoch, global_step=step, target_rank=target)
-        else:
-            self.drills.fired[str(drill)] = {}
-        dist.barrier()  # the drill is on record before it fires: the restarted attempt will not repeat it
-        if self.rank != target:
-            return
-        if drill.kind == "kill-worker":
-            say(f"drill {drill}: killing rank {self.rank} (pid {os.getpid()}) with SIGKILL at step {step}")
-            os.kill(os.getpid(), signal.SIGKILL)
-        else:
-            say(f"drill {drill}: sending SIG{self.cfg.preempt_signal} to rank 0 at step {step}")
-            # the drill plays the world outside the job: it leaves the mark the agent leaves for such a signal
-            mark_outside_signal(self.context.stop_dir, f"SIG{self.cfg.preempt_signal}")
-            os.kill(os.getpid(), self.cfg.preempt_signum)
 
     # ---- how the run ends (ddpkit/process/stopping.py) -------------------------------------------------------
     def _stop(self, ddp: DDP, preemption: PreemptionWatch, epoch: int, next_batch: int, step: int, t_start: float,
