@@ -122,6 +122,23 @@ def test_snapshot_location_file_and_directory(tmp_path: Path) -> None:
     assert snapshot_location(str(tmp_path / "new") + "/") == (tmp_path / "new", "snapshot", ".pt")
 
 
+def test_a_missing_snapshot_directory_is_made_by_rank_0_and_a_file_in_the_way_refused(tmp_path: Path) -> None:
+    """``--snapshot-path snaps/`` in a new directory once exited 2 ("create it first"), as every other output path
+    does not: the README's heal example did not run as written."""
+    from ddpkit.train.snapshotter import Snapshotter
+
+    config = TrainConfig(snapshot_path=f"{tmp_path}/snaps/", json_path=f"{tmp_path}/out/run.json")
+    Snapshotter(config, rank=1, world_size=2, device=torch.device("cpu"))
+    assert not (tmp_path / "snaps").exists()  # rank 0 alone reads and writes snapshots
+    Snapshotter(config, rank=0, world_size=2, device=torch.device("cpu"))
+    assert (tmp_path / "snaps").is_dir()
+    (tmp_path / "file").write_text("")
+    for path, words in ((f"{tmp_path}/file/snaps/", "is a file, so no directory"),
+                        (f"{tmp_path}/file/", "is a file, not a directory")):
+        with pytest.raises(ConfigError, match=words):
+            TrainConfig(snapshot_path=path)
+
+
 def test_drills_parse_and_fire_once(tmp_path: Path) -> None:
     drill = parse_drill("kill-worker@epoch=3,rank=1")
     assert (drill.kind, drill.epoch, drill.rank) == ("kill-worker", 3, 1)
@@ -140,7 +157,7 @@ def test_drills_parse_and_fire_once(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("kwargs", [{"save_every": 0}, {"samples": -1}, {"batch_size": 0}, {"epochs": 0},
                                     {"model": "resnet"}, {"lr": 0.0}, {"preempt_signal": "KILL"},
-                                    {"batch_size": 64, "samples": 32}, {"snapshot_path": "/nonexistent/dir/s.pt"},
+                                    {"batch_size": 64, "samples": 32}, {"snapshot_path": f"{__file__}/dir/s.pt"},
                                     {"job": "no_such_module_xyz:make"}, {"job": "os.path:no_such_function"},
                                     {"job": "missing_colon"}, {"drills": (parse_drill("preempt@epoch=1"),)}])
 def test_bad_config_is_a_config_error(kwargs: dict[str, object]) -> None:

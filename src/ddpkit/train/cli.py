@@ -64,7 +64,7 @@ def _count(option: str, minimum: int = 1) -> Any:
 
 def _snapshot_path(text: str) -> str:
     check_output_path(text, "--snapshot-path", directory_ok=True)  # ~nouser, over-long names, /proc
-    TrainConfig(snapshot_path=text)  # checks, before any rank starts, that the directory exists and is writable
+    TrainConfig(snapshot_path=text)  # checks, before any rank starts, that the directory is writable or creatable
     return text
 
 
@@ -93,7 +93,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "where an MPI launcher started the ranks and mpi4py is installed, else the backend's own)")
     s = p.add_argument_group("snapshots and faults")
     s.add_argument("--snapshot-path", type=_snapshot_path, default=None, metavar="FILE|DIR/",
-                   help="DIR/NAME.pt (kept as DIR/NAME.<step>.pt) or an existing directory; default: no snapshots")
+                   help="DIR/NAME.pt (kept as DIR/NAME.<step>.pt) or a directory, DIR/; a missing DIR is created; "
+                        "default: no snapshots")
     s.add_argument("--save-every", type=_count("--save-every"), default=1, metavar="N",
                    help="snapshot every N epochs and after the last (default 1)")
     s.add_argument("--keep", type=_count("--keep"), default=2, metavar="K", help="snapshots kept (default 2)")
@@ -258,7 +259,9 @@ def run(args: argparse.Namespace, start: RankStart) -> int:
             timeline["startup_s"], timeline["teardown_s"])
         _report(summary)
         if config.json_path:
-            Path(config.json_path).write_text(json.dumps(timeline, indent=2, default=str) + "\n")
+            path = Path(config.json_path).expanduser()
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps(timeline, indent=2, default=str) + "\n")
     # ddpkit's launcher only sees that it was signalled: this file tells it how the workers ended (75 or 76)
     leave_preempted_code(context.preempted_mark, summary.outcome)
     return summary.exit_code

@@ -67,14 +67,19 @@ def snapshot_location(path: str) -> tuple[Path, str, str]:
 
 
 def _check_writable_dir(directory: Path, option: str) -> None:
-    if not directory.is_dir():
-        raise ConfigError(f"{option}: directory {str(directory)!r} does not exist",
-                          "an existing directory (a shared filesystem on several nodes)",
-                          f"create it first: mkdir -p {directory}")
-    if not os.access(directory, os.W_OK | os.X_OK):
-        raise ConfigError(f"{option}: directory {str(directory)!r} is not writable by this user",
+    """A directory ddpkit writes into: an existing one this user can write, or one it will create (``mkdir -p``, as
+    for every output path) below the nearest existing directory, which this user must be able to write."""
+    existing = next(p for p in (directory, *directory.parents, Path(".")) if p.exists())
+    if not existing.is_dir():
+        what = "not a directory" if existing == directory else f"so no directory {str(directory)!r} can be made in it"
+        raise ConfigError(f"{option}: {str(existing)!r} is a file, {what}",
+                          "a directory, or a path where one can be created",
+                          f"choose another {option}, or move the file {str(existing)!r} away")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        where = "" if existing == directory else f" (to create {str(directory)!r} in)"
+        raise ConfigError(f"{option}: directory {str(existing)!r}{where} is not writable by this user",
                           "a directory this user can create files in",
-                          "choose another --snapshot-path or fix the permissions")
+                          f"choose another {option} or fix the permissions")
 
 
 def check_job_spec(spec: str) -> None:
@@ -116,7 +121,8 @@ class TrainConfig:
     seed: int = 0
     """Seeds the data, the model, the sampler order and each rank's random generators."""
     snapshot_path: str | None = None
-    """Snapshot file (DIR/NAME.pt, kept as DIR/NAME.<step>.pt) or directory; None: no snapshots."""
+    """Snapshot file (DIR/NAME.pt, kept as DIR/NAME.<step>.pt) or directory (DIR/); None: no snapshots. A missing
+    DIR is created by rank 0."""
     save_every: int = 1
     """Write a snapshot every N epochs (and after the last one)."""
     keep: int = 2

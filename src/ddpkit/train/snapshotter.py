@@ -78,6 +78,8 @@ class Snapshotter:
         """Where the drills that fired are remembered (beside the snapshots), or None."""
         if config.snapshot_path is not None:
             directory, name, ext = snapshot_location(config.snapshot_path)
+            if rank == 0:  # rank 0 alone reads and writes snapshots; TrainConfig checked that it can create this
+                directory.mkdir(parents=True, exist_ok=True)
             self.dir = SnapshotDir(directory, name, ext, config.keep)
             self.drill_file = directory / f"{name}.drills.json"
         self.writer = AsyncWriter()
