@@ -40,7 +40,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="check or bench JSON files (--json of each command), or one run directory")
     p.add_argument("-o", "--output", default="report.md", help="Markdown file to write (default report.md)")
     p.add_argument("--title", default="ddpkit report", help="first heading of the report")
-    p.add_argument("--no-plots", action="store_true", help="do not draw the bench plots (they need matplotlib: pip install 'ddpkit[plots]')")
+    p.add_argument("--no-plots", action="store_true",
+                   help="do not draw the bench plots (they need matplotlib: pip install 'ddpkit[plots]')")
     p.add_argument("--baseline", type=baseline_path, default=None, metavar="FILE",
                    help="show each bench run beside this baseline (bench --save-baseline) where the run was not "
                         "judged against one already; check runs: node facts that changed")

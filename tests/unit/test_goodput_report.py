@@ -179,4 +179,4 @@ def test_the_queue_wait_is_a_headline_a_category_and_the_traces_first_lane(tmp_p
     events = json.loads(trace.read_text())["traceEvents"]
     queue = [e for e in events if e["ph"] == "X" and e["cat"] == "queue"]
     assert len(queue) == 1 and queue[0]["ts"] == 0 and queue[0]["dur"] == pytest.approx(28e6)
-    assert 'ddpkit_time_seconds{run="run",category="queue_wait"} 28' in prom.read_text()
+    assert 'ddpkit_time_seconds{category="queue_wait",run="run"} 28.0' in prom.read_text()

@@ -19,6 +19,8 @@ class FakeRecorder:
         self.rank, self.world_size, self.host = rank, 2, "h1"
         self.steps, self.step_at, self.first_step_at = 0, 0.0, 0.0
         self.sync_total, self.sync_samples = 0.0, 0
+        self.epochs: list[tuple[int, int, float]] = []
+        self.loaded_state = False
 
     def forward(self, at: float, sync: float | None = None) -> None:
         self.steps += 1

@@ -1,5 +1,6 @@
 """One self-contained HTML page of a run: the headline figures, a timeline of attempts and their causes, the
-goodput split, rank 0's step time and the rolling goodput (matplotlib SVG, inline), the attempts and the hosts
+goodput split, each rank's step time and the rolling goodput (inline SVG drawn by ``reports/svg.py``, so the
+page needs no plotting library), the attempts and the hosts
 at fault. No external script, stylesheet, font or image: the page opens from a mail attachment or an artifact
 store as it does from disk. One inline script sets ``data-ddpkit-ready`` on ``<html>`` (the number of figures it
 found) so a headless browser proves that the page loaded and ran."""
@@ -7,16 +8,15 @@ found) so a headless browser proves that the page loaded and ran."""
 from __future__ import annotations
 
 import html
-import io
 from datetime import datetime, timezone
 from typing import Any
 
 from ddpkit import __version__
-from ddpkit.base.errors import ConfigError
 from ddpkit.goodput.accounting import Category, Split
 from ddpkit.goodput.straggler import rank_waits
 from ddpkit.heal.ledger import AttemptEnded
 from ddpkit.reports.run import RunView
+from ddpkit.reports.svg import Chart
 
 __all__ = ["COLORS", "render_html"]
 
@@ -32,81 +32,58 @@ td,th{border:1px solid #ccc;padding:.25em .6em;text-align:left;vertical-align:to
 .num{text-align:right}.figure svg{max-width:100%;height:auto}.bad{color:#c62828}.muted{color:#666}"""
 
 
-def _pyplot() -> Any:
-    try:
-        import matplotlib
-    except ImportError:
-        raise ConfigError("--html needs matplotlib for its figures, which is not installed",
-                          "the ddpkit 'plots' extra", "pip install 'ddpkit[plots]' (or matplotlib)") from None
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
-def _svg(fig: Any) -> str:
-    plt = _pyplot()
-    out = io.StringIO()
-    fig.savefig(out, format="svg", bbox_inches="tight")
-    plt.close(fig)
-    text = out.getvalue()
-    return text[text.index("<svg"):]  # the XML prolog and doctype do not belong inside HTML
-
-
 def _timeline(split: Split) -> str:
-    plt = _pyplot()
     attempts = split.attempts
-    fig, ax = plt.subplots(figsize=(10, 0.9 + 0.6 * len(attempts)), dpi=100)
-    t0 = split.start
+    t0, rows = split.start, len(attempts)
+    chart = Chart(x_range=(0.0, split.wall_s * 1.01), y_range=(-0.6, rows - 0.1), plot_height=40 * rows,
+                  x_label="seconds since the run started",
+                  y_names={rows - 1 - row: f"attempt {a.attempt}" for row, a in enumerate(attempts)},
+                  legend=[(COLORS[c], c.words) for c in Category])
     if split.queue is not None and split.seconds[Category.QUEUE_WAIT] > 0:  # drawn on the first attempt's row
-        ax.broken_barh([(0.0, split.seconds[Category.QUEUE_WAIT])], (len(attempts) - 1.35, 0.7),
-                       color=COLORS[Category.QUEUE_WAIT])
+        chart.bar(0.0, split.seconds[Category.QUEUE_WAIT], rows - 1.35, rows - 0.65, COLORS[Category.QUEUE_WAIT],
+                  Category.QUEUE_WAIT.words)
     for row, a in enumerate(attempts):
-        y = len(attempts) - 1 - row
+        y = rows - 1 - row
         bars: list[tuple[float, float, Category]] = []
         head_end = a.first_step_at if a.first_step_at is not None else a.start + sum(
             a.seconds[c] for c in (Category.STARTUP, Category.CHECKPOINT_LOAD, Category.UNMEASURED))
         bars.append((a.start, head_end, Category.UNMEASURED if a.seconds[Category.UNMEASURED] else Category.STARTUP))
         bars += [(r.start, r.end, Category.CHECKPOINT_LOAD) for r in a.loads]
-        furthest = max((b.last_step or 0 for b in attempts[:row]), default=0)
-        for r in a.steps:
-            bars.append((r.start, r.end, Category.LOST_PROGRESS if r.first <= furthest else Category.TRAINING))
+        for r, again in zip(a.steps, a.done_again, strict=True):  # not known: drawn as training (an upper bound)
+            bars.append((r.start, r.end, Category.LOST_PROGRESS if again else Category.TRAINING))
         bars += [(r.start, r.end, Category.CHECKPOINT_SAVE) for r in a.saves]
         tail_from = max([r.end for r in a.steps] + [r.end for r in a.saves] + [head_end])
         tail = Category.FAILURE if a.seconds[Category.FAILURE] > 0 else Category.TEARDOWN
         bars.append((min(tail_from, a.end), a.end, tail))
         for start, end, category in bars:
-            ax.broken_barh([(start - t0, max(end - start, split.wall_s / 2000))], (y - 0.35, 0.7),
-                           color=COLORS[category])
+            chart.bar(start - t0, start - t0 + max(end - start, split.wall_s / 2000), y - 0.35, y + 0.35,
+                      COLORS[category], f"attempt {a.attempt}: {category.words} {end - start:.2f} s")
         label = f"exit {a.exit_code}" if a.exit_code is not None else "no end recorded"
         if a.cause:
             label += f": {a.cause}"
-        ax.text(a.end - t0, y + 0.42, " " + label[:90], fontsize=8, va="bottom", ha="right")
-    ax.set_yticks(range(len(attempts)), [f"attempt {a.attempt}" for a in reversed(attempts)])
-    ax.set_xlabel("seconds since the run started")
-    ax.set_xlim(0, split.wall_s * 1.01)
-    ax.set_ylim(-0.6, len(attempts) - 0.1)
-    handles = [plt.Rectangle((0, 0), 1, 1, color=COLORS[c]) for c in Category]
-    ax.legend(handles, [c.words for c in Category], fontsize=7, ncol=3, loc="upper center",
-              bbox_to_anchor=(0.5, -0.35 if len(attempts) < 3 else -0.2), frameon=False)
-    return _svg(fig)
+        late = a.end - t0 > split.wall_s / 2  # the words run leftwards from a late end, else rightwards from the start
+        chart.text(a.end - t0 if late else a.start - t0, y + 0.42, label[:110], anchor="end" if late else "start",
+                   size=10)
+    return chart.svg()
 
 
 def _split_bar(split: Split) -> str:
-    plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(10, 1.6), dpi=100)
+    chart = Chart(x_range=(0.0, max(split.wall_s, 1e-9)), y_range=(0.0, 1.0), plot_height=36,
+                  x_label="seconds of wall clock", y_names={0: ""})
     left = 0.0
     for category in Category:
         seconds = split.seconds[category]
         if seconds <= 0:
             continue
-        ax.barh([0], [seconds], left=[left], color=COLORS[category], label=f"{category.words} {seconds:.1f} s")
+        chart.bar(left, left + seconds, 0.15, 0.85, COLORS[category], f"{category.words} {seconds:.2f} s")
+        chart.legend.append((COLORS[category], f"{category.words} {seconds:.1f} s"))
         left += seconds
-    ax.set_yticks([])
-    ax.set_xlabel("seconds of wall clock")
-    ax.set_xlim(0, max(split.wall_s, 1e-9))
-    ax.legend(fontsize=7, ncol=3, loc="upper center", bbox_to_anchor=(0.5, -0.45), frameon=False)
-    return _svg(fig)
+    return chart.svg()
+
+
+#: A colour per rank's line (ten, then again).
+RANK_COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22",
+               "#17becf")
 
 
 def _step_times(view: RunView) -> str | None:
@@ -114,20 +91,17 @@ def _step_times(view: RunView) -> str | None:
     split = view.split
     if not any(view.rank_steps.values()):
         return None
-    plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(10, 2.6), dpi=100)
-    for rank, lines in view.rank_steps.items():
-        color = None
+    top = max(r.p50_ms for lines in view.rank_steps.values() for r in lines)
+    chart = Chart(x_range=(0.0, split.wall_s * 1.01), y_range=(0.0, max(top * 1.1, 1e-3)), plot_height=180,
+                  x_label="seconds since the run started", y_label="step p50 (ms)")
+    for i, (rank, lines) in enumerate(sorted(view.rank_steps.items())):
+        color = RANK_COLORS[i % len(RANK_COLORS)]
+        chart.legend.append((color, f"rank {rank}"))
         for attempt in sorted({r.attempt for r in lines}):
             mine = [r for r in lines if r.attempt == attempt]
-            drawn = ax.plot([(r.start + r.end) / 2 - split.start for r in mine], [r.p50_ms for r in mine],
-                            marker="o", markersize=3, color=color, label=f"rank {rank}" if color is None else None)
-            color = drawn[0].get_color()
-    ax.set_xlabel("seconds since the run started")
-    ax.set_ylabel("step p50 (ms)")
-    ax.set_ylim(bottom=0)
-    ax.legend(fontsize=7)
-    return _svg(fig)
+            chart.line([((r.start + r.end) / 2 - split.start, r.p50_ms) for r in mine], color,
+                       f"rank {rank}, attempt {attempt}")
+    return chart.svg()
 
 
 def _rank_table(view: RunView) -> str:
@@ -147,15 +121,14 @@ def _rank_table(view: RunView) -> str:
 def _rolling(split: Split) -> str | None:
     if not split.windows:
         return None
-    plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(10, 2.2), dpi=100)
-    xs = [w[0] - split.start for w in split.windows]
-    ax.bar(xs, [100 * w[1] for w in split.windows], width=split.window_s * 0.9, align="edge",
-           color=COLORS[Category.TRAINING])
-    ax.set_ylim(0, 100)
-    ax.set_ylabel("goodput %")
-    ax.set_xlabel(f"seconds since the run started (windows of {split.window_s:.3g} s)")
-    return _svg(fig)
+    chart = Chart(x_range=(0.0, max(split.wall_s, split.windows[-1][0] - split.start + split.window_s)),
+                  y_range=(0.0, 100.0), plot_height=140, y_label="goodput %",
+                  x_label=f"seconds since the run started (windows of {split.window_s:.3g} s)")
+    for start, goodput in split.windows:
+        x = start - split.start
+        chart.bar(x, x + split.window_s * 0.9, 0.0, 100 * goodput, COLORS[Category.TRAINING],
+                  f"{x:.3g}-{x + split.window_s:.3g} s: goodput {100 * goodput:.1f}%")
+    return chart.svg()
 
 
 def _rows(header: list[str], rows: list[list[Any]]) -> str:
