@@ -20,12 +20,12 @@ LEGEND_COLUMNS, LEGEND_ROW = 3, 16
 
 
 def nice_ticks(low: float, high: float, most: int = 7) -> list[float]:
-    """Round values from low to high, at most ``most`` of them: steps of 1, 2 or 5 times a power of ten."""
+    """Round values from low to high, at most ``most`` of them: steps of 1, 2, 2.5 or 5 times a power of ten."""
     if not high > low:
         return [low]
     raw = (high - low) / max(most - 1, 1)
     power = 10 ** math.floor(math.log10(raw))
-    step = next(m * power for m in (1, 2, 5, 10) if m * power >= raw)
+    step = next(m * power for m in (1, 2, 2.5, 5, 10) if m * power >= raw)
     first = math.ceil(low / step - 1e-9) * step
     return [round(first + i * step, 10) for i in range(int((high - first) / step + 1e-9) + 1)]
 
