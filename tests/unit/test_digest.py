@@ -137,6 +137,8 @@ def test_rank_lines_reach_the_screen_whole_prefixed_and_without_cpp_frames(tmp_p
 def test_a_failed_attempt_shows_the_digest_not_the_tracebacks(tmp_path: Path) -> None:
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
 
+    from ddpkit.launch.failure import rank_failures
+
     logs, _, err, files = _two_ranks(tmp_path)
     failure = ChildFailedError("job", {5: ProcessFailure(local_rank=1, pid=77, exitcode=1, error_file="")})
     with pytest.raises(ChildFailedError), logs.started():
@@ -145,7 +147,7 @@ def test_a_failed_attempt_shows_the_digest_not_the_tracebacks(tmp_path: Path) ->
         time.sleep(0.2)
         raise failure
     assert err.getvalue() == ""  # nothing of the failure before the digest
-    logs.say_failure(failure, 5)
+    logs.say_failure(rank_failures(failure.failures), 5)
     lines = err.getvalue().splitlines()
     assert lines[:4] == ["  rank 5 on host h:", '    File "/home/u/train.py", line 11, in main',
                          '      raise KeyError("batch")', "    KeyError: 'batch'"]

@@ -1,20 +1,23 @@
-"""ddpkit.heal.supervisor without processes: the evidence read from the agent's lines and the ranks' logs, the
-refusals, and the loop around a stand-in agent (the real agent: tests/multiproc/test_heal.py)."""
+"""ddpkit.heal.supervisor without processes: the evidence read from the agent's typed result and the ranks' logs,
+the refusals, and the loop around a stand-in agent (the real agent: tests/multiproc/test_heal.py)."""
 
 from __future__ import annotations
 
 import argparse
-import logging
+import signal
 from pathlib import Path
 
 import pytest
 
 from ddpkit.base.errors import ConfigError
 from ddpkit.base.shape import JobShape
-from ddpkit.heal.classify import FailureClass
+from ddpkit.heal.classify import FailureClass, classify
 from ddpkit.heal.ledger import Action, AttemptEnded, Ledger
 from ddpkit.heal.supervisor import gather, supervise
 from ddpkit.launch.agent import LaunchOptions
+from ddpkit.launch.failure import RankFailure
+from ddpkit.launch.result import AttemptResult
+from ddpkit.watch.records import AbortOrder, StoppedRank
 
 
 @pytest.fixture(autouse=True)
@@ -26,36 +29,47 @@ def _environment_restored(monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.delenv(name)
 
 
-def record(msg: str, *args: object, name: str = "ddpkit.launch.failure") -> logging.LogRecord:
-    return logging.LogRecord(name, logging.ERROR, __file__, 1, msg, args, None)
+def result(code: int, *failures: tuple[int, int], **fields: object) -> AttemptResult:
+    """The agent's result: ``failures`` as (rank, torch's exit code: negative, the signal), the first first."""
+    return AttemptResult(exit_code=code, failures=tuple(RankFailure(rank=r, pid=1000 + r, exit_code=c)
+                                                        for r, c in failures), **fields)  # type: ignore[arg-type]
 
 
-def test_the_agents_root_cause_line_is_read_from_its_arguments() -> None:
-    killed = gather(137, [record("rank %d (pid %d) was killed by %s first", 1, 4242, "SIGKILL")], None, "vm")
+def test_the_agents_typed_failures_are_the_evidence() -> None:
+    killed = gather(137, result(137, (1, -signal.SIGKILL)), None, "vm")
     (rank,) = killed.ranks
     assert (rank.rank, rank.signal, rank.first, rank.host) == (1, "SIGKILL", True, "vm")
-    failed = gather(5, [record("rank %d (pid %d) failed first with exit code %d%s", 0, 1, 5, "")], None, "vm")
-    assert failed.ranks[0].exit_code == 5
-    stopped = gather(3, [record("rank(s) %s stopped with exit %d: ddpkit stopped them", "0, 1", 3)], None, "vm")
+    failed = gather(5, result(5, (0, 5)), None, "vm")
+    assert failed.ranks[0].exit_code == 5 and failed.ranks[0].first
+    stopped = gather(3, result(3, (0, 3), (1, 3)), None, "vm")
     assert sorted(r.rank for r in stopped.ranks if r.stopped_by_ddpkit) == [0, 1]
-    outside = gather(143, [record("received %s from outside the job: the workers were stopped%s", "SIGTERM", "",
-                                  name="ddpkit.launch.agent")], None, "vm")
+    ended = gather(1, result(1, (0, 1), (1, -signal.SIGTERM)), None, "vm")  # the agent ended rank 1 after rank 0
+    assert [(r.rank, r.first, r.stopped_by_ddpkit) for r in ended.ranks] == [(0, True, False), (1, False, True)]
+    outside = gather(143, result(143, outside_signal="SIGTERM"), None, "vm")
     assert outside.outside_signal == "SIGTERM"
+    assert gather(1, None, None, "vm").ranks == ()  # the agent gave no result: no evidence, the class unknown
 
 
-def test_tracebacks_and_the_watchs_report_are_read_from_the_rank_logs(tmp_path: Path) -> None:
+def test_the_watchs_abort_order_names_the_silent_rank_and_its_host() -> None:
+    """Issue 44 item 3: under train (no rank logs) the decision named no rank; the watch's order is typed."""
+    order = AbortOrder(reporter=0, reason="rank 1 on host node2 (pid 77) stopped answering: no heartbeat for 10 s",
+                       stopped=(StoppedRank(rank=1, host="node2", pid=77, by=None),), silent=(1,),
+                       hosts={0: "vm", 1: "node2", 2: "vm"})
+    evidence = gather(3, result(3, (2, 3), watch_orders=(order,)), None, "vm")
+    assert evidence.watch is not None and evidence.watch.stopped_answering == ((1, "node2"),)
+    found = classify(evidence)
+    assert found.kind is FailureClass.HOST and found.culprit_ranks == (1,) and found.culprit_hosts == ("node2",)
+    assert any(line.startswith("ddpkit watch: rank 1 on host node2") for line in found.evidence)
+
+
+def test_tracebacks_are_read_from_the_rank_logs(tmp_path: Path) -> None:
     logs = tmp_path / "attempt-0"
     logs.mkdir()
-    (logs / "rank-0.stderr.log").write_text("ddpkit watch: HANG: no rank has made progress for 60 s\n"
-                                            "  rank 1 on host node2 (pid 77) stopped answering: no heartbeat\n")
     (logs / "rank-1.stderr.log").write_text("Traceback (most recent call last):\n  File \"x.py\", line 3\n"
                                             "ValueError: bad batch\n")
-    evidence = gather(1, [record("rank %d (pid %d) failed first with exit code %d%s", 1, 9, 1, "")], str(tmp_path),
-                      "vm")
+    evidence = gather(1, result(1, (1, 1)), str(tmp_path), "vm")
     by_rank = {r.rank: r for r in evidence.ranks}
     assert by_rank[1].exception == "ValueError: bad batch" and by_rank[1].first
-    assert evidence.watch is not None and evidence.watch.stopped_answering == ((1, "node2"),)
-    assert evidence.watch.hang
 
 
 def _args(tmp_path: Path, **kw: object) -> argparse.Namespace:
@@ -77,8 +91,8 @@ def test_a_killed_rank_is_relaunched_and_a_clean_attempt_ends_the_run(tmp_path: 
 
     def agent(options: LaunchOptions) -> int:
         code = next(codes)
-        if code:
-            logging.getLogger("ddpkit.launch.failure").error("rank %d (pid %d) was killed by %s first", 1, 3, "SIGKILL")
+        assert options.on_result is not None
+        options.on_result(result(code, (1, -signal.SIGKILL)) if code else result(0))
         return code
 
     assert supervise(_World(), _args(tmp_path), _options, agent) == 0  # type: ignore[arg-type]

@@ -1,38 +1,32 @@
 """The one-host supervisor of ``ddpkit run|train -n N --heal``: ddpkit's own agent run once per attempt, each
 failed attempt classified (``classify``), recorded in the run's ledger (``ledger``) and acted on (``policy``).
 
-Evidence, gathered without reaching into the agent (``ddpkit.launch`` is not changed for this; the coupling is
-two read-only seams, each said where it is used):
+Evidence, as values from their sources, never read back from a line ddpkit printed:
 
-- the agent's root-cause lines (``ddpkit.launch.failure.root_cause``: "rank R (pid P) was killed by SIGX first",
-  "... failed first with exit code C", "rank(s) ... stopped with exit 3"; ``ddpkit.launch.agent``: "received
-  SIGTERM from outside the job"), taken by a ``logging.Handler`` on those two loggers while the attempt runs and
-  read from each record's format string and arguments, not from the printed text;
-- the per-rank log files that the agent keeps where ``LaunchOptions.log_dir`` is set (``ddpkit.launch.ranklogs``:
-  ``LOG_DIR/attempt-N/rank-R.stderr.log``; ``ddpkit run`` writes them): each rank's last traceback, and the watch's
-  "rank R on host H ... stopped answering" lines. Where neither exists (``ddpkit train`` prints to the terminal)
-  the root-cause line alone decides, and an exit code with no traceback is the class ``unknown``.
+- the attempt's typed result (``ddpkit.launch.result.AttemptResult``, handed over through
+  ``LaunchOptions.on_result``): torch's per-rank failures (rank, pid, exit code or signal), a signal from outside
+  the job, and the watch's abort orders, which name the ranks that stopped answering and their hosts;
+- under ``ddpkit run``, the per-rank log files the agent keeps (``LaunchOptions.log_dir``,
+  ``LOG_DIR/attempt-N/rank-R.stderr.log``): each rank's last Python traceback, as Python printed it.
 
-If either seam changes shape, the evidence thins and the classes fall back towards ``unknown``, which is retried
-within ``--max-attempts``: never worse than no healing. tests/multiproc/test_heal.py holds both seams to account.
+An attempt the agent returned from without a result is judged from the logs alone (the class ``unknown`` where they
+say nothing, retried within ``--max-attempts``: never worse than no healing); one it raised from stops the run.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
-import logging
 import os
 import secrets
 import socket
 import sys
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ddpkit.base.errors import EXIT_MISSING, ConfigError, DdpkitError
+from ddpkit.base.errors import ConfigError, DdpkitError
 from ddpkit.base.log import get_logger
 from ddpkit.goodput.records import ATTEMPT_VAR, RUN_DIR_VAR
 from ddpkit.heal.classify import STOPPED_ANSWERING, Evidence, RankEvidence, WatchReport, classify, exception_line
@@ -43,6 +37,7 @@ from ddpkit.process.worker_context import HEAL_SILENT_DEFAULT_S, HEAL_SILENT_S
 if TYPE_CHECKING:
     from ddpkit.env import WorldInfo
     from ddpkit.launch.agent import LaunchOptions
+    from ddpkit.launch.result import AttemptResult
 
 __all__ = ["HEALED_COMMANDS", "RUNS_DIR", "supervise"]
 
@@ -86,22 +81,24 @@ def supervise(world: WorldInfo, args: argparse.Namespace, options_for: Callable[
     for of_session in range(1, policy.max_attempts + 1):
         attempt = ledger.next_attempt()
         logs = run_dir / f"attempt-{attempt}"
-        attempt_options = _with_log_dir(options, logs)
-        # the agent writes rank logs for ddpkit run only (LaunchOptions.rank_logs): train's ranks print to the screen
-        kept = str(logs) if attempt_options is not options and args.command == "run" else None
+        results: list[AttemptResult] = []
+        # the agent keeps each rank's output under logs (where it reads their tracebacks from) and hands its typed
+        # result to results; it writes rank logs for ddpkit run only (LaunchOptions.rank_logs): train's ranks print
+        # to the screen
+        attempt_options = dataclasses.replace(options, log_dir=str(logs), on_result=results.append)
+        kept = str(logs) if args.command == "run" else None
         ledger.append(AttemptStarted(attempt=attempt, time=time.time(), hosts=(host,), ranks=ranks, logs=kept))
         os.environ[ATTEMPT_VAR] = str(attempt)  # train's rank 0 writes its goodput lines under this attempt
-        with _agent_lines() as lines:
-            try:
-                code = launch_attempt(attempt_options)
-            except BaseException as exc:  # the agent itself failed, or a signal came before it could stop its ranks
-                code = _exit_code_of(exc)
-                ledger.append(AttemptEnded(attempt=attempt, time=time.time(), exit_code=code, action=Action.STOP,
-                                           decision=f"ddpkit heal: attempt {of_session}: the agent ended with "
-                                                    f"{type(exc).__name__}: {exc}; stopping",
-                                           exit_code_of_run=code))
-                raise
-        found = classify(gather(code, lines, kept, host)) if code else None
+        try:
+            code = launch_attempt(attempt_options)
+        except BaseException as exc:  # the agent itself failed, or a signal came before it could stop its ranks
+            code = _exit_code_of(exc)
+            ledger.append(AttemptEnded(attempt=attempt, time=time.time(), exit_code=code, action=Action.STOP,
+                                       decision=f"ddpkit heal: attempt {of_session}: the agent ended with "
+                                                f"{type(exc).__name__}: {exc}; stopping",
+                                       exit_code_of_run=code))
+            raise
+        found = classify(gather(code, results[-1] if results else None, kept, host)) if code else None
         progress = newest_snapshot_step(args)
         history = ledger.ended()
         decision = decide(policy, history, Outcome(attempt=attempt, of_session=of_session, exit_code=code,
@@ -134,44 +131,62 @@ def _start_goodput(run_dir: Path, host: str) -> None:
         os.close(fd)
 
 
-def gather(code: int, lines: list[logging.LogRecord], logs: str | None, host: str) -> Evidence:
-    """The evidence of a failed attempt: the agent's lines (``lines``) and the ranks' stderr logs under ``logs``."""
+def gather(code: int, result: AttemptResult | None, logs: str | None, host: str) -> Evidence:
+    """The evidence of a failed attempt: the agent's typed result (None: it gave none) and the ranks' stderr logs
+    under ``logs`` (their tracebacks)."""
     ranks: dict[int, RankEvidence] = {}
-    outside: str | None = None
-    preempted = False
-    for record in lines:
-        text = str(record.msg)
-        args = tuple(str(a) for a in record.args) if isinstance(record.args, tuple) else ()
-        if text.startswith("rank %d (pid %d) was killed by %s first") and len(args) >= 3:
-            ranks[int(args[0])] = RankEvidence(rank=int(args[0]), host=host, signal=args[2], first=True)
-        elif text.startswith("rank %d (pid %d) failed first with exit code %d") and len(args) >= 3:
-            ranks[int(args[0])] = RankEvidence(rank=int(args[0]), host=host, exit_code=int(args[2]), first=True)
-        elif text.startswith("rank(s) %s stopped with exit %d") and args:
-            for word in args[0].split(","):
-                if word.strip().isdigit():
-                    ranks[int(word)] = RankEvidence(rank=int(word), host=host, exit_code=EXIT_MISSING,
-                                                    stopped_by_ddpkit=True)
-        elif text.startswith("the workers stopped after a preemption signal"):
-            preempted = True
-        elif text.startswith("received %s from outside the job") and args:
-            outside = args[0]
-    watch_lines: list[str] = []
-    stopped: dict[int, str] = {}
-    for rank, text in _stderr_tails(logs):
+    first = result.first if result is not None else None
+    for failure in result.failures if result is not None else ():
+        # SIGTERM on a rank that did not fail first: its agent ended it after another failed (ddpkit's doing, as
+        # exit 3 is); on the first, it came from outside
+        by_agent = failure.signal == "SIGTERM" and failure is not first
+        ranks[failure.rank] = RankEvidence(rank=failure.rank, host=host, signal=failure.signal,
+                                           exit_code=None if failure.signal else failure.exit_code,
+                                           stopped_by_ddpkit=failure.stopped_by_ddpkit or by_agent,
+                                           first=failure is first)
+    tails = list(_stderr_tails(logs))
+    for rank, text in tails:
         said = exception_line(text)
+        if said is not None:
+            known = ranks.get(rank) or RankEvidence(rank=rank, host=host)
+            ranks[rank] = dataclasses.replace(known, exception=said)
+    watch = _watch_report(result, host)
+    if watch is None or not watch.stopped_answering:
+        watch = _silent_holder_in_logs(tails) or watch
+    return Evidence(exit_code=code, ranks=tuple(ranks.values()), watch=watch,
+                    outside_signal=result.outside_signal if result is not None else None,
+                    all_preempted=result.all_preempted if result is not None else False)
+
+
+def _watch_report(result: AttemptResult | None, host: str) -> WatchReport | None:
+    """The watch's abort orders as its report: the ranks they name as silent (stopped answering), with their hosts."""
+    orders = result.watch_orders if result is not None else ()
+    if not orders:
+        return None
+    silent: dict[int, str] = {}
+    for order in orders:
+        for gone in order.stopped:
+            silent[gone.rank] = gone.host
+        for rank in order.silent or ():
+            silent.setdefault(rank, order.hosts.get(rank, host))
+    return WatchReport(stopped_answering=tuple(sorted(silent.items())),
+                       hang=any(order.deadline is None for order in orders),
+                       lines=tuple(dict.fromkeys(order.headline for order in orders))[:20])
+
+
+def _silent_holder_in_logs(tails: list[tuple[int, str]]) -> WatchReport | None:
+    """The one report that leaves no abort order yet: a rank that lost the job's store names its holder as silent
+    only in its output (``watch.storeloss``, "rank 0 on host H (pid P) stopped answering: ..."), read from the rank
+    logs under ``ddpkit run``. To go once that report leaves its order as the watch's other stops do."""
+    silent: dict[int, str] = {}
+    lines: list[str] = []
+    for _, text in tails:
         for line in text.splitlines():
-            if "ddpkit watch:" in line or "stopped answering" in line:
-                watch_lines.append(line.strip())
             for match in STOPPED_ANSWERING.finditer(line):
-                stopped[int(match.group(1))] = match.group(2)
-        if said is None:
-            continue
-        known = ranks.get(rank) or RankEvidence(rank=rank, host=host)
-        ranks[rank] = dataclasses.replace(known, exception=said)
-    watch = WatchReport(stopped_answering=tuple(sorted(stopped.items())), hang=any("HANG" in w for w in watch_lines),
-                        lines=tuple(dict.fromkeys(watch_lines))[:20]) if watch_lines else None
-    return Evidence(exit_code=code, ranks=tuple(ranks.values()), watch=watch, outside_signal=outside,
-                    all_preempted=preempted)
+                silent[int(match.group(1))] = match.group(2)
+                lines.append(line.strip())
+    return WatchReport(stopped_answering=tuple(sorted(silent.items())), hang=True,
+                       lines=tuple(dict.fromkeys(lines))[:20]) if silent else None
 
 
 def _exit_code_of(exc: BaseException) -> int:
@@ -203,32 +218,6 @@ def newest_snapshot_step(args: argparse.Namespace) -> int | None:
     return found[0][0] if found else None
 
 
-class _Lines(logging.Handler):
-    def __init__(self) -> None:
-        super().__init__(level=logging.INFO)
-        self.records: list[logging.LogRecord] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.records.append(record)
-
-
-#: The agent's loggers whose lines name a failed attempt's root cause (see the module's docstring).
-AGENT_LOGGERS = ("ddpkit.launch.failure", "ddpkit.launch.agent")
-
-
-@contextmanager
-def _agent_lines() -> Iterator[list[logging.LogRecord]]:
-    handler = _Lines()
-    loggers = [logging.getLogger(name) for name in AGENT_LOGGERS]
-    for logger in loggers:
-        logger.addHandler(handler)
-    try:
-        yield handler.records
-    finally:
-        for logger in loggers:
-            logger.removeHandler(handler)
-
-
 def _stderr_tails(logs: str | None) -> Iterator[tuple[int, str]]:
     """(rank, end of its stderr log) for each rank log the agent kept under ``logs`` (any of its attempts)."""
     if not logs:
@@ -243,14 +232,6 @@ def _stderr_tails(logs: str | None) -> Iterator[tuple[int, str]]:
                 yield int(rank), f.read().decode(errors="replace")
         except OSError:
             continue
-
-
-def _with_log_dir(options: LaunchOptions, logs: Path) -> LaunchOptions:
-    """The agent keeps each rank's output under ``logs`` where it can (its ``log_dir`` option, for the commands
-    whose ranks it logs to files): the supervisor reads their tracebacks from there."""
-    if "log_dir" not in {f.name for f in dataclasses.fields(options)}:
-        return options
-    return dataclasses.replace(options, log_dir=str(logs))  # type: ignore[call-arg,unused-ignore]
 
 
 def _new_run_dir() -> Path:

@@ -10,7 +10,8 @@ Modules, each importing only those listed before it:
 - ``worker``: the worker side: the DDPKIT_* variables the agent hands its workers, the verdict file,
   die_with_agent, the body of a forked worker.
 - ``addresses``: this node's address towards the rendezvous host, and whether this node hosts the store.
-- ``failure``: the root cause of a failed worker group, in one line.
+- ``failure``: a failed worker group as values (torch's typed per-rank failures), its root cause in one line.
+- ``result``: the typed result of one run of the agent (``AttemptResult``), which a heal supervisor classifies.
 - ``rendezvous``: who joined a c10d rendezvous, so a timeout names the missing hosts.
 - ``stops``: the agent's half of ``ddpkit.process.stopping`` (signals from outside marked, the lost-peer backstop).
 - ``agent``: LaunchOptions and launch(options, entrypoint, argv): the elastic agent itself.

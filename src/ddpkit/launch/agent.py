@@ -7,6 +7,7 @@ says what each worker runs (``ddpkit.cli`` passes its own ``main``), so nothing 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import importlib
 import logging
 import os
@@ -23,8 +24,9 @@ from ddpkit.base.log import get_logger
 from ddpkit.base.shape import JobShape
 from ddpkit.launch import worker
 from ddpkit.launch.addresses import hosts_endpoint, local_addr_towards
-from ddpkit.launch.failure import drop_exit_tracebacks, first_failure, quiet_late_rendezvous_close, root_cause
+from ddpkit.launch.failure import drop_exit_tracebacks, quiet_late_rendezvous_close, rank_failures, root_cause_line
 from ddpkit.launch.rendezvous import RendezvousWatch, describe_missing
+from ddpkit.launch.result import AttemptResult, abort_orders
 from ddpkit.launch.stops import FORWARDED, LostPeerBackstop, handle_outside_signals, lost_reports
 from ddpkit.runtime import share_cores
 
@@ -84,6 +86,9 @@ class LaunchOptions:
     """Wraps this node's rendezvous handler: called with torch's ``RendezvousHandler`` and the name the wrapper's
     ``get_backend()`` must return; torch's agent uses what it returns (``ddpkit.heal.elastic`` keeps excluded hosts
     out of later rounds). None: torch's handler as it is."""
+    on_result: Callable[[AttemptResult], None] | None = None
+    """Called with the attempt's typed result (``ddpkit.launch.result``) before ``launch`` returns its exit code:
+    a heal supervisor classifies the attempt from it. Not called where ``launch`` raises."""
 
 
 def launch(options: LaunchOptions, entrypoint: Entrypoint, argv: list[str]) -> int:
@@ -157,6 +162,7 @@ def launch(options: LaunchOptions, entrypoint: Entrypoint, argv: list[str]) -> i
     watch = RendezvousWatch(endpoint, config.run_id) if endpoint and options.rdzv_backend == "c10d" else None
     backstop = LostPeerBackstop(stop_dir, cleanup=lambda: shutil.rmtree(mark_dir, ignore_errors=True))
     code = 1
+    result: AttemptResult | None = None
     try:
         if endpoint and options.rdzv_backend == "c10d" and not _hosts_store(endpoint, conf):
             await_endpoint(endpoint, float(conf["join_timeout"]))  # type: ignore[arg-type]
@@ -166,24 +172,32 @@ def launch(options: LaunchOptions, entrypoint: Entrypoint, argv: list[str]) -> i
             else:
                 elastic_launch(config, entrypoint=sys.executable)("-m", entrypoint.module, *argv)
         code = worker.read_verdict(results)
+        result = AttemptResult(exit_code=code)
     except ChildFailedError as exc:
-        code = root_cause(exc)
-        first = first_failure(exc)
+        failures = rank_failures(exc.failures)
+        level, line, code = root_cause_line(failures)
+        log.log(level, "%s", line)
+        result = AttemptResult(exit_code=code, failures=failures)
+        first = result.first
         if ranks and first is None and code in (EXIT_PREEMPTED, EXIT_PREEMPTED_UNSAVED):
             ranks.release()  # a preemption is no failure: the ranks' own lines say how they stopped
         elif ranks:
-            ranks.say_failure(exc, first)
+            ranks.say_failure(failures, None if first is None else first.rank)
         return code
     except SignalException as exc:
         left = _preempted_code(mark)
         log.warning("received %s from outside the job: the workers were stopped%s", exc.sigval.name,
                     {EXIT_PREEMPTED: " after saving their state", None: ""}.get(left, " with no snapshot to resume "
                                                                                 "from: their progress is lost"))
-        return left if left is not None else 128 + int(exc.sigval)
+        code = left if left is not None else 128 + int(exc.sigval)
+        result = AttemptResult(exit_code=code, outside_signal=exc.sigval.name)
+        return code
     except RendezvousError as exc:
         raise _rendezvous_failure(exc, watch, options, config.rdzv_endpoint, conf, lost_reports(stop_dir)) from None
     finally:
         os.environ.pop(worker.RESULT_DIR, None)  # this agent's own exit code is not a worker's result
+        if result is not None and options.on_result is not None:  # before the stop directory goes
+            options.on_result(dataclasses.replace(result, watch_orders=abort_orders(stop_dir)))
         shutil.rmtree(mark_dir, ignore_errors=True)
         if ranks:
             for name in _TORCH_FAILURE_LOGGERS:

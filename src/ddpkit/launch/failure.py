@@ -1,69 +1,152 @@
-"""A failed worker group, said in one line: the first rank to fail, its pid and exit code (torch elastic's
-ChildFailedError carries them all)."""
+"""A failed worker group, as values and in one line: torch's typed per-rank failures (its ``ProcessFailure``: pid,
+exit code or signal, error file, time) turned into ``RankFailure`` records, the rank that failed first, and the
+sentence that names it (torch elastic's ``ChildFailedError`` carries them all).
+
+One reader for every place that reports a failed group: the agent's root-cause line when its restarts are spent,
+the digest of an attempt the agent restarts (``ddpkit.launch.ranklogs``), and the attempt's typed result that a
+heal supervisor classifies (``ddpkit.launch.result``)."""
 
 from __future__ import annotations
 
 import logging
 import signal
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from ddpkit.base.errors import EXIT_MISSING, EXIT_PREEMPTED, EXIT_PREEMPTED_UNSAVED
 from ddpkit.base.log import get_logger
 
-__all__ = ["drop_exit_tracebacks", "failure_order", "first_failure", "quiet_late_rendezvous_close", "root_cause"]
+__all__ = ["RankFailure", "all_preempted", "drop_exit_tracebacks", "failure_order", "first_failure", "first_of",
+           "logged_failure", "ordered", "quiet_late_rendezvous_close", "rank_failures", "root_cause", "root_cause_line",
+           "signal_name"]
 
 log = get_logger(__name__)
 
+_PREEMPTED = (EXIT_PREEMPTED, EXIT_PREEMPTED_UNSAVED)
+#: torch's line for a failed worker, forked or started afresh (torch/distributed/elastic/multiprocessing/api.py,
+#: ``_poll``): its first three arguments are the exit code, the local rank and the pid
+_TORCH_FAILED = "failed (exitcode"
+
+
+@dataclass(frozen=True, kw_only=True)
+class RankFailure:
+    """One failed rank of a worker group, as torch's agent reported it."""
+
+    rank: int
+    pid: int
+    exit_code: int
+    """torch's exit code: negative, the signal that killed the process."""
+    timestamp: float = 0.0
+    """When it failed (torch's, to the second)."""
+    error_file: str | None = None
+    """torch's error file for the rank (a Python exception it recorded), where there is one."""
+
+    @property
+    def signal(self) -> str | None:
+        """``SIGKILL`` where a signal killed it, else None."""
+        return signal_name(-self.exit_code) if self.exit_code < 0 else None
+
+    @property
+    def stopped_by_ddpkit(self) -> bool:
+        """ddpkit ended it (exit 3: the watch's stop, a deadline, a lost peer)."""
+        return self.exit_code == EXIT_MISSING
+
+    @property
+    def process_exit_code(self) -> int:
+        """The exit code a shell shows for it (128 + the signal for a killed one)."""
+        return 128 - self.exit_code if self.exit_code < 0 else self.exit_code
+
+
+def rank_failures(failures: Mapping[int, Any]) -> tuple[RankFailure, ...]:
+    """torch's failures (global rank -> ``ProcessFailure``, as ``ChildFailedError.failures`` and the agent's
+    ``RunResult`` hold them), typed, the rank that failed first first (``failure_order``)."""
+    return ordered(RankFailure(rank=int(rank), pid=int(f.pid), exit_code=int(f.exitcode),
+                               timestamp=float(getattr(f, "timestamp", 0) or 0),
+                               error_file=getattr(f, "error_file", None) or None) for rank, f in failures.items())
+
+
+def ordered(failures: Iterable[RankFailure]) -> tuple[RankFailure, ...]:
+    """``failures``, the rank that failed first first (``failure_order``)."""
+    return tuple(sorted(failures, key=lambda f: failure_order(f.rank, f.exit_code, f.timestamp)))
+
+
+def logged_failure(record: logging.LogRecord) -> tuple[int, int, int] | None:
+    """(local rank, pid, exit code) of the worker torch's record says failed, where it is that record: from the
+    exception it carries (forked workers: ``ProcessExitedException``, typed), else from the record's arguments
+    (workers started afresh). torch logs it before it ends the others, also before a restart, where no
+    ``ChildFailedError`` follows."""
+    exc = record.exc_info[1] if record.exc_info else None
+    index, pid, code = (getattr(exc, name, None) for name in ("error_index", "error_pid", "exit_code"))
+    if isinstance(index, int) and isinstance(pid, int) and isinstance(code, int):
+        return index, pid, code
+    args = record.args
+    if str(record.msg).startswith(_TORCH_FAILED) and isinstance(args, tuple) and len(args) >= 3:
+        try:
+            code, index, pid = (int(str(a)) for a in args[:3])
+        except ValueError:
+            return None
+        return index, pid, code
+    return None
+
+
+def first_of(failures: Sequence[RankFailure]) -> RankFailure | None:
+    """The rank that failed on its own first; None where none did: ddpkit stopped the ranks (exit 3), or they all
+    stopped after a preemption."""
+    if not failures or any(f.stopped_by_ddpkit for f in failures):
+        return None
+    first = failures[0]
+    return None if all_preempted(failures) else first
+
+
+def root_cause_line(failures: Sequence[RankFailure]) -> tuple[int, str, int]:
+    """(log level, the sentence, the group's exit code) for ``failures`` (in ``rank_failures`` order): the first
+    failure names the root cause, with its rank, pid and exit code or signal; its code becomes the group's."""
+    if not failures:
+        return logging.ERROR, "the workers failed and torch named none of them", 1
+    stopped = sorted(f.rank for f in failures if f.stopped_by_ddpkit)
+    if stopped:  # ddpkit ended the job (a stalled rank it ended is no failure of its own either)
+        return (logging.ERROR, f"rank(s) {', '.join(map(str, stopped))} stopped with exit {EXIT_MISSING}: ddpkit "
+                "stopped them (a hang the watch reported, ranks missing, or a deadline expired: the watch's report "
+                "names the rank that stopped answering)", EXIT_MISSING)
+    first = failures[0]
+    if first.signal:
+        return logging.ERROR, f"rank {first.rank} (pid {first.pid}) was killed by {first.signal} first", \
+            first.process_exit_code
+    code = first.exit_code
+    if all_preempted(failures):
+        if code == EXIT_PREEMPTED:
+            return (logging.WARNING, f"the workers stopped after a preemption signal and wrote a snapshot (exit "
+                    f"{code}): run the same command again to resume", code)
+        return (logging.WARNING, f"the workers stopped after a preemption signal with no snapshot (exit {code}): "
+                "their progress is lost; pass --snapshot-path to keep it next time", code)
+    others = sorted(f.rank for f in failures if f.rank != first.rank)
+    return (logging.ERROR, f"rank {first.rank} (pid {first.pid}) failed first with exit code {code}"
+            + (f"; then ranks {others}" if others else ""), code)
+
 
 def root_cause(exc: object) -> int:
-    """The first failure (by time) names the root cause: rank, pid and exit code; its code becomes ours."""
-    failures = getattr(exc, "failures", {})
-    if not failures:
-        return 1
-    stopped = sorted(r for r, f in failures.items() if f.exitcode == EXIT_MISSING)
-    if stopped:  # ddpkit ended the job (a stalled rank it ended is no failure of its own either)
-        log.error("rank(s) %s stopped with exit %d: ddpkit stopped them (a hang the watch reported, ranks missing, or "
-                  "a deadline expired: the watch's report names the rank that stopped answering)",
-                  ", ".join(map(str, stopped)), EXIT_MISSING)
-        return EXIT_MISSING
-    rank, first = _first(failures)
-    code = int(first.exitcode)
-    if code < 0:
-        name = signal.Signals(-code).name if -code in signal.Signals._value2member_map_ else str(-code)
-        log.error("rank %d (pid %d) was killed by %s first", rank, first.pid, name)
-        return 128 - code
-    if _all_preempted(failures, code):
-        if code == EXIT_PREEMPTED:
-            log.warning("the workers stopped after a preemption signal and wrote a snapshot (exit %d): run the "
-                        "same command again to resume", code)
-        else:
-            log.warning("the workers stopped after a preemption signal with no snapshot (exit %d): their progress "
-                        "is lost; pass --snapshot-path to keep it next time", code)
-        return code
-    others = sorted(r for r in failures if r != rank)
-    log.error("rank %d (pid %d) failed first with exit code %d%s", rank, first.pid, code,
-              f"; then ranks {others}" if others else "")
+    """Say the root cause of ``exc`` (torch's ``ChildFailedError``) in one line; return the group's exit code."""
+    level, line, code = root_cause_line(rank_failures(getattr(exc, "failures", {})))
+    log.log(level, "%s", line)
     return code
 
 
 def first_failure(exc: object) -> int | None:
     """The rank ``root_cause`` names as the one that failed first; None where it names none: ddpkit stopped the
     ranks (exit 3), or they all stopped after a preemption."""
-    failures = getattr(exc, "failures", {})
-    if not failures or any(f.exitcode == EXIT_MISSING for f in failures.values()):
-        return None
-    rank, first = _first(failures)
-    return None if _all_preempted(failures, int(first.exitcode)) else rank
+    first = first_of(rank_failures(getattr(exc, "failures", {})))
+    return None if first is None else first.rank
 
 
-def _first(failures: dict[int, Any]) -> tuple[int, Any]:
-    return min(failures.items(), key=lambda kv: failure_order(kv[0], int(kv[1].exitcode), kv[1].timestamp))
-
-
-def _all_preempted(failures: dict[int, Any], code: int) -> bool:
+def all_preempted(failures: Sequence[RankFailure]) -> bool:
     """Every rank stopped after a preemption signal (the first with 75 or 76, the others so or ended by SIGTERM)."""
-    preempted = (EXIT_PREEMPTED, EXIT_PREEMPTED_UNSAVED)
-    return code in preempted and all(f.exitcode in (*preempted, -signal.SIGTERM) for f in failures.values())
+    return bool(failures) and failures[0].exit_code in _PREEMPTED \
+        and all(f.exit_code in (*_PREEMPTED, -signal.SIGTERM) for f in failures)
+
+
+def signal_name(number: int) -> str:
+    return signal.Signals(number).name if number in signal.Signals._value2member_map_ else str(number)
 
 
 def failure_order(rank: int, code: int, timestamp: float) -> tuple[int, float, int]:
@@ -84,7 +167,7 @@ def drop_exit_tracebacks(record: logging.LogRecord) -> bool:
         return False
     text = str(record.msg)
     closing = text.startswith("Sending process") and "closing signal" in text
-    return not (text.startswith("failed (exitcode") or closing)
+    return not (text.startswith(_TORCH_FAILED) or closing)
 
 
 def quiet_late_rendezvous_close(record: logging.LogRecord) -> bool:

@@ -20,7 +20,7 @@ import signal
 import threading
 import time
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import BinaryIO, TextIO
 
@@ -28,6 +28,7 @@ from torch.distributed.elastic.multiprocessing.api import LogsDest, LogsSpecs
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
 from ddpkit.launch.digest import TRACEBACK, RankEnd, digest, is_noise
+from ddpkit.launch.failure import RankFailure
 from ddpkit.launch.kernlog import oom_line_for
 
 __all__ = ["RankLogs"]
@@ -136,10 +137,9 @@ class RankLogs:
         finally:
             self.finish(failed=failed)
 
-    def say_failure(self, exc: ChildFailedError, first: int | None) -> None:
+    def say_failure(self, failures: Sequence[RankFailure], first: int | None) -> None:
         """The digest of the failed attempt, after root_cause's line (``first``: the rank it named, None: none)."""
-        failures = exc.failures
-        ends = self.ends({r: int(f.exitcode) for r, f in failures.items()}, {r: f.pid for r, f in failures.items()})
+        ends = self.ends({f.rank: f.exit_code for f in failures}, {f.rank: f.pid for f in failures})
         self._write(self._err, self.digest_lines(first=first, ends=ends))
 
     def begin(self, attempt: _Attempt) -> None:
