@@ -166,3 +166,49 @@ def test_under_torchrun_the_root_cause_box_shows_the_ranks_own_traceback(tmp_pat
     assert re.search(r"traceback : Traceback \(most recent call last\):\n\s+File \"" + re.escape(str(script))
                      + r"\", line 11, in <module>\n\s+raise KeyError\(\"batch\"\)\n\s+KeyError: 'batch'", root), out
     assert "Connection closed by peer" not in root, out
+
+
+#: rank 1 prints its epochs to stdout and SIGKILLs itself in epoch 2 of the first attempt only; a DataLoader with
+#: pin_memory=True on a machine with no accelerator has torch warn on every rank's stderr as it starts
+KILLED_IN_EPOCH_2 = """
+import os, signal
+import torch
+import torch.distributed as dist
+from torch.utils.data import DataLoader
+
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+first = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0"
+batches = DataLoader(torch.ones(8, 4), batch_size=4, pin_memory=True)
+for epoch in range(4):
+    for batch in batches:
+        dist.all_reduce(batch)
+    print(f"rank {rank}: epoch {epoch} done", flush=True)
+    if epoch == 2 and rank == 1 and first:
+        os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def _restart_digest(screen: str) -> list[str]:
+    """The lines of the digest said before the agent's restart: its headline and the indented lines under it."""
+    lines = screen.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("ddpkit: attempt 0 failed"))
+    end = next((i for i in range(start + 1, len(lines)) if not lines[i].startswith("  ")), len(lines))
+    return lines[start:end]
+
+
+def test_a_restart_names_the_killed_rank_first_as_the_final_digest_does(tmp_path: Path) -> None:
+    """Issue 44 item 5: the digest before a --max-restarts restart reads torch's typed failure as the final one
+    does: the rank killed by SIGKILL first, with its pid, its own words first, the survivor after."""
+    script = tmp_path / "killed.py"
+    script.write_text(KILLED_IN_EPOCH_2)
+    res = run_ddpkit("run", "-n", "2", "--max-restarts", "1", "--", str(script), timeout=180)
+    screen = res.stdout + res.stderr
+    assert res.returncode == 0, screen
+    digest = _restart_digest(screen)
+    assert re.fullmatch(r"ddpkit: attempt 0 failed: rank 1 \(pid \d+\) was killed by SIGKILL first; the agent "
+                        r"restarts the ranks", digest[0]), screen
+    assert digest[1] == f"  rank 1 on host {HOST}:", screen  # the culprit first, the survivor after
+    assert any(line.startswith("  rank 0: ") for line in digest[2:]), screen
+    assert not any("exit code not reported" in line for line in digest), screen
+

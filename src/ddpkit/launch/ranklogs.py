@@ -28,7 +28,7 @@ from torch.distributed.elastic.multiprocessing.api import LogsDest, LogsSpecs
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
 from ddpkit.launch.digest import TRACEBACK, RankEnd, digest, is_noise
-from ddpkit.launch.failure import RankFailure
+from ddpkit.launch.failure import RankFailure, first_of, logged_failure, ordered, root_cause_line
 from ddpkit.launch.kernlog import oom_line_for
 
 __all__ = ["RankLogs"]
@@ -65,6 +65,10 @@ class _Attempt:
     directory: str
     streams: list[_Stream] = field(default_factory=list)
     started: float = field(default_factory=time.monotonic)
+    ranks: dict[int, int] = field(default_factory=dict)
+    """Local rank -> global rank (torch's failure lines name the local one)."""
+    failures: list[RankFailure] = field(default_factory=list)
+    """The ranks torch said failed, as it said so (before it restarts the ranks no ChildFailedError follows)."""
 
     def stderr_of(self, rank: int) -> str:
         return next((s.path for s in self.streams if s.rank == rank and s.to_stderr), "")
@@ -95,6 +99,7 @@ class _Specs(LogsSpecs):
             dest.error_files[local_rank] = f"{base}.error.json"
             env["TORCHELASTIC_ERROR_FILE"] = dest.error_files[local_rank]
             rank = int(env.get("RANK", local_rank))
+            attempt.ranks[local_rank] = rank
             attempt.streams += [_Stream(rank, dest.stdouts[local_rank], False),
                                 _Stream(rank, dest.stderrs[local_rank], True)]
         dest.filtered_stdout = os.path.join(directory, "filtered_stdout.log")
@@ -139,8 +144,11 @@ class RankLogs:
 
     def say_failure(self, failures: Sequence[RankFailure], first: int | None) -> None:
         """The digest of the failed attempt, after root_cause's line (``first``: the rank it named, None: none)."""
+        self._write(self._err, self._failure_lines(failures, first))
+
+    def _failure_lines(self, failures: Sequence[RankFailure], first: int | None) -> list[str]:
         ends = self.ends({f.rank: f.exit_code for f in failures}, {f.rank: f.pid for f in failures})
-        self._write(self._err, self.digest_lines(first=first, ends=ends))
+        return self.digest_lines(first=first, ends=ends)
 
     def begin(self, attempt: _Attempt) -> None:
         """A new attempt's files (torch asks for them as it starts the workers): the last attempt's are read to
@@ -148,10 +156,16 @@ class RankLogs:
         with self._lock:
             if self._attempts:
                 self._pump(final=True)
-                if self._failing or self._held:
-                    self._write(self._err, [f"ddpkit: attempt {self._attempts[-1].number} failed; the agent "
-                                            f"restarts the ranks. What its ranks said:",
-                                            *self.digest_lines(first=None, ends=None)])
+                last = self._attempts[-1]
+                if last.failures:  # said as the agent's last failure is (root_cause's line, then the digest)
+                    failures = ordered(last.failures)
+                    found = first_of(failures)
+                    self._write(self._err, [f"ddpkit: attempt {last.number} failed: {root_cause_line(failures)[1]}; "
+                                            "the agent restarts the ranks",
+                                            *self._failure_lines(failures, None if found is None else found.rank)])
+                elif self._failing or self._held:
+                    self._write(self._err, [f"ddpkit: attempt {last.number} failed; the agent restarts the ranks. "
+                                            "What its ranks said:", *self.digest_lines(first=None, ends=None)])
                 self._pending.clear()
                 self._held.clear()
                 self._ended_by.clear()
@@ -164,12 +178,21 @@ class RankLogs:
         SIGTERM", one a rank, is dropped (the digest says which ranks were ended)."""
         text = str(record.msg)
         exc = record.exc_info[1] if record.exc_info else None
+        failed = logged_failure(record)
         if text.startswith(("Terminating process", "failed (exitcode", "Sending process", "Closing process",
                             "Unable to shutdown process")) or type(exc).__name__ == "ProcessExitedException":
             with self._lock:
                 self._failing = True
                 self._note_signal(record)
+                if failed is not None and self._attempts:
+                    self._note_failure(*failed)
         return not text.startswith("Terminating process")
+
+    def _note_failure(self, local_rank: int, pid: int, exit_code: int) -> None:
+        attempt = self._attempts[-1]
+        rank = attempt.ranks.get(local_rank, local_rank)
+        if not any(f.pid == pid for f in attempt.failures):
+            attempt.failures.append(RankFailure(rank=rank, pid=pid, exit_code=exit_code, timestamp=time.time()))
 
     def _note_signal(self, record: logging.LogRecord) -> None:
         """Which rank the launcher ends with which signal: torch logs the pid ("Terminating process P via signal
