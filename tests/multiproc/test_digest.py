@@ -212,3 +212,31 @@ def test_a_restart_names_the_killed_rank_first_as_the_final_digest_does(tmp_path
     assert any(line.startswith("  rank 0: ") for line in digest[2:]), screen
     assert not any("exit code not reported" in line for line in digest), screen
 
+
+def test_a_killed_ranks_last_lines_are_its_own_not_torchs_start_up_warning(tmp_path: Path) -> None:
+    """Issue 44 item 7: a rank killed mid-run left only torch's start-up warning on its stderr; the digest shows
+    the rank's own last lines (its stdout) instead."""
+    script = tmp_path / "killed.py"
+    script.write_text(KILLED_IN_EPOCH_2)
+    res = run_ddpkit("run", "-n", "2", "--", str(script), timeout=180)
+    screen = res.stdout + res.stderr
+    assert res.returncode == 137, screen
+    lines = screen.splitlines()
+    start = lines.index(f"  rank 1 on host {HOST}:")
+    block = lines[start + 1:next(i for i in range(start + 1, len(lines)) if lines[i].startswith("  rank 0"))]
+    assert block[-1].strip() == "rank 1: epoch 2 done", screen
+    assert not any("Warning" in line or "super().__init__" in line for line in block), screen
+
+
+def test_a_syntax_error_is_said_with_its_file_line_and_source(tmp_path: Path) -> None:
+    """Issue 44 item 7: the digest of a script that does not compile shows where, as Python does: file and line,
+    the source line and the caret under it, then the error."""
+    script = tmp_path / "broken.py"
+    script.write_text("import torch\nx = 1\nif x == 1\n    print(x)\n")
+    res = run_ddpkit("run", "-n", "2", "--", str(script), timeout=180)
+    screen = res.stdout + res.stderr
+    assert res.returncode == 1, screen
+    lines = screen.splitlines()
+    start = next(i for i, line in enumerate(lines) if re.fullmatch(rf"  rank \d on host {HOST}:", line))
+    assert lines[start + 1:start + 5] == [f'    File "{script}", line 3', "      if x == 1",
+                                          "               ^", "    SyntaxError: expected ':'"], screen

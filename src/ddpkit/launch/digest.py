@@ -12,8 +12,8 @@ from dataclasses import dataclass
 
 from ddpkit.base.errors import EXIT_MISSING
 
-__all__ = ["CHAINED", "RankEnd", "cause", "digest", "is_noise", "last_traceback", "rank_list", "said", "short",
-           "watch_report"]
+__all__ = ["CHAINED", "RankEnd", "cause", "digest", "is_noise", "last_traceback", "own_lines", "rank_list", "said",
+           "short", "watch_report"]
 
 TRACEBACK = "Traceback (most recent call last):"
 WATCH = "ddpkit watch:"
@@ -24,6 +24,17 @@ _SOURCE = re.compile(r"\[[^\]\s]+\.(?:cc|cpp|c|h|hpp):\d+\]\s*")
 _ADDRESS = re.compile(r"\s*(?:\[[0-9A-Fa-f.:]+\]|\d{1,3}(?:\.\d{1,3}){3}):\d+")
 _LIBRARY = ("/site-packages/", "/dist-packages/", "/ddpkit/", "/lib/python3")
 _RANK = re.compile(r"\brank \d+\b")
+#: a script that did not compile: Python prints where (no frames, no "Traceback" line), then the error
+_COMPILE_WHERE = re.compile(r'^  File "[^"]+", line \d+$')
+_COMPILE_ERROR = re.compile(r"^(?:SyntaxError|IndentationError|TabError)\b")
+#: the caret line under a source line: where the parser stopped
+_CARET = re.compile(r"^\s*[~^]+\s*$")
+#: start-up noise on a rank's stderr, none of it the rank's own words: a library's Python warning (its path under
+#: site-packages, then the source line under it), torch's C++ log lines ("[W1128 00:55:38.789000 5497 ...]",
+#: "[rank1]:[W1128 ...]"), and ddpkit's own log lines below error level ("[vm:1] WARNING ...")
+_LIBRARY_WARNING = re.compile(r"^(?P<path>\S+\.py):\d+: \w*Warning: ")
+_CPP_LOG = re.compile(r"^(?:\[rank\d+\]:)?\[[IWEF]\d{4} \d\d:\d\d:\d\d")
+_DDPKIT_LOG = re.compile(r"^\[[^\]\s]+:(?:\d+|-)\] (?:DEBUG|INFO|WARNING) ")
 #: a ddpkit rank's logged error ("[host:3] ERROR rank 3: ..."): its words where it printed no traceback
 _ERROR_LOGGED = re.compile(r"^\[[^\]\s]+:\d+\] (?:ERROR|CRITICAL) ")
 CHAINED = ("During handling of the above exception", "The above exception was the direct cause")
@@ -41,6 +52,8 @@ class RankEnd:
     pid: int | None = None
     stderr: str = ""
     """The end of its stderr log."""
+    stdout: str = ""
+    """The end of its stdout log: its own last lines where its stderr holds none (a rank killed mid-run)."""
     kernel: str = ""
     """The kernel's line about its end (the OOM killer's, ``ddpkit.launch.kernlog``) where the log was read."""
     ended_by: int | None = None
@@ -64,7 +77,7 @@ def last_traceback(text: str) -> tuple[list[str], list[str]] | None:
     lines = text.splitlines()
     start = max((i for i, line in enumerate(lines) if line.strip() == TRACEBACK), default=None)
     if start is None:
-        return None
+        return _compile_error(lines)
     frames: list[str] = []
     exception: list[str] = []
     for line in lines[start + 1:]:
@@ -82,9 +95,22 @@ def last_traceback(text: str) -> tuple[list[str], list[str]] | None:
     return frames, exception
 
 
-def _user_frame(frames: Sequence[str]) -> list[str]:
-    """The last frame in the user's code (not in torch, ddpkit or Python's library), with its source line; the
-    last frame where every frame is a library's."""
+def _compile_error(lines: Sequence[str]) -> tuple[list[str], list[str]] | None:
+    """The last error of a script that did not compile (Python's own words: ``File "x.py", line 3``, the source
+    line, a caret, ``SyntaxError: expected ':'``), as a traceback of that one frame; None where there is none."""
+    for i in range(len(lines) - 1, -1, -1):
+        if not _COMPILE_WHERE.match(lines[i]):
+            continue
+        end = next((j for j in range(i + 1, len(lines)) if not lines[j].startswith(" ")), len(lines))
+        if end < len(lines) and _COMPILE_ERROR.match(lines[end]):
+            return list(lines[i:end]), [lines[end]]
+    return None
+
+
+def _user_frame(frames: Sequence[str], *, caret: bool = False) -> list[str]:
+    """The last frame in the user's code (not in torch, ddpkit or Python's library), with its source line (and,
+    with ``caret``, the caret under it, as Python prints a SyntaxError); the last frame where every frame is a
+    library's."""
     starts = [i for i, line in enumerate(frames) if line.lstrip().startswith("File ")]
     if not starts:
         return []
@@ -92,7 +118,30 @@ def _user_frame(frames: Sequence[str]) -> list[str]:
     i = (user or starts)[-1]
     source = frames[i + 1] if i + 1 < len(frames) and not frames[i + 1].lstrip().startswith(("File ", "^", "~")) \
         else None
-    return [frames[i].strip(), f"  {source.strip()}"] if source else [frames[i].strip()]
+    if not source:
+        return [frames[i].strip()]
+    shown = [frames[i].strip(), f"  {source.strip()}"]
+    under = frames[i + 2] if i + 2 < len(frames) else ""
+    if caret and _CARET.match(under):  # the caret keeps its column under the source line
+        indent = len(source) - len(source.lstrip())
+        shown.append(f"  {under[indent:].rstrip()}")
+    return shown
+
+
+def own_lines(text: str) -> list[str]:
+    """The lines of a rank's output that are its own: without torch's C++ frames, a library's warnings (with the
+    source line under each), torch's C++ log lines and ddpkit's own log lines below error level."""
+    out: list[str] = []
+    under_warning = False
+    for line in text.splitlines():
+        if under_warning and line.startswith((" ", "\t")):
+            continue
+        warning = _LIBRARY_WARNING.match(line)
+        under_warning = bool(warning and any(part in warning["path"] for part in _LIBRARY))
+        if under_warning or not line.strip() or is_noise(line) or _CPP_LOG.match(line) or _DDPKIT_LOG.match(line):
+            continue
+        out.append(line)
+    return out
 
 
 def short(text: str) -> str:
@@ -139,9 +188,13 @@ def cause(end: RankEnd) -> list[str]:
     found = last_traceback(end.stderr)
     if found and found[1]:
         frames, exception = found
-        return [*_user_frame(frames), *exception]
-    tail = [line for line in end.stderr.splitlines() if line.strip() and not is_noise(line)][-3:]
-    return tail or ["(nothing on its stderr)"]
+        return [*_user_frame(frames, caret=bool(_COMPILE_ERROR.match(exception[0]))), *exception]
+    tail = own_lines(end.stderr)[-3:]
+    if tail:
+        return tail
+    out = own_lines(end.stdout)[-3:]
+    return ["its last lines on stdout:", *(f"  {line}" for line in out)] if out \
+        else ["(nothing on its stderr)"]
 
 
 def rank_list(ranks: Iterable[int]) -> str:

@@ -73,6 +73,9 @@ class _Attempt:
     def stderr_of(self, rank: int) -> str:
         return next((s.path for s in self.streams if s.rank == rank and s.to_stderr), "")
 
+    def stdout_of(self, rank: int) -> str:
+        return next((s.path for s in self.streams if s.rank == rank and not s.to_stderr), "")
+
 
 class _Specs(LogsSpecs):
     """torch's hook for where a worker's streams go: ``attempt-N/rank-R.{stdout,stderr}.log`` (by global rank,
@@ -232,7 +235,8 @@ class RankLogs:
         return [RankEnd(rank=r, exitcode=exitcodes.get(r), pid=pids.get(r), ended_by=self._ended_by.get(r),
                         kernel=(oom_line_for(pids.get(r), lived_s=lived_s) or "")
                         if exitcodes.get(r) == -signal.SIGKILL else "",
-                        stderr=_tail(attempt.stderr_of(r)) if attempt else "") for r in ranks]
+                        stderr=_tail(attempt.stderr_of(r)) if attempt else "",
+                        stdout=_tail(attempt.stdout_of(r), 4096) if attempt else "") for r in ranks]
 
     def digest_lines(self, *, first: int | None, ends: list[RankEnd] | None) -> list[str]:
         """The digest of the last attempt (``ends`` None: read from its files, no exit codes known)."""
@@ -304,10 +308,10 @@ class RankLogs:
             stream.flush()
 
 
-def _tail(path: str) -> str:
+def _tail(path: str, size: int = TAIL_BYTES) -> str:
     try:
         with open(path, "rb") as f:
-            f.seek(max(0, os.path.getsize(path) - TAIL_BYTES))
+            f.seek(max(0, os.path.getsize(path) - size))
             return f.read().decode(errors="replace")
     except OSError:
         return ""
