@@ -131,6 +131,10 @@ def _rolling(split: Split) -> str | None:
     return chart.svg()
 
 
+def _known(value: int | None, unknown: str = "not known") -> int | str:
+    return unknown if value is None else value
+
+
 def _rows(header: list[str], rows: list[list[Any]]) -> str:
     head = "".join(f"<th>{html.escape(h)}</th>" for h in header)
     body = "".join("<tr>" + "".join(
@@ -152,12 +156,15 @@ def render_html(view: RunView, *, title: str = "ddpkit run") -> str:
     stamp = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     failed = [a for a in split.attempts if a.exit_code not in (0, None)]
     headline = _rows(["figure", "value"], [
-        ["goodput (training / wall clock)", f"{100 * split.goodput:.1f} %"],
+        ["goodput (training / wall clock)", f"{100 * split.goodput:.1f} %" if split.lost_known else
+         f"at most {100 * split.goodput:.1f} % (the steps done again are not known)"],
         ["wall clock", f"{wall:.1f} s"], ["attempts", len(split.attempts)], ["failed attempts", len(failed)],
         ["queue wait (the scheduler's)", f"{split.seconds[Category.QUEUE_WAIT]:.1f} s (job {split.queue.job_id})"
          if split.queue is not None else "not recorded (no scheduler said)"],
         ["waiting for a straggler", f"{split.seconds[Category.STRAGGLER_WAIT]:.2f} s"],
-        ["furthest step", split.furthest_step], ["steps done again (lost progress)", split.lost_steps],
+        ["furthest step", _known(split.furthest_step)], ["steps done again (lost progress)", _known(
+            split.lost_steps, "not known: the script showed no epoch (its sampler's set_epoch) to tell where it "
+            "resumed")],
         ["categories add up to", f"{split.accounted_s:.2f} s of {wall:.2f} s"]])
     categories = _rows(["category", "seconds", "% of wall clock"],
                        [[c.words, split.seconds[c], f"{100 * split.seconds[c] / wall:.1f}" if wall else "-"]
@@ -167,7 +174,8 @@ def render_html(view: RunView, *, title: str = "ddpkit run") -> str:
                       "furthest step", "steps done again", "decision"],
                      [[a.attempt, a.start - split.start, a.end - a.start, "" if a.exit_code is None else a.exit_code,
                        a.failure_class or "", a.cause, "" if a.resumed_from is None else a.resumed_from,
-                       "" if a.last_step is None else a.last_step, a.lost_steps, decisions.get(a.attempt, "")]
+                       "" if not a.steps else _known(a.reached), "" if not a.steps else _known(a.lost_steps),
+                       decisions.get(a.attempt, "")]
                       for a in split.attempts])
     faults = (_rows(["host", "attempt", "ranks", "why", "what was done"],
                     [[h.host, h.attempt, ", ".join(map(str, h.ranks)), h.reason, h.decision]
@@ -186,9 +194,10 @@ def render_html(view: RunView, *, title: str = "ddpkit run") -> str:
         _figure("Step time per rank", _step_times(view), "each rank's median step per ledger line (about one a "
                 "second); a rank slower than the others is a straggler, the others wait for it"),
         "<h2>Per rank: step time and wait share</h2>", _rank_table(view),
-        '<p class="muted">Gradient sync: from a rank\'s last gradient bucket handed to the all-reduce to its end. '
-        "Waiting for a slower rank: that, less the least of any rank over the same steps (the slowest rank's, "
-        "the transfer alone). Not measured under DDP's own C++ all-reduce (large models).</p>",
+        '<p class="muted">Gradient sync: from a rank\'s last gradient bucket handed to the all-reduce to its end '
+        "(a script under ddpkit run: DDP's own statistic, sampled). Waiting for a slower rank: that, less the "
+        "least of any rank over the same steps (the slowest rank's, the transfer alone). Not measured: ddpkit "
+        "train's models on DDP's C++ all-reduce (above its Python hook's size), shown as such.</p>",
         _figure("Goodput over time", _rolling(split)),
         "<h2>Attempts</h2>", attempts,
         "<h2>Hosts at fault</h2>", faults,
