@@ -38,7 +38,7 @@ from scripts.slurm_cluster import SlurmCluster
 from tests.helpers import ddpkit_env
 
 from ddpkit.goodput.records import Steps, read_goodput
-from ddpkit.heal.ledger import AttemptEnded, AttemptStarted, FaultSeen, Ledger, PreflightEnded
+from ddpkit.rundir.ledger import AttemptEnded, AttemptStarted, FaultSeen, Ledger, PreflightEnded
 
 RESULTS = Path(__file__).parent / "results"
 ROOT = Path(__file__).resolve().parents[1]
@@ -169,7 +169,7 @@ def markdown(result: dict[str, Any]) -> str:
              f"`ddpkit submit slurm -j 2x1 --spare-nodes 1 --heal --wait -- {result['job']} --snapshot-path ...` on "
              f"a 3-node namespace Slurm cluster on one machine ({result['machine']}, load {result['load_before']} "
              f"before, {result['load_after']} after); node2's ranks stopped (SIGSTOP), killed (SIGKILL) or cut off "
-             "(link down) two snapshots and 2 s in. From the run's ledgers (ddpkit.heal.ledger, goodput.jsonl).", "",
+             "(link down) two snapshots and 2 s in. From the run's ledgers (ddpkit.rundir.ledger, goodput.jsonl).", "",
              "| phase | median s | max s |", "|---|---|---|"]
     for phase in PHASES:
         v = s[phase]

@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 from ddpkit.heal.k8s import PodEnd, record_attempt
-from ddpkit.heal.ledger import HostExcluded, Ledger
 from ddpkit.heal.policy import HealPolicy
+from ddpkit.rundir.ledger import HostExcluded, Ledger
 from tests.helpers import run_ddpkit
 from tests.infra.conftest import Hosts, new_run_id
 from tests.infra.k8s_operator import Manifest, Operator, Unschedulable, load

@@ -25,8 +25,8 @@ import pytest
 from scripts import slurm_cluster
 
 from ddpkit.heal.classify import FailureClass
-from ddpkit.heal.ledger import AttemptEnded, AttemptStarted, FaultSeen, HostExcluded, Ledger
 from ddpkit.heal.policy import EXIT_DO_NOT_REQUEUE
+from ddpkit.rundir.ledger import AttemptEnded, AttemptStarted, FaultSeen, HostExcluded, Ledger
 from tests.helpers import ddpkit_env, require_root, require_tools, run_ddpkit
 
 pytestmark = [pytest.mark.infra, pytest.mark.multiproc]

@@ -17,8 +17,8 @@ import pytest
 
 from ddpkit.goodput.accounting import Category
 from ddpkit.goodput.records import Loaded, read_goodput
-from ddpkit.heal.ledger import Ledger
 from ddpkit.reports.run import load_run
+from ddpkit.rundir.ledger import Ledger
 from tests.helpers import require_tools, run_ddpkit
 
 pytestmark = pytest.mark.multiproc

@@ -1,7 +1,7 @@
 """`ddpkit run -n 2 --heal`: a rank killed by SIGKILL, or stopped (SIGSTOP) and named by the watch, is relaunched
 and the run completes; a script that raises on every rank stops after two attempts with exit 93 (do not requeue),
 the exception first; a clean run is one attempt; under torchrun --heal is refused. Each reads the run's ledger as
-a user would (ddpkit.heal.ledger)."""
+a user would (ddpkit.rundir.ledger)."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from ddpkit.heal.classify import FailureClass
-from ddpkit.heal.ledger import Action, AttemptEnded, AttemptStarted, Ledger
 from ddpkit.heal.policy import EXIT_DO_NOT_REQUEUE
+from ddpkit.rundir.ledger import Action, AttemptEnded, AttemptStarted, Ledger
 from tests.helpers import ddpkit_env, run_ddpkit
 
 pytestmark = pytest.mark.multiproc

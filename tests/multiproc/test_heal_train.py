@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from ddpkit.heal.classify import FailureClass
-from ddpkit.heal.ledger import Action, Ledger
+from ddpkit.rundir.ledger import Action, Ledger
 from tests.helpers import ddpkit_env
 
 pytestmark = pytest.mark.multiproc

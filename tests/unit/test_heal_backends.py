@@ -12,10 +12,10 @@ from ddpkit.heal.classify import FailureClass, classify
 from ddpkit.heal.elastic import Excluded, ExclusionList, _TorchFailures, stop_together
 from ddpkit.heal.k8s import PodEnd, record_attempt
 from ddpkit.heal.k8s import evidence_of as pods_evidence
-from ddpkit.heal.ledger import Action, HostExcluded, Ledger
 from ddpkit.heal.mpi import MpiAttempt
 from ddpkit.heal.mpi import evidence_of as mpi_evidence
 from ddpkit.heal.policy import EXIT_DO_NOT_REQUEUE, HealPolicy
+from ddpkit.rundir.ledger import Action, HostExcluded, Ledger
 
 HOSTS = ("10.0.0.11", "10.0.0.12", "10.0.0.13")
 TRACEBACK = ["Traceback (most recent call last):", '  File "job.py", line 3, in <module>', "ValueError: bad batch"]

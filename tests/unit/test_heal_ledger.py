@@ -1,4 +1,4 @@
-"""ddpkit.heal.ledger: records written one fsynced line each, read back typed, continued by a later supervisor."""
+"""ddpkit.rundir.ledger: records written one fsynced line each, read back typed, continued by a later supervisor."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from ddpkit.heal.classify import Classification, FailureClass
-from ddpkit.heal.ledger import (
+from ddpkit.rundir.ledger import (
     Action,
     AttemptEnded,
     AttemptStarted,

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from ddpkit.heal.classify import Classification, FailureClass
-from ddpkit.heal.ledger import Action, AttemptEnded
 from ddpkit.heal.policy import EXIT_DO_NOT_REQUEUE, HealPolicy, Outcome, attempts_without_progress, decide
+from ddpkit.rundir.ledger import Action, AttemptEnded
 
 POLICY = HealPolicy()
 

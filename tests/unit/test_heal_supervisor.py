@@ -12,11 +12,11 @@ import pytest
 from ddpkit.base.errors import ConfigError
 from ddpkit.base.shape import JobShape
 from ddpkit.heal.classify import FailureClass, classify
-from ddpkit.heal.ledger import Action, AttemptEnded, Ledger
 from ddpkit.heal.supervisor import gather, supervise
 from ddpkit.launch.agent import LaunchOptions
 from ddpkit.launch.failure import RankFailure
 from ddpkit.launch.result import AttemptResult
+from ddpkit.rundir.ledger import Action, AttemptEnded, Ledger
 from ddpkit.watch.records import AbortOrder, StoppedRank
 
 

@@ -83,7 +83,7 @@ def test_mpi_needs_hosts_to_exclude_from_and_enough_left(tmp_path: Path) -> None
 
 
 def _heal_ledger(directory: Path, *hosts: str) -> None:
-    from ddpkit.heal.ledger import HostExcluded, Ledger
+    from ddpkit.rundir.ledger import HostExcluded, Ledger
 
     for host in hosts:
         Ledger(directory).append(HostExcluded(attempt=1, time=1.0, host=host, reason="rank 1 stopped answering"))

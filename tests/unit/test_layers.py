@@ -19,7 +19,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("ddpkit", "ddpkit.base"),
     # 1: a process's start and end protocol (what the agent tells its workers, why a run stopped, how a process
     #    leaves) and judging what was measured; the goodput ledger's records and accounting; no torch at module level
-    ("ddpkit.process", "ddpkit.verdicts", "ddpkit.goodput"),
+    ("ddpkit.process", "ddpkit.verdicts", "ddpkit.goodput", "ddpkit.rundir"),
     # 2: who am I in which world
     ("ddpkit.env",),
     # 3: the process group, and the collectives that check, bench and train share; the watch over them

@@ -1,4 +1,4 @@
-"""Append-only JSON-lines files of typed records: the run's ledgers (``heal.ledger``, ``goodput.records``).
+"""Append-only JSON-lines files of typed records: the run's ledgers (``rundir.ledger``, ``goodput.records``).
 
 A record is a frozen dataclass with a ``KIND`` class attribute; its line is ``{"kind": KIND, **fields}``, enums by
 their value, nested dataclasses as objects. A line is written whole with one ``write()`` on an ``O_APPEND``

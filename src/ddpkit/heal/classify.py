@@ -22,15 +22,14 @@ survivors) and its exception is not a peer's failure (``ddpkit.process.exiting.P
 
 from __future__ import annotations
 
-import enum
-import json
 import re
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from ddpkit.base.errors import EXIT_PREEMPTED, EXIT_PREEMPTED_UNSAVED
 from ddpkit.process.exiting import PEER_GONE
+from ddpkit.rundir.verdict import Classification, FailureClass
 
 __all__ = ["STOPPED_ANSWERING", "Classification", "Evidence", "FailureClass", "RankEvidence", "WatchReport", "classify",
            "exception_line", "rank_list"]
@@ -39,19 +38,6 @@ TRACEBACK = "Traceback (most recent call last):"
 _PREEMPTED_CODES = (EXIT_PREEMPTED, EXIT_PREEMPTED_UNSAVED)
 #: The watch's line for a rank whose heartbeat stopped: (rank, host), read by every backend from its ranks' output.
 STOPPED_ANSWERING = re.compile(r"rank (\d+) on host (\S+?)(?: \(pid \d+\))? stopped answering")
-
-
-class FailureClass(enum.Enum):
-    """What a failed attempt says about where the fault is, and so whether another attempt can help."""
-
-    HOST = "host"
-    """Something about a host: its ranks were killed by a signal, stopped answering, or were cut off. Retry."""
-    JOB = "job"
-    """The program itself: a Python exception of its own. Retrying cannot help (one retry at most)."""
-    PREEMPTED = "preempted"
-    """The scheduler's signal (or 75/76: the workers stopped after one). Stop; the scheduler requeues."""
-    UNKNOWN = "unknown"
-    """Nothing decides: retried while attempts are left."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -120,35 +106,6 @@ class Evidence:
     """A signal the agent received from outside the job (``SIGTERM`` from the scheduler, Ctrl-C's ``SIGINT``)."""
     all_preempted: bool = False
     """The agent said every rank stopped after a preemption signal (75 or 76, the others ended by SIGTERM)."""
-
-
-@dataclass(frozen=True, kw_only=True)
-class Classification:
-    """The verdict on a failed attempt: its class, who is to blame, on what evidence, in one line."""
-
-    kind: FailureClass
-    reason: str
-    """One line, the cause first: ``rank 1 on host vm was killed by SIGKILL``."""
-    culprit_ranks: tuple[int, ...] = ()
-    culprit_hosts: tuple[str, ...] = ()
-    evidence: tuple[str, ...] = field(default=())
-
-    def to_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "kind": self.kind.value}
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> Classification:
-        return cls(kind=FailureClass(data["kind"]), reason=str(data["reason"]),
-                   culprit_ranks=tuple(int(r) for r in data.get("culprit_ranks", ())),
-                   culprit_hosts=tuple(str(h) for h in data.get("culprit_hosts", ())),
-                   evidence=tuple(str(e) for e in data.get("evidence", ())))
-
-    def to_json(self) -> str:
-        return json.dumps(self.to_dict(), sort_keys=True)
-
-    @classmethod
-    def from_json(cls, text: str) -> Classification:
-        return cls.from_dict(json.loads(text))
 
 
 def classify(evidence: Evidence) -> Classification:

@@ -52,10 +52,10 @@ from ddpkit.heal.classify import (
     classify,
     exception_line,
 )
-from ddpkit.heal.ledger import Action, AttemptEnded, AttemptStarted, HostExcluded, Ledger, SupervisorStarted
 from ddpkit.heal.policy import HealPolicy, Outcome, decide
 from ddpkit.process.stopping import take_abort_orders
 from ddpkit.process.worker_context import HEAL_SILENT_DEFAULT_S, HEAL_SILENT_S, STOP_DIR
+from ddpkit.rundir.ledger import Action, AttemptEnded, AttemptStarted, HostExcluded, Ledger, SupervisorStarted
 
 if TYPE_CHECKING:
     from ddpkit.launch.agent import LaunchOptions

@@ -31,8 +31,8 @@ from ddpkit.heal.classify import (
     classify,
     exception_line,
 )
-from ddpkit.heal.ledger import Action, AttemptEnded, AttemptStarted, HostExcluded, Ledger
 from ddpkit.heal.policy import Decision, HealPolicy, Outcome, decide
+from ddpkit.rundir.ledger import Action, AttemptEnded, AttemptStarted, HostExcluded, Ledger
 
 __all__ = ["PodEnd", "evidence_of", "record_attempt"]
 

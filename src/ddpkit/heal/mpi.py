@@ -48,10 +48,10 @@ from ddpkit.heal.classify import (
     classify,
     exception_line,
 )
-from ddpkit.heal.ledger import Action, AttemptEnded, AttemptStarted, HostExcluded, Ledger, SupervisorStarted
 from ddpkit.heal.nodepool import NodePool
 from ddpkit.heal.policy import HealPolicy, Outcome, decide
 from ddpkit.process.worker_context import HEAL_SILENT_S
+from ddpkit.rundir.ledger import Action, AttemptEnded, AttemptStarted, HostExcluded, Ledger, SupervisorStarted
 
 if TYPE_CHECKING:
     from ddpkit.jobs.spec import JobSpec

@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ddpkit.heal.classify import Classification, FailureClass
-from ddpkit.heal.ledger import Action, AttemptEnded
+from ddpkit.rundir.ledger import Action, AttemptEnded
 
 __all__ = ["DEFAULT_MAX_ATTEMPTS", "DEFAULT_NO_PROGRESS_LIMIT", "EXIT_DO_NOT_REQUEUE", "Decision", "HealPolicy",
            "Outcome", "decide"]

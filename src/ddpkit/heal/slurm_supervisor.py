@@ -6,7 +6,7 @@ The batch script that ``submit`` renders allocates N+K nodes and runs this modul
         [--on-fail drain] [--run-dir DIR] -- PYTHON -m ddpkit train ...
 
 Each attempt is one ``srun`` step on N healthy nodes of the allocation (``heal.slurm_step``); a failed attempt is
-classified (``heal.classify``), recorded in the run's ledger (``heal.ledger``: the fault as first seen, the attempt's
+classified (``heal.classify``), recorded in the run's ledger (``rundir.ledger``: the fault as first seen, the attempt's
 end with its class, culprits, evidence and action, each host taken out) and acted on (``heal.policy``):
 
 - a host fault takes the culprit host(s) out for the rest of the job (``--on-fail drain`` also drains them in
@@ -39,7 +39,13 @@ from pathlib import Path
 from ddpkit.base.errors import ConfigError, DdpkitError
 from ddpkit.goodput.records import ATTEMPT_VAR, RUN_DIR_VAR
 from ddpkit.heal.classify import Classification, FailureClass, classify
-from ddpkit.heal.ledger import (
+from ddpkit.heal.nodepool import NodePool
+from ddpkit.heal.policy import DEFAULT_MAX_ATTEMPTS, HealPolicy, Outcome, decide
+from ddpkit.heal.slurm_step import StepPlan, StepRun, run_step
+from ddpkit.launch.steplog import full_log_path
+from ddpkit.launch.stepscreen import StepScreen
+from ddpkit.process.worker_context import HEAL_SILENT_DEFAULT_S, HEAL_SILENT_S
+from ddpkit.rundir.ledger import (
     Action,
     AttemptEnded,
     AttemptStarted,
@@ -49,12 +55,6 @@ from ddpkit.heal.ledger import (
     PreflightEnded,
     SupervisorStarted,
 )
-from ddpkit.heal.nodepool import NodePool
-from ddpkit.heal.policy import DEFAULT_MAX_ATTEMPTS, HealPolicy, Outcome, decide
-from ddpkit.heal.slurm_step import StepPlan, StepRun, run_step
-from ddpkit.launch.steplog import full_log_path
-from ddpkit.launch.stepscreen import StepScreen
-from ddpkit.process.worker_context import HEAL_SILENT_DEFAULT_S, HEAL_SILENT_S
 
 __all__ = ["EXIT_NO_NODES", "main"]
 

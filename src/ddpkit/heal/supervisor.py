@@ -30,9 +30,9 @@ from ddpkit.base.errors import ConfigError, DdpkitError
 from ddpkit.base.log import get_logger
 from ddpkit.goodput.records import ATTEMPT_VAR, RUN_DIR_VAR
 from ddpkit.heal.classify import STOPPED_ANSWERING, Evidence, RankEvidence, WatchReport, classify, exception_line
-from ddpkit.heal.ledger import Action, AttemptEnded, AttemptStarted, Ledger, SupervisorStarted
 from ddpkit.heal.policy import HealPolicy, Outcome, decide
 from ddpkit.process.worker_context import HEAL_SILENT_DEFAULT_S, HEAL_SILENT_S
+from ddpkit.rundir.ledger import Action, AttemptEnded, AttemptStarted, Ledger, SupervisorStarted
 
 if TYPE_CHECKING:
     from ddpkit.env import WorldInfo

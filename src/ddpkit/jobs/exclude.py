@@ -2,7 +2,7 @@
 took out (its run directory or ledger: each ``host-excluded`` line of ``ledger.jsonl``, and of ``HOST/ledger.jsonl``
 for a run across hosts), kept out of the next job (``#SBATCH --exclude``, the mpirun host list without them, a
 Kubernetes ``nodeAffinity`` ``NotIn`` rule). No torch import; the ledger is read as JSON lines (its record kinds are
-``ddpkit.heal.ledger``'s, which jobs does not import)."""
+``ddpkit.rundir.ledger``'s, which jobs does not import)."""
 
 from __future__ import annotations
 

@@ -14,9 +14,9 @@ from typing import Any
 from ddpkit import __version__
 from ddpkit.goodput.accounting import Category, Split
 from ddpkit.goodput.straggler import rank_waits
-from ddpkit.heal.ledger import AttemptEnded
 from ddpkit.reports.run import RunView
 from ddpkit.reports.svg import Chart
+from ddpkit.rundir.ledger import AttemptEnded
 
 __all__ = ["COLORS", "render_html"]
 

@@ -8,9 +8,10 @@ from pathlib import Path
 
 from ddpkit.base.errors import ConfigError
 from ddpkit.goodput.accounting import AttemptSpan, Split, account
-from ddpkit.goodput.records import GOODPUT, GoodputRecord, RankStarted, Steps, read_goodput
-from ddpkit.heal.classify import FailureClass
-from ddpkit.heal.ledger import LEDGER, AttemptEnded, AttemptStarted, Record, SupervisorStarted, read_records
+from ddpkit.goodput.records import GoodputRecord, RankStarted, Steps, read_goodput
+from ddpkit.rundir import RunDir
+from ddpkit.rundir.ledger import AttemptEnded, AttemptStarted, Record, SupervisorStarted, read_records
+from ddpkit.rundir.verdict import FailureClass
 
 __all__ = ["HostAtFault", "RunView", "is_run_dir", "load_run"]
 
@@ -40,7 +41,7 @@ class RunView:
 
 
 def is_run_dir(path: Path) -> bool:
-    return path.is_dir() and ((path / LEDGER).exists() or (path / GOODPUT).exists())
+    return RunDir(path).holds_a_run()
 
 
 def attempt_spans(ledger: list[Record]) -> list[AttemptSpan]:
@@ -59,10 +60,12 @@ def attempt_spans(ledger: list[Record]) -> list[AttemptSpan]:
 def load_run(run_dir: str | Path, *, window_s: float = 60.0) -> RunView:
     """The run directory's ledgers, accounted; ConfigError where it holds neither."""
     run_dir = Path(run_dir)
-    ledger, goodput = read_records(run_dir / LEDGER), read_goodput(run_dir / GOODPUT)
+    files = RunDir(run_dir)
+    ledger, goodput = read_records(files.ledger), read_goodput(files.goodput)
     spans = attempt_spans(ledger)
     if not spans and not any(isinstance(r, RankStarted) for r in goodput):
-        raise ConfigError(f"{run_dir} holds no attempt ({LEDGER} and {GOODPUT} are missing or empty)",
+        raise ConfigError(f"{run_dir} holds no attempt ({files.ledger.name} and {files.goodput.name} are missing or "
+                          "empty)",
                           "a run directory of ddpkit train --run-dir DIR, or of ddpkit run|train --heal",
                           "pass the directory that --run-dir named (or .ddpkit-runs/RUN_ID)")
     started = [r for r in ledger if isinstance(r, SupervisorStarted)]
@@ -72,7 +75,7 @@ def load_run(run_dir: str | Path, *, window_s: float = 60.0) -> RunView:
                 and r.classification.kind is FailureClass.HOST for host in r.classification.culprit_hosts]
     sizes = [r.world_size for r in goodput if isinstance(r, RankStarted)]
     rank_steps: dict[int, list[Steps]] = {0: [r for r in goodput if isinstance(r, Steps)]}
-    for path in sorted(run_dir.glob("goodput.rank-*.jsonl")):
+    for path in files.rank_goodputs():
         lines = [r for r in read_goodput(path) if isinstance(r, Steps)]
         if lines:
             rank_steps[lines[0].rank] = lines

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from ddpkit.base.jsonlines import Kinds, append_to, encode
-from ddpkit.heal.classify import Classification
+from ddpkit.rundir.verdict import Classification
 
 __all__ = ["LEDGER", "Action", "AttemptEnded", "AttemptStarted", "FaultSeen", "HostExcluded", "Ledger",
            "PreflightEnded", "Record", "SupervisorStarted", "read_records"]
