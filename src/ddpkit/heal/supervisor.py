@@ -26,13 +26,15 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ddpkit.base.errors import ConfigError, DdpkitError
+from ddpkit.base.errors import ConfigError
 from ddpkit.base.log import get_logger
 from ddpkit.goodput.records import ATTEMPT_VAR, RUN_DIR_VAR
-from ddpkit.heal.classify import STOPPED_ANSWERING, Evidence, RankEvidence, WatchReport, classify, exception_line
-from ddpkit.heal.policy import HealPolicy, Outcome, decide
+from ddpkit.heal.attempts import Adapter, Attempts, Ended, Style
+from ddpkit.heal.classify import STOPPED_ANSWERING, Evidence, RankEvidence, WatchReport, exception_line
+from ddpkit.heal.policy import HealPolicy
 from ddpkit.process.worker_context import HEAL_SILENT_DEFAULT_S, HEAL_SILENT_S
-from ddpkit.rundir.ledger import Action, AttemptEnded, AttemptStarted, Ledger, SupervisorStarted
+from ddpkit.rundir import RunDir
+from ddpkit.rundir.ledger import Ledger, SupervisorStarted
 
 if TYPE_CHECKING:
     from ddpkit.env import WorldInfo
@@ -68,7 +70,6 @@ def supervise(world: WorldInfo, args: argparse.Namespace, options_for: Callable[
     run_dir = Path(args.run_dir) if args.run_dir else _new_run_dir()
     ledger = Ledger(run_dir)
     host = socket.gethostname().split(".", 1)[0]
-    ranks = options.shape.nproc_per_node
     print(f"ddpkit heal: run directory {run_dir} (ledger {ledger.path.name}); up to {policy.max_attempts} "
           f"attempt(s)", file=sys.stderr, flush=True)
     ledger.append(SupervisorStarted(time=time.time(), pid=os.getpid(), host=host, max_attempts=policy.max_attempts,
@@ -78,39 +79,39 @@ def supervise(world: WorldInfo, args: argparse.Namespace, options_for: Callable[
     # deadline: every rank stops and the next attempt starts (the watch's silent_stop; a slow rank that answers
     # keeps its heartbeat and is never one)
     os.environ.setdefault(HEAL_SILENT_S, f"{HEAL_SILENT_DEFAULT_S:g}")
-    for of_session in range(1, policy.max_attempts + 1):
-        attempt = ledger.next_attempt()
-        logs = run_dir / f"attempt-{attempt}"
+    attempts = Attempts(ledger=ledger, policy=policy, style=Style.ONE_HOST, here=host)
+    agent = _AgentAttempts(args, options, launch_attempt, RunDir(run_dir), host)
+    return attempts.run(agent, ranks_per_host=options.shape.nproc_per_node)
+
+
+class _AgentAttempts(Adapter):
+    """ddpkit's agent, once per attempt: it keeps each rank's output under the attempt's directory (where the
+    ranks' tracebacks are read from; for ``ddpkit run`` only: train's ranks print to the screen) and hands over its
+    typed result."""
+
+    style = Style.ONE_HOST
+
+    def __init__(self, args: argparse.Namespace, options: LaunchOptions,
+                 launch_attempt: Callable[[LaunchOptions], int], run_dir: RunDir, host: str) -> None:
+        self.args, self.options, self.launch_attempt = args, options, launch_attempt
+        self.run_dir, self.host = run_dir, host
+
+    def logs(self, attempt: int) -> str | None:
+        return str(self.run_dir.attempt(attempt)) if self.args.command == "run" else None
+
+    def start(self, attempt: int, of_session: int, hosts: tuple[str, ...]) -> Ended:
         results: list[AttemptResult] = []
-        # the agent keeps each rank's output under logs (where it reads their tracebacks from) and hands its typed
-        # result to results; it writes rank logs for ddpkit run only (LaunchOptions.rank_logs): train's ranks print
-        # to the screen
-        attempt_options = dataclasses.replace(options, log_dir=str(logs), on_result=results.append)
-        kept = str(logs) if args.command == "run" else None
-        ledger.append(AttemptStarted(attempt=attempt, time=time.time(), hosts=(host,), ranks=ranks, logs=kept))
+        options = dataclasses.replace(self.options, log_dir=str(self.run_dir.attempt(attempt)),
+                                      on_result=results.append)
         os.environ[ATTEMPT_VAR] = str(attempt)  # train's rank 0 writes its goodput lines under this attempt
-        try:
-            code = launch_attempt(attempt_options)
-        except BaseException as exc:  # the agent itself failed, or a signal came before it could stop its ranks
-            code = _exit_code_of(exc)
-            ledger.append(AttemptEnded(attempt=attempt, time=time.time(), exit_code=code, action=Action.STOP,
-                                       decision=f"ddpkit heal: attempt {of_session}: the agent ended with "
-                                                f"{type(exc).__name__}: {exc}; stopping",
-                                       exit_code_of_run=code))
-            raise
-        found = classify(gather(code, results[-1] if results else None, kept, host)) if code else None
-        progress = newest_snapshot_step(args)
-        history = ledger.ended()
-        decision = decide(policy, history, Outcome(attempt=attempt, of_session=of_session, exit_code=code,
-                                                    classification=found, progress=progress))
-        if found is not None or of_session > 1:  # a first clean attempt needs no word
-            print(decision.line, file=sys.stderr, flush=True)
-        ledger.append(AttemptEnded(attempt=attempt, time=time.time(), exit_code=code, action=decision.action,
-                                   classification=found, progress=progress, decision=decision.line,
-                                   exit_code_of_run=decision.exit_code))
-        if decision.action is not Action.RETRY:
-            return int(decision.exit_code if decision.exit_code is not None else code)
-    raise AssertionError("the policy gives up at --max-attempts")  # decide() never retries the last attempt
+        code = self.launch_attempt(options)
+        if not code:
+            return Ended(exit_code=0)
+        return Ended(exit_code=code, evidence=gather(code, results[-1] if results else None, self.logs(attempt),
+                                                     self.host))
+
+    def progress(self) -> int | None:
+        return newest_snapshot_step(self.args)
 
 
 def _start_goodput(run_dir: Path, host: str) -> None:
@@ -187,17 +188,6 @@ def _silent_holder_in_logs(tails: list[tuple[int, str]]) -> WatchReport | None:
                 lines.append(line.strip())
     return WatchReport(stopped_answering=tuple(sorted(silent.items())), hang=True,
                        lines=tuple(dict.fromkeys(lines))[:20]) if silent else None
-
-
-def _exit_code_of(exc: BaseException) -> int:
-    """The exit code an exception out of the agent leaves the process with (torch's SignalException: 128 + the
-    signal, as a process that signal ends)."""
-    if isinstance(exc, DdpkitError):
-        return exc.exit_code
-    if isinstance(exc, KeyboardInterrupt):
-        return 130
-    sigval = getattr(exc, "sigval", None)
-    return 128 + int(sigval) if sigval is not None else 1
 
 
 def newest_snapshot_step(args: argparse.Namespace) -> int | None:
