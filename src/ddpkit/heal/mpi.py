@@ -38,29 +38,25 @@ from typing import TYPE_CHECKING
 from ddpkit.base.errors import DdpkitError
 from ddpkit.base.shape import JobShape
 from ddpkit.goodput.records import ATTEMPT_VAR, RUN_DIR_VAR
+from ddpkit.heal.attempts import EXIT_NO_HOSTS, Adapter, Attempts, Ended, Style, say
 from ddpkit.heal.classify import (
     STOPPED_ANSWERING,
-    Classification,
     Evidence,
-    FailureClass,
     RankEvidence,
     WatchReport,
-    classify,
     exception_line,
 )
 from ddpkit.heal.nodepool import NodePool
-from ddpkit.heal.policy import HealPolicy, Outcome, decide
+from ddpkit.heal.policy import HealPolicy
 from ddpkit.process.worker_context import HEAL_SILENT_S
-from ddpkit.rundir.ledger import Action, AttemptEnded, AttemptStarted, HostExcluded, Ledger, SupervisorStarted
+from ddpkit.rundir import RunDir
+from ddpkit.rundir.ledger import HostExcluded, Ledger, SupervisorStarted
 
 if TYPE_CHECKING:
     from ddpkit.jobs.spec import JobSpec
 
 __all__ = ["EXIT_NO_HOSTS", "MpiAttempt", "evidence_of", "main", "supervise"]
 
-#: Fewer healthy hosts are left than the job needs (``-j MIN:N``'s MIN): no attempt can run. The Slurm supervisor's
-#: code for the same end (``heal.slurm_supervisor.EXIT_NO_NODES``).
-EXIT_NO_HOSTS = 94
 #: The attempt's last lines the supervisor keeps for its evidence (the failure is said at the end: a rank's
 #: exception, the watch's report, mpirun's word on the process that died); every line is in the attempt's log.
 KEPT_LINES = 20_000
@@ -115,8 +111,6 @@ def evidence_of(run: MpiAttempt) -> Evidence:
 
 def supervise(spec: JobSpec, *, run_dir: Path | None = None) -> int:
     """Attempts until one succeeds or the policy stops (the module's docstring); the run's exit code."""
-    from ddpkit.jobs.mpi import render
-
     shape, policy = spec.shape, HealPolicy(max_attempts=spec.max_attempts)
     pool = NodePool(allocation=spec.hosts, want=shape.max_nodes, least=shape.min_nodes)
     run_dir = run_dir or Path(spec.run_dir or Path(".ddpkit-runs") / f"mpi-{spec.run_id}")
@@ -127,67 +121,48 @@ def supervise(spec: JobSpec, *, run_dir: Path | None = None) -> int:
         f"{shape.max_nodes} per attempt ({shape.min_nodes} at least); up to {policy.max_attempts} attempt(s)")
     ledger.append(SupervisorStarted(time=time.time(), pid=os.getpid(), host=os.uname().nodename.split(".")[0],
                                     max_attempts=policy.max_attempts, command=spec.argv))
-    for of_session in range(1, policy.max_attempts + 1):
-        hosts = pool.take()
-        if hosts is None:
-            bad = ", ".join(sorted(pool.bad))
-            say(f"ddpkit heal: attempt {of_session} of {policy.max_attempts}: {len(pool.healthy)} healthy host(s) "
-                f"left of {len(pool.allocation)} ({bad} out), -j needs {pool.least} at least: stopping with exit "
-                f"{EXIT_NO_HOSTS}; rerun with more --hosts")
-            return EXIT_NO_HOSTS
-        attempt = ledger.next_attempt()
-        logs = run_dir / f"attempt-{attempt}"
+    attempts = Attempts(ledger=ledger, policy=policy, style=Style.HOSTS, pool=pool)
+    return attempts.run(_MpirunAttempts(spec, RunDir(run_dir), pool, policy), ranks_per_host=shape.nproc_per_node)
+
+
+class _MpirunAttempts(Adapter):
+    """One ``mpirun`` per attempt on the hosts the pool gives, its output echoed and kept in the attempt's log."""
+
+    style = Style.HOSTS
+
+    def __init__(self, spec: JobSpec, run_dir: RunDir, pool: NodePool, policy: HealPolicy) -> None:
+        self.spec, self.run_dir, self.pool, self.policy = spec, run_dir, pool, policy
+
+    def logs(self, attempt: int) -> str:
+        return str(self.run_dir.attempt(attempt))
+
+    def start(self, attempt: int, of_session: int, hosts: tuple[str, ...]) -> Ended:
+        from ddpkit.jobs.mpi import render
+
+        spec = self.spec
+        logs = self.run_dir.attempt(attempt)
         logs.mkdir(parents=True, exist_ok=True)
         env = dict(spec.env)
         env.setdefault(HEAL_SILENT_S, f"{spec.silent_after:g}")
-        env.update({RUN_DIR_VAR: str(run_dir.resolve()), ATTEMPT_VAR: str(attempt)})
+        env.update({RUN_DIR_VAR: str(self.run_dir.path.resolve()), ATTEMPT_VAR: str(attempt)})
         one = dataclasses.replace(spec, heal=False, hosts=hosts, spare_nodes=0, run_dir=None,
                                   shape=JobShape(min_nodes=len(hosts), max_nodes=len(hosts),
-                                                 nproc_per_node=shape.nproc_per_node),
+                                                 nproc_per_node=spec.shape.nproc_per_node),
                                   port=(spec.port or 29500) + attempt - 1,  # a fresh port: the last one may linger
                                   env=tuple(env.items()))
-        ledger.append(AttemptStarted(attempt=attempt, time=time.time(), hosts=hosts,
-                                     ranks=len(hosts) * shape.nproc_per_node, logs=str(logs)))
-        say(f"ddpkit heal: attempt {of_session} of {policy.max_attempts} on {', '.join(hosts)}")
-        run = _run(render(one, step=False), logs / "mpirun.log", hosts, shape.nproc_per_node)
-        found = classify(evidence_of(run)) if run.exit_code else None
-        progress = _progress(spec)
-        decision = decide(policy, ledger.ended(), Outcome(attempt=attempt, of_session=of_session,
-                                                          exit_code=run.exit_code, classification=found,
-                                                          progress=progress))
-        line = decision.line
-        if decision.action is Action.RETRY and found is not None:
-            before = set(pool.bad)
-            line = _retry_line(of_session, policy, found, pool, progress)
-            for host in (h for h in pool.bad if h not in before):
-                ledger.append(HostExcluded(attempt=attempt, time=time.time(), host=host, reason=pool.bad[host]))
-        if found is not None or of_session > 1:  # a first clean attempt needs no word
-            say(line)
-        ledger.append(AttemptEnded(attempt=attempt, time=time.time(), exit_code=run.exit_code, action=decision.action,
-                                   classification=found, progress=progress, decision=line,
-                                   exit_code_of_run=decision.exit_code))
-        if decision.action is not Action.RETRY:
-            return int(decision.exit_code if decision.exit_code is not None else run.exit_code)
-    raise AssertionError("the policy gives up at --max-attempts")
+        say(f"ddpkit heal: attempt {of_session} of {self.policy.max_attempts} on {', '.join(hosts)}")
+        run = _run(render(one, step=False), logs / "mpirun.log", hosts, spec.shape.nproc_per_node)
+        return Ended(exit_code=run.exit_code, evidence=evidence_of(run) if run.exit_code else None)
 
+    def progress(self) -> int | None:
+        return _progress(self.spec)
 
-def _retry_line(of_session: int, policy: HealPolicy, found: Classification, pool: NodePool,
-                progress: int | None) -> str:
-    """Take the culprit hosts out of the pool; the decision in one line, e.g. ``attempt 1 of 3: rank 1 on host
-    node2 stopped answering (host fault); node2 excluded; relaunching on node1, node3 from the snapshot of step
-    1632``."""
-    kind = "preempted" if found.kind is FailureClass.PREEMPTED else f"{found.kind.value} fault"
-    line = f"ddpkit heal: attempt {of_session} of {policy.max_attempts}: {found.reason} ({kind})"
-    if found.kind is FailureClass.HOST:  # its culprits are --hosts names (evidence_of)
-        out = [h for h in found.culprit_hosts if pool.exclude(h, found.reason)]
-        if out:
-            line += f"; {', '.join(out)} excluded for the rest of the run"
-    nxt = pool.take()
-    once = " once" if found.kind is FailureClass.JOB else ""
-    where = f"relaunching{once} on {', '.join(nxt)}" if nxt else "no host set left for the next attempt"
-    if nxt and once:
-        where += " (a second such failure stops the job)"
-    return line + f"; {where}" + (f" from the snapshot of step {progress}" if nxt and progress is not None else "")
+    def no_hosts(self, of_session: int) -> int:
+        pool = self.pool
+        say(f"ddpkit heal: attempt {of_session} of {self.policy.max_attempts}: {len(pool.healthy)} healthy host(s) "
+            f"left of {len(pool.allocation)} ({', '.join(sorted(pool.bad))} out), -j needs {pool.least} at least: "
+            f"stopping with exit {EXIT_NO_HOSTS}; rerun with more --hosts")
+        return EXIT_NO_HOSTS
 
 
 def _run(script: str, log: Path, hosts: tuple[str, ...], nproc: int) -> MpiAttempt:
@@ -247,10 +222,6 @@ def _signal_name(number: int) -> str:
         return signal.Signals(number).name
     except ValueError:
         return f"signal {number}"
-
-
-def say(line: str) -> None:
-    print(line, file=sys.stderr, flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:
