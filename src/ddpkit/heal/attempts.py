@@ -145,7 +145,8 @@ class Adapter:
         return EXIT_NO_HOSTS
 
     def ended(self, conclusion: Conclusion) -> None:
-        """After the decision was said and recorded (Slurm: the first failure's traceback, where the run ends)."""
+        """After the decision was recorded, before it is said (Slurm: the first failure's traceback, where the run
+        ends: the cause where a person looks)."""
 
 
 @dataclass(kw_only=True)
@@ -227,9 +228,12 @@ class Attempts:
                                                 decision=f"ddpkit heal: attempt {of_session}: the agent ended with "
                                                          f"{type(exc).__name__}: {exc}; stopping"))
                 raise
-            conclusion = self.conclude(attempt, of_session, ended, progress=adapter.progress(), adapter=adapter)
-            adapter.ended(conclusion)
+            conclusion = self.conclude(attempt, of_session, ended, progress=adapter.progress(), adapter=adapter,
+                                       quiet=True)
+            adapter.ended(conclusion)  # (Slurm: the first failure's traceback, right before the line)
             decision = conclusion.decision
+            if conclusion.found is not None or of_session > 1:  # a first clean attempt needs no word
+                say(decision.line)
             if decision.action is not Action.RETRY:
                 return int(decision.exit_code if decision.exit_code is not None else ended.exit_code)
         raise AssertionError("the policy gives up at --max-attempts")  # decide() never retries the last attempt

@@ -38,17 +38,16 @@ from pathlib import Path
 
 from ddpkit.base.errors import ConfigError, DdpkitError
 from ddpkit.goodput.records import ATTEMPT_VAR, RUN_DIR_VAR
+from ddpkit.heal.attempts import EXIT_NO_HOSTS, Adapter, Attempts, Conclusion, Ended, Style, say
 from ddpkit.heal.classify import Classification, FailureClass, classify
 from ddpkit.heal.nodepool import NodePool
-from ddpkit.heal.policy import DEFAULT_MAX_ATTEMPTS, HealPolicy, Outcome, decide
+from ddpkit.heal.policy import DEFAULT_MAX_ATTEMPTS, HealPolicy
 from ddpkit.heal.slurm_step import StepPlan, StepRun, run_step
 from ddpkit.launch.steplog import full_log_path
 from ddpkit.launch.stepscreen import StepScreen
 from ddpkit.process.worker_context import HEAL_SILENT_DEFAULT_S, HEAL_SILENT_S
 from ddpkit.rundir.ledger import (
     Action,
-    AttemptEnded,
-    AttemptStarted,
     FaultSeen,
     HostExcluded,
     Ledger,
@@ -56,10 +55,8 @@ from ddpkit.rundir.ledger import (
     SupervisorStarted,
 )
 
-__all__ = ["EXIT_NO_NODES", "main"]
+__all__ = ["main"]
 
-#: No attempt can run: fewer healthy nodes than the job needs are left and it could not requeue itself.
-EXIT_NO_NODES = 94
 #: Seconds srun gets to end a step after a task failed before the supervisor ends srun.
 TEARDOWN_S = 5.0
 #: The preflight check's deadlines (roll-call and every later phase) and the step's own bound.
@@ -140,71 +137,64 @@ def supervise(args: argparse.Namespace) -> int:
         f"node(s) x {args.per_node} rank(s), {max(spare, 0)} spare{out}; up to {policy.max_attempts} attempt(s); "
         f"ledger {ledger.path}")
     os.environ[RUN_DIR_VAR] = str(run_dir.resolve())
-    steps = 0
-    proven = True  # the first attempt runs on what Slurm allocated; after a host fault a preflight proves the set
-    for of_session in range(1, policy.max_attempts + 1):
-        nodes = pool.take()
-        attempt = ledger.next_attempt()
-        while nodes is not None and not proven:
-            steps += 1
-            nodes = _preflight(args, job, steps, attempt, nodes, pool, ledger)
-            proven = True
-        if nodes is None:
-            return _no_nodes(args, job, pool, of_session, policy)
-        steps += 1
-        ledger.append(AttemptStarted(attempt=attempt, time=time.time(), hosts=nodes,
-                                     ranks=len(nodes) * args.per_node))
-        env = {"MASTER_PORT": str(step_port(int(job), steps)), HEAL_SILENT_S: f"{args.silent_after:g}",
+    attempts = Attempts(ledger=ledger, policy=policy, style=Style.ALLOCATION, pool=pool)
+    return attempts.run(_StepAttempts(args, job, signals, ledger, pool, policy), ranks_per_host=args.per_node)
+
+
+class _StepAttempts(Adapter):
+    """One ``srun`` step per attempt on the pool's nodes; after a host fault, a preflight check proves the next set
+    (the first attempt runs on what Slurm allocated)."""
+
+    style = Style.ALLOCATION
+
+    def __init__(self, args: argparse.Namespace, job: str, signals: _Signals, ledger: Ledger, pool: NodePool,
+                 policy: HealPolicy) -> None:
+        self.args, self.job, self.signals = args, job, signals
+        self.ledger, self.pool, self.policy = ledger, pool, policy
+        self.steps = 0  # srun steps so far: each its own MASTER_PORT
+        self.proven = True
+        self.step: StepRun | None = None
+
+    def prepare(self, attempt: int, hosts: tuple[str, ...]) -> tuple[str, ...] | None:
+        nodes: tuple[str, ...] | None = hosts
+        if not self.proven:
+            self.steps += 1
+            nodes = _preflight(self.args, self.job, self.steps, attempt, hosts, self.pool, self.ledger)
+            self.proven = True
+        return nodes
+
+    def start(self, attempt: int, of_session: int, hosts: tuple[str, ...]) -> Ended:
+        args, run_dir = self.args, self.ledger.run_dir
+        self.steps += 1
+        env = {"MASTER_PORT": str(step_port(int(self.job), self.steps)), HEAL_SILENT_S: f"{args.silent_after:g}",
                ATTEMPT_VAR: str(attempt), RUN_DIR_VAR: str(run_dir.resolve())}
         with AttemptScreen(full_log_path()) as screen:
-            step = run_step(StepPlan(nodes=nodes, per_node=args.per_node, program=tuple(args.program), env=env,
+            step = run_step(StepPlan(nodes=hosts, per_node=args.per_node, program=tuple(args.program), env=env,
                                      name=f"attempt-{attempt}"), teardown_s=TEARDOWN_S,
-                            outside=lambda: signals.name, echo=screen.line)
+                            outside=lambda: self.signals.name, echo=screen.line)
             screen.ended(failed=bool(step.exit_code))
+        self.step = step
         if step.fault_at is not None and step.fault_line is not None:
-            ledger.append(FaultSeen(attempt=attempt, time=step.fault_at, line=step.fault_line))
-        found = classify(step.evidence) if step.exit_code and step.evidence is not None else None
-        progress = snapshot_step(args.program)
-        decision = decide(policy, ledger.ended(), Outcome(attempt=attempt, of_session=of_session,
-                                                          exit_code=step.exit_code, classification=found,
-                                                          progress=progress))
-        line = decision.line
-        if decision.action is Action.RETRY and found is not None and found.kind is FailureClass.HOST:
-            line = _take_out(args, found, attempt, pool, ledger, of_session, policy, progress)
-            proven = not found.culprit_hosts
-        if found is not None and decision.action is not Action.RETRY:
-            _cause_first(step)
-        if found is not None or of_session > 1:
-            say(line)
-        ledger.append(AttemptEnded(attempt=attempt, time=time.time(), exit_code=step.exit_code,
-                                   action=decision.action, classification=found, progress=progress, decision=line,
-                                   exit_code_of_run=decision.exit_code))
-        if decision.action is not Action.RETRY:
-            return int(decision.exit_code if decision.exit_code is not None else step.exit_code)
-    raise AssertionError("the policy gives up at --max-attempts")
+            self.ledger.append(FaultSeen(attempt=attempt, time=step.fault_at, line=step.fault_line))
+        return Ended(exit_code=step.exit_code, evidence=step.evidence)
 
+    def progress(self) -> int | None:
+        return snapshot_step(self.args.program)
 
-def _take_out(args: argparse.Namespace, found: Classification, attempt: int, pool: NodePool, ledger: Ledger,
-              of_session: int, policy: HealPolicy, progress: int | None) -> str:
-    """Each culprit host out for good (drained with --on-fail drain); the one line that says what happens next."""
-    head = f"ddpkit heal: attempt {of_session} of {policy.max_attempts}"
-    out = [h for h in found.culprit_hosts if pool.exclude(h, found.reason)]
-    for host in out:
-        drained = args.on_fail == "drain" and drain(host, f"ddpkit heal: {found.reason}")
-        ledger.append(HostExcluded(attempt=attempt, time=time.time(), host=host, reason=found.reason,
-                                   drained=drained))
-    if pool.take() is not None:  # going on here: give the bad hosts back (a requeue gives back everything)
-        release(pool, ledger.run_dir)
-    since = "" if progress is None else f" from the snapshot of step {progress}"
-    if not out:
-        return f"{head}: {found.reason} (host fault); relaunching on the same nodes{since}"
-    nodes = pool.take()
-    what = f"{', '.join(out)} excluded{' and drained' if args.on_fail == 'drain' else ''} ({found.reason})"
-    if nodes is None:
-        return f"{head}: {what}; fewer than {pool.least} healthy node(s) left"
-    fewer = f" (shrunk to {len(nodes)} of {pool.want} nodes: -j {pool.least}:{pool.want})" \
-        if len(nodes) < pool.want else ""
-    return f"{head}: {what}; relaunching on {', '.join(nodes)}{fewer}{since}"
+    def drain(self, attempt: int, host: str, reason: str) -> bool:
+        return self.args.on_fail == "drain" and drain(host, f"ddpkit heal: {reason}")
+
+    def excluded(self, found: Classification, going_on: bool) -> None:
+        if going_on:  # going on here: give the bad hosts back (a requeue gives back everything)
+            release(self.pool, self.ledger.run_dir)
+        self.proven = not found.culprit_hosts
+
+    def no_hosts(self, of_session: int) -> int:
+        return _no_nodes(self.args, self.job, self.pool, of_session, self.policy)
+
+    def ended(self, conclusion: Conclusion) -> None:
+        if conclusion.found is not None and conclusion.decision.action is not Action.RETRY and self.step is not None:
+            _cause_first(self.step)
 
 
 def _preflight(args: argparse.Namespace, job: str, steps: int, attempt: int, nodes: tuple[str, ...],
@@ -282,11 +272,11 @@ def _no_nodes(args: argparse.Namespace, job: str, pool: NodePool, of_session: in
         if held:
             say(f"ddpkit heal: the requeue failed ({failed}); job {job} is requeued and held: release it with "
                 f"scontrol update JobId={job} ExcNodeList={bad} && scontrol release {job}")
-            return EXIT_NO_NODES
+            return EXIT_NO_HOSTS
         say(f"ddpkit heal: the requeue failed ({failed})")
-    say(f"{head}: {left}, and the job cannot requeue itself: stopping with exit {EXIT_NO_NODES}; resubmit with "
+    say(f"{head}: {left}, and the job cannot requeue itself: stopping with exit {EXIT_NO_HOSTS}; resubmit with "
         f"--exclude {bad}")
-    return EXIT_NO_NODES
+    return EXIT_NO_HOSTS
 
 
 def _ignore_term() -> None:
@@ -366,10 +356,6 @@ def _hostnames(nodelist: str) -> tuple[str, ...]:
     return names
 
 
-def say(line: str) -> None:
-    print(line, flush=True)
-
-
 class AttemptScreen:
     """An attempt's output as the job's log shows it: every line whole in the full log beside it (``NAME_ID.full.log``,
     appended across attempts and requeues, as ``ddpkit step`` keeps it), and on the screen without torch's C++
@@ -391,7 +377,7 @@ class AttemptScreen:
         self.full.write(text.encode(errors="replace") + b"\n")
         self.full.flush()
         if text.startswith("ddpkit heal:"):  # the supervisor's own word: always on the screen
-            say(text)
+            print(text, flush=True)
             return
         self.screen.take(text, to_stderr=True)
         self.screen.tick()
@@ -401,7 +387,7 @@ class AttemptScreen:
         if not failed:
             self.screen.release()
         else:
-            say(f"ddpkit heal: every line of the attempt's ranks and srun, in full: {self.log}")
+            print(f"ddpkit heal: every line of the attempt's ranks and srun, in full: {self.log}", flush=True)
 
 
 if __name__ == "__main__":
