@@ -18,8 +18,9 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     # 0: the basement: errors and exit codes, logging, input rules, ports, interfaces, job shapes, test faults
     ("ddpkit", "ddpkit.base"),
     # 1: a process's start and end protocol (what the agent tells its workers, why a run stopped, how a process
-    #    leaves) and judging what was measured; the goodput ledger's records and accounting; no torch at module level
-    ("ddpkit.process", "ddpkit.verdicts", "ddpkit.goodput", "ddpkit.rundir"),
+    #    leaves) and judging what was measured; the goodput ledger's records and accounting; what launchers print,
+    #    read into typed events for the digest and heal alike; no torch at module level
+    ("ddpkit.process", "ddpkit.verdicts", "ddpkit.goodput", "ddpkit.rundir", "ddpkit.launcher_output"),
     # 2: who am I in which world
     ("ddpkit.env",),
     # 3: the process group, and the collectives that check, bench and train share; the watch over them
