@@ -11,33 +11,26 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from ddpkit.base.errors import EXIT_MISSING
+from ddpkit.launcher_output.ddpkit_lines import WATCH, logged_below_error, logged_error
+from ddpkit.launcher_output.torch_agent import is_cxx_frame as is_noise
+from ddpkit.launcher_output.tracebacks import CHAINED, COMPILE_ERROR, TRACEBACK, last_traceback
+from ddpkit.launcher_output.words import rank_list, signal_name
 
-__all__ = ["CHAINED", "RankEnd", "cause", "digest", "is_noise", "last_traceback", "own_lines", "rank_list", "said",
-           "short", "watch_report"]
+__all__ = ["CHAINED", "TRACEBACK", "WATCH", "RankEnd", "cause", "digest", "is_noise", "last_traceback", "own_lines",
+           "rank_list", "said", "short", "watch_report"]
 
-TRACEBACK = "Traceback (most recent call last):"
-WATCH = "ddpkit watch:"
-#: torch's C++ stack frames and the line that opens them: hundreds of lines a failure, none of them the user's
-_NOISE = re.compile(r"^\s*(frame #\d+:|Exception raised from .* \(most recent call first\):$)")
 #: where gloo's C++ raised ("[/__w/pytorch/.../pair.cc:553] ") and which peer address: they differ rank by rank
 _SOURCE = re.compile(r"\[[^\]\s]+\.(?:cc|cpp|c|h|hpp):\d+\]\s*")
 _ADDRESS = re.compile(r"\s*(?:\[[0-9A-Fa-f.:]+\]|\d{1,3}(?:\.\d{1,3}){3}):\d+")
 _LIBRARY = ("/site-packages/", "/dist-packages/", "/ddpkit/", "/lib/python3")
 _RANK = re.compile(r"\brank \d+\b")
-#: a script that did not compile: Python prints where (no frames, no "Traceback" line), then the error
-_COMPILE_WHERE = re.compile(r'^  File "[^"]+", line \d+$')
-_COMPILE_ERROR = re.compile(r"^(?:SyntaxError|IndentationError|TabError)\b")
 #: the caret line under a source line: where the parser stopped
 _CARET = re.compile(r"^\s*[~^]+\s*$")
 #: start-up noise on a rank's stderr, none of it the rank's own words: a library's Python warning (its path under
 #: site-packages, then the source line under it), torch's C++ log lines ("[W1128 00:55:38.789000 5497 ...]",
-#: "[rank1]:[W1128 ...]"), and ddpkit's own log lines below error level ("[vm:1] WARNING ...")
+#: "[rank1]:[W1128 ...]"), and ddpkit's own log lines below error level ("[vm:1] WARNING ...": ``logged_below_error``)
 _LIBRARY_WARNING = re.compile(r"^(?P<path>\S+\.py):\d+: \w*Warning: ")
 _CPP_LOG = re.compile(r"^(?:\[rank\d+\]:)?\[[IWEF]\d{4} \d\d:\d\d:\d\d")
-_DDPKIT_LOG = re.compile(r"^\[[^\]\s]+:(?:\d+|-)\] (?:DEBUG|INFO|WARNING) ")
-#: a ddpkit rank's logged error ("[host:3] ERROR rank 3: ..."): its words where it printed no traceback
-_ERROR_LOGGED = re.compile(r"^\[[^\]\s]+:\d+\] (?:ERROR|CRITICAL) ")
-CHAINED = ("During handling of the above exception", "The above exception was the direct cause")
 SAID_MAX = 160
 
 
@@ -59,52 +52,6 @@ class RankEnd:
     ended_by: int | None = None
     """The signal the launcher sent it to end the attempt, as the launcher logged it: SIGTERM, then SIGKILL where
     the rank still ran after the grace period; None: none was seen."""
-
-
-def is_noise(line: str) -> bool:
-    """A line kept off the screen (it stays in the rank's log file): torch's C++ frames."""
-    return bool(_NOISE.match(line))
-
-
-def _logged(line: str) -> bool:
-    """A line some logger wrote, with its prefix ("[host:rank] WARNING ...", torch's "[rank3]:[W1126 ...]")."""
-    return line.startswith("[")
-
-
-def last_traceback(text: str) -> tuple[list[str], list[str]] | None:
-    """The last Python traceback in ``text``: its frames (``File ...`` lines each with the source lines under it)
-    flattened, and the exception's lines; None when there is none. A chained traceback counts from its last part."""
-    lines = text.splitlines()
-    start = max((i for i, line in enumerate(lines) if line.strip() == TRACEBACK), default=None)
-    if start is None:
-        return _compile_error(lines)
-    frames: list[str] = []
-    exception: list[str] = []
-    for line in lines[start + 1:]:
-        if not exception and line.startswith(" "):
-            frames.append(line)
-        elif not line.strip() or line.startswith(CHAINED) or line.strip() == TRACEBACK:
-            if exception:
-                break
-        elif exception and _logged(line):
-            break
-        else:
-            exception.append(line)
-            if len(exception) == 3:
-                break
-    return frames, exception
-
-
-def _compile_error(lines: Sequence[str]) -> tuple[list[str], list[str]] | None:
-    """The last error of a script that did not compile (Python's own words: ``File "x.py", line 3``, the source
-    line, a caret, ``SyntaxError: expected ':'``), as a traceback of that one frame; None where there is none."""
-    for i in range(len(lines) - 1, -1, -1):
-        if not _COMPILE_WHERE.match(lines[i]):
-            continue
-        end = next((j for j in range(i + 1, len(lines)) if not lines[j].startswith(" ")), len(lines))
-        if end < len(lines) and _COMPILE_ERROR.match(lines[end]):
-            return list(lines[i:end]), [lines[end]]
-    return None
 
 
 def _user_frame(frames: Sequence[str], *, caret: bool = False) -> list[str]:
@@ -138,7 +85,7 @@ def own_lines(text: str) -> list[str]:
             continue
         warning = _LIBRARY_WARNING.match(line)
         under_warning = bool(warning and any(part in warning["path"] for part in _LIBRARY))
-        if under_warning or not line.strip() or is_noise(line) or _CPP_LOG.match(line) or _DDPKIT_LOG.match(line):
+        if under_warning or not line.strip() or is_noise(line) or _CPP_LOG.match(line) or logged_below_error(line):
             continue
         out.append(line)
     return out
@@ -153,10 +100,6 @@ def short(text: str) -> str:
     return text if len(text) <= SAID_MAX else text[:SAID_MAX - 3] + "..."
 
 
-def _signal_name(code: int) -> str:
-    return signal.Signals(-code).name if -code in signal.Signals._value2member_map_ else f"signal {-code}"
-
-
 def said(end: RankEnd, first: int | None) -> str:
     """What one of the other ranks says, in words that are the same for every rank that says the same."""
     if end.exitcode == -signal.SIGTERM:
@@ -167,16 +110,16 @@ def said(end: RankEnd, first: int | None) -> str:
     if found and found[1]:
         return short(found[1][0])
     if end.exitcode is not None and end.exitcode < 0:
-        return f"killed by {_signal_name(end.exitcode)}" + (f"; the kernel: {end.kernel}" if end.kernel else "")
+        return f"killed by {signal_name(-end.exitcode)}" + (f"; the kernel: {end.kernel}" if end.kernel else "")
     if end.exitcode:
         return f"exit code {end.exitcode}"
-    logged = [line for line in end.stderr.splitlines() if _ERROR_LOGGED.match(line)]
+    logged = [error for line in end.stderr.splitlines() if (error := logged_error(line)) is not None]
     if logged:
-        return short(_ERROR_LOGGED.sub("", logged[-1]))
+        return short(logged[-1])
     if end.ended_by == signal.SIGKILL:
         return "killed by the agent (SIGKILL): still running after SIGTERM and its grace period"
     if end.ended_by is not None:
-        return f"ended by the agent ({_signal_name(-end.ended_by)})" + \
+        return f"ended by the agent ({signal_name(end.ended_by)})" + \
             (f" after rank {first} failed" if first is not None else "")
     return "its exit code not reported, no error on its stderr"
 
@@ -188,26 +131,13 @@ def cause(end: RankEnd) -> list[str]:
     found = last_traceback(end.stderr)
     if found and found[1]:
         frames, exception = found
-        return [*_user_frame(frames, caret=bool(_COMPILE_ERROR.match(exception[0]))), *exception]
+        return [*_user_frame(frames, caret=bool(COMPILE_ERROR.match(exception[0]))), *exception]
     tail = own_lines(end.stderr)[-3:]
     if tail:
         return tail
     out = own_lines(end.stdout)[-3:]
     return ["its last lines on stdout:", *(f"  {line}" for line in out)] if out \
         else ["(nothing on its stderr)"]
-
-
-def rank_list(ranks: Iterable[int]) -> str:
-    """``rank 3``, ``ranks 0-10, 12-15``."""
-    ordered = sorted(set(ranks))
-    spans: list[list[int]] = []
-    for r in ordered:
-        if spans and r == spans[-1][1] + 1:
-            spans[-1][1] = r
-        else:
-            spans.append([r, r])
-    words = ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in spans)
-    return f"rank{'s' if len(ordered) > 1 else ''} {words}"
 
 
 def watch_report(lines: Iterable[tuple[int, str]], limit: int = 12) -> list[str]:

@@ -16,6 +16,7 @@ from typing import Any
 
 from ddpkit.base.errors import EXIT_MISSING, EXIT_PREEMPTED, EXIT_PREEMPTED_UNSAVED
 from ddpkit.base.log import get_logger
+from ddpkit.launcher_output.words import signal_name
 
 __all__ = ["RankFailure", "all_preempted", "drop_exit_tracebacks", "failure_order", "first_failure", "first_of",
            "logged_failure", "ordered", "quiet_late_rendezvous_close", "rank_failures", "root_cause", "root_cause_line",
@@ -143,10 +144,6 @@ def all_preempted(failures: Sequence[RankFailure]) -> bool:
     """Every rank stopped after a preemption signal (the first with 75 or 76, the others so or ended by SIGTERM)."""
     return bool(failures) and failures[0].exit_code in _PREEMPTED \
         and all(f.exit_code in (*_PREEMPTED, -signal.SIGTERM) for f in failures)
-
-
-def signal_name(number: int) -> str:
-    return signal.Signals(number).name if number in signal.Signals._value2member_map_ else str(number)
 
 
 def failure_order(rank: int, code: int, timestamp: float) -> tuple[int, float, int]:

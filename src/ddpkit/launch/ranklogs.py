@@ -30,6 +30,7 @@ from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from ddpkit.launch.digest import TRACEBACK, RankEnd, digest, is_noise
 from ddpkit.launch.failure import RankFailure, first_of, logged_failure, ordered, root_cause_line
 from ddpkit.launch.kernlog import oom_line_for
+from ddpkit.launcher_output.torch_agent import ending_signal
 
 __all__ = ["RankLogs"]
 
@@ -202,19 +203,17 @@ class RankLogs:
         SIGTERM", "Unable to shutdown process P via SIGTERM , forcefully exiting via SIGKILL"; for ranks started
         afresh "Sending process P closing signal SIGTERM") while the process still runs, and the rank is the one
         whose stderr log the process writes (its fd 2)."""
-        text = record.getMessage()
-        found = re.match(r"(?:Terminating|Closing|Sending|Unable to shutdown) process (\d+)\b", text)
-        named = re.findall(r"\bSIG[A-Z0-9]+\b", text)
-        if not found or not named:
+        ending = ending_signal(record.getMessage())
+        if ending is None:
             return
+        pid, sig = ending
         try:
-            target = os.readlink(f"/proc/{found[1]}/fd/2")
+            target = os.readlink(f"/proc/{pid}/fd/2")
         except OSError:
             return
         rank = re.search(r"rank-(\d+)\.stderr\.log$", target)
-        sig = getattr(signal, named[-1], None)
-        if rank and isinstance(sig, signal.Signals) and self._ended_by.get(int(rank[1])) != signal.SIGKILL:
-            self._ended_by[int(rank[1])] = int(sig)
+        if rank and self._ended_by.get(int(rank[1])) != signal.SIGKILL:
+            self._ended_by[int(rank[1])] = sig
 
     def finish(self, *, failed: bool) -> None:
         """Stop the thread after every line was read; where the attempt did not fail, show what was held."""
