@@ -22,22 +22,18 @@ survivors) and its exception is not a peer's failure (``ddpkit.process.exiting.P
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from ddpkit.base.errors import EXIT_PREEMPTED, EXIT_PREEMPTED_UNSAVED
+from ddpkit.launcher_output.tracebacks import exception_line
+from ddpkit.launcher_output.words import rank_list
 from ddpkit.process.exiting import PEER_GONE
 from ddpkit.rundir.verdict import Classification, FailureClass
 
-__all__ = ["STOPPED_ANSWERING", "Classification", "Evidence", "FailureClass", "RankEvidence", "WatchReport", "classify",
-           "exception_line", "rank_list"]
+__all__ = ["Classification", "Evidence", "FailureClass", "RankEvidence", "WatchReport", "classify", "exception_line"]
 
-TRACEBACK = "Traceback (most recent call last):"
 _PREEMPTED_CODES = (EXIT_PREEMPTED, EXIT_PREEMPTED_UNSAVED)
-#: The watch's line for a rank whose heartbeat stopped: (rank, host), read by every backend from its ranks' output.
-STOPPED_ANSWERING = re.compile(r"rank (\d+) on host (\S+?)(?: \(pid \d+\))? stopped answering")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -144,7 +140,7 @@ def classify(evidence: Evidence) -> Classification:
                                                    for r in killed))
         if first.exception:
             same = [r for r in own if r.exception == first.exception]
-            where = f"rank {first.rank}" if len(same) == 1 else rank_list(r.rank for r in same)
+            where = f"rank {first.rank}" if len(same) == 1 else _listed(same)
             return Classification(kind=FailureClass.JOB, evidence=lines, culprit_ranks=_ranks(same),
                                   culprit_hosts=_hosts(same),
                                   reason=f"{first.exception} on {where} (host {', '.join(_hosts(same))})")
@@ -155,38 +151,24 @@ def classify(evidence: Evidence) -> Classification:
     lost = [r for r in ranks if r.peer_failure]
     if lost:
         return Classification(kind=FailureClass.HOST, evidence=lines,
-                              reason=f"{rank_list(r.rank for r in lost)} lost a peer ({_short(lost[0].exception)}) "
+                              reason=f"{_listed(lost)} lost a peer ({_short(lost[0].exception)}) "
                                      "and no rank failed on its own: a rank or its link was cut off")
     stopped = [r for r in ranks if r.stopped_by_ddpkit]
     if stopped:
         return Classification(kind=FailureClass.UNKNOWN, evidence=lines,
-                              reason=f"ddpkit stopped {rank_list(r.rank for r in stopped)} (a hang or a deadline) "
+                              reason=f"ddpkit stopped {_listed(stopped)} (a hang or a deadline) "
                                      "and no report names a rank that stopped answering")
     return Classification(kind=FailureClass.UNKNOWN, evidence=lines,
                           reason=f"the attempt failed with exit code {evidence.exit_code} and left no evidence")
 
 
-def exception_line(text: str) -> str | None:
-    """The exception of the last Python traceback in ``text`` (a rank's stderr): the first line after its frames
-    (``ValueError: bad batch``); None when there is no traceback."""
-    lines = text.splitlines()
-    start = max((i for i, line in enumerate(lines) if line.strip() == TRACEBACK), default=None)
-    if start is None:
-        return None
-    for line in lines[start + 1:]:
-        if line.strip() and not line.startswith((" ", "\t")):
-            return _short(line.strip())
-    return None
-
-
-def rank_list(ranks: Sequence[int] | Any) -> str:
-    """``rank 1``, ``ranks 0, 1``."""
-    found = sorted(set(ranks))
-    return f"rank {found[0]}" if len(found) == 1 else f"ranks {', '.join(map(str, found))}"
-
-
 def _ranks(found: Sequence[RankEvidence]) -> tuple[int, ...]:
     return tuple(sorted({r.rank for r in found}))
+
+
+def _listed(found: Sequence[RankEvidence]) -> str:
+    """``rank 1``, ``ranks 0, 1``: each rank named."""
+    return rank_list((r.rank for r in found), spans=False)
 
 
 def _hosts(found: Sequence[RankEvidence]) -> tuple[str, ...]:

@@ -43,16 +43,13 @@ from typing import TYPE_CHECKING, Any
 from ddpkit.base.errors import EXIT_MISSING, ConfigError, DdpkitError
 from ddpkit.base.log import get_logger
 from ddpkit.goodput.records import ATTEMPT_VAR
-from ddpkit.heal.classify import (
-    Classification,
-    Evidence,
-    FailureClass,
-    RankEvidence,
-    WatchReport,
-    classify,
-    exception_line,
-)
+from ddpkit.heal.classify import Classification, Evidence, FailureClass, WatchReport, classify
+from ddpkit.heal.evidence import rank_ended
 from ddpkit.heal.policy import HealPolicy, Outcome, decide
+from ddpkit.launch.failure import logged_failure
+from ddpkit.launcher_output import Ending
+from ddpkit.launcher_output.tracebacks import exception_line
+from ddpkit.launcher_output.words import signal_number
 from ddpkit.process.stopping import take_abort_orders
 from ddpkit.process.worker_context import HEAL_SILENT_DEFAULT_S, HEAL_SILENT_S, STOP_DIR
 from ddpkit.rundir.ledger import Action, AttemptEnded, AttemptStarted, HostExcluded, Ledger, SupervisorStarted
@@ -82,8 +79,6 @@ _KEY = "ddpkit-heal/excluded"
 _STOPPED_KEY = "ddpkit-heal/stopped"
 #: How long a host that stops the run waits for the round's other hosts to stop it too (``stop_together``).
 STOP_TOGETHER_S = 15.0
-#: torch's agent logs each failed worker with this format (torch/distributed/elastic/multiprocessing/api.py).
-_TORCH_FAILED = "failed (exitcode: %s) local_rank: %s (pid: %s)"
 _TORCH_LOGGER = "torch.distributed.elastic.multiprocessing.api"
 
 
@@ -152,9 +147,10 @@ class ExclusionList:
 
 
 class _TorchFailures:
-    """The workers torch's agent saw fail (exit code, local rank, pid), from its log records' arguments. A filter
-    on torch's logger, added before the agent's own (``launch.failure.drop_exit_tracebacks`` drops these lines, and
-    a logger's filters run before its handlers); it keeps every record."""
+    """The workers torch's agent saw fail (exit code, local rank, pid), from its log records (their exception or
+    arguments: ``launch.failure.logged_failure``, never their text). A filter on torch's logger, added before the
+    agent's own (``launch.failure.drop_exit_tracebacks`` drops these lines, and a logger's filters run before its
+    handlers); it keeps every record."""
 
     def __init__(self) -> None:
         self.seen: list[tuple[int, int, int]] = []
@@ -164,10 +160,10 @@ class _TorchFailures:
         return True
 
     def note(self, record: logging.LogRecord) -> None:
-        if str(record.msg).startswith(_TORCH_FAILED) and isinstance(record.args, tuple) and len(record.args) >= 3:
-            with contextlib.suppress(TypeError, ValueError):
-                code, local, pid = (int(str(a)) for a in record.args[:3])
-                self.seen.append((code, local, pid))
+        failed = logged_failure(record)
+        if failed is not None:
+            local, pid, code = failed
+            self.seen.append((code, local, pid))
 
 
 class HealRun:
@@ -273,10 +269,9 @@ class HealRun:
         ranks = []
         for i, (exitcode, local, _pid) in enumerate(failed):
             rank = base + local
-            sig = _signal_name(-exitcode) if exitcode < 0 else None
-            ranks.append(RankEvidence(rank=rank, host=self.host, exit_code=None if sig else exitcode, signal=sig,
-                                      stopped_by_ddpkit=exitcode == EXIT_MISSING, first=i == 0,
-                                      exception=exception_line(tails.get(rank, ""))))
+            ranks.append(rank_ended(rank, self.host, Ending.from_code(exitcode), first=i == 0,
+                                    stopped_by_ddpkit=exitcode == EXIT_MISSING,
+                                    exception=exception_line(tails.get(rank, ""))))
         stopped: dict[int, str] = {}
         lines = []
         for order in orders:
@@ -288,7 +283,7 @@ class HealRun:
                     stopped.setdefault(r, order.hosts[r])
         watch = WatchReport(stopped_answering=tuple(sorted(stopped.items())), lines=tuple(lines)[:5]) \
             if lines else None
-        exit_code = code if code is not None else next((r.exit_code or 128 + _signal_number(r.signal)
+        exit_code = code if code is not None else next((r.exit_code or 128 + (signal_number(r.signal) or 0)
                                                         for r in ranks), EXIT_MISSING)
         return Evidence(exit_code=exit_code or EXIT_MISSING, ranks=tuple(ranks), watch=watch)
 
@@ -515,17 +510,3 @@ def _stderr_tails(log_dir: Path | None) -> dict[int, str]:
             except OSError:
                 continue
     return out
-
-
-def _signal_name(number: int) -> str:
-    try:
-        return signal.Signals(number).name
-    except ValueError:
-        return f"signal {number}"
-
-
-def _signal_number(name: str | None) -> int:
-    try:
-        return int(signal.Signals[name]) if name else 0
-    except KeyError:
-        return 0

@@ -16,28 +16,18 @@ attempts on the project's Kubernetes harness, the pods placed on nodes as the sc
 
 from __future__ import annotations
 
-import re
-import signal
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from ddpkit.heal.classify import (
-    STOPPED_ANSWERING,
-    Evidence,
-    FailureClass,
-    RankEvidence,
-    WatchReport,
-    classify,
-    exception_line,
-)
+from ddpkit.heal.classify import Evidence, FailureClass, RankEvidence, classify
+from ddpkit.heal.evidence import rank_ended, watch_of
 from ddpkit.heal.policy import Decision, HealPolicy, Outcome, decide
+from ddpkit.launcher_output import Ending, RankTraceback, SilentRank
+from ddpkit.launcher_output.pods import pod_events
 from ddpkit.rundir.ledger import Action, AttemptEnded, AttemptStarted, HostExcluded, Ledger
 
 __all__ = ["PodEnd", "evidence_of", "record_attempt"]
-
-#: torchrun's agent ends a failed pod with this exception's traceback (its report of a worker, not the program's).
-_LAUNCHER_ERROR = "ChildFailedError"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -54,34 +44,24 @@ class PodEnd:
 
 
 def evidence_of(pods: Sequence[PodEnd], exit_code: int) -> Evidence:
-    """The attempt's evidence, hosts by node name; a pod's rank is the first its log names (``[POD:RANK]``, the
-    prefix of ddpkit's lines), else its index in ``pods``."""
+    """The attempt's evidence, hosts by node name, from each pod's log read as the digest reads it
+    (``launcher_output.pods``): a pod's rank is the first its log names (``[POD:RANK]``, the prefix of ddpkit's
+    lines), else its index in ``pods``; its exception, its last traceback's (never torchrun's own report)."""
     node_of = {p.pod: p.node for p in pods}
     ranks: list[RankEvidence] = []
-    stopped: dict[int, str] = {}
-    lines: list[str] = []
+    silent: list[SilentRank] = []
     for i, p in enumerate(pods):
-        for line in p.log.splitlines():
-            if "ddpkit watch:" not in line or "stopped answering" not in line:
-                continue
-            lines.append(line.strip())
-            for found in STOPPED_ANSWERING.finditer(line):
-                if found.group(2) in node_of:
-                    stopped[int(found.group(1))] = node_of[found.group(2)]
-        own = re.search(rf"\[{re.escape(p.pod)}:(\d+)\]", p.log)
-        sig = _signal_name(p.exit_code - 128) if p.exit_code > 128 else None
-        said = exception_line(p.log)
-        if said is not None and _LAUNCHER_ERROR in said:  # torchrun's own report of a failed worker, not the program's
-            said = None
+        rank, events = pod_events(p.pod, p.log, i)
+        silent += [e for e in events if isinstance(e, SilentRank) and e.headline]
+        said = next((e.exception for e in events if isinstance(e, RankTraceback)), None)
+        how = Ending(signal=p.exit_code - 128) if p.exit_code > 128 else Ending(exit_code=p.exit_code)
         if p.exit_code or said:
-            ranks.append(RankEvidence(rank=int(own.group(1)) if own else i, host=p.node, signal=sig,
-                                      exit_code=None if sig else p.exit_code, exception=said,
-                                      stopped_by_ddpkit=p.exit_code == 3))
+            ranks.append(rank_ended(rank, p.node, how, exception=said, stopped_by_ddpkit=p.exit_code == 3))
     # the pod a signal ended goes first: the others' failures (a lost peer, torchrun's exit 1) follow from it
     ranks.sort(key=lambda r: r.signal is None)
     ranks = [replace(r, first=i == 0) for i, r in enumerate(ranks)]
-    watch = WatchReport(stopped_answering=tuple(sorted(stopped.items())), lines=tuple(dict.fromkeys(lines))[:10]) \
-        if lines else None
+    watch = watch_of([s for s in silent if s.host in node_of], lines=[s.line for s in silent],
+                     host_of=lambda s: node_of[s.host], most=10) if silent else None
     return Evidence(exit_code=exit_code, ranks=tuple(ranks), watch=watch)
 
 
@@ -114,10 +94,3 @@ def record_attempt(ledger: Ledger, pods: Sequence[PodEnd], *, started: float, po
 
 def _excluded(ledger: Ledger) -> tuple[str, ...]:
     return tuple(dict.fromkeys(r.host for r in ledger.records() if isinstance(r, HostExcluded)))
-
-
-def _signal_name(number: int) -> str:
-    try:
-        return signal.Signals(number).name
-    except ValueError:
-        return f"signal {number}"

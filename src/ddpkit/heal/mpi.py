@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -39,15 +38,12 @@ from ddpkit.base.errors import DdpkitError
 from ddpkit.base.shape import JobShape
 from ddpkit.goodput.records import ATTEMPT_VAR, RUN_DIR_VAR
 from ddpkit.heal.attempts import EXIT_NO_HOSTS, Adapter, Attempts, Ended, Style, say
-from ddpkit.heal.classify import (
-    STOPPED_ANSWERING,
-    Evidence,
-    RankEvidence,
-    WatchReport,
-    exception_line,
-)
+from ddpkit.heal.classify import Evidence, RankEvidence
+from ddpkit.heal.evidence import rank_ended, tracebacks_of, watch_of, with_exceptions
 from ddpkit.heal.nodepool import NodePool
 from ddpkit.heal.policy import HealPolicy
+from ddpkit.launcher_output import RankEnded, SilentRank, WatchLine
+from ddpkit.launcher_output.openmpi import OpenMpiReader
 from ddpkit.process.worker_context import HEAL_SILENT_S
 from ddpkit.rundir import RunDir
 from ddpkit.rundir.ledger import HostExcluded, Ledger, SupervisorStarted
@@ -60,8 +56,6 @@ __all__ = ["EXIT_NO_HOSTS", "MpiAttempt", "evidence_of", "main", "supervise"]
 #: The attempt's last lines the supervisor keeps for its evidence (the failure is said at the end: a rank's
 #: exception, the watch's report, mpirun's word on the process that died); every line is in the attempt's log.
 KEPT_LINES = 20_000
-_TAG = re.compile(r"^\[\d+,(\d+)\]<(stdout|stderr)>:(.*)$")
-_SIGNALLED = re.compile(r"process rank (\d+) with PID \d+ on node (\S+) exited on signal (\d+)")
 
 
 @dataclasses.dataclass
@@ -80,32 +74,29 @@ class MpiAttempt:
 
 
 def evidence_of(run: MpiAttempt) -> Evidence:
-    """The attempt's evidence for ``classify`` (hosts by their ``--hosts`` names)."""
+    """The attempt's evidence for ``classify`` (hosts by their ``--hosts`` names), from Open MPI's reader (the
+    digest's): the ranks mpirun saw a signal end (the first of them failed first), the ranks the watch says stopped
+    answering, each rank's last traceback. mpirun's first process with a non-zero exit code is not read: under
+    ``--heal`` the watch's stop (exit 3) is often that one."""
+    reader = OpenMpiReader()
     by_rank: dict[int, list[str]] = {}
     watch: list[str] = []
-    stopped: dict[int, str] = {}
+    silent: list[SilentRank] = []
     ranks: dict[int, RankEvidence] = {}
     for raw in run.lines:
-        tagged = _TAG.match(raw)
-        rank, text = (int(tagged.group(1)), tagged.group(3)) if tagged else (None, raw)
-        if rank is not None:
-            by_rank.setdefault(rank, []).append(text)
-        if "ddpkit watch:" in text or "stopped answering" in text:
-            watch.append(text.strip())
-        for found in STOPPED_ANSWERING.finditer(text):
-            stopped[int(found.group(1))] = run.host_of(int(found.group(1)))
-        killed = _SIGNALLED.search(text)
-        if killed:
-            r = int(killed.group(1))
-            ranks[r] = RankEvidence(rank=r, host=run.host_of(r), signal=_signal_name(int(killed.group(3))),
-                                    first=not ranks)
-    for r, text in by_rank.items():
-        said = exception_line("\n".join(text))
-        if said is not None:
-            known = ranks.get(r) or RankEvidence(rank=r, host=run.host_of(r), exit_code=run.exit_code)
-            ranks[r] = dataclasses.replace(known, exception=said)
-    report = WatchReport(stopped_answering=tuple(sorted(stopped.items())), lines=tuple(dict.fromkeys(watch))[:10]) \
-        if watch else None
+        reading = reader.read(raw)
+        if reading.source is not None:
+            by_rank.setdefault(reading.source, []).append(reading.text)
+        for event in reading.events:
+            if isinstance(event, WatchLine) and event.headline:
+                watch.append(event.text.strip())
+            elif isinstance(event, SilentRank):
+                watch.append(event.line)
+                silent.append(event)
+            elif isinstance(event, RankEnded) and event.signal is not None:
+                ranks[event.rank] = rank_ended(event.rank, run.host_of(event.rank), event, first=not ranks)
+    with_exceptions(ranks, tracebacks_of(by_rank, run.host_of), exit_code=run.exit_code)
+    report = watch_of(silent, lines=watch, host_of=lambda s: run.host_of(s.rank), most=10) if watch else None
     return Evidence(exit_code=run.exit_code, ranks=tuple(ranks.values()), watch=report)
 
 
@@ -215,13 +206,6 @@ def _progress(spec: JobSpec) -> int | None:
         return None
     path = words[words.index("--snapshot-path") + 1]
     return newest_snapshot_step(argparse.Namespace(command="train", snapshot_path=path))
-
-
-def _signal_name(number: int) -> str:
-    try:
-        return signal.Signals(number).name
-    except ValueError:
-        return f"signal {number}"
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -16,6 +16,9 @@ has a typed form elsewhere):
   it within seconds, ``WatchOptions.silent_stop``);
 - each rank's last Python traceback (its labelled lines).
 
+srun's reader (``ddpkit.launcher_output.srun``) turns the lines into those events, as it does for ``ddpkit step``'s
+digest.
+
 Once srun says a task failed, it gets ``teardown_s`` to end the step (``FAULT_BOUND_S`` after any other first word
 of a fault); then it is interrupted (SIGINT twice, srun's way of
 ending a step) and at last killed: a host cut off from the network never answers srun, which would wait for it.
@@ -24,7 +27,6 @@ ending a step) and at last killed: a host cut off from the network never answers
 from __future__ import annotations
 
 import os
-import re
 import signal
 import subprocess
 import threading
@@ -33,22 +35,19 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from ddpkit.heal.classify import STOPPED_ANSWERING, Evidence, RankEvidence, WatchReport, exception_line
+from ddpkit.heal.classify import Evidence, RankEvidence
+from ddpkit.heal.evidence import rank_ended, tracebacks_of, watch_of, with_exceptions
+from ddpkit.launcher_output import SilentRank, TasksEnded
+from ddpkit.launcher_output.srun import SrunReader
+from ddpkit.launcher_output.words import signal_number
 
 __all__ = ["StepPlan", "StepRun", "run_step", "srun_argv"]
 
-#: srun's line for a task that ended badly: ``srun: error: node2: task 1: Killed``, ``... tasks 0-1: Exited with
-#: exit code 3``.
-_SRUN_TASK = re.compile(r"^srun: error: (?P<host>\S+): tasks? (?P<tasks>[\d,\-]+): (?P<what>.+)$")
-_EXITED = re.compile(r"Exited with exit code (\d+)")
-#: srun says it is ending the step (``--kill-on-bad-exit``, a cancel): later task ends are its doing.
-_TERMINATING = ("Terminating StepId", "Force Terminated", "CANCELLED AT", "Job step aborted")
-_LABEL = re.compile(r"^\s*(\d+): ?(.*)$")
-#: srun's word for a signal that ended a task -> the signal's name.
-_SIGNALS = {"Killed": "SIGKILL", "Terminated": "SIGTERM", "Segmentation fault": "SIGSEGV", "Aborted": "SIGABRT",
-            "Bus error": "SIGBUS", "Interrupt": "SIGINT", "Hangup": "SIGHUP"}
-#: ddpkit's own stop (the watch's abort) and a preemption's exits: never a rank failing on its own.
+#: ddpkit's own stop (the watch's abort): never a rank failing on its own.
 _STOPPED_CODES = (3,)
+#: How a task srun ended (after it said it is ending the step) ends: srun's signals, or a preemption's exits.
+_SRUN_SIGNALS = (signal.SIGTERM, signal.SIGKILL)
+_PREEMPTED_CODES = (75, 76)
 TAIL_LINES = 400
 #: The longest a step may run on after the first line that named a fault (the ranks' own abort, report and exit
 #: take a few seconds; ``teardown_s`` counts from srun's word that a task ended instead).
@@ -99,11 +98,11 @@ class _Reader:
         self.stream = stream
         self.echo = echo
         self.hosts_of = hosts_of
+        self.srun = SrunReader()
         self.tails: dict[int, deque[str]] = {}
         self.failed: list[RankEvidence] = []
-        self.watch_lines: list[str] = []
+        self.silent: list[SilentRank] = []
         self.stopped: dict[int, str] = {}
-        self.terminating = False
         self.fault_at: float | None = None
         self.fault_line: str | None = None
         self.task_failed_at: float | None = None
@@ -122,30 +121,22 @@ class _Reader:
             self._read(line)
 
     def _read(self, line: str) -> None:
-        labelled = _LABEL.match(line)
-        text = labelled.group(2) if labelled else line
-        if labelled:
-            self.tails.setdefault(int(labelled.group(1)), deque(maxlen=TAIL_LINES)).append(text)
-        if any(words in text for words in _TERMINATING):
-            self.terminating = True
-        for match in STOPPED_ANSWERING.finditer(text):
-            self.stopped[int(match.group(1))] = match.group(2)
-            self.watch_lines.append(text.strip())
-            self._fault(text.strip())
-        task = _SRUN_TASK.match(line)
-        if task is None:
-            return
-        what = task.group("what").strip()
-        code = _EXITED.search(what)
-        sig = next((name for word, name in _SIGNALS.items() if what.startswith(word)), None)
-        for rank in _task_ids(task.group("tasks")):
-            exit_code = int(code.group(1)) if code else None
-            by_srun = self.terminating and (sig in ("SIGTERM", "SIGKILL") or exit_code in (75, 76))
-            self.task_failed_at = self.task_failed_at or time.time()
-            self.failed.append(RankEvidence(rank=rank, host=task.group("host"), exit_code=exit_code,
-                                            signal=sig if code is None else None, first=not self.failed,
-                                            stopped_by_ddpkit=by_srun or exit_code in _STOPPED_CODES))
-        self._fault(line)
+        reading = self.srun.read(line)
+        if reading.source is not None:
+            self.tails.setdefault(reading.source, deque(maxlen=TAIL_LINES)).append(reading.text)
+        for event in reading.events:
+            if isinstance(event, SilentRank):
+                self.stopped[event.rank] = event.host
+                self.silent.append(event)
+                self._fault(event.line)
+            elif isinstance(event, TasksEnded):
+                for rank in event.tasks:
+                    by_srun = event.after_step_ending and (event.signal in _SRUN_SIGNALS
+                                                           or event.exit_code in _PREEMPTED_CODES)
+                    self.task_failed_at = self.task_failed_at or time.time()
+                    self.failed.append(rank_ended(rank, event.host, event, first=not self.failed,
+                                                  stopped_by_ddpkit=by_srun or event.exit_code in _STOPPED_CODES))
+                self._fault(line)
 
     def only_silent_left(self, plan: StepPlan) -> bool:
         """The watch named silent hosts and every task on the other hosts has ended (srun said so): what is left of
@@ -161,31 +152,11 @@ class _Reader:
         ranks: dict[int, RankEvidence] = {}
         for found in self.failed:
             ranks.setdefault(found.rank, found)  # a task's first word on it counts
-        tracebacks: dict[int, str] = {}
-        for rank, lines in sorted(self.tails.items()):
-            text = "\n".join(lines)
-            said = exception_line(text)
-            if said is None:
-                continue
-            start = max(i for i, line in enumerate(lines) if line.strip() == "Traceback (most recent call last):")
-            tracebacks[rank] = "\n".join(list(lines)[start:])
-            known = ranks.get(rank) or RankEvidence(rank=rank, host=self.hosts_of(rank))
-            ranks[rank] = RankEvidence(rank=known.rank, host=known.host, exit_code=known.exit_code,
-                                       signal=known.signal, stopped_by_ddpkit=known.stopped_by_ddpkit,
-                                       exception=said, first=known.first)
-        watch = WatchReport(stopped_answering=tuple(sorted(self.stopped.items())),
-                            lines=tuple(dict.fromkeys(self.watch_lines))[:20]) if self.stopped else None
+        tracebacks = tracebacks_of(self.tails, self.hosts_of)
+        with_exceptions(ranks, tracebacks)
+        watch = watch_of(self.silent) if self.silent else None
         return Evidence(exit_code=exit_code, ranks=tuple(ranks.values()), watch=watch,
-                        outside_signal=outside), tracebacks
-
-
-def _task_ids(text: str) -> list[int]:
-    ids: list[int] = []
-    for part in text.split(","):
-        first, _, last = part.partition("-")
-        if first.isdigit():
-            ids += list(range(int(first), int(last) + 1)) if last.isdigit() else [int(first)]
-    return ids
+                        outside_signal=outside), {t.rank: t.text for t in tracebacks}
 
 
 def run_step(plan: StepPlan, *, teardown_s: float, deadline_s: float | None = None,
@@ -233,7 +204,7 @@ def run_step(plan: StepPlan, *, teardown_s: float, deadline_s: float | None = No
     ended = time.time()
     first = next((r for r in reader.failed if r.first), None)
     if first is not None and (first.exit_code or first.signal):
-        code = first.exit_code if first.exit_code is not None else 128 + _signum(first.signal)
+        code = first.exit_code if first.exit_code is not None else 128 + (signal_number(first.signal) or 9)
     elif code < 0:
         code = 128 - code
     evidence, tracebacks = reader.evidence(code, outside())
@@ -247,9 +218,3 @@ def with_signal(proc: subprocess.Popen[bytes], sig: int) -> None:
     except ProcessLookupError:
         return
 
-
-def _signum(name: str | None) -> int:
-    try:
-        return int(signal.Signals[name or "SIGKILL"])
-    except KeyError:
-        return int(signal.SIGKILL)

@@ -30,8 +30,10 @@ from ddpkit.base.errors import ConfigError
 from ddpkit.base.log import get_logger
 from ddpkit.goodput.records import ATTEMPT_VAR, RUN_DIR_VAR
 from ddpkit.heal.attempts import Adapter, Attempts, Ended, Style
-from ddpkit.heal.classify import STOPPED_ANSWERING, Evidence, RankEvidence, WatchReport, exception_line
+from ddpkit.heal.classify import Evidence, RankEvidence, WatchReport, exception_line
+from ddpkit.heal.evidence import watch_of
 from ddpkit.heal.policy import HealPolicy
+from ddpkit.launcher_output.ddpkit_lines import silent_ranks
 from ddpkit.process.worker_context import HEAL_SILENT_DEFAULT_S, HEAL_SILENT_S
 from ddpkit.rundir import RunDir
 from ddpkit.rundir.ledger import Ledger, SupervisorStarted
@@ -179,15 +181,8 @@ def _silent_holder_in_logs(tails: list[tuple[int, str]]) -> WatchReport | None:
     """The one report that leaves no abort order yet: a rank that lost the job's store names its holder as silent
     only in its output (``watch.storeloss``, "rank 0 on host H (pid P) stopped answering: ..."), read from the rank
     logs under ``ddpkit run``. To go once that report leaves its order as the watch's other stops do."""
-    silent: dict[int, str] = {}
-    lines: list[str] = []
-    for _, text in tails:
-        for line in text.splitlines():
-            for match in STOPPED_ANSWERING.finditer(line):
-                silent[int(match.group(1))] = match.group(2)
-                lines.append(line.strip())
-    return WatchReport(stopped_answering=tuple(sorted(silent.items())), hang=True,
-                       lines=tuple(dict.fromkeys(lines))[:20]) if silent else None
+    silent = [rank for _, text in tails for line in text.splitlines() for rank in silent_ranks(line)]
+    return watch_of(silent, hang=True) if silent else None
 
 
 def newest_snapshot_step(args: argparse.Namespace) -> int | None:
