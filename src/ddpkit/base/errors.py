@@ -21,6 +21,7 @@ __all__ = [
     "DeadlineExpired",
     "DiskFull",
     "EnvConflict",
+    "first_line",
 ]
 
 EXIT_OK = 0
@@ -80,3 +81,9 @@ class DeadlineExpired(DdpkitError):
     """Ranks never arrived, or a phase did not finish before its deadline."""
 
     exit_code = EXIT_MISSING
+
+
+def first_line(exc: BaseException) -> str:
+    """An exception in one line: the first line of its message, else its type's name (``DistStoreError``)."""
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__

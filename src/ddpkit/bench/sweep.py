@@ -16,6 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from ddpkit.base.errors import first_line
 from ddpkit.base.log import get_logger
 from ddpkit.bench.busbw import algbw_gbps, busbw_gbps, element_count
 from ddpkit.bench.ops import ROOTED, Case, count_wrong, modes, prepare, unsupported_reason
@@ -166,7 +167,7 @@ def measure_op(op: str, cfg: SweepConfig, *, rank: int, world_size: int, backend
             except (RuntimeError, NotImplementedError, ValueError) as exc:
                 if isinstance(exc, dist.DistBackendError):  # a timeout or a lost peer: not a missing feature
                     raise
-                error = f"unsupported by {backend}: {str(exc).splitlines()[0][:160]}"
+                error = f"unsupported by {backend}: {first_line(exc)[:160]}"
             error = _agree_error(error, device)
             if error:
                 log.warning("%s: %s", op, error)

@@ -27,7 +27,7 @@ from dataclasses import replace
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
-from ddpkit.base.errors import EXIT_MISSING, ConfigError, DeadlineExpired
+from ddpkit.base.errors import EXIT_MISSING, ConfigError, DeadlineExpired, first_line
 from ddpkit.base.fault_injection import fault
 from ddpkit.base.inputs import output_path, seconds
 from ddpkit.base.log import get_logger
@@ -160,7 +160,7 @@ def _open_store(world: WorldInfo, seconds: float) -> tuple[WorldInfo, dist.Store
     except Exception as exc:  # DistStoreError / RuntimeError: rank 0's store never answered
         where = f"{os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT')}"
         raise DeadlineExpired(f"rank {world.rank} could not reach rank 0's store at {where} within {seconds:g} s "
-                              f"({str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__})",
+                              f"({first_line(exc)})",
                               "rank 0 started, listening on MASTER_ADDR:MASTER_PORT, reachable from this host",
                               "check that rank 0 runs and that MASTER_ADDR/MASTER_PORT name it") from None
 
@@ -225,8 +225,7 @@ def run(args: argparse.Namespace, start: RankStart) -> int:
         _verify(store, report, world, backend, phase, transport)
         return _finish(store, report, rank, None)
     except _store_errors() as exc:  # rank 0 (and its store) went away, or a wait outlived every deadline
-        text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise DeadlineExpired(f"rank {rank} lost rank 0's store ({text})", "rank 0 alive until the report",
+        raise DeadlineExpired(f"rank {rank} lost rank 0's store ({first_line(exc)})", "rank 0 alive until the report",
                               "look at rank 0's output: it failed or was killed first") from None
     finally:
         watch.uninstall()

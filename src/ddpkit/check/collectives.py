@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
+from ddpkit.base.errors import first_line
 from ddpkit.base.fault_injection import fault
 from ddpkit.comm.closed_form import CHECK, mismatches
 from ddpkit.verdicts.outcome import PASS, SKIP, Outcome, failed
@@ -222,7 +223,7 @@ def run_op(name: str, rank: int, world: int, device: torch.device) -> OpResult:
         if device.type == "cuda":
             torch.cuda.synchronize(device)
     except (RuntimeError, ValueError, NotImplementedError) as exc:
-        text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        text = first_line(exc)
         status = "unsupported" if any(s in text.lower() for s in _UNSUPPORTED) else "error"
         return OpResult(op=name, status=status, error=text[:300], seconds=time.perf_counter() - start)
     seconds = time.perf_counter() - start

@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from ddpkit.base.errors import ConfigError, EnvConflict
+from ddpkit.base.errors import ConfigError, EnvConflict, first_line
 from ddpkit.base.log import get_logger
 from ddpkit.env.mpi import mpi_launcher
 
@@ -111,7 +111,7 @@ def open_mpi_world(rank: int, world_size: int, *, option: str = "--grad-transpor
     try:
         from mpi4py import MPI
     except (ImportError, RuntimeError) as exc:  # RuntimeError: mpi4py found no libmpi to load
-        raise ConfigError(f"{option}: mpi4py cannot load an MPI library ({str(exc).splitlines()[0][:200]})",
+        raise ConfigError(f"{option}: mpi4py cannot load an MPI library ({first_line(exc)[:200]})",
                           "a system MPI library that mpi4py can load",
                           "install Open MPI or MPICH (Debian: libopenmpi-dev or libmpich-dev), or set "
                           "MPI4PY_LIBMPI to the libmpi.so of the MPI that starts the ranks") from None

@@ -28,6 +28,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import Dataset
 
+from ddpkit.base.errors import first_line
 from ddpkit.base.log import get_logger
 from ddpkit.comm.gradients import GradientAveraging, register_gradient_averaging
 from ddpkit.process.stopping import RunOutcome
@@ -255,7 +256,7 @@ class Trainer:
         self.summary.outcome = RunOutcome.PEER_LOST
         session = active()
         answered = session.answering(PROBE_S) if session is not None else None
-        error = str(exc).strip().splitlines()[0][-300:] if str(exc).strip() else type(exc).__name__
+        error = first_line(exc)[-300:]
         return self.describe_lost(answered, error)
 
     def describe_lost(self, answered: set[int] | None, error: str, *, stalled: bool = False) -> str:
