@@ -167,15 +167,20 @@ class Attempts:
                                           ranks=ranks, logs=logs))
 
     def conclude(self, attempt: int, of_session: int, ended: Ended, *, progress: int | None = None,
-                 adapter: Adapter | None = None, quiet: bool = False) -> Conclusion:
+                 adapter: Adapter | None = None, quiet: bool = False, last: bool = False) -> Conclusion:
         """Classify, decide, exclude, say and record the end of ``attempt``; ``quiet``: the caller says the line
-        (torch elastic raises it to end the run)."""
+        (torch elastic raises it to end the run); ``last``: no other attempt can follow (torch elastic's agent
+        has spent its restarts), so a retry becomes giving up."""
         found = classify(ended.evidence) if ended.exit_code and ended.evidence is not None else None
         decision = decide(self.policy, self.ledger.ended(), Outcome(attempt=attempt, of_session=of_session,
                                                                     exit_code=ended.exit_code,
                                                                     classification=found, progress=progress))
         excluded: tuple[str, ...] = ()
-        if decision.action is Action.RETRY and found is not None:
+        if decision.action is Action.RETRY and last:
+            decision = Decision(action=Action.GIVE_UP, exit_code=ended.exit_code, line=(
+                f"ddpkit heal: {found.reason if found else 'the round failed'}; this agent has no restart left "
+                f"(--max-attempts {self.policy.max_attempts}): stopping with exit {ended.exit_code}"))
+        elif decision.action is Action.RETRY and found is not None:
             drained = False
             if found.kind is FailureClass.HOST:
                 excluded, drained = (adapter or Adapter()).take_out(self, attempt, found)
@@ -190,7 +195,9 @@ class Attempts:
             say(decision.line)
         self.ledger.append(AttemptEnded(attempt=attempt, time=time.time(), exit_code=ended.exit_code,
                                         action=decision.action, classification=found, progress=progress,
-                                        decision=decision.line, exit_code_of_run=decision.exit_code))
+                                        decision=decision.line,
+                                        # the agent that spent its restarts ends with the round's own code
+                                        exit_code_of_run=ended.exit_code if last else decision.exit_code))
         return Conclusion(decision=decision, found=found, excluded=excluded)
 
     def take_out(self, attempt: int, found: Classification, adapter: Adapter) -> tuple[tuple[str, ...], bool]:

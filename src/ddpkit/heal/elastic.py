@@ -43,9 +43,10 @@ from typing import TYPE_CHECKING, Any
 from ddpkit.base.errors import EXIT_MISSING, ConfigError, DdpkitError
 from ddpkit.base.log import get_logger
 from ddpkit.goodput.records import ATTEMPT_VAR
-from ddpkit.heal.classify import Classification, Evidence, FailureClass, WatchReport, classify
+from ddpkit.heal.attempts import Adapter, Attempts, Ended, Style
+from ddpkit.heal.classify import Classification, Evidence, FailureClass, WatchReport
 from ddpkit.heal.evidence import rank_ended
-from ddpkit.heal.policy import HealPolicy, Outcome, decide
+from ddpkit.heal.policy import HealPolicy
 from ddpkit.launch.failure import logged_failure
 from ddpkit.launcher_output import Ending
 from ddpkit.launcher_output.tracebacks import exception_line
@@ -175,6 +176,7 @@ class HealRun:
         self.progress = progress
         self.log_dir = log_dir
         self.ledger = Ledger(run_dir)
+        self.attempts = Attempts(ledger=self.ledger, policy=policy, style=Style.RENDEZVOUS, here=host)
         self.failures = _TorchFailures()
         self.rounds = 0
         self.failed_rounds = 0
@@ -197,26 +199,16 @@ class HealRun:
             return
         self.failed_rounds += 1
         evidence = self._evidence(failed, orders)
-        found = classify(evidence)
-        progress = self.progress(self.args)
-        decision = decide(self.policy, self.ledger.ended(),
-                          Outcome(attempt=self.attempt, of_session=self.failed_rounds, exit_code=evidence.exit_code,
-                                  classification=found, progress=progress))
-        line = decision.line
-        if decision.action is Action.RETRY:
-            named = self._exclude(found, exclusions)
-            kind = "preempted" if found.kind is FailureClass.PREEMPTED else f"{found.kind.value} fault"
-            line = (f"ddpkit heal: attempt {self.failed_rounds} of {self.policy.max_attempts}: {found.reason} ({kind})"
-                    + (f"; {', '.join(named)} excluded from later rounds" if named else "")
-                    + f"; {self.host} rejoins the rendezvous"
-                    + (f", resuming from the snapshot of step {progress}" if progress is not None else ""))
-        self.ledger.append(AttemptEnded(attempt=self.attempt, time=time.time(), exit_code=evidence.exit_code,
-                                        action=decision.action, classification=found, progress=progress,
-                                        decision=line, exit_code_of_run=decision.exit_code))
+        conclusion = self.attempts.conclude(self.attempt, self.failed_rounds,
+                                            Ended(exit_code=evidence.exit_code, evidence=evidence),
+                                            progress=self.progress(self.args), adapter=_Rendezvous(self, exclusions),
+                                            quiet=True)
         self.attempt = None
+        decision = conclusion.decision
         if decision.action is not Action.RETRY:
-            raise HealStopped(line, int(decision.exit_code if decision.exit_code is not None else evidence.exit_code))
-        print(line, file=sys.stderr, flush=True)
+            raise HealStopped(decision.line, int(decision.exit_code if decision.exit_code is not None
+                                                 else evidence.exit_code))
+        print(decision.line, file=sys.stderr, flush=True)
 
     def round_started(self, rank: int, world_size: int) -> None:
         self.rounds += 1
@@ -247,20 +239,12 @@ class HealRun:
         """The agent returned: the last round's end (success, or torch's restarts spent)."""
         if self.attempt is None:
             return
-        found = None if code == 0 else classify(self._evidence(self.failures.seen, _orders(), code))
-        progress = self.progress(self.args)
-        decision = decide(self.policy, self.ledger.ended(),
-                          Outcome(attempt=self.attempt, of_session=self.failed_rounds + 1,
-                                  exit_code=code, classification=found, progress=progress))
-        action = Action.STOP if code == 0 or decision.action is not Action.RETRY else Action.GIVE_UP
-        line = decision.line if code == 0 or decision.action is not Action.RETRY else (
-            f"ddpkit heal: {found.reason if found else 'the round failed'}; this agent has no restart left "
-            f"(--max-attempts {self.policy.max_attempts}): stopping with exit {code}")
-        self.ledger.append(AttemptEnded(attempt=self.attempt, time=time.time(), exit_code=code, action=action,
-                                        classification=found, progress=progress, decision=line,
-                                        exit_code_of_run=code))
+        ended = Ended(exit_code=code, evidence=None if code == 0 else self._evidence(self.failures.seen, _orders(),
+                                                                                       code))
+        conclusion = self.attempts.conclude(self.attempt, self.failed_rounds + 1, ended,
+                                            progress=self.progress(self.args), quiet=True, last=True)
         if code or self.failed_rounds:
-            print(line, file=sys.stderr, flush=True)
+            print(conclusion.decision.line, file=sys.stderr, flush=True)
 
     # -- evidence -------------------------------------------------------------------------------------------------
     def _evidence(self, failed: list[tuple[int, int, int]], orders: list[Any], code: int | None = None) -> Evidence:
@@ -302,6 +286,18 @@ class HealRun:
             except Exception as exc:  # the store is gone with its host: the next round fails on its own
                 log.warning("could not add %s to the run's exclusion list: %s", host, exc)
         return named
+
+
+class _Rendezvous(Adapter):
+    """torch elastic's hosts: a host fault's culprits go into the run's exclusion list in the rendezvous store."""
+
+    style = Style.RENDEZVOUS
+
+    def __init__(self, run: HealRun, exclusions: ExclusionList) -> None:
+        self.run, self.exclusions = run, exclusions
+
+    def take_out(self, attempts: Attempts, attempt: int, found: Classification) -> tuple[tuple[str, ...], bool]:
+        return tuple(self.run._exclude(found, self.exclusions)), False
 
 
 class HostGuard:

@@ -16,16 +16,16 @@ attempts on the project's Kubernetes harness, the pods placed on nodes as the sc
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from ddpkit.heal.classify import Evidence, FailureClass, RankEvidence, classify
+from ddpkit.heal.attempts import Attempts, Ended, Style
+from ddpkit.heal.classify import Evidence, RankEvidence
 from ddpkit.heal.evidence import rank_ended, watch_of
-from ddpkit.heal.policy import Decision, HealPolicy, Outcome, decide
+from ddpkit.heal.policy import Decision, HealPolicy
 from ddpkit.launcher_output import Ending, RankTraceback, SilentRank
 from ddpkit.launcher_output.pods import pod_events
-from ddpkit.rundir.ledger import Action, AttemptEnded, AttemptStarted, HostExcluded, Ledger
+from ddpkit.rundir.ledger import AttemptStarted, HostExcluded, Ledger
 
 __all__ = ["PodEnd", "evidence_of", "record_attempt"]
 
@@ -67,29 +67,17 @@ def evidence_of(pods: Sequence[PodEnd], exit_code: int) -> Evidence:
 
 def record_attempt(ledger: Ledger, pods: Sequence[PodEnd], *, started: float, policy: HealPolicy,
                    progress: int | None = None) -> tuple[Decision, tuple[str, ...]]:
-    """Record one ended attempt of the job (its pods) in ``ledger`` and decide: (the decision, every node the run
-    keeps out from now on, this attempt's included)."""
+    """Record one ended attempt of the job (its pods) in ``ledger`` and decide (``heal.attempts``): (the decision,
+    every node the run keeps out from now on, this attempt's included). The operator started the attempt; the
+    caller says the line."""
+    attempts = Attempts(ledger=ledger, policy=policy, style=Style.AFFINITY)
     attempt = ledger.next_attempt()
     code = next((p.exit_code for p in pods if p.exit_code), 0)
-    ledger.append(AttemptStarted(attempt=attempt, time=started, hosts=tuple(dict.fromkeys(p.node for p in pods)),
-                                 ranks=len(pods)))
-    found = classify(evidence_of(pods, code)) if code else None
+    attempts.started(attempt, tuple(dict.fromkeys(p.node for p in pods)), len(pods), at=started)
     of_session = sum(1 for r in ledger.records() if isinstance(r, AttemptStarted))
-    decision = decide(policy, ledger.ended(), Outcome(attempt=attempt, of_session=of_session, exit_code=code,
-                                                      classification=found, progress=progress))
-    out = _excluded(ledger)
-    if found is not None and found.kind is FailureClass.HOST and decision.action is Action.RETRY:
-        new = [h for h in found.culprit_hosts if h not in out]
-        for node in new:
-            ledger.append(HostExcluded(attempt=attempt, time=time.time(), host=node, reason=found.reason))
-        out = (*out, *new)
-        if new:
-            decision = replace(decision, line=decision.line + f"; node {', '.join(new)} kept out of the next "
-                                                              "attempt (nodeAffinity NotIn)")
-    ledger.append(AttemptEnded(attempt=attempt, time=time.time(), exit_code=code, action=decision.action,
-                               classification=found, progress=progress, decision=decision.line,
-                               exit_code_of_run=decision.exit_code))
-    return decision, out
+    conclusion = attempts.conclude(attempt, of_session, Ended(exit_code=code, evidence=evidence_of(pods, code)
+                                                               if code else None), progress=progress, quiet=True)
+    return conclusion.decision, _excluded(ledger)
 
 
 def _excluded(ledger: Ledger) -> tuple[str, ...]:
