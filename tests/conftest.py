@@ -43,7 +43,7 @@ WAITING = frozenset({
     "tests/infra/test_env_launchers_real.py", "tests/multiproc/test_heal_silent.py",
     "tests/multiproc/test_run_goodput.py", "tests/multiproc/test_watch.py", "tests/multiproc/test_rendezvous_wait.py",
     "tests/multiproc/test_worker_dies_with_agent.py", "tests/multiproc/test_train_disk_full.py",
-    "tests/multiproc/test_watch_store.py"})
+    "tests/multiproc/test_watch_store.py", "tests/multiproc/test_watch_first_steps.py"})
 #: Modules collected (and so handed out) first.
 FIRST = ("tests/multiproc/test_watch_pauses.py",)
 #: Fewer workers than this: no lanes.

@@ -211,7 +211,7 @@ def test_a_checkpoint_longer_than_the_deadline_is_reported_once_and_resumes(paus
 @pytest.mark.parametrize("mode", sorted(LONGER))
 def test_the_other_healthy_pauses_finish_with_at_most_one_report(mode: str, paused: dict[str, Job]) -> None:
     """A 150 s checkpoint is reported once and resumes (every rank stops only after 600 s); a 90 s slow first step
-    (the deadline is 5x until every rank finished its first step) and every rank sleeping at once (nobody waits)
+    (the deadline is 5x until the job made a step) and every rank sleeping at once (nobody waits)
     raise no report at all."""
     done = paused[f"longer-{mode}"].wait(timeout=420)
     out = done.output

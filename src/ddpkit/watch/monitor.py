@@ -35,7 +35,7 @@ from ddpkit.process.stopping import leave_abort_order
 from ddpkit.process.worker_context import WorkerContext
 from ddpkit.watch.diagnose import Hang, diagnose_deadline, diagnose_hang, straggler, summary_lines
 from ddpkit.watch.failure import FailureReport
-from ddpkit.watch.options import WatchOptions, hang_deadline, stop_deadline
+from ddpkit.watch.options import WatchOptions, hang_deadline, made_a_step, stop_deadline
 from ddpkit.watch.processes import STACK_WAIT_S, end_stopped, python_stacks, stop_rank, write_lines
 from ddpkit.watch.recorder import Recorder
 from ddpkit.watch.records import AbortOrder, Heartbeat, StoppedRank
@@ -223,11 +223,8 @@ class Monitor:
             self._progress, self._progress_at = progress, now
             return
         idle = now - self._progress_at
-        # a silent rank's record may predate its first step by any amount: the live ranks say how far the job got
-        answering = [rec for r, rec in alive.items() if r not in stale]
-        first_done = len(alive) == self.world and bool(answering) and all(rec["first_step_done"] for rec in answering)
-        deadline = max(hang_deadline(self.options, slowest_gap=self._slowest_gap, first_step_done=first_done),
-                       STALE_S + 1)
+        deadline = max(hang_deadline(self.options, slowest_gap=self._slowest_gap,
+                                     first_step_done=made_a_step(alive.values())), STALE_S + 1)
         stop = stop_deadline(self.options, report_deadline=deadline)
         # a rank on DDP's C++ path is seen waiting only by count: some rank has issued more collectives than another
         counts = {rec["group_seq"] for r, rec in alive.items() if r not in stale and rec.get("group_seq") is not None}
@@ -477,7 +474,8 @@ class Monitor:
                                         emit=self.emit, stop=stop_rank, abort_handlers=self._run_abort_handlers,
                                         error=str(exc).strip().split("\n")[0],
                                         since=min(self._progress_at, self._store_failed_at),
-                                        slowest_gap=self._slowest_gap)
+                                        slowest_gap=self._slowest_gap,
+                                        first_step_done=rec["first_step_done"] or made_a_step(self.last_read.values()))
             self._alone.tick(now)
             return
         w = rec["waiting"]

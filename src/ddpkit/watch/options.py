@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import argparse
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
 from ddpkit.base.errors import ConfigError
+from ddpkit.watch.records import Heartbeat
 
 __all__ = [
     "FIRST_STEP_FACTOR",
@@ -19,6 +21,7 @@ __all__ = [
     "WatchOptions",
     "add_arguments",
     "hang_deadline",
+    "made_a_step",
     "options_from_args",
     "stop_deadline",
 ]
@@ -28,8 +31,9 @@ ON_HANG = ("abort", "report")
 MIN_HANG_S = 60.0
 #: The deadline is never shorter than this many times the slowest stretch without progress seen so far.
 SLOWEST_FACTOR = 2.0
-#: Until every rank has finished its first step (compilation, data loading, DDP's first construction), the deadline
-#: is this many times longer: an unmarked slow first step raises no alarm.
+#: Until the job has made a step (no rank has finished its first: compilation, data loading, DDP's first
+#: construction), the deadline is this many times longer: an unmarked slow first step raises no alarm. Once any rank
+#: has finished one, a fault at step 2 is judged as one at step 300 (``made_a_step``).
 FIRST_STEP_FACTOR = 5.0
 #: Under ``--on-hang abort`` with neither ``stop_after`` nor ``hang_after`` given, every rank stops only after this
 #: long without progress (and never before the report): a healthy job pauses for minutes (rank 0 alone writing a
@@ -101,11 +105,19 @@ class WatchOptions:
             raise ConfigError(f"heartbeat {self.heartbeat:g} s", "between 0 and 5 s", "leave it at 0.5")
 
 
+def made_a_step(records: Iterable[Heartbeat | None]) -> bool:
+    """Whether the job has made a step: some rank's record (the reader's own included) says it finished its first.
+    In synchronous DDP no rank finishes a step that the others have not all-reduced with it, so one rank's word is the
+    job's; a rank that stopped answering early (its record published before its first step) says nothing against it."""
+    return any(rec is not None and rec["first_step_done"] for rec in records)
+
+
 def hang_deadline(options: WatchOptions, *, slowest_gap: float, first_step_done: bool) -> float:
     """Seconds without progress on any rank that make a hang.
 
     ``slowest_gap``: the longest stretch without progress seen so far in this job (outside marked phases);
-    ``first_step_done``: whether every rank has finished its first step."""
+    ``first_step_done``: whether the job has made a step (``made_a_step``): FIRST_STEP_FACTOR times longer until
+    then."""
     base = options.hang_after if options.hang_after is not None else MIN_HANG_S
     if options.hang_after is None:
         base = max(base, SLOWEST_FACTOR * slowest_gap)
@@ -134,7 +146,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The watch's options, for ``ddpkit run`` (and ``python -m ddpkit.watch``, its other name)."""
     parser.add_argument("--hang-after", type=float, default=None, metavar="S",
                         help="seconds with no progress on any rank before the hang report (default: adaptive, "
-                             "at least 60 s and twice the slowest stretch seen; x5 until the first step ends); "
+                             "at least 60 s and twice the slowest stretch seen; x5 until the job's first step ends); "
                              "given without --stop-after, every rank also stops then")
     parser.add_argument("--stop-after", type=float, default=None, metavar="S",
                         help="under --on-hang abort: seconds with no progress on any rank before every rank stops "

@@ -16,7 +16,8 @@ from typing import NoReturn
 from ddpkit.base.errors import EXIT_MISSING
 from ddpkit.process.exiting import flush_files
 
-__all__ = ["STACK_WAIT_S", "end_stopped", "process_state", "python_stacks", "stop_rank", "write_lines"]
+__all__ = ["STACK_WAIT_S", "end_stopped", "listening_pid", "process_state", "python_stacks", "stop_rank",
+           "write_lines"]
 
 #: How long the reporter waits for the live ranks' stacks, for the others to see the abort, and for a stopped rank
 #: to go once sent SIGCONT.
@@ -42,6 +43,37 @@ def process_state(pid: int) -> str:
     except OSError:
         return "gone"
     return {"Z": "gone", "X": "gone", "T": "stopped", "t": "stopped"}.get(state, "running")
+
+
+def listening_pid(port: int) -> int | None:
+    """The process on this host that listens on TCP ``port`` (the job's store: its holder), from /proc (no signal,
+    no connection: a stopped holder does not answer one); None when none here, or when it is not this user's to see.
+    A forked child (a DataLoader worker) inherits the socket: the holder is the one whose parent does not hold it."""
+    sockets = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(table, encoding="ascii") as f:
+                rows = f.read().splitlines()[1:]
+        except OSError:
+            continue
+        for row in rows:
+            fields = row.split()  # sl local_address rem_address st ... inode
+            if len(fields) > 9 and fields[3] == "0A" and int(fields[1].rpartition(":")[2], 16) == port:
+                sockets.add(f"socket:[{fields[9]}]")
+    if not sockets:
+        return None
+    holders: dict[int, int] = {}  # pid -> its parent
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            if any(os.readlink(fd.path) in sockets for fd in os.scandir(f"/proc/{entry.name}/fd")):
+                with open(f"/proc/{entry.name}/stat", encoding="ascii", errors="replace") as f:
+                    holders[int(entry.name)] = int(f.read().rpartition(")")[2].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+    first = [pid for pid, parent in holders.items() if parent not in holders]
+    return first[0] if len(first) == 1 else None
 
 
 def python_stacks() -> str:

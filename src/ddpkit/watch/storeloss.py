@@ -24,12 +24,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from ddpkit.base.netinfo import is_local_address, resolve
 from ddpkit.process.worker_context import WorkerContext
 from ddpkit.watch.options import WatchOptions, hang_deadline, stop_deadline
-from ddpkit.watch.processes import process_state, python_stacks
+from ddpkit.watch.processes import listening_pid, process_state, python_stacks
 from ddpkit.watch.records import AbortOrder, Heartbeat
 
-__all__ = ["KILL_AFTER_S", "StoreHost", "StoreLoss", "holder_left", "store_host"]
+__all__ = ["KILL_AFTER_S", "Peer", "StoreHost", "StoreLoss", "holder_left", "store_host"]
 
 #: How long after this rank has gone a stopped peer on its host is killed (its launcher sees this rank leave first).
 KILL_AFTER_S = 1.0
@@ -43,13 +44,39 @@ class StoreHost:
     """HOST:PORT, as the ranks connect to it."""
     rank: int | None
     """0 when rank 0 holds it; None when the launcher's agent does."""
+    host: str | None = None
+    port: int | None = None
+    """MASTER_ADDR and MASTER_PORT, where given."""
 
-    def describe(self, records: dict[int, Heartbeat | None]) -> str:
+    def local_port(self) -> int | None:
+        """The store's port when it listens on this host (a loopback address, or one of this host's own), else
+        None."""
+        if self.port is None or not self.host:
+            return None
+        try:
+            return self.port if is_local_address(resolve(self.host)) else None
+        except (OSError, ValueError):
+            return None
+
+    def describe(self, peers: dict[int, Peer]) -> str:
         if self.rank is None:
             return f"the job's store at {self.address} (held by the launcher's agent)"
-        rec = records.get(self.rank)
-        where = f" on host {rec['host']}, pid {rec['pid']}" if rec else ""
+        peer = peers.get(self.rank)
+        where = f" on host {peer.host}, pid {peer.pid}" if peer else ""
         return f"the job's store at {self.address} (held by rank {self.rank}{where})"
+
+
+@dataclass(frozen=True)
+class Peer:
+    """Another rank as this rank knows it once the store is silent: from its last record, or (the store's holder,
+    never read) from the process that listens on the store's port. ``step`` None: no record of it was read.
+    ``state``: ``running``, ``stopped`` or ``gone`` on this host (``process_state``), ``finished`` (its last record
+    says it ended well), ``elsewhere`` (another host: unknown)."""
+
+    host: str
+    pid: int
+    step: int | None
+    state: str
 
 
 def store_host(context: WorkerContext | None = None) -> StoreHost:
@@ -58,7 +85,7 @@ def store_host(context: WorkerContext | None = None) -> StoreHost:
     creates it at MASTER_ADDR:MASTER_PORT."""
     ctx = context or WorkerContext.from_environ()
     address = f"{ctx.master_addr or '?'}:{ctx.master_port or '?'}"
-    return StoreHost(address=address, rank=None if ctx.agent_store else 0)
+    return StoreHost(address=address, rank=None if ctx.agent_store else 0, host=ctx.master_addr, port=ctx.master_port)
 
 
 def holder_left(records: dict[int, Heartbeat | None], host: str) -> bool:
@@ -78,7 +105,7 @@ class StoreLoss:
     def __init__(self, *, rank: int, host: str, options: WatchOptions, records: dict[int, Heartbeat | None],
                  progress: Callable[[], tuple[Any, ...]], emit: Callable[[list[str], dict[str, Any]], None],
                  stop: Callable[[str | None], object], abort_handlers: Callable[[AbortOrder], object], error: str,
-                 since: float, slowest_gap: float) -> None:
+                 since: float, slowest_gap: float, first_step_done: bool) -> None:
         self.rank, self.host, self.options = rank, host, options
         self.records = records  # as last read: who was where, with pids and hosts
         self.progress = progress
@@ -90,8 +117,8 @@ class StoreLoss:
         self._last = progress()
         self._last_at = since
         self._reported = False
-        first_done = bool(records) and all(rec and rec.get("first_step_done") for rec in records.values())
-        self.report_after = hang_deadline(options, slowest_gap=slowest_gap, first_step_done=first_done)
+        # whether the job made a step: this rank's own word counts (the store may have gone before it read anyone's)
+        self.report_after = hang_deadline(options, slowest_gap=slowest_gap, first_step_done=first_step_done)
         self.stop_after = stop_deadline(options, report_deadline=self.report_after)
         self.holder = store_host()
         if options.silent_stop is not None:  # under --heal: a store silent that long is its holder lost, at once
@@ -115,26 +142,35 @@ class StoreLoss:
         if self.stop_after is not None and idle >= self.stop_after:
             self._stop()
 
-    def _peers(self) -> dict[int, tuple[Heartbeat, str]]:
-        """The other ranks as last seen, with their state where they run on this host."""
+    def _peers(self) -> dict[int, Peer]:
+        """The other ranks as last seen, with their state where they run on this host. The store's holder, when this
+        rank never read its record (the store went silent first: a fault in the job's first second), is the process
+        on this host that listens on the store's port."""
         out = {}
         for r, rec in sorted(self.records.items()):
             if rec is None or r == self.rank:
                 continue
-            state = process_state(rec["pid"]) if rec["host"] == self.host else "elsewhere"
-            out[r] = (rec, state)
-        return out
+            state = "finished" if rec.get("finished") else \
+                process_state(rec["pid"]) if rec["host"] == self.host else "elsewhere"
+            out[r] = Peer(host=rec["host"], pid=rec["pid"], step=rec["step"], state=state)
+        holder = self.holder.rank
+        port = self.holder.local_port() if holder is not None and holder != self.rank and holder not in out else None
+        if holder is not None and port is not None:
+            pid = listening_pid(port)
+            if pid is not None:
+                out[holder] = Peer(host=self.host, pid=pid, step=None, state=process_state(pid))
+        return dict(sorted(out.items()))
 
     def _report(self, idle: float) -> None:
         peers = self._peers()
-        holder = self.holder.describe(self.records)
-        stopped = [r for r, (_, state) in peers.items() if state in ("stopped", "gone")]
+        holder = self.holder.describe(peers)
+        stopped = [r for r, peer in peers.items() if peer.state in ("stopped", "gone")]
         culprit = ""
         if self.holder.rank is not None and self.holder.rank in stopped:
-            state = peers[self.holder.rank][1]
+            state = peers[self.holder.rank].state
             culprit = f": rank {self.holder.rank} is {state}" + (" (SIGSTOP)" if state == "stopped" else "")
         elif stopped:
-            culprit = "; on this host " + ", ".join(f"rank {r} is {peers[r][1]}" for r in stopped)
+            culprit = "; on this host " + ", ".join(f"rank {r} is {peers[r].state}" for r in stopped)
         until = ""
         if self.stop_after is not None:
             at = time.strftime("%H:%M:%S", time.localtime(time.time() + self.stop_after - idle))
@@ -147,24 +183,26 @@ class StoreLoss:
                         f"host {self.host} for {time.monotonic() - self.lost_at:.0f} s (under --heal a silent rank "
                         f"is a lost host after {self.options.silent_stop:g} s); this rank stops now (exit 3)")
         self._headline = lines[0]
-        for r, (rec, state) in peers.items():
+        for r, peer in peers.items():
             seen = {"stopped": "stopped (SIGSTOP)", "gone": "gone (its process no longer runs)",
-                    "running": "running", "elsewhere": "on another host: state unknown"}[state]
-            lines.append(f"  rank {r} on host {rec['host']} (pid {rec['pid']}): {seen}; last seen at step "
-                         f"{rec.get('step')}")
+                    "finished": "finished (its script ended well)", "running": "running",
+                    "elsewhere": "on another host: state unknown"}[peer.state]
+            last = f"last seen at step {peer.step}" if peer.step is not None else \
+                "the process that holds the job's store (the store went silent before this rank read its record)"
+            lines.append(f"  rank {r} on host {peer.host} (pid {peer.pid}): {seen}; {last}")
         lines += [f"--- rank {self.rank} on host {self.host} (pid {os.getpid()}): Python stacks", python_stacks()]
         self.emit(lines, {"event": "hang", "reporter": self.rank, "store_lost": self.error, "idle": round(idle, 1),
                           "stopped": stopped, "holder": self.holder.rank})
 
-    def _silent_holder(self, peers: dict[int, tuple[Heartbeat, str]]) -> str | None:
+    def _silent_holder(self, peers: dict[int, Peer]) -> str | None:
         """Under --heal, ``rank 0 on host H (pid P)`` when rank 0 holds the store and is not seen running on this
         host (stopped or gone here, or on another host, where its silence is all this rank can know)."""
         if self.options.silent_stop is None or self.holder.rank is None or self.holder.rank not in peers:
             return None
-        rec, state = peers[self.holder.rank]
-        if state == "running":
+        peer = peers[self.holder.rank]
+        if peer.state in ("running", "finished"):
             return None
-        return f"rank {self.holder.rank} on host {rec['host']} (pid {rec['pid']})"
+        return f"rank {self.holder.rank} on host {peer.host} (pid {peer.pid})"
 
     def _stop(self) -> None:
         """This rank stops, exit 3, and a stopped peer on this host is killed a moment later (it cannot end itself;
@@ -174,7 +212,7 @@ class StoreLoss:
         before it SIGKILLed a stopped process its SIGTERM could not end."""
         self.abort_handlers(AbortOrder.from_headline(self.rank, self._headline or "HANG: no progress and no store",
                                                      silent=None, store_lost=self.error))
-        stopped = [rec["pid"] for rec, state in self._peers().values() if state == "stopped"]
+        stopped = [peer.pid for peer in self._peers().values() if peer.state == "stopped"]
         parent = os.getpid()
         if stopped and os.fork() == 0:  # the child only sleeps and signals: nothing that a lock could hold
             # its copies of this rank's descriptors closed: the launcher's sentinel pipe of this rank (torch's
