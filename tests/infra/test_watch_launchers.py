@@ -3,6 +3,7 @@ the MPI gradient transport: the same fault matrix as tests/multiproc/test_watch.
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
@@ -15,6 +16,12 @@ import pytest
 from tests.helpers import ddpkit_env, require_tools
 from tests.infra.conftest import Hosts, new_run_id
 from tests.multiproc.test_watch import HANG_AFTER, _check_hang
+from tests.multiproc.test_watch_first_steps import (
+    OVER_WITHIN_S,
+    STOPS_RANK_0_AT,
+    assert_stopped_rank_0_named,
+    fault_time,
+)
 from tests.watch_jobs import HOST, JOB, leftover, mpirun, run_watched
 
 pytestmark = pytest.mark.infra
@@ -32,6 +39,31 @@ def test_fault_named_under_mpirun(fault: str, n: int, tmp_path: Path) -> None:
         return
     assert run.proc.returncode == 3, run.output[-6000:]  # mpirun returns the first failed rank's code: the watch's
     _check_hang_mpi(run, fault, n)
+
+
+@pytest.mark.parametrize("step", [30, 300])
+def test_rank_0_stopped_early_or_late_under_mpirun_named_and_rank_1_not_called_gone(step: int, tmp_path: Path) -> None:
+    """``mpirun -np 2 ... ddpkit run --hang-after 10 --stop-after 20``, rank 0 (it holds the job's store) stops itself
+    at step 30 (half a second in: the 5x rule made it 50 s, 56 s in all) or 300: named within 20 s of the fault, the
+    job over within 45 s. mpirun then continues rank 0 (SIGCONT) before it ends it: its last words call rank 1, which
+    ddpkit's watch stopped (exit 3), stopped by ddpkit, not "gone"."""
+    require_tools("mpirun")
+    script, events = tmp_path / "stops.py", tmp_path / "events.jsonl"
+    script.write_text(STOPS_RANK_0_AT)
+    res = subprocess.run([*mpirun(2), "-m", "ddpkit", "run", "--hang-after", "10", "--stop-after", "20", "--events",
+                          str(events), "--", str(script), str(step)], capture_output=True, text=True, errors="replace",
+                         timeout=180, env=ddpkit_env())
+    over = time.time()
+    out = res.stdout + res.stderr
+    assert res.returncode == 3, out[-4000:]
+    fault = fault_time(out)
+    assert_stopped_rank_0_named(out, [json.loads(x) for x in events.read_text().splitlines()], fault)
+    assert over - fault <= OVER_WITHIN_S, (over - fault, out[-4000:])
+    rank_1 = re.search(rf"--- rank 1 on host {HOST} \(pid (\d+)\): Python stacks", out)  # the reporter's own
+    assert rank_1 is not None, out[-4000:]
+    assert f"rank 1 on host {HOST} (pid {rank_1.group(1)}) is gone" not in out, out[-4000:]
+    if "ddpkit watch: rank 0 on host" in out:  # rank 0 said its last words (mpirun's SIGCONT came before the SIGKILL)
+        assert f"rank 1 on host {HOST} (pid {rank_1.group(1)}) was stopped by ddpkit" in out, out[-4000:]
 
 
 def _check_hang_mpi(run, fault: str, n: int) -> None:  # type: ignore[no-untyped-def]

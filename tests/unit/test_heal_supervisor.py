@@ -3,7 +3,6 @@ the refusals, and the loop around a stand-in agent (the real agent: tests/multip
 
 from __future__ import annotations
 
-import argparse
 import signal
 from pathlib import Path
 
@@ -12,6 +11,7 @@ import pytest
 from ddpkit.base.errors import ConfigError
 from ddpkit.base.shape import JobShape
 from ddpkit.heal.classify import FailureClass, classify
+from ddpkit.heal.request import HealRequest
 from ddpkit.heal.supervisor import gather, supervise
 from ddpkit.launch.agent import LaunchOptions
 from ddpkit.launch.failure import RankFailure
@@ -72,9 +72,9 @@ def test_tracebacks_are_read_from_the_rank_logs(tmp_path: Path) -> None:
     assert by_rank[1].exception == "ValueError: bad batch" and by_rank[1].first
 
 
-def _args(tmp_path: Path, **kw: object) -> argparse.Namespace:
-    return argparse.Namespace(**{"command": "run", "max_attempts": 3, "run_dir": str(tmp_path / "run"),
-                                 "ddpkit_argv": ["run", "-n", "2", "--heal"], **kw})
+def _args(tmp_path: Path, **kw: object) -> HealRequest:
+    return HealRequest(**{"command": "run", "max_attempts": 3, "run_dir": str(tmp_path / "run"),  # type: ignore[arg-type]
+                          "argv": ("run", "-n", "2", "--heal"), **kw})
 
 
 class _World:
@@ -135,10 +135,10 @@ def test_trains_progress_is_its_newest_snapshot_step(tmp_path: Path) -> None:
 
     for step in (256, 288):
         (tmp_path / f"snapshot.{step:09d}.pt").write_bytes(b"")
-    train = argparse.Namespace(command="train", snapshot_path=f"{tmp_path}/")
-    assert newest_snapshot_step(train) == 288
-    assert newest_snapshot_step(argparse.Namespace(command="train", snapshot_path=None)) is None
-    assert newest_snapshot_step(argparse.Namespace(command="run")) is None
+    train = HealRequest(command="train", max_attempts=3, snapshot_path=f"{tmp_path}/")
+    assert newest_snapshot_step(train.progress_path) == 288
+    assert newest_snapshot_step(HealRequest(command="train", max_attempts=3).progress_path) is None
+    assert newest_snapshot_step(HealRequest(command="run", max_attempts=3, snapshot_path="x/").progress_path) is None
 
 
 def test_an_exception_out_of_the_agent_is_recorded_and_goes_on(tmp_path: Path) -> None:

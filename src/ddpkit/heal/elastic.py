@@ -25,7 +25,6 @@ be healed away (use ``--rdzv-backend etcd-v2`` where that host may fail too).
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import dataclasses
 import json
@@ -47,6 +46,7 @@ from ddpkit.heal.attempts import Adapter, Attempts, Ended, Style
 from ddpkit.heal.classify import Classification, Evidence, FailureClass, WatchReport
 from ddpkit.heal.evidence import rank_ended
 from ddpkit.heal.policy import HealPolicy
+from ddpkit.heal.request import HealRequest
 from ddpkit.launch.failure import logged_failure
 from ddpkit.launcher_output import Ending
 from ddpkit.launcher_output.tracebacks import exception_line
@@ -170,9 +170,9 @@ class _TorchFailures:
 class HealRun:
     """One host's side of a healed run: its ledger, the policy, and what its rounds left."""
 
-    def __init__(self, args: argparse.Namespace, *, host: str, run_dir: Path, nproc: int, policy: HealPolicy,
-                 log_dir: Path | None, progress: Callable[[argparse.Namespace], int | None]) -> None:
-        self.args, self.host, self.run_dir, self.nproc, self.policy = args, host, run_dir, nproc, policy
+    def __init__(self, request: HealRequest, *, host: str, run_dir: Path, nproc: int, policy: HealPolicy,
+                 log_dir: Path | None, progress: Callable[[str | None], int | None]) -> None:
+        self.request, self.host, self.run_dir, self.nproc, self.policy = request, host, run_dir, nproc, policy
         self.progress = progress
         self.log_dir = log_dir
         self.ledger = Ledger(run_dir)
@@ -201,8 +201,8 @@ class HealRun:
         evidence = self._evidence(failed, orders)
         conclusion = self.attempts.conclude(self.attempt, self.failed_rounds,
                                             Ended(exit_code=evidence.exit_code, evidence=evidence),
-                                            progress=self.progress(self.args), adapter=_Rendezvous(self, exclusions),
-                                            quiet=True)
+                                            progress=self.progress(self.request.progress_path),
+                                            adapter=_Rendezvous(self, exclusions), quiet=True)
         self.attempt = None
         decision = conclusion.decision
         if decision.action is not Action.RETRY:
@@ -242,7 +242,7 @@ class HealRun:
         ended = Ended(exit_code=code, evidence=None if code == 0 else self._evidence(self.failures.seen, _orders(),
                                                                                        code))
         conclusion = self.attempts.conclude(self.attempt, self.failed_rounds + 1, ended,
-                                            progress=self.progress(self.args), quiet=True, last=True)
+                                            progress=self.progress(self.request.progress_path), quiet=True, last=True)
         if code or self.failed_rounds:
             print(conclusion.decision.line, file=sys.stderr, flush=True)
 
@@ -413,9 +413,9 @@ def stop_together(store: Any, nodes: int, timeout: float = STOP_TOGETHER_S) -> i
         return 0
 
 
-def supervise_across_hosts(args: argparse.Namespace, options: LaunchOptions,
+def supervise_across_hosts(request: HealRequest, options: LaunchOptions,
                            launch_attempt: Callable[[LaunchOptions], int], *,
-                           progress: Callable[[argparse.Namespace], int | None],
+                           progress: Callable[[str | None], int | None],
                            start_goodput: Callable[[Path, str], None]) -> int:
     """This host's part of a healed run across hosts (the module's docstring); returns its exit code. ``progress``
     and ``start_goodput``: the one-host supervisor's (the newest snapshot step; the goodput ledger's first line)."""
@@ -424,15 +424,15 @@ def supervise_across_hosts(args: argparse.Namespace, options: LaunchOptions,
         raise ConfigError(f"--heal with --rdzv-backend {options.rdzv_backend}",
                           f"one of {', '.join(HEALED_BACKENDS)}: the run's exclusion list lives in its store",
                           "pass --rdzv-backend c10d (or etcd-v2)")
-    if not getattr(args, "run_id", None):
+    if not request.run_id:
         raise ConfigError("--heal across hosts without --run-id", "the same --run-id on every host (the run's "
                           "rendezvous and its directory)", "add --run-id NAME on every host")
     host = socket.gethostname().split(".", 1)[0]
-    policy = HealPolicy(max_attempts=args.max_attempts)
-    base = Path(args.run_dir) if args.run_dir else Path(".ddpkit-runs") / args.run_id
+    policy = HealPolicy(max_attempts=request.max_attempts)
+    base = Path(request.run_dir) if request.run_dir else Path(".ddpkit-runs") / request.run_id
     run_dir = base / host  # one ledger per host: the directory may be shared by every host
-    log_dir = run_dir / "logs" if args.command == "run" else None
-    run = HealRun(args, host=host, run_dir=run_dir, nproc=shape.nproc_per_node, policy=policy, log_dir=log_dir,
+    log_dir = run_dir / "logs" if request.keeps_rank_logs else None
+    run = HealRun(request, host=host, run_dir=run_dir, nproc=shape.nproc_per_node, policy=policy, log_dir=log_dir,
                   progress=progress)
     conf = dict(options.rdzv_conf)
     for key, value in HEAL_RDZV_DEFAULTS:
@@ -441,12 +441,12 @@ def supervise_across_hosts(args: argparse.Namespace, options: LaunchOptions,
                                   rendezvous_guard=lambda inner, name: HostGuard(inner, name, run),
                                   log_dir=str(log_dir) if log_dir else options.log_dir)
     os.environ.setdefault(HEAL_SILENT_S, f"{SILENT_S:g}")
-    print(f"ddpkit heal: run {args.run_id} on {host}: -j {shape} across hosts; this host's ledger {run.ledger.path}; "
-          f"up to {policy.max_attempts} attempt(s); a host whose ranks stop answering, are killed or are cut off is "
-          "excluded from later rounds", file=sys.stderr, flush=True)
+    print(f"ddpkit heal: run {request.run_id} on {host}: -j {shape} across hosts; this host's ledger "
+          f"{run.ledger.path}; up to {policy.max_attempts} attempt(s); a host whose ranks stop answering, are "
+          "killed or are cut off is excluded from later rounds", file=sys.stderr, flush=True)
     run.ledger.append(SupervisorStarted(time=time.time(), pid=os.getpid(), host=host,
                                         max_attempts=policy.max_attempts,
-                                        command=tuple(getattr(args, "ddpkit_argv", ()))))
+                                        command=request.argv))
     start_goodput(run_dir, host)
     torch_log = logging.getLogger(_TORCH_LOGGER)
     torch_log.filters.insert(0, run.failures)  # before the agent's filter that drops these lines

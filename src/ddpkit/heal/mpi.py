@@ -205,7 +205,7 @@ def _progress(spec: JobSpec) -> int | None:
     if spec.command_name != "train" or "--snapshot-path" not in words[:-1]:
         return None
     path = words[words.index("--snapshot-path") + 1]
-    return newest_snapshot_step(argparse.Namespace(command="train", snapshot_path=path))
+    return newest_snapshot_step(path)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -341,7 +341,7 @@ def snapshot_step(program: list[str] | tuple[str, ...]) -> int | None:
         return None
     from ddpkit.heal.supervisor import newest_snapshot_step
 
-    return newest_snapshot_step(argparse.Namespace(command="train", snapshot_path=path))
+    return newest_snapshot_step(path)
 
 
 def _hostnames(nodelist: str) -> tuple[str, ...]:

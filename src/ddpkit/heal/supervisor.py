@@ -15,7 +15,6 @@ say nothing, retried within ``--max-attempts``: never worse than no healing); on
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import os
 import secrets
@@ -33,6 +32,7 @@ from ddpkit.heal.attempts import Adapter, Attempts, Ended, Style
 from ddpkit.heal.classify import Evidence, RankEvidence, WatchReport, exception_line
 from ddpkit.heal.evidence import watch_of
 from ddpkit.heal.policy import HealPolicy
+from ddpkit.heal.request import HealRequest
 from ddpkit.launcher_output.ddpkit_lines import silent_ranks
 from ddpkit.process.worker_context import HEAL_SILENT_DEFAULT_S, HEAL_SILENT_S
 from ddpkit.rundir import RunDir
@@ -55,34 +55,34 @@ HEALED_COMMANDS = ("run", "train")
 TAIL_BYTES = 64 * 1024
 
 
-def supervise(world: WorldInfo, args: argparse.Namespace, options_for: Callable[[], LaunchOptions],
+def supervise(world: WorldInfo, request: HealRequest, options_for: Callable[[], LaunchOptions],
               launch_attempt: Callable[[LaunchOptions], int]) -> int:
     """Run attempts (``launch_attempt(options)``: the agent, once) until one succeeds or the policy stops; return
     the run's exit code. ``options_for`` builds the agent's options (after the refusals: it checks -n/-j)."""
-    _refuse_unless_one_host(world, args)
+    _refuse_unless_one_host(world, request)
     options = options_for()
     if options.shape.max_nodes > 1:  # -j MIN:MAXxP on every host: the hosts that are left go on (heal.elastic)
         from ddpkit.heal.elastic import supervise_across_hosts
 
         _refuse_restarts(options)
-        return supervise_across_hosts(args, options, launch_attempt, progress=newest_snapshot_step,
+        return supervise_across_hosts(request, options, launch_attempt, progress=newest_snapshot_step,
                                       start_goodput=_start_goodput)
     _refuse_unless_local(options)
-    policy = HealPolicy(max_attempts=args.max_attempts)
-    run_dir = Path(args.run_dir) if args.run_dir else _new_run_dir()
+    policy = HealPolicy(max_attempts=request.max_attempts)
+    run_dir = Path(request.run_dir) if request.run_dir else _new_run_dir()
     ledger = Ledger(run_dir)
     host = socket.gethostname().split(".", 1)[0]
     print(f"ddpkit heal: run directory {run_dir} (ledger {ledger.path.name}); up to {policy.max_attempts} "
           f"attempt(s)", file=sys.stderr, flush=True)
     ledger.append(SupervisorStarted(time=time.time(), pid=os.getpid(), host=host, max_attempts=policy.max_attempts,
-                                    command=tuple(getattr(args, "ddpkit_argv", ()))))
+                                    command=request.argv))
     _start_goodput(run_dir, host)
     # a rank whose heartbeat stopped (a stopped or killed process) is a host fault in seconds, not at the hang
     # deadline: every rank stops and the next attempt starts (the watch's silent_stop; a slow rank that answers
     # keeps its heartbeat and is never one)
     os.environ.setdefault(HEAL_SILENT_S, f"{HEAL_SILENT_DEFAULT_S:g}")
     attempts = Attempts(ledger=ledger, policy=policy, style=Style.ONE_HOST, here=host)
-    agent = _AgentAttempts(args, options, launch_attempt, RunDir(run_dir), host)
+    agent = _AgentAttempts(request, options, launch_attempt, RunDir(run_dir), host)
     return attempts.run(agent, ranks_per_host=options.shape.nproc_per_node)
 
 
@@ -93,13 +93,13 @@ class _AgentAttempts(Adapter):
 
     style = Style.ONE_HOST
 
-    def __init__(self, args: argparse.Namespace, options: LaunchOptions,
+    def __init__(self, request: HealRequest, options: LaunchOptions,
                  launch_attempt: Callable[[LaunchOptions], int], run_dir: RunDir, host: str) -> None:
-        self.args, self.options, self.launch_attempt = args, options, launch_attempt
+        self.request, self.options, self.launch_attempt = request, options, launch_attempt
         self.run_dir, self.host = run_dir, host
 
     def logs(self, attempt: int) -> str | None:
-        return str(self.run_dir.attempt(attempt)) if self.args.command == "run" else None
+        return str(self.run_dir.attempt(attempt)) if self.request.keeps_rank_logs else None
 
     def start(self, attempt: int, of_session: int, hosts: tuple[str, ...]) -> Ended:
         results: list[AttemptResult] = []
@@ -113,7 +113,7 @@ class _AgentAttempts(Adapter):
                                                      self.host))
 
     def progress(self) -> int | None:
-        return newest_snapshot_step(self.args)
+        return newest_snapshot_step(self.request.progress_path)
 
 
 def _start_goodput(run_dir: Path, host: str) -> None:
@@ -185,12 +185,11 @@ def _silent_holder_in_logs(tails: list[tuple[int, str]]) -> WatchReport | None:
     return watch_of(silent, hang=True) if silent else None
 
 
-def newest_snapshot_step(args: argparse.Namespace) -> int | None:
-    """The run's progress: the global step of the newest snapshot file ``ddpkit train --snapshot-path`` left
+def newest_snapshot_step(path: str | None) -> int | None:
+    """The run's progress: the global step of the newest snapshot file ``ddpkit train --snapshot-path PATH`` left
     (named ``NAME.<step>.pt``; unverified: the trainer verifies it when it resumes). None for a user's script, or a
-    train run without snapshots: its progress is unknown."""
-    path = getattr(args, "snapshot_path", None)
-    if args.command != "train" or not path:
+    train run without snapshots (``path`` None): its progress is unknown."""
+    if not path:
         return None
     from ddpkit.train.config import snapshot_location
     from ddpkit.train.snapshot import SnapshotDir
@@ -224,19 +223,19 @@ def _new_run_dir() -> Path:
     return Path(RUNS_DIR) / run_id
 
 
-def _refuse_unless_one_host(world: WorldInfo, args: argparse.Namespace) -> None:
+def _refuse_unless_one_host(world: WorldInfo, request: HealRequest) -> None:
     today = ("ddpkit's own agent: ddpkit run|train -n N --heal on one host, -j MIN:MAXxP --heal on every host; "
              "ddpkit submit mpi --heal")
     later = "a job started by another launcher is healed by the one that submits it (ddpkit submit ... --heal)"
     if world.launcher != "none" or world.is_agent:
         raise ConfigError(f"--heal under {world.launcher}: ddpkit does not start the ranks here, so it cannot "
                           f"start them again", f"--heal where it heals today, {today}; {later}",
-                          f"drop --heal, or start the ranks with ddpkit itself: ddpkit {args.command} -n N --heal")
-    if args.command not in HEALED_COMMANDS:
-        raise ConfigError(f"--heal with ddpkit {args.command}", f"--heal with {' or '.join(HEALED_COMMANDS)}",
-                          f"drop --heal: {args.command} reports what it finds and is not retried")
-    if args.max_attempts < 1:
-        raise ConfigError(f"--max-attempts {args.max_attempts}", "1 or more", "pass --max-attempts 3 (the default)")
+                          f"drop --heal, or start the ranks with ddpkit itself: ddpkit {request.command} -n N --heal")
+    if request.command not in HEALED_COMMANDS:
+        raise ConfigError(f"--heal with ddpkit {request.command}", f"--heal with {' or '.join(HEALED_COMMANDS)}",
+                          f"drop --heal: {request.command} reports what it finds and is not retried")
+    if request.max_attempts < 1:
+        raise ConfigError(f"--max-attempts {request.max_attempts}", "1 or more", "pass --max-attempts 3 (the default)")
 
 
 def _refuse_unless_local(options: LaunchOptions) -> None:

@@ -60,9 +60,12 @@ def run_rank(command: WorkerCommand, module: ModuleType, args: argparse.Namespac
         module.check_arguments(args)
     world = detect()
     if getattr(args, "heal", False) and not launched_by_ddpkit():  # the agent once per attempt (ddpkit.heal)
-        from ddpkit.heal import supervise
+        from ddpkit.heal import HealRequest, supervise
 
-        return supervise(world, args, lambda: replace(launch_options(args), preload=command.preload),
+        request = HealRequest(command=args.command, max_attempts=args.max_attempts, run_dir=args.run_dir,
+                              run_id=getattr(args, "run_id", None), snapshot_path=getattr(args, "snapshot_path", None),
+                              argv=tuple(getattr(args, "ddpkit_argv", ())))
+        return supervise(world, request, lambda: replace(launch_options(args), preload=command.preload),
                          lambda options: _launch(argv, options, main))
     if world.is_agent:  # a Kubeflow pod asked for several processes: be its agent, as torchrun would be
         return _launch(argv, kubeflow_agent_options(world), main)

@@ -69,7 +69,9 @@ class Session:
         """``ddpkit run``'s goodput lines (``WatchOptions.goodput``): made when the group begins, ended by
         ``ended``."""
         self._abort_handlers: list[Callable[[AbortOrder], object]] = []
-        self.hooks: Hooks = Hooks(_live, self._begin, self.finish)
+        self.exit_code: int | None = None
+        """What the watched script returned (``ended``; ``ddpkit run``), None before it returned."""
+        self.hooks: Hooks = Hooks(_live, self._begin, lambda: self.finish(finished=True))
 
     def _begin(self, init_args: dict[str, Any]) -> None:
         import torch.distributed as dist
@@ -120,13 +122,14 @@ class Session:
         if dist.is_initialized():
             self._begin({})
 
-    def finish(self) -> None:
-        """The group is going: stop watching, summary on rank 0. Safe to call twice."""
+    def finish(self, finished: bool | None = None) -> None:
+        """The group is going: stop watching, summary on rank 0. Safe to call twice. ``finished``: the rank ended
+        well (its script destroyed its process group); None: as far as the watch knows (its script returned 0)."""
         monitor, self.monitor, self.recorder = self.monitor, None, None
         _sync_live()
         if monitor is not None:
             monitor.await_abort()  # the script caught the abort's broken collective and is leaving: exit 3 still
-            monitor.finish()
+            monitor.finish(finished=self.exit_code == 0 if finished is None else finished)
 
 
 def _watch_store(init_args: dict[str, Any]) -> dist.Store:
@@ -196,8 +199,11 @@ def install(options: WatchOptions | None = None, *, store: dist.Store | None = N
 
 
 def ended(code: int) -> None:
-    """The watched script returned ``code`` (``ddpkit run``): its last goodput lines (``watch.steplines``)."""
+    """The watched script returned ``code`` (``ddpkit run``): its last goodput lines (``watch.steplines``), and its
+    last record says whether it ended well (``Session.finish``)."""
     session = _session
+    if session is not None:
+        session.exit_code = code
     if session is None or session.steplines is None:
         return
     lines, session.steplines = session.steplines, None

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from ddpkit.base.log import get_logger
 from ddpkit.process.worker_context import WorkerContext
-from ddpkit.watch.processes import process_state
+from ddpkit.watch.processes import ended_by_watch, process_state
 from ddpkit.watch.records import Heartbeat
 
 if TYPE_CHECKING:
@@ -108,8 +108,10 @@ class FailureReport:
         if m.rec.failed is not None:
             self.now()
             return
-        local = self._peers_here(m.read())
-        if any(process_state(pid) in ("gone", "stopped") and not self._told(r)
+        records = m.read()
+        local = self._peers_here(records)
+        # a peer that finished is no news (it left as a rank should); one that ddpkit's watch stopped is
+        if any(process_state(pid) in ("gone", "stopped") and not self._told(r) and not _finished(records[r])
                for r, pid in local.items()):
             self.now(told_to_stop=True)
 
@@ -145,15 +147,28 @@ class FailureReport:
                 raise
             log.debug("watch: the job's store is gone (%s): the report uses the records read last", exc)
             records = m.last_read
-        now = time.monotonic()
         if failed is not None:
             error = failed["error"].splitlines()[0] if failed["error"] else "(no message)"
             call = f"{failed['op']} #{failed['seq']}" if failed["seq"] is not None else failed["op"]
-            lines = [f"ddpkit watch: rank {m.rank} on host {host}: {call} (called at {failed['site']}) failed: "
-                     f"{error[:300]}"]
+            headline = f"rank {m.rank} on host {host}: {call} (called at {failed['site']}) failed: {error[:300]}"
         else:
-            lines = [f"ddpkit watch: rank {m.rank} on host {host} is told to stop (SIGTERM: the launcher is ending "
-                     "the job) while a rank on this host is gone"]
+            headline = f"rank {m.rank} on host {host} is told to stop (SIGTERM: the launcher is ending the job)"
+        peers, gone, left = self._peer_lines(records)
+        if failed is None:
+            headline += " while a rank on this host is gone" if gone or not left else " after " + "; ".join(
+                f"rank {r} {'finished' if why == 'finished' else 'was stopped by ddpkit'}"
+                for r, why in sorted(left.items()))
+        hosts = {str(r): rec["host"] for r, rec in records.items() if rec}
+        m.emit([f"ddpkit watch: {headline}", *peers],
+               {"event": "collective-failed" if failed is not None else "rank-gone", "reporter": m.rank,
+                "failed": failed, "gone": gone, "left": {str(r): why for r, why in left.items()}, "hosts": hosts})
+
+    def _peer_lines(self, records: dict[int, Heartbeat | None]) -> tuple[list[str], list[int], dict[int, str]]:
+        """A line per other rank worth naming, the ranks on this host that are gone or stopped, and those whose
+        process ended in a known way (``_why_gone``: finished, or stopped by ddpkit's watch), by how."""
+        m, host = self.monitor, self.monitor.rec.host
+        now = time.monotonic()
+        lines: list[str] = []
         local = self._peers_here(records)
         until = time.monotonic() + GONE_WAIT_S  # a killed peer's sockets close before its process is gone
         states = {r: process_state(pid) for r, pid in local.items()}
@@ -161,12 +176,16 @@ class FailureReport:
             time.sleep(0.02)
             states = {r: process_state(pid) for r, pid in local.items()}
         told = {r for r, state in states.items() if state == "gone" and self._told(r)}
-        gone = []
+        gone: list[int] = []
+        left: dict[int, str] = {}
         for r, rec in sorted(records.items()):
             if rec is None or r == m.rank or r in told:  # a peer told to stop as well is no news
                 continue
             state = states.get(r)
-            if state in ("gone", "stopped"):
+            if state == "gone" and (why := _why_gone(rec)) is not None:
+                left[r] = why
+                lines.append(f"  rank {r} on host {rec['host']} (pid {rec['pid']}) {LEFT_WORDS[why]}")
+            elif state in ("gone", "stopped"):
                 gone.append(r)
                 lines.append(f"  rank {r} on host {rec['host']} (pid {rec['pid']}) is {state} "
                              f"({'its process no longer runs' if state == 'gone' else 'SIGSTOP'})")
@@ -175,11 +194,26 @@ class FailureReport:
         if not gone and told:
             lines.append(f"  no rank on this host is gone but rank(s) {', '.join(map(str, sorted(told)))}, told to "
                          "stop (SIGTERM) as this one is")
-        elif not gone:
+        elif not gone and not left:
             lines.append("  no rank on this host is gone; the failed peer is on another host (see its lines)")
-        hosts = {str(r): rec["host"] for r, rec in records.items() if rec}
-        m.emit(lines, {"event": "collective-failed" if failed is not None else "rank-gone", "reporter": m.rank,
-                       "failed": failed, "gone": gone, "hosts": hosts})
+        return lines, gone, left
+
+
+#: How a peer whose process no longer runs ended, where that is known (``_why_gone``), in a report's words.
+LEFT_WORDS = {"finished": "finished: it ended its process group and its process exited",
+              "ended-by-watch": "was stopped by ddpkit (its watch ended it, exit 3, after a hang or a lost store)"}
+
+
+def _finished(rec: Heartbeat | None) -> bool:
+    return rec is not None and bool(rec.get("finished"))
+
+
+def _why_gone(rec: Heartbeat) -> str | None:
+    """How a peer on this host whose process is gone ended: ``finished`` (its last record says it ended well),
+    ``ended-by-watch`` (ddpkit's watch ended it: its mark), None: unknown (killed, crashed, failed, exited)."""
+    if _finished(rec):
+        return "finished"
+    return "ended-by-watch" if ended_by_watch(rec["pid"]) else None
 
 
 def _claim_here() -> bool:

@@ -492,8 +492,9 @@ class Monitor:
         self._stop.set()
 
     # -- the end ----------------------------------------------------------------------------------------------
-    def finish(self) -> None:
-        """Stop watching; publish the last record; rank 0 prints the summary (waiting at most FINAL_WAIT_S)."""
+    def finish(self, finished: bool = False) -> None:
+        """Stop watching; publish the last record (``finished``: the rank ended well, so a peer does not call it gone);
+        rank 0 prints the summary (waiting at most FINAL_WAIT_S)."""
         if self._stop.is_set():
             return
         self._stop.set()
@@ -502,7 +503,7 @@ class Monitor:
         if self._reported is not None:  # the job ends normally after a reported pause: progress resumed before it
             self._resumed(time.monotonic(), said=True)
         try:
-            last = json.dumps(self.rec.record(self.beat + 1, final=True))
+            last = json.dumps({**self.rec.record(self.beat + 1, final=True), "finished": finished})
             self.store.set(self.keys[self.rank], last)  # the others see this rank finished, not silent
             self.store.set(f"final/{self.rank}", last)
             if self.rank != 0 or not self.options.summary:

@@ -8,6 +8,7 @@ import contextlib
 import os
 import signal
 import sys
+import tempfile
 import threading
 import time
 import traceback
@@ -15,15 +16,18 @@ from typing import NoReturn
 
 from ddpkit.base.errors import EXIT_MISSING
 from ddpkit.process.exiting import flush_files
+from ddpkit.process.worker_context import process_started_at
 
-__all__ = ["STACK_WAIT_S", "end_stopped", "listening_pid", "process_state", "python_stacks", "stop_rank",
-           "write_lines"]
+__all__ = ["STACK_WAIT_S", "end_stopped", "ended_by_watch", "listening_pid", "process_state", "python_stacks",
+           "stop_rank", "write_lines"]
 
 #: How long the reporter waits for the live ranks' stacks, for the others to see the abort, and for a stopped rank
 #: to go once sent SIGCONT.
 STACK_WAIT_S = 3.0
 #: The longest a rank stopped by the watch spends flushing the script's open files before it exits.
 FLUSH_WAIT_S = 2.0
+#: How long a rank's mark that the watch ended it is kept on its host (``ended_by_watch``).
+MARK_KEEP_S = 86400.0
 
 #: Frames of the runner (runpy, ``python -m ddpkit.watch``) that only say how the script was started.
 _LAUNCH = ("<frozen runpy>", os.path.join(os.path.dirname(__file__), "__main__.py"))
@@ -103,9 +107,38 @@ def write_lines(lines: list[str]) -> None:
     stream.flush()
 
 
+def _ended_mark(pid: int) -> str:
+    return os.path.join(tempfile.gettempdir(), f"ddpkit-watch-{os.getuid()}", f"ended.{pid}")
+
+
+def ended_by_watch(pid: int) -> bool:
+    """Whether the process ``pid`` on this host, gone now, was a rank the watch ended (``stop_rank``: exit 3), from
+    the mark it left. A mark older than this process is another job's (a pid used again)."""
+    try:
+        return os.stat(_ended_mark(pid)).st_mtime >= process_started_at()
+    except OSError:
+        return False
+
+
+def _leave_ended_mark() -> None:
+    """This rank is ending by the watch's order: a mark on this host, for a peer that outlives it (mpirun sends a
+    stopped rank 0 SIGCONT before SIGTERM; its report would call this rank merely gone)."""
+    path = _ended_mark(os.getpid())
+    with contextlib.suppress(OSError):
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "w", encoding="ascii") as f:
+            f.write(f"{time.time():.3f}\n")
+        old = time.time() - MARK_KEEP_S
+        for entry in os.scandir(os.path.dirname(path)):  # the marks of jobs long over
+            if entry.stat().st_mtime < old:
+                os.unlink(entry.path)
+
+
 def stop_rank(line: str | None) -> NoReturn:
     """End this rank with exit 3 (EXIT_MISSING), after ``line`` on stderr: ``os._exit``, since a thread blocked in C
-    (the rank's main thread in a collective) cannot hold the process then."""
+    (the rank's main thread in a collective) cannot hold the process then. A mark on this host says so to a peer
+    that outlives it (``ended_by_watch``)."""
+    _leave_ended_mark()
     if line is not None:
         write_lines([line])
     # what the script wrote to its files so far reaches them (not closed: its main thread may still hold them); on

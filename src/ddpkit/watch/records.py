@@ -44,6 +44,9 @@ class _Later(TypedDict, total=False):
     """Point-to-point calls posted, by direction and peer, once any was made."""
     counted_as: str
     """Which calls ``group_seq`` counts (DDP's C++ all-reduce, a comm hook's), where it counts any."""
+    finished: bool
+    """In a rank's last record: it ended well (its script destroyed its process group, or returned 0), so a peer
+    that outlives it says it finished, not that it is gone."""
 
 
 class Heartbeat(_Later):
