@@ -9,6 +9,7 @@ point-to-point calls.
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import time
 from pathlib import Path
@@ -37,11 +38,14 @@ for _ in range(3):
 t = torch.zeros(4)
 """
 
-# rank 1 waits for a message rank 0 never sends; rank 0 sleeps, or waits in a barrier rank 1 never reaches
+# rank 1 waits for a message rank 0 never sends; rank 0 sleeps, waits in a barrier rank 1 never reaches, or takes a
+# DDP step (it waits in DDP's C++ all-reduce, which the watch counts)
 UNANSWERED = PROLOGUE + """\
 how, rank0 = sys.argv[1], sys.argv[2]
 if rank == 0:
     print("FAULT", time.time(), flush=True)
+    if rank0 == "step":
+        model(torch.randn(2, 4)).sum().backward()
     time.sleep(3600) if rank0 == "sleep" else dist.barrier()
 elif how == "recv":
     dist.recv(t, src=0)
@@ -88,11 +92,11 @@ def _run(tmp_path: Path, script: str, *args: str) -> tuple[subprocess.CompletedP
 
 @pytest.mark.parametrize(("how", "op", "rank0"), [("recv", "recv", "sleep"), ("recv", "recv", "barrier"),
                                                   ("irecv", "irecv", "barrier"),
-                                                  ("batch", "batch_isend_irecv", "sleep")])
+                                                  ("batch", "batch_isend_irecv", "sleep"), ("recv", "recv", "step")])
 def test_an_unanswered_receive_is_named_with_its_peer(how: str, op: str, rank0: str, tmp_path: Path) -> None:
     """Rank 1 waits in a receive from rank 0 that never comes (blocking, a wait on irecv's request, or on a batch's):
-    the report names the call, rank 1 and rank 0 (alive, no send posted, and where it is), within the deadline
-    + 10 s, and every rank stops (exit 3)."""
+    the report names the call, rank 1 and rank 0 (alive, no send posted, and where it is: the same place the lines
+    above say), within the deadline + 10 s, and every rank stops (exit 3)."""
     res, events = _run(tmp_path, UNANSWERED, how, rank0)
     out = res.stdout + res.stderr
     fault = float(next(x for x in res.stdout.splitlines() if "FAULT " in x).split("FAULT ")[1])
@@ -101,8 +105,15 @@ def test_an_unanswered_receive_is_named_with_its_peer(how: str, op: str, rank0: 
     assert float(hangs[0]["time"]) - fault <= HANG_AFTER + 10, (hangs[0]["time"], fault)
     assert f"rank 1 on host {HOST} has waited" in out and f"s in {op} #1 from rank 0 (called at job.py:" in out, \
         out[-6000:]
-    where = "waits in no collective or point-to-point call" if rank0 == "sleep" else "is in barrier #1"
-    assert f"rank 0 on host {HOST} is alive, has posted 0 sends to rank 1 and {where}" in out, out[-6000:]
+    where = {"sleep": "waits in no collective or point-to-point call", "barrier": "is in barrier #1",
+             "step": "waits in the group's collective #N (DDP's gradient all-reduce on its C++ path: counted, not seen "
+                     "one by one), which rank 1 has not entered"}[rank0]
+    said = re.search(re.escape(f"rank 0 on host {HOST} is alive, has posted 0 sends to rank 1 and {where}")
+                     .replace(re.escape("#N"), r"#(\d+)"), out)
+    assert said is not None, out[-6000:]
+    if rank0 == "step":  # the line above it says the same: rank 0 waits in that collective
+        assert f"rank 0 on {HOST} has issued it (up to #{said.group(1)}) and waits for it to complete" in out, \
+            out[-6000:]
     assert hangs[0]["p2p"]["1"]["peers"] == [["recv", 0]]
     assert "DESYNC" not in out and "backend-level hang" not in out, out[-6000:]
     if rank0 == "sleep":  # both ranks are at the same collective count: nobody is behind in one

@@ -19,6 +19,8 @@ __all__ = ["Hang", "deadline_text", "diagnose_deadline", "diagnose_hang", "find_
 Record = Heartbeat
 #: Fewer steps than this on any rank: no straggler verdict (too little to compare).
 MIN_STEPS = 5
+#: What the group's count counts for a model on DDP's C++ path (a record's ``counted_as`` says so where it counts).
+CPP_PATH = "DDP's gradient all-reduce on its C++ path"
 
 
 def _timed(timings: Mapping[str, Any]) -> int:
@@ -130,9 +132,20 @@ def _peer_state(me: int, direction: str, peer: int, records: Mapping[int, Record
         where = f"is in {w['op']} #{w['seq']} (called at {w['site']})"
     elif (phase := rec["phase"]) is not None:
         where = f"is in marked phase '{phase['name']}'"
+    elif (first := _issued_beyond(rec, records.get(me))) is not None:
+        # no watched call open, but collectives issued that ``me`` has not: one of DDP's C++ all-reduces (counted)
+        where = (f"waits in the group's collective #{first} ({rec.get('counted_as', CPP_PATH)}: counted, not seen one "
+                 f"by one), which rank {me} has not entered")
     else:
         where = "waits in no collective or point-to-point call"
     return f"rank {peer} on host {rec['host']} is alive, {count} and {where}"
+
+
+def _issued_beyond(rec: Record, other: Record | None) -> int | None:
+    """The first of the group's collectives (counted, ``group_seq``) that ``rec``'s rank has issued and ``other``'s
+    has not, or None: it cannot have completed, so the rank waits for it."""
+    mine, theirs = rec.get("group_seq"), other.get("group_seq") if other is not None else None
+    return theirs + 1 if mine is not None and theirs is not None and mine > theirs else None
 
 
 def p2p_lines(blocked: Mapping[int, Waiting], records: Mapping[int, Record | None],
@@ -192,8 +205,7 @@ def diagnose_hang(records: Mapping[int, Record | None], stale: Mapping[int, floa
     counted: dict[int, int] = {r: n for r, rec in alive.items()
                                if (n := rec["group_seq"]) is not None and r not in stale}
     # what the counted collectives are: DDP's C++ path, or ddpkit's own gradient hook (``Recorder.counted_as``)
-    counted_as = next((rec["counted_as"] for rec in alive.values() if rec.get("counted_as")),
-                      "DDP's gradient all-reduce on its C++ path")
+    counted_as = next((rec["counted_as"] for rec in alive.values() if rec.get("counted_as")), CPP_PATH)
     # and their last counts with those of the ranks that stopped answering: one short of the live ranks' is behind
     # (no count: it stopped before its first step)
     last = {**counted, **{r: alive[r].get("group_seq") or 0 for r in stopped}}
