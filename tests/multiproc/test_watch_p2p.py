@@ -96,7 +96,8 @@ def _run(tmp_path: Path, script: str, *args: str) -> tuple[subprocess.CompletedP
 def test_an_unanswered_receive_is_named_with_its_peer(how: str, op: str, rank0: str, tmp_path: Path) -> None:
     """Rank 1 waits in a receive from rank 0 that never comes (blocking, a wait on irecv's request, or on a batch's):
     the report names the call, rank 1 and rank 0 (alive, no send posted, and where it is: the same place the lines
-    above say), within the deadline + 10 s, and every rank stops (exit 3)."""
+    above say), within the deadline + 10 s, and every rank stops (exit 3). The stacks show the script's frames and
+    torch's, not the watch's wrappers of torch's functions."""
     res, events = _run(tmp_path, UNANSWERED, how, rank0)
     out = res.stdout + res.stderr
     fault = float(next(x for x in res.stdout.splitlines() if "FAULT " in x).split("FAULT ")[1])
@@ -114,6 +115,8 @@ def test_an_unanswered_receive_is_named_with_its_peer(how: str, op: str, rank0: 
     if rank0 == "step":  # the line above it says the same: rank 0 waits in that collective
         assert f"rank 0 on {HOST} has issued it (up to #{said.group(1)}) and waits for it to complete" in out, \
             out[-6000:]
+    stacks = "".join(hangs[0]["stacks"].values())
+    assert "job.py\", line" in stacks and "watch/p2p.py" not in stacks and "watch/hooks.py" not in stacks, stacks
     assert hangs[0]["p2p"]["1"]["peers"] == [["recv", 0]]
     assert "DESYNC" not in out and "backend-level hang" not in out, out[-6000:]
     if rank0 == "sleep":  # both ranks are at the same collective count: nobody is behind in one

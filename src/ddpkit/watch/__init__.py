@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 from ddpkit.base.log import get_logger
 from ddpkit.process.exiting import caused_by_peer
 from ddpkit.process.worker_context import WorkerContext
+from ddpkit.watch.frames import hide_wrappers
 from ddpkit.watch.options import MIN_SILENT_S, WatchOptions
 from ddpkit.watch.recorder import Live
 
@@ -233,6 +234,7 @@ def note_exception(exc: BaseException | None = None) -> None:
     session = _session
     if session is None:
         return
+    hide_wrappers(exc)  # the traceback a user reads: the user's frames and torch's
     monitor = session.monitor
     if monitor is not None:
         monitor.await_abort()  # under an abort the exception is its doing: the rank exits 3, not 1
@@ -266,7 +268,11 @@ def _user_site(exc: BaseException) -> str:
 
 def _excepthook(kind: type[BaseException], value: BaseException, tb: types.TracebackType | None) -> None:
     note_exception(value)
-    _saved_excepthook(kind, value, tb)
+    if tb is not None and tb is not value.__traceback__:  # another's traceback to print: as it was given
+        _saved_excepthook(kind, value, tb)
+        return
+    hide_wrappers(value)
+    _saved_excepthook(kind, value, value.__traceback__)
 
 
 def _at_exit() -> None:

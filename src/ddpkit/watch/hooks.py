@@ -29,6 +29,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ddpkit.watch import p2p
+from ddpkit.watch.frames import hide_wrappers
 from ddpkit.watch.p2p import POINT_TO_POINT
 from ddpkit.watch.recorder import CALLERS, Caller, Live, Recorder, call_site, caller
 
@@ -136,9 +137,13 @@ class Hooks:
 
         @functools.wraps(original)
         def init_process_group(*args: Any, **kwargs: Any) -> Any:
-            out = original(*args, **kwargs)
-            self.on_init({**dict(zip(params, args, strict=False)), **kwargs})
-            return out
+            try:
+                out = original(*args, **kwargs)
+                self.on_init({**dict(zip(params, args, strict=False)), **kwargs})
+                return out
+            except BaseException as exc:
+                hide_wrappers(exc)  # the user's frames and torch's only
+                raise
 
         return init_process_group
 
@@ -160,38 +165,42 @@ class Hooks:
 
         @functools.wraps(original)
         def collective(*args: Any, **kwargs: Any) -> Any:
-            rec = live.recorder
-            if rec is None:
-                return original(*args, **kwargs)
-            state = callers.get(thread_id()) or caller()
-            if state.depth:
-                return original(*args, **kwargs)
-            group = kwargs.get("group", args[group_at] if group_at is not None and len(args) > group_at else None)
-            if group is not None:
-                import torch.distributed as dist
-
-                if group is not dist.GroupMember.WORLD:
-                    return original(*args, **kwargs)
-            is_async = kwargs.get("async_op", args[async_at] if async_at is not None and len(args) > async_at
-                                  else False)
-            call = rec.enter((name, _nbytes(args[0] if args else next(iter(kwargs.values()), None)),
-                              call_site(rec.skip)))
-            state.depth = True
             try:
-                out = original(*args, **kwargs)
-            except BaseException as exc:
-                rec.fail(call, exc)
-                raise
-            finally:
-                state.depth = False
-            if is_async and out is not None:
+                rec = live.recorder
+                if rec is None:
+                    return original(*args, **kwargs)
+                state = callers.get(thread_id()) or caller()
+                if state.depth:
+                    return original(*args, **kwargs)
+                group = kwargs.get("group", args[group_at] if group_at is not None and len(args) > group_at else None)
+                if group is not None:
+                    import torch.distributed as dist
+
+                    if group is not dist.GroupMember.WORLD:
+                        return original(*args, **kwargs)
+                is_async = kwargs.get("async_op", args[async_at] if async_at is not None and len(args) > async_at
+                                      else False)
+                call = rec.enter((name, _nbytes(args[0] if args else next(iter(kwargs.values()), None)),
+                                  call_site(rec.skip)))
+                state.depth = True
                 try:
-                    call[2] = out.get_future()  # completed when it is done, seen at the next step or heartbeat
-                except RuntimeError:  # a Work without a future: counted done once issued
+                    out = original(*args, **kwargs)
+                except BaseException as exc:
+                    rec.fail(call, exc)
+                    raise
+                finally:
+                    state.depth = False
+                if is_async and out is not None:
+                    try:
+                        call[2] = out.get_future()  # completed when it is done, seen at the next step or heartbeat
+                    except RuntimeError:  # a Work without a future: counted done once issued
+                        rec.done(call)
+                else:
                     rec.done(call)
-            else:
-                rec.done(call)
-            return out
+                return out
+            except BaseException as exc:
+                hide_wrappers(exc)  # the user's frames and torch's only
+                raise
 
         collective._ddpkit_original = original  # type: ignore[attr-defined]  # for a hook that counts itself
         return collective
@@ -272,16 +281,20 @@ class Hooks:
 
         @functools.wraps(original)
         def forward(model: Any, *args: Any, **kwargs: Any) -> Any:
-            rec = live.recorder
-            if rec is not None:
-                state = model.__dict__
-                if state.get("_ddpkit_seen") is not rec:  # its first forward under this watch
-                    if not state.get("_ddpkit_watched"):
-                        _watch_hookless(model, rec)
-                    model._ddpkit_seen = rec
-                if model.training and grad_enabled():
-                    rec.step()
-            return original(model, *args, **kwargs)
+            try:
+                rec = live.recorder
+                if rec is not None:
+                    state = model.__dict__
+                    if state.get("_ddpkit_seen") is not rec:  # its first forward under this watch
+                        if not state.get("_ddpkit_watched"):
+                            _watch_hookless(model, rec)
+                        model._ddpkit_seen = rec
+                    if model.training and grad_enabled():
+                        rec.step()
+                return original(model, *args, **kwargs)
+            except BaseException as exc:
+                hide_wrappers(exc)  # the user's frames and torch's only
+                raise
 
         return forward
 
@@ -291,11 +304,15 @@ class Hooks:
 
         @functools.wraps(original)
         def set_epoch(sampler: Any, epoch: int) -> None:
-            rec = live.recorder
-            if rec is not None:
-                with contextlib.suppress(TypeError):  # an epoch that is no integer places nothing
-                    rec.epoch_began(operator.index(epoch))
-            original(sampler, epoch)
+            try:
+                rec = live.recorder
+                if rec is not None:
+                    with contextlib.suppress(TypeError):  # an epoch that is no integer places nothing
+                        rec.epoch_began(operator.index(epoch))
+                original(sampler, epoch)
+            except BaseException as exc:
+                hide_wrappers(exc)  # the user's frames and torch's only
+                raise
 
         return set_epoch
 
@@ -304,10 +321,14 @@ class Hooks:
 
         @functools.wraps(original)
         def loading(*args: Any, **kwargs: Any) -> Any:
-            rec = live.recorder
-            if rec is not None:
-                rec.state_loaded()
-            return original(*args, **kwargs)
+            try:
+                rec = live.recorder
+                if rec is not None:
+                    rec.state_loaded()
+                return original(*args, **kwargs)
+            except BaseException as exc:
+                hide_wrappers(exc)  # the user's frames and torch's only
+                raise
 
         return loading
 

@@ -30,6 +30,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from ddpkit.watch.frames import hide_wrappers
 from ddpkit.watch.recorder import CALLERS, Caller, Live, P2PCall, Recorder, caller
 
 __all__ = ["POINT_TO_POINT", "batch", "failed", "general", "issue", "point_to_point", "wait", "world"]
@@ -44,32 +45,36 @@ _HERE = os.path.dirname(__file__)  # as recorder.py names the watch's folder
 #: book is ``live.p2p`` (None: no watch, or its first call not made: the general path).
 _PER_CALL = '''\
 def {name}(tensor, {peer}=None, group=None, tag=0, group_{peer}=None):
-    p = live.p2p
-    if p is None:
-        return general(tensor, {peer}, group, tag, group_{peer})
-    state = callers.get(thread_id()) or caller()
-    if state.depth or group is not None and group is not p.world:  # nested in a watched call, or a sub-group's
-        return original(tensor, {peer}, group, tag, group_{peer})
-    peer = {peer} if {peer} is not None else group_{peer}
-    posted = p.{direction}
-    seq = posted[peer] = posted.get(peer, 0) + 1
-    about = ("{name}", (("{direction}", peer),), seq, None, 0)
-{opened}    state.depth = True
     try:
-        out = original(tensor, {peer}, group, tag, group_{peer})
+        p = live.p2p
+        if p is None:
+            return general(tensor, {peer}, group, tag, group_{peer})
+        state = callers.get(thread_id()) or caller()
+        if state.depth or group is not None and group is not p.world:  # nested in a watched call, or a sub-group's
+            return original(tensor, {peer}, group, tag, group_{peer})
+        peer = {peer} if {peer} is not None else group_{peer}
+        posted = p.{direction}
+        seq = posted[peer] = posted.get(peer, 0) + 1
+        about = ("{name}", (("{direction}", peer),), seq, None, 0)
+{opened}        state.depth = True
+        try:
+            out = original(tensor, {peer}, group, tag, group_{peer})
+        except BaseException as exc:
+            failed(live, {blocked}, about, exc)
+            raise
+        finally:
+            state.depth = False
+{closed}        p.returned += 1
+        return out
     except BaseException as exc:
-        failed(live, {blocked}, about, exc)
+        hide(exc)  # the user's frames and torch's only
         raise
-    finally:
-        state.depth = False
-{closed}    p.returned += 1
-    return out
 '''
 #: What differs by kind: a blocking call (True) is open while it runs; an async one's request is remembered.
-_KIND = {True: {"opened": "    state.since = monotonic()\n    state.call = about\n", "blocked": "state",
-                "closed": "    state.call = None\n"},
+_KIND = {True: {"opened": "        state.since = monotonic()\n        state.call = about\n", "blocked": "state",
+                "closed": "        state.call = None\n"},
          False: {"opened": "", "blocked": "None",
-                 "closed": "    if out is not None:\n        p.requests[out] = about\n"}}
+                 "closed": "        if out is not None:\n            p.requests[out] = about\n"}}
 
 
 def point_to_point(live: Live, name: str, original: Callable[..., Any]) -> Callable[..., Any]:
@@ -86,7 +91,7 @@ def point_to_point(live: Live, name: str, original: Callable[..., Any]) -> Calla
         return slow
     namespace: dict[str, Any] = {
         "live": live, "original": original, "general": slow, "callers": CALLERS, "caller": caller,
-        "thread_id": threading.get_ident, "monotonic": time.monotonic, "failed": failed}
+        "thread_id": threading.get_ident, "monotonic": time.monotonic, "failed": failed, "hide": hide_wrappers}
     # its file is named in the watch's folder, whose frames a call site skips; its lines show in a traceback
     source = _PER_CALL.format(name=name, peer=peer_arg, direction="send" if peer_arg == "dst" else "recv",
                               **_KIND[name in ("send", "recv")])
@@ -107,20 +112,24 @@ def general(live: Live, name: str, original: Callable[..., Any]) -> Callable[...
 
     @functools.wraps(original)
     def point_to_point(*args: Any, **kwargs: Any) -> Any:
-        rec = live.recorder
-        if rec is None or caller().depth:
-            return original(*args, **kwargs)
-        group = kwargs.get("group", args[group_at] if group_at is not None and len(args) > group_at else None)
-        if group is not None and group is not (rec.p2p.world or world(rec)):
-            return original(*args, **kwargs)  # a sub-group's calls pass unwatched, as its collectives do
-        peer = kwargs.get(peer_arg, args[peer_at] if peer_at is not None and len(args) > peer_at else None)
-        if peer is None:
-            peer = kwargs.get(group_peer)
-        about = rec.p2p_post(name, ((direction, peer),), sys._getframe(1))
-        out = issue(live, rec, about, 1, blocking, original, args, kwargs)
-        if not blocking and out is not None:
-            rec.p2p.requests[out] = about
-        return out
+        try:
+            rec = live.recorder
+            if rec is None or caller().depth:
+                return original(*args, **kwargs)
+            group = kwargs.get("group", args[group_at] if group_at is not None and len(args) > group_at else None)
+            if group is not None and group is not (rec.p2p.world or world(rec)):
+                return original(*args, **kwargs)  # a sub-group's calls pass unwatched, as its collectives do
+            peer = kwargs.get(peer_arg, args[peer_at] if peer_at is not None and len(args) > peer_at else None)
+            if peer is None:
+                peer = kwargs.get(group_peer)
+            about = rec.p2p_post(name, ((direction, peer),), sys._getframe(1))
+            out = issue(live, rec, about, 1, blocking, original, args, kwargs)
+            if not blocking and out is not None:
+                rec.p2p.requests[out] = about
+            return out
+        except BaseException as exc:
+            hide_wrappers(exc)  # the user's frames and torch's only
+            raise
 
     point_to_point._ddpkit_original = original  # type: ignore[attr-defined]
     return point_to_point
@@ -132,23 +141,27 @@ def batch(live: Live, wrappers: dict[Callable[..., Any], Callable[..., Any]],
 
     @functools.wraps(original)
     def batch_isend_irecv(p2p_op_list: Any) -> Any:
-        for op in p2p_op_list if isinstance(p2p_op_list, list) else ():
-            known: Any = getattr(op, "op", None)
-            if known in wrappers:  # torch tells a send from a receive by identity with its isend: the watch's now
-                op.op = wrappers[known]
-        rec = live.recorder
-        if rec is None or caller().depth or not isinstance(p2p_op_list, list) or not p2p_op_list:
-            return original(p2p_op_list)
-        group = getattr(p2p_op_list[0], "group", None)
-        if group is not None and group is not (rec.p2p.world or world(rec)):
-            return original(p2p_op_list)
-        peers = tuple(("send" if "send" in getattr(op.op, "__name__", "") else "recv", op.peer)
-                      for op in p2p_op_list)
-        about = rec.p2p_post("batch_isend_irecv", peers, sys._getframe(1))
-        works = issue(live, rec, about, len(peers), False, original, (p2p_op_list,), {})
-        for work in works or ():
-            rec.p2p.requests[work] = about
-        return works
+        try:
+            for op in p2p_op_list if isinstance(p2p_op_list, list) else ():
+                known: Any = getattr(op, "op", None)
+                if known in wrappers:  # torch tells a send from a receive by identity with its isend: the watch's now
+                    op.op = wrappers[known]
+            rec = live.recorder
+            if rec is None or caller().depth or not isinstance(p2p_op_list, list) or not p2p_op_list:
+                return original(p2p_op_list)
+            group = getattr(p2p_op_list[0], "group", None)
+            if group is not None and group is not (rec.p2p.world or world(rec)):
+                return original(p2p_op_list)
+            peers = tuple(("send" if "send" in getattr(op.op, "__name__", "") else "recv", op.peer)
+                          for op in p2p_op_list)
+            about = rec.p2p_post("batch_isend_irecv", peers, sys._getframe(1))
+            works = issue(live, rec, about, len(peers), False, original, (p2p_op_list,), {})
+            for work in works or ():
+                rec.p2p.requests[work] = about
+            return works
+        except BaseException as exc:
+            hide_wrappers(exc)  # the user's frames and torch's only
+            raise
 
     batch_isend_irecv._ddpkit_original = original  # type: ignore[attr-defined]
     return batch_isend_irecv
@@ -163,31 +176,35 @@ def wait(live: Live, original: Callable[..., Any]) -> Callable[..., Any]:
 
     @functools.wraps(original)
     def wait(work: Any, timeout: Any = _NO_TIMEOUT) -> Any:
-        p = live.p2p
-        if p is None:  # before the first call learned (its request is in the recorder's book), or no watch
-            rec = live.recorder
-            if rec is None:
-                return original(work) if timeout is _NO_TIMEOUT else original(work, timeout)
-            p = rec.p2p
-        if not p.requests:
-            return original(work) if timeout is _NO_TIMEOUT else original(work, timeout)
-        state = callers.get(thread_id()) or caller()
-        about = None if state.depth else p.requests.pop(work, None)
-        if about is None:  # a collective's request, one waited for already, or a wait inside a watched call
-            return original(work) if timeout is _NO_TIMEOUT else original(work, timeout)
-        state.since = monotonic()
-        state.call = about
-        state.depth = True
         try:
-            out = original(work) if timeout is _NO_TIMEOUT else original(work, timeout)
+            p = live.p2p
+            if p is None:  # before the first call learned (its request is in the recorder's book), or no watch
+                rec = live.recorder
+                if rec is None:
+                    return original(work) if timeout is _NO_TIMEOUT else original(work, timeout)
+                p = rec.p2p
+            if not p.requests:
+                return original(work) if timeout is _NO_TIMEOUT else original(work, timeout)
+            state = callers.get(thread_id()) or caller()
+            about = None if state.depth else p.requests.pop(work, None)
+            if about is None:  # a collective's request, one waited for already, or a wait inside a watched call
+                return original(work) if timeout is _NO_TIMEOUT else original(work, timeout)
+            state.since = monotonic()
+            state.call = about
+            state.depth = True
+            try:
+                out = original(work) if timeout is _NO_TIMEOUT else original(work, timeout)
+            except BaseException as exc:
+                failed(live, state, about, exc)
+                raise
+            finally:
+                state.depth = False
+            state.call = None
+            p.returned += 1
+            return out
         except BaseException as exc:
-            failed(live, state, about, exc)
+            hide_wrappers(exc)  # the user's frames and torch's only
             raise
-        finally:
-            state.depth = False
-        state.call = None
-        p.returned += 1
-        return out
 
     return wait
 

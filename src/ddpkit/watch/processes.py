@@ -17,6 +17,7 @@ from typing import NoReturn
 from ddpkit.base.errors import EXIT_MISSING
 from ddpkit.process.exiting import flush_files
 from ddpkit.process.worker_context import process_started_at
+from ddpkit.watch.frames import user_frames
 
 __all__ = ["STACK_WAIT_S", "end_stopped", "ended_by_watch", "listening_pid", "process_state", "python_stacks",
            "stop_rank", "write_lines"]
@@ -81,15 +82,16 @@ def listening_pid(port: int) -> int | None:
 
 
 def python_stacks() -> str:
-    """Every thread's Python stack in this process but the watch's own threads (``sys._current_frames``: it needs
-    the GIL, which a rank waiting in a collective has released)."""
+    """Every thread's Python stack in this process but the watch's own threads, without the watch's wrappers of
+    torch's functions (``sys._current_frames``: it needs the GIL, which a rank waiting in a collective has
+    released)."""
     names = {t.ident: t.name for t in threading.enumerate()}
     me = threading.get_ident()
     parts = []
     for ident, frame in sys._current_frames().items():
         if ident == me or names.get(ident, "").startswith("ddpkit-watch"):
             continue
-        frames = [f for f in traceback.extract_stack(frame) if not f.filename.startswith(_LAUNCH)]
+        frames = [f for f in user_frames(traceback.extract_stack(frame)) if not f.filename.startswith(_LAUNCH)]
         # the command's or the user's frames: after the runner's (a script under ``ddpkit run`` begins at its own)
         starts = [i for i, f in enumerate(frames) if f.filename in _RUNNERS]
         frames = frames[starts[-1] + 1:] if starts else frames
