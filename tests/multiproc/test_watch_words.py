@@ -1,11 +1,13 @@
-"""What the watch says about ranks that left, and the user's tracebacks (issue 44, items 6 and 7), on real ranks under
-``ddpkit run -n 2``: a rank that finished is said to have finished, not to be gone; the watch's wrappers of torch's
-functions (``watch/hooks.py``, ``watch/p2p.py``) are in no traceback a user reads. (A rank ddpkit stopped, named so
+"""What the watch says about ranks that left, the user's tracebacks, and the summary's step times (issue 44, items 6
+and 7), on real ranks under ``ddpkit run -n 2``: a rank that finished is said to have finished, not to be gone; the
+watch's wrappers of torch's functions (``watch/hooks.py``, ``watch/p2p.py``) are in no traceback a user reads; a
+single stall, which the sampled p99 passes over, is the summary's longest step. (A rank ddpkit stopped, named so
 under mpirun: tests/infra/test_watch_launchers.py; a ``recv`` report's words and stacks: test_watch_p2p.py.)
 """
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -99,3 +101,34 @@ def test_tracebacks_show_the_users_frames_and_torchs_not_the_watchs(mode: str, t
     shown = (logs / "rank-1.stderr.log").read_text()
     assert 'job.py", line' in shown and "ValueError: a bad batch" in shown, shown
     assert "ddpkit/watch/" not in shown, shown
+
+
+# every rank takes 60 steps; after step 25 rank 0 stalls 3 s outside any collective (a slow write), rank 1 waits in
+# the next step's all-reduce: one stall in 60 steps, in a step the watch does not time (one in ten is)
+STALLS = """
+import time
+import torch, torch.distributed as dist
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(16, 16))
+for step in range(60):
+    model(torch.randn(4, 16)).sum().backward()
+    if step == 25 and rank == 0:
+        time.sleep(3)
+    time.sleep(0.005)
+dist.destroy_process_group()
+"""
+
+
+def test_the_summary_shows_a_single_stall_that_p99_hides(tmp_path: Path) -> None:
+    script, events = tmp_path / "stalls.py", tmp_path / "events.jsonl"
+    script.write_text(STALLS)
+    res = run_ddpkit("run", "-n", "2", "--events", str(events), "--", str(script), timeout=120)
+    out = res.stdout + res.stderr
+    assert res.returncode == 0, out[-4000:]
+    summary = next(json.loads(x) for x in events.read_text().splitlines() if '"summary"' in x)
+    rank_0 = summary["ranks"]["0"]
+    assert rank_0["step_p99_s"] < 1 and rank_0["step_max_s"] >= 3 and rank_0["step_max_at"] == 25, summary
+    assert summary["hosts"][HOST]["step_max_s"] >= 3, summary
+    assert re.search(r"^\[\S+\]\s+0\s+" + HOST + r"\s+60\s.*\s3\.\d s \(step 25\)", out, re.M), out[-4000:]
+    assert re.search(rf"host {HOST}: ranks 0 and 1, .*longest 3\.\d s \(step 2[56], rank [01]\)", out), out[-4000:]

@@ -380,14 +380,17 @@ def straggler(records: Mapping[int, Record], share: float) -> tuple[str, dict[st
 
 
 def summary_lines(records: Mapping[int, Record]) -> tuple[list[str], dict[str, Any]]:
-    """Per rank and per host: steps, step time p50/p99 (ms) and the share of a step spent in gradient sync
-    (``n/a`` where no gradient sync was sampled). A host's p50 is the median of its ranks' p50s, its p99 the largest
-    of their p99s, its wait the mean of its sampled ranks'."""
+    """Per rank and per host: steps, step time p50/p99 (ms), the longest step after the first with its number, and
+    the share of a step spent in gradient sync (``n/a`` where no gradient sync was sampled). The percentiles come
+    from one step in ten (``recorder.SAMPLE_EVERY``) and a p99 passes over a single stall; the longest is every
+    step's. A host's p50 is the median of its ranks' p50s, its p99 and longest the largest of its ranks', its wait the
+    mean of its sampled ranks'."""
     rows = {r: rec["timings"] for r, rec in sorted(records.items()) if _timed(rec["timings"]) > 0}
     if not rows:
         return [], {}
-    lines = ["ddpkit watch: summary (step = one DDP forward to the next; wait = time in gradient sync)",
-             f"  {'rank':>4}  {'host':<16} {'steps':>6} {'p50 ms':>9} {'p99 ms':>9} {'wait':>6}"]
+    lines = ["ddpkit watch: summary (step = one DDP forward to the next; wait = time in gradient sync; longest = the "
+             "longest step after the first)",
+             f"  {'rank':>4}  {'host':<16} {'steps':>6} {'p50 ms':>9} {'p99 ms':>9} {'longest':>22} {'wait':>6}"]
     event: dict[str, Any] = {"event": "summary", "ranks": {}, "hosts": {}}
     hosts: dict[str, list[int]] = defaultdict(list)
     for r, t in rows.items():
@@ -396,19 +399,32 @@ def summary_lines(records: Mapping[int, Record]) -> tuple[list[str], dict[str, A
         sampled = t.get("sync_samples", 1) > 0 and t["step_mean"] > 0
         wait = round(t["sync_mean"] / t["step_mean"], 4) if sampled else None
         lines.append(f"  {r:>4}  {host:<16} {t['steps']:>6} {t['step_p50'] * 1e3:>9.2f} {t['step_p99'] * 1e3:>9.2f} "
-                     f"{_share(wait):>6}")
+                     f"{_longest(t):>22} {_share(wait):>6}")
         event["ranks"][str(r)] = {"host": host, "steps": t["steps"], "step_p50_s": t["step_p50"],
-                                  "step_p99_s": t["step_p99"], "wait_share": wait}
+                                  "step_p99_s": t["step_p99"], "step_max_s": t.get("step_max"),
+                                  "step_max_at": t.get("step_max_at"), "wait_share": wait}
     for host, ranks in sorted(hosts.items()):
         p50 = sorted(rows[r]["step_p50"] for r in ranks)[len(ranks) // 2]
         p99 = max(rows[r]["step_p99"] for r in ranks)
+        slowest = max(ranks, key=lambda r: rows[r].get("step_max", 0.0))
         shares = [event["ranks"][str(r)]["wait_share"] for r in ranks]
         shares = [w for w in shares if w is not None]
         wait = round(sum(shares) / len(shares), 4) if shares else None
-        lines.append(f"  host {host}: {rank_list(ranks)}, step p50 {p50 * 1e3:.2f} ms, p99 {p99 * 1e3:.2f} ms, "
-                     f"wait {_share(wait)}")
-        event["hosts"][host] = {"ranks": ranks, "step_p50_s": p50, "step_p99_s": p99, "wait_share": wait}
+        longest = f", longest {_longest(rows[slowest], rank=slowest)}" if "step_max" in rows[slowest] else ""
+        lines.append(f"  host {host}: {rank_list(ranks)}, step p50 {p50 * 1e3:.2f} ms, p99 {p99 * 1e3:.2f} ms"
+                     f"{longest}, wait {_share(wait)}")
+        event["hosts"][host] = {"ranks": ranks, "step_p50_s": p50, "step_p99_s": p99,
+                                "step_max_s": rows[slowest].get("step_max"), "wait_share": wait}
     return lines, event
+
+
+def _longest(timings: Mapping[str, Any], rank: int | None = None) -> str:
+    """``75.2 s (step 21)``, ``31.40 ms (step 7, rank 1)``; ``n/a`` before a second step ended."""
+    if "step_max" not in timings:
+        return "n/a"
+    seconds = float(timings["step_max"])
+    took = f"{seconds:.1f} s" if seconds >= 1 else f"{seconds * 1e3:.2f} ms"
+    return f"{took} (step {timings['step_max_at']}{'' if rank is None else f', rank {rank}'})"
 
 
 def _share(wait: float | None) -> str:

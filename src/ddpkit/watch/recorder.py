@@ -46,7 +46,8 @@ RECENT = 8
 #: Step time and gradient-sync time are measured on one step in this many (each bucket's Future timed through a
 #: ``then``, which costs about 20 us a step); for a model on DDP's C++ path, DDP's own runtime statistics.
 SAMPLE_EVERY = 10
-_wall = time.time  # a module global: one lookup in every step
+_wall = time.time  # module globals: one lookup in every step
+_monotonic = time.monotonic
 #: DDP samples its runtime statistics (the gradient-sync time, for the straggler check) one iteration in this many
 #: (its default), and the watch reads the statistic as often: the job pays nothing for the sampling ...
 DDP_SAMPLE_RATE = 100
@@ -168,6 +169,11 @@ class Recorder:
         self.sync_total = 0.0  # the sampled gradient-sync times, summed, and how many (``watch.steplines``)
         self.sync_samples = 0
         self._step_start: float | None = None
+        self._began = 0.0  # when the current step began (monotonic)
+        self.longest: tuple[float, int] = (0.0, 0)
+        """The longest step after the first, every step measured (the percentiles come from one step in SAMPLE_EVERY,
+        and a single stall, a 75 s checkpoint, is in none of them): seconds, and its number as the watch's reports
+        give it (counted from 0, as a script's loop: the step begun by the k-th forward is step k - 1)."""
         self.step_times: deque[float] = deque(maxlen=WINDOW)
         self.sync_times: deque[float] = deque(maxlen=WINDOW)
         self.sampling = False
@@ -398,6 +404,10 @@ class Recorder:
                     else:
                         self.fail(call, error)
         n = self.steps + 1
+        now = _monotonic()
+        if now - self._began > self.longest[0] and n > 2:  # the step begun by forward n - 1 ended
+            self.longest = (now - self._began, n - 2)
+        self._began = now
         self.step_at = _wall()
         self.steps = n
         if n % SAMPLE_EVERY <= 1:
@@ -481,15 +491,21 @@ class Recorder:
 
     # -- what the monitor publishes ---------------------------------------------------------------------------
     def timings(self) -> Timings:
-        """``steps`` begun, ``timed`` (one in SAMPLE_EVERY), their p50 / p99 / mean, and the gradient-sync samples."""
+        """``steps`` begun, ``timed`` (one in SAMPLE_EVERY), their p50 / p99 / mean, the gradient-sync samples, and the
+        longest step after the first (``step_max``, its number ``step_max_at``), once one ended."""
         with self._lock:
             steps, syncs = list(self.step_times), list(self.sync_times)
-        if not steps:
-            return {"steps": self.steps, "timed": 0}
-        return {"steps": self.steps, "timed": len(steps), "step_p50": _percentile(steps, 0.5),
-                "step_p99": _percentile(steps, 0.99),
-                "sync_samples": len(syncs), "sync_p50": _percentile(syncs, 0.5) if syncs else 0.0,
-                "sync_mean": sum(syncs) / len(syncs) if syncs else 0.0, "step_mean": sum(steps) / len(steps)}
+        longest, at = self.longest
+        out: Timings = {"steps": self.steps, "timed": len(steps)}
+        if at:
+            out["step_max"], out["step_max_at"] = longest, at
+        if steps:
+            out["step_p50"], out["step_p99"] = _percentile(steps, 0.5), _percentile(steps, 0.99)
+            out["step_mean"] = sum(steps) / len(steps)
+            out["sync_samples"] = len(syncs)
+            out["sync_p50"] = _percentile(syncs, 0.5) if syncs else 0.0
+            out["sync_mean"] = sum(syncs) / len(syncs) if syncs else 0.0
+        return out
 
     def record(self, beat: int, *, final: bool = False) -> Heartbeat:
         self.sweep()

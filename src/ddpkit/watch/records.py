@@ -27,7 +27,8 @@ Phase = TypedDict("Phase", {"name": str, "for": float, "deadline": float | None}
 
 
 class Timings(TypedDict, total=False):
-    """Step times (seconds): ``steps`` begun, ``timed`` (one in SAMPLE_EVERY); the rest once a step was timed."""
+    """Step times (seconds): ``steps`` begun, ``timed`` (one in SAMPLE_EVERY); the percentiles and means once a step
+    was timed; the longest step after the first, every step measured, once one ended."""
 
     steps: int
     timed: int
@@ -37,6 +38,8 @@ class Timings(TypedDict, total=False):
     sync_samples: int
     sync_p50: float
     sync_mean: float
+    step_max: float
+    step_max_at: int
 
 
 class _Later(TypedDict, total=False):
