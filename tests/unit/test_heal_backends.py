@@ -9,7 +9,8 @@ import logging
 from pathlib import Path
 
 from ddpkit.heal.classify import FailureClass, classify
-from ddpkit.heal.elastic import Excluded, ExclusionList, _TorchFailures, stop_together
+from ddpkit.heal.elastic import stop_together
+from ddpkit.heal.elastic_round import Excluded, ExclusionList, _TorchFailures
 from ddpkit.heal.k8s import PodEnd, record_attempt
 from ddpkit.heal.k8s import evidence_of as pods_evidence
 from ddpkit.heal.mpi import MpiAttempt
