@@ -78,3 +78,13 @@ def test_each_append_reaches_the_disk_before_it_returns(tmp_path: Path, monkeypa
     assert len(synced) == 2  # the line, and the directory that now holds the new file
     Ledger(tmp_path / "new").append(AttemptStarted(attempt=2, time=1.0, hosts=("vm",), ranks=2))
     assert len(synced) == 3
+
+
+def test_the_supervisors_command_is_the_ranks_ddpkit_command_line_for_every_backend() -> None:
+    from ddpkit.rundir.ledger import ranks_command
+
+    # Slurm's supervisor is handed the ranks' whole program line; the one-host supervisor and mpirun's record the
+    # same words: what follows ``ddpkit`` (the report prints it after "ddpkit")
+    assert ranks_command(("/venv/bin/python", "-m", "ddpkit", "train", "--epochs", "5")) == ("train", "--epochs", "5")
+    assert ranks_command(("/venv/bin/ddpkit", "run", "--", "job.py")) == ("run", "--", "job.py")
+    assert ranks_command(("./my_launcher.sh", "x")) == ("./my_launcher.sh", "x")  # not ddpkit: said whole

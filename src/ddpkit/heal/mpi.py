@@ -42,6 +42,7 @@ from ddpkit.heal.classify import Evidence, RankEvidence
 from ddpkit.heal.evidence import rank_ended, tracebacks_of, watch_of, with_exceptions
 from ddpkit.heal.nodepool import NodePool
 from ddpkit.heal.policy import HealPolicy
+from ddpkit.jobs.spec import DDPKIT_COMMANDS
 from ddpkit.launcher_output import RankEnded, SilentRank, WatchLine
 from ddpkit.launcher_output.openmpi import OpenMpiReader
 from ddpkit.process.worker_context import HEAL_SILENT_S
@@ -50,6 +51,7 @@ from ddpkit.rundir.ledger import HostExcluded, Ledger, SupervisorStarted
 
 if TYPE_CHECKING:
     from ddpkit.jobs.spec import JobSpec
+
 
 __all__ = ["EXIT_NO_HOSTS", "MpiAttempt", "evidence_of", "main", "supervise"]
 
@@ -111,7 +113,9 @@ def supervise(spec: JobSpec, *, run_dir: Path | None = None) -> int:
     say(f"ddpkit heal: run directory {run_dir} (ledger {ledger.path.name}); hosts {', '.join(spec.hosts)}, "
         f"{shape.max_nodes} per attempt ({shape.min_nodes} at least); up to {policy.max_attempts} attempt(s)")
     ledger.append(SupervisorStarted(time=time.time(), pid=os.getpid(), host=os.uname().nodename.split(".")[0],
-                                    max_attempts=policy.max_attempts, command=spec.argv))
+                                    max_attempts=policy.max_attempts,
+                                    command=spec.command if spec.command[0] in DDPKIT_COMMANDS
+                                    else ("run", "--", *spec.command)))
     attempts = Attempts(ledger=ledger, policy=policy, style=Style.HOSTS, pool=pool)
     return attempts.run(_MpirunAttempts(spec, RunDir(run_dir), pool, policy), ranks_per_host=shape.nproc_per_node)
 

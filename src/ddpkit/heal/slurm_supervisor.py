@@ -53,6 +53,7 @@ from ddpkit.rundir.ledger import (
     Ledger,
     PreflightEnded,
     SupervisorStarted,
+    ranks_command,
 )
 
 __all__ = ["main"]
@@ -129,7 +130,7 @@ def supervise(args: argparse.Namespace) -> int:
             pool.exclude(record.host, record.reason)
     policy = HealPolicy(max_attempts=args.max_attempts)
     ledger.append(SupervisorStarted(time=time.time(), pid=os.getpid(), host=socket.gethostname().split(".")[0],
-                                    max_attempts=policy.max_attempts, command=tuple(args.program)))
+                                    max_attempts=policy.max_attempts, command=ranks_command(tuple(args.program))))
     restart = os.environ.get("SLURM_RESTART_COUNT", "0")
     spare = len(allocation) - args.nodes
     out = f", out: {', '.join(sorted(pool.bad))} (the ledger's)" if pool.bad else ""

@@ -19,7 +19,7 @@ from ddpkit.base.jsonlines import Kinds, append_to, encode
 from ddpkit.rundir.verdict import Classification
 
 __all__ = ["LEDGER", "Action", "AttemptEnded", "AttemptStarted", "FaultSeen", "HostExcluded", "Ledger",
-           "PreflightEnded", "Record", "SupervisorStarted", "read_records"]
+           "PreflightEnded", "Record", "SupervisorStarted", "ranks_command", "read_records"]
 
 LEDGER = "ledger.jsonl"
 
@@ -45,12 +45,23 @@ class SupervisorStarted:
     host: str
     max_attempts: int
     command: tuple[str, ...] = ()
-    """The command line the ranks run (ddpkit's argv)."""
+    """The ddpkit command line the ranks run, without the program's name (``train --epochs 5``, ``run -- job.py``):
+    one meaning for every backend (``ranks_command``); the report shows it after ``ddpkit``."""
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> SupervisorStarted:
         return cls(time=float(data["time"]), pid=int(data["pid"]), host=str(data["host"]),
                    max_attempts=int(data["max_attempts"]), command=tuple(data.get("command", ())))
+
+
+def ranks_command(program: tuple[str, ...]) -> tuple[str, ...]:
+    """``SupervisorStarted.command`` from the ranks' whole program line (``python -m ddpkit train ...``): the words
+    after ``ddpkit``; a program that is not ddpkit is said whole."""
+    words = list(program)
+    for i, word in enumerate(words):
+        if word == "ddpkit" or word.endswith("/ddpkit"):
+            return tuple(words[i + 1:])
+    return tuple(words)
 
 
 @dataclass(frozen=True, kw_only=True)
