@@ -5,13 +5,15 @@ namespace Slurm cluster printed (tests/infra/test_heal_slurm.py runs them for re
 from __future__ import annotations
 
 import io
+from pathlib import Path
 
 import pytest
 
 from ddpkit.heal.classify import FailureClass, classify
 from ddpkit.heal.nodepool import NodePool
+from ddpkit.heal.progress import program_progress as snapshot_step
 from ddpkit.heal.slurm_step import StepPlan, _Reader, srun_argv
-from ddpkit.heal.slurm_supervisor import snapshot_step, step_port
+from ddpkit.heal.slurm_supervisor import step_port
 
 PLAN = StepPlan(nodes=("node1", "node2"), per_node=1, program=("python", "-m", "ddpkit", "train"))
 
@@ -118,3 +120,15 @@ def test_a_preflight_report_names_its_bad_hosts_by_slurm_node(tmp_path: object) 
     report.write_text(json.dumps({"bad_hosts": [{"host": "h3", "slurm_node": "node3", "reasons": ["mtu"]},
                                                 {"host": "node9", "slurm_node": None, "reasons": ["x"]}]}))
     assert _named_bad(report, ("node1", "node3")) == ("node3",)
+
+
+def test_mpiruns_progress_reads_snapshot_path_with_an_equals_sign_too(tmp_path: Path) -> None:
+    """mpirun's supervisor read only ``--snapshot-path X``; Slurm's also ``--snapshot-path=X``: one reading now."""
+    from ddpkit.heal.mpi import _MpirunAttempts
+
+    (tmp_path / "snap.256.pt").write_bytes(b"x")
+
+    class _Spec:
+        command = ("train", f"--snapshot-path={tmp_path / 'snap.pt'}")
+
+    assert _MpirunAttempts(_Spec(), None, None, None).progress() == 256  # type: ignore[arg-type]

@@ -131,7 +131,7 @@ def test_where_it_does_not_heal_today_it_refuses(tmp_path: Path, world: str, arg
 
 
 def test_trains_progress_is_its_newest_snapshot_step(tmp_path: Path) -> None:
-    from ddpkit.heal.supervisor import newest_snapshot_step
+    from ddpkit.heal.progress import newest_snapshot_step
 
     for step in (256, 288):
         (tmp_path / f"snapshot.{step:09d}.pt").write_bytes(b"")

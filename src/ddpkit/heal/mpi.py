@@ -42,6 +42,7 @@ from ddpkit.heal.classify import Evidence, RankEvidence
 from ddpkit.heal.evidence import rank_ended, tracebacks_of, watch_of, with_exceptions
 from ddpkit.heal.nodepool import NodePool
 from ddpkit.heal.policy import HealPolicy
+from ddpkit.heal.progress import program_progress
 from ddpkit.jobs.spec import DDPKIT_COMMANDS
 from ddpkit.launcher_output import RankEnded, SilentRank, WatchLine
 from ddpkit.launcher_output.openmpi import OpenMpiReader
@@ -150,7 +151,7 @@ class _MpirunAttempts(Adapter):
         return Ended(exit_code=run.exit_code, evidence=evidence_of(run) if run.exit_code else None)
 
     def progress(self) -> int | None:
-        return _progress(self.spec)
+        return program_progress(self.spec.command)
 
     def no_hosts(self, of_session: int) -> int:
         pool = self.pool
@@ -200,16 +201,6 @@ def _run(script: str, log: Path, hosts: tuple[str, ...], nproc: int) -> MpiAttem
 def _excluded_before(ledger: Ledger) -> list[str]:
     """Hosts an earlier supervisor on this run directory took out."""
     return [r.host for r in ledger.records() if isinstance(r, HostExcluded)]
-
-
-def _progress(spec: JobSpec) -> int | None:
-    from ddpkit.heal.supervisor import newest_snapshot_step
-
-    words = list(spec.command)
-    if spec.command_name != "train" or "--snapshot-path" not in words[:-1]:
-        return None
-    path = words[words.index("--snapshot-path") + 1]
-    return newest_snapshot_step(path)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -42,6 +42,7 @@ from ddpkit.heal.attempts import EXIT_NO_HOSTS, Adapter, Attempts, Conclusion, E
 from ddpkit.heal.classify import Classification, FailureClass, classify
 from ddpkit.heal.nodepool import NodePool
 from ddpkit.heal.policy import DEFAULT_MAX_ATTEMPTS, HealPolicy
+from ddpkit.heal.progress import program_progress
 from ddpkit.heal.slurm_step import StepPlan, StepRun, run_step
 from ddpkit.launch.steplog import full_log_path
 from ddpkit.launch.stepscreen import StepScreen
@@ -180,7 +181,7 @@ class _StepAttempts(Adapter):
         return Ended(exit_code=step.exit_code, evidence=step.evidence)
 
     def progress(self) -> int | None:
-        return snapshot_step(self.args.program)
+        return program_progress(self.args.program)
 
     def drain(self, attempt: int, host: str, reason: str) -> bool:
         return self.args.on_fail == "drain" and drain(host, f"ddpkit heal: {reason}")
@@ -327,22 +328,6 @@ def step_port(job: int, step: int) -> int:
     return 20000 + (job * 10 + step) % 10000
 
 
-def snapshot_step(program: list[str] | tuple[str, ...]) -> int | None:
-    """The newest snapshot of a ``train --snapshot-path`` program, else None (progress unknown)."""
-    words = list(program)
-    if "train" not in words:
-        return None
-    path = None
-    for i, word in enumerate(words):
-        if word == "--snapshot-path" and i + 1 < len(words):
-            path = words[i + 1]
-        elif word.startswith("--snapshot-path="):
-            path = word.split("=", 1)[1]
-    if path is None:
-        return None
-    from ddpkit.heal.supervisor import newest_snapshot_step
-
-    return newest_snapshot_step(path)
 
 
 def _hostnames(nodelist: str) -> tuple[str, ...]:

@@ -32,6 +32,7 @@ from ddpkit.heal.attempts import Adapter, Attempts, Ended, Style
 from ddpkit.heal.classify import Evidence, RankEvidence, WatchReport, exception_line
 from ddpkit.heal.evidence import watch_of
 from ddpkit.heal.policy import HealPolicy
+from ddpkit.heal.progress import newest_snapshot_step
 from ddpkit.heal.request import HealRequest
 from ddpkit.launcher_output.ddpkit_lines import silent_ranks
 from ddpkit.process.worker_context import HEAL_SILENT_DEFAULT_S, HEAL_SILENT_S
@@ -183,23 +184,6 @@ def _silent_holder_in_logs(tails: list[tuple[int, str]]) -> WatchReport | None:
     logs under ``ddpkit run``. To go once that report leaves its order as the watch's other stops do."""
     silent = [rank for _, text in tails for line in text.splitlines() for rank in silent_ranks(line)]
     return watch_of(silent, hang=True) if silent else None
-
-
-def newest_snapshot_step(path: str | None) -> int | None:
-    """The run's progress: the global step of the newest snapshot file ``ddpkit train --snapshot-path PATH`` left
-    (named ``NAME.<step>.pt``; unverified: the trainer verifies it when it resumes). None for a user's script, or a
-    train run without snapshots (``path`` None): its progress is unknown."""
-    if not path:
-        return None
-    from ddpkit.train.config import snapshot_location
-    from ddpkit.train.snapshot import SnapshotDir
-
-    directory, name, ext = snapshot_location(path)
-    try:
-        found = SnapshotDir(directory, name, ext, keep=1).candidates()
-    except OSError:
-        return None
-    return found[0][0] if found else None
 
 
 def _stderr_tails(logs: str | None) -> Iterator[tuple[int, str]]:
