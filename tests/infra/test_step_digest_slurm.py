@@ -103,16 +103,17 @@ def test_one_node_stopped_the_output_names_it_first_in_a_screen(slurm_cluster: A
 
 
 def test_a_usage_error_is_one_clear_line(slurm_cluster: Any, tmp_path: Path) -> None:
-    """A missing snapshot directory: every rank refuses it; the output says it once, then one digest line, no
-    traceback of the agents."""
-    missing = tmp_path / "no such dir"
+    """A snapshot directory that cannot be made (a file stands in its way; a missing one is created): every rank
+    refuses it; the output says it once, then one digest line, no traceback of the agents."""
+    in_the_way = tmp_path / "a file"
+    in_the_way.write_text("")
     res = in_cluster(slurm_cluster, "submit", "slurm", "--wait", "-j", "2x1", "--venv", VENV, "--", "train",
-                     "--snapshot-path", f"{missing}/", cwd=tmp_path)
+                     "--snapshot-path", f"{in_the_way}/snaps/", cwd=tmp_path)
     assert res.returncode != 0, res.stdout + res.stderr
     out = _output(tmp_path, _job_id(res))
     assert "Traceback" not in out and not NOISE.search(out), out
     errors = [line for line in out.splitlines() if line.startswith("ddpkit: error:")]
-    assert len(errors) == 1 and "does not exist" in errors[0], out
+    assert len(errors) == 1 and "is not a directory" in errors[0], out
     digest = [line for line in out.splitlines() if line.startswith("ddpkit: the job step failed")]
     assert len(digest) == 1 and "failed first with exit code 2: ddpkit: error: --snapshot-path" in digest[0], out
     assert len(out.splitlines()) <= 12, out
