@@ -246,3 +246,18 @@ def test_preempted_after_an_epochs_last_step_keeps_that_epochs_loss(tmp_path: Pa
     assert train("cut", "--drill", "preempt@epoch=1").returncode == 0
     history = [json.loads((tmp_path / f"{name}.json").read_text())["loss_history"] for name in ("whole", "cut")]
     assert history[1] == history[0] and len(history[0]) == 3
+
+
+def test_under_heal_each_drill_is_told_with_its_own_resume(baseline: Path, tmp_path: Path) -> None:
+    """Two killed workers under --heal: three attempts. Each drill's line names the resume that followed it (the
+    first said the last attempt's resume step, 'lost 0 steps' and 'restarted 0 time(s)')."""
+    done, summary = _train(tmp_path, "--heal", "--run-dir", str(tmp_path / "run"), "--drill",
+                           "kill-worker@epoch=1,rank=1", "--drill", "kill-worker@epoch=3,rank=1", timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert summary is not None and summary["restarts"] == 2, summary
+    first, second = sorted(summary["drills"], key=lambda d: d["fired_at_step"])
+    assert first["resumed_at_step"] < first["fired_at_step"] < second["resumed_at_step"] < second["fired_at_step"]
+    for d in (first, second):
+        assert d["lost_steps"] == d["fired_at_step"] - d["resumed_at_step"] > 0 and d["within_interval"], d
+    assert f"resumed at step {first['resumed_at_step']}; lost {first['lost_steps']} steps" in done.stdout
+    assert same_state(_final(tmp_path)[1], _final(baseline)[1])

@@ -189,9 +189,11 @@ def _report(summary: RunSummary) -> None:
         + (f" (resumed at epoch {resumed.epoch}, step {resumed.global_step})" if resumed else "")
         + f"; restarts: {summary.restarts}")
     for d in summary.drills:
-        say(f"Drill {d.drill}: injected {d.injected}; restarted {summary.restarts} time(s); resumed "
-            f"{'at step ' + str(resumed.global_step) if resumed else 'no'}; lost {d.lost_steps} steps "
-            f"({'within' if d.within_interval else 'BEYOND'} the snapshot interval)")
+        if d.resumed_at_step is None:
+            say(f"Drill {d.drill}: injected {d.injected}; the run has not resumed since")
+            continue
+        say(f"Drill {d.drill}: injected {d.injected}; resumed at step {d.resumed_at_step}; lost {d.lost_steps} "
+            f"steps ({'within' if d.within_interval else 'BEYOND'} the snapshot interval)")
 
 
 def run(args: argparse.Namespace, start: RankStart) -> int:

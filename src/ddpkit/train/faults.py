@@ -156,6 +156,18 @@ class DrillBook:
         """Remember (durably, atomically) that ``drill`` fires now; called by rank 0 before it fires."""
         self.fired[str(drill)] = {"kind": drill.kind, "epoch": epoch, "global_step": global_step,
                                   "rank": target_rank, "time": time.time()}
+        self._persist()
+
+    def resumed(self, step: int) -> None:
+        """The run resumed at ``step`` (rank 0, after loading a snapshot): each drill that fired and was not yet
+        followed by a resume was followed by this one (a later drill's resume is its own, not the first's)."""
+        new = {name: {**rec, "resumed_step": step} for name, rec in self.fired.items()
+               if rec and "resumed_step" not in rec}
+        if new:
+            self.fired.update(new)
+            self._persist()
+
+    def _persist(self) -> None:
         if self.path is None:
             return
         tmp = self.path.with_name(f".{self.path.name}.tmp-{os.getpid()}")
@@ -172,12 +184,15 @@ class DrillBook:
         for name, rec in self.fired.items():
             if name not in asked or not rec:  # fired by another run, or not known on this rank
                 continue
+            # its own resume (``resumed``), else this attempt's (a book written before drills kept theirs)
+            resumed_at = rec.get("resumed_step", resumed_step)
             if rec["kind"] == "preempt":  # the preemption snapshot is taken where training stops
                 lost: int | None = 0
             else:
-                lost = None if resumed_step is None else max(0, rec["global_step"] - resumed_step)
+                lost = None if resumed_at is None else max(0, rec["global_step"] - resumed_at)
             out.append(DrillResult(drill=name, injected=f"{rec['kind']} of rank {rec['rank']} at epoch {rec['epoch']} "
                                    f"(global step {rec['global_step']})", fired_at_step=rec["global_step"],
+                                   resumed_at_step=resumed_at,
                                    lost_steps=lost, within_interval=lost is not None and lost <= interval_steps))
         return out
 

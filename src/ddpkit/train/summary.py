@@ -45,6 +45,8 @@ class DrillResult:
     injected: str
     """What was done, in words."""
     fired_at_step: int
+    resumed_at_step: int | None
+    """The step the run resumed at after this drill (None: it did not resume)."""
     lost_steps: int | None
     """Steps done again after the resume (None: the run did not resume)."""
     within_interval: bool
@@ -65,6 +67,8 @@ class RunSummary:
     batch_size: int
     steps_per_epoch: int
     restarts: int
+    """Times the run's ranks were started again: torch elastic's restarts, or under --heal its attempts before
+    this one (``DDPKIT_ATTEMPT`` - 1)."""
     """Restarts of the worker group before this attempt."""
     outcome: RunOutcome = RunOutcome.COMPLETED
     signal: str | None = None

@@ -31,6 +31,7 @@ from torch.utils.data import Dataset
 from ddpkit.base.errors import first_line
 from ddpkit.base.log import get_logger
 from ddpkit.comm.gradients import GradientAveraging, register_gradient_averaging
+from ddpkit.goodput.records import attempt_from_environ
 from ddpkit.process.stopping import RunOutcome
 from ddpkit.process.worker_context import WorkerContext
 from ddpkit.train.config import TrainConfig
@@ -99,7 +100,8 @@ class Trainer:
             job=job.name, model=config.model if config.job is None else config.job,
             parameters=sum(p.numel() for p in job.model.parameters()), world_size=self.world,
             backend=runtime.backend, device=str(runtime.device), epochs=config.epochs, batch_size=config.batch_size,
-            steps_per_epoch=self.steps_per_epoch, restarts=runtime.world.restart_count or 0)
+            steps_per_epoch=self.steps_per_epoch,
+            restarts=attempt_from_environ(runtime.world.restart_count or 0) - 1)
 
     # ---- the loop -------------------------------------------------------------------------------------
     def fit(self) -> RunSummary:
@@ -113,6 +115,8 @@ class Trainer:
         if goodput is not None:
             goodput.loaded(loading, time.time(), start.step if start.resumed_from is not None else None)
         self.drills.fired = dict(start.drills_fired)
+        if start.resumed_from is not None and self.rank == 0:
+            self.drills.resumed(start.step)
         summary.skipped_snapshots, summary.loss_history = start.skipped, start.loss_history
         if start.resumed_from is not None:
             summary.snapshots_loaded, summary.resumed_from = 1, start.resumed_from
