@@ -79,3 +79,38 @@ def test_trains_global_numbering_is_unchanged() -> None:
                                                                                                      (2, 10.0))]
     split = account(_spans((0.0, 5.0, 137), (10.0, 15.0, 0)), [*started, *steps])
     assert split.lost_steps == 10 and split.furthest_step == 30
+
+
+def test_every_output_says_when_the_steps_done_again_are_not_known(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """A user's script that loaded state and showed no epoch: the page, the trace and the textfile say "not known"
+    and an upper bound; none writes a number of lost steps."""
+    import json
+
+    from ddpkit.goodput.records import GoodputLog
+    from ddpkit.reports.html import render_html
+    from ddpkit.reports.prometheus import prometheus_text
+    from ddpkit.reports.run import load_run
+    from ddpkit.reports.trace import trace_events
+    from ddpkit.rundir.ledger import Action, AttemptEnded, AttemptStarted, Ledger
+
+    run_dir = tmp_path / "run"
+    ledger = Ledger(run_dir)
+    for attempt, t0, code in ((1, 0.0, 137), (2, 100.0, 0)):
+        ledger.append(AttemptStarted(attempt=attempt, time=t0, hosts=("vm",), ranks=2))
+        log = GoodputLog(run_dir, attempt=attempt)
+        for record in _attempt(attempt, t0, 100 if attempt == 1 else 160, epoch_len=None):
+            log.write(record)
+        log.close()
+        ledger.append(AttemptEnded(attempt=attempt, time=t0 + 50, exit_code=code,
+                                   action=Action.RETRY if code else Action.STOP))
+    view = load_run(run_dir)
+    assert view.split.lost_steps is None
+    page = render_html(view)
+    assert "at most" in page and "not known" in page
+    # the sync caption no longer says a measured statistic is not measured
+    assert "Not measured under DDP's own C++ all-reduce (large models)" not in page
+    trace = trace_events(view)["otherData"]
+    assert trace["lost_steps"] is None and "upper bound" in trace["goodput_is"]
+    text = prometheus_text(view)
+    assert 'ddpkit_lost_steps_known{run="run"} 0.0' in text and "\nddpkit_lost_steps_total{" not in text
+    json.dumps(trace)  # the trace still writes as JSON
