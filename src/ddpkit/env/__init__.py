@@ -31,6 +31,7 @@ from ddpkit.env.record import (
     expand_nodelist,
     is_ip_address,
     present,
+    rank_and_size_set,
 )
 
 __all__ = [
@@ -66,9 +67,7 @@ ENV_TABLE = {
 
 
 def _env_activated(environ: Mapping[str, str]) -> tuple[bool, str]:
-    if present(environ, "RANK") and present(environ, "WORLD_SIZE"):
-        return True, "RANK and WORLD_SIZE are exported by hand (torch's env:// convention)"
-    return False, "RANK and WORLD_SIZE are not both set"
+    return rank_and_size_set(environ, "RANK", "WORLD_SIZE", "torch's env:// convention", verb="exported by hand")
 
 
 def _env_read(environ: Mapping[str, str]) -> WorldInfo:

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 
 from ddpkit.base.errors import EnvConflict
 from ddpkit.env.master import resolve_master
-from ddpkit.env.record import VarReader, WorldInfo, present
+from ddpkit.env.record import VarReader, WorldInfo, rank_and_size_set
 
 NAME = "flux"
 TABLE = {
@@ -30,9 +30,7 @@ FAMILY = ("FLUX_TASK_RANK", "FLUX_TASK_LOCAL_ID", "FLUX_JOB_SIZE", "FLUX_JOB_NNO
 
 
 def activated(environ: Mapping[str, str]) -> tuple[bool, str]:
-    if present(environ, "FLUX_TASK_RANK") and present(environ, "FLUX_JOB_SIZE"):
-        return True, "FLUX_TASK_RANK and FLUX_JOB_SIZE are set (a Flux job's task)"
-    return False, "FLUX_TASK_RANK and FLUX_JOB_SIZE are not both set"
+    return rank_and_size_set(environ, "FLUX_TASK_RANK", "FLUX_JOB_SIZE", "a Flux job's task")
 
 
 def read(environ: Mapping[str, str]) -> WorldInfo:

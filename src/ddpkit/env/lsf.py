@@ -13,7 +13,7 @@ from collections.abc import Mapping
 
 from ddpkit.env.hostfile import read_hostfile
 from ddpkit.env.master import resolve_master
-from ddpkit.env.record import VarReader, WorldInfo, present
+from ddpkit.env.record import VarReader, WorldInfo, rank_and_size_set
 
 NAME = "lsf"
 TABLE = {
@@ -30,9 +30,7 @@ FAMILY = ("JSM_NAMESPACE_RANK", "JSM_NAMESPACE_SIZE", "JSM_NAMESPACE_LOCAL_RANK"
 
 
 def activated(environ: Mapping[str, str]) -> tuple[bool, str]:
-    if present(environ, "JSM_NAMESPACE_RANK") and present(environ, "JSM_NAMESPACE_SIZE"):
-        return True, "JSM_NAMESPACE_RANK and JSM_NAMESPACE_SIZE are set (started by LSF's jsrun)"
-    return False, "JSM_NAMESPACE_RANK and JSM_NAMESPACE_SIZE are not both set"
+    return rank_and_size_set(environ, "JSM_NAMESPACE_RANK", "JSM_NAMESPACE_SIZE", "started by LSF's jsrun")
 
 
 def read(environ: Mapping[str, str]) -> WorldInfo:

@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from ddpkit.base.errors import EnvConflict
 from ddpkit.env import slurm
 from ddpkit.env.master import resolve_master
-from ddpkit.env.record import VarReader, WorldInfo, expand_nodelist, present
+from ddpkit.env.record import VarReader, WorldInfo, expand_nodelist, present, rank_and_size_set
 
 OPENMPI_TABLE = {
     "rank": "OMPI_COMM_WORLD_RANK",
@@ -52,21 +52,15 @@ _JOB_ID_VARS = ("OMPI_MCA_ess_base_jobid", "OMPI_MCA_orte_ess_jobid", "PMIX_NAME
 
 
 def openmpi_activated(environ: Mapping[str, str]) -> tuple[bool, str]:
-    if present(environ, "OMPI_COMM_WORLD_RANK") and present(environ, "OMPI_COMM_WORLD_SIZE"):
-        return True, "OMPI_COMM_WORLD_RANK and OMPI_COMM_WORLD_SIZE are set (started by Open MPI's mpirun)"
-    return False, "OMPI_COMM_WORLD_RANK and OMPI_COMM_WORLD_SIZE are not both set"
+    return rank_and_size_set(environ, "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "started by Open MPI's mpirun")
 
 
 def mvapich_activated(environ: Mapping[str, str]) -> tuple[bool, str]:
-    if present(environ, "MV2_COMM_WORLD_RANK") and present(environ, "MV2_COMM_WORLD_SIZE"):
-        return True, "MV2_COMM_WORLD_RANK and MV2_COMM_WORLD_SIZE are set (started by MVAPICH2)"
-    return False, "MV2_COMM_WORLD_RANK and MV2_COMM_WORLD_SIZE are not both set"
+    return rank_and_size_set(environ, "MV2_COMM_WORLD_RANK", "MV2_COMM_WORLD_SIZE", "started by MVAPICH2")
 
 
 def mpich_activated(environ: Mapping[str, str]) -> tuple[bool, str]:
-    if present(environ, "PMI_RANK") and present(environ, "PMI_SIZE"):
-        return True, "PMI_RANK and PMI_SIZE are set (started by MPICH / Intel MPI Hydra)"
-    return False, "PMI_RANK and PMI_SIZE are not both set"
+    return rank_and_size_set(environ, "PMI_RANK", "PMI_SIZE", "started by MPICH / Intel MPI Hydra")
 
 
 def read_openmpi(environ: Mapping[str, str]) -> WorldInfo:

@@ -13,7 +13,7 @@ from ddpkit.base.errors import EnvConflict
 from ddpkit.base.ports import PORT_RANGE, derive_port  # defined once, shared with the job renderers
 
 __all__ = ["PORT_RANGE", "AgentPlan", "VarReader", "WorldInfo", "derive_port", "expand_nodelist", "is_ip_address",
-           "parse_count", "present"]
+           "parse_count", "present", "rank_and_size_set"]
 
 # One rule for every number a launcher sets: ASCII digits only, nothing around them, and few enough of them. A
 # launcher writes "4", never "+4", " 4", "4.0", "1e3" or "²" (str.isdigit() accepts superscripts; int() accepts
@@ -25,6 +25,15 @@ def present(environ: Mapping[str, str], name: str) -> bool:
     """Set and not blank: a job script's ``export SLURM_RESTART_COUNT=`` means the variable is absent."""
     value = environ.get(name)
     return value is not None and value.strip() != ""
+
+
+def rank_and_size_set(environ: Mapping[str, str], rank: str, size: str, why: str, *,
+                      verb: str = "set") -> tuple[bool, str]:
+    """The ``activated()`` test of most launchers: both their rank and their size variable are set (``why``: who
+    sets them, said in the positive answer)."""
+    if present(environ, rank) and present(environ, size):
+        return True, f"{rank} and {size} are {verb} ({why})"
+    return False, f"{rank} and {size} are not both set"
 
 
 def parse_count(raw: str) -> int | None:
