@@ -10,16 +10,27 @@ import math
 import os
 import re
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from ddpkit.base.errors import ConfigError
 
 __all__ = ["check_local_ranks", "check_output_path", "endpoint", "local_rank_limit", "local_ranks",
-           "output_path", "seconds", "shape_text"]
+           "output_path", "program_words", "seconds", "shape_text"]
 
 #: Beyond this many digits a count is a typo, and Python's int() refuses 4300 digits with a traceback.
 _MAX_DIGITS = 6
+
+
+def program_words(words: Sequence[str], missing: ConfigError | None = None) -> list[str]:
+    """A program and its arguments as argparse kept them (``nargs=REMAINDER``), without the ``--`` that ends
+    ddpkit's own options; ``missing`` is raised where no word is left."""
+    program = list(words)
+    if program[:1] == ["--"]:
+        program = program[1:]
+    if not program and missing is not None:
+        raise missing
+    return program
 
 
 def seconds(option: str) -> Callable[[str], float]:

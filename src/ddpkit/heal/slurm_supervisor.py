@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ddpkit.base.errors import ConfigError, DdpkitError
+from ddpkit.base.inputs import program_words
 from ddpkit.goodput.records import ATTEMPT_VAR, RUN_DIR_VAR
 from ddpkit.heal.attempts import EXIT_NO_HOSTS, Adapter, Attempts, Conclusion, Ended, Style, say
 from ddpkit.heal.classify import Classification, FailureClass, classify
@@ -93,10 +94,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--requeue", action="store_true", help="the job may requeue itself (#SBATCH --requeue)")
     p.add_argument("program", nargs=argparse.REMAINDER)
     args = p.parse_args(argv)
-    if args.program[:1] == ["--"]:
-        args.program = args.program[1:]
-    if not args.program:
-        raise ConfigError("no program after --", "the ranks' command line", "render the job with ddpkit submit")
+    args.program = program_words(args.program, ConfigError("no program after --", "the ranks' command line",
+                                                           "render the job with ddpkit submit"))
     args.min_nodes = args.min_nodes or args.nodes
     if not (1 <= args.min_nodes <= args.nodes and args.per_node >= 1 and args.max_attempts >= 1
             and 4 <= args.silent_after <= 3600):

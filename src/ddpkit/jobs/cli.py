@@ -21,7 +21,7 @@ import uuid
 from pathlib import Path
 
 from ddpkit.base.errors import ConfigError
-from ddpkit.base.inputs import endpoint, output_path, seconds, shape_text
+from ddpkit.base.inputs import endpoint, output_path, program_words, seconds, shape_text
 from ddpkit.base.log import get_logger
 from ddpkit.jobs.spec import JobSpec
 from ddpkit.process.worker_context import HEAL_SILENT_DEFAULT_S
@@ -105,9 +105,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def build_spec(args: argparse.Namespace, argv: list[str]) -> JobSpec:
     from ddpkit.base.shape import parse_job_shape
 
-    command = list(args.job_command)
-    if command[:1] == ["--"]:
-        command = command[1:]
+    command = program_words(args.job_command)
     env = []
     for item in args.env:
         key, sep, value = item.partition("=")

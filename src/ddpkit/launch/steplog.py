@@ -36,6 +36,7 @@ import threading
 import time
 
 from ddpkit.base.errors import ConfigError
+from ddpkit.base.inputs import program_words
 from ddpkit.launch.stepscreen import StepScreen
 
 __all__ = ["add_arguments", "full_log_path", "run"]
@@ -65,12 +66,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    argv = list(args.argv)
-    if argv[:1] == ["--"]:
-        argv = argv[1:]
-    if not argv:
-        raise ConfigError("no step to run", "ddpkit step [--log PATH] -- srun --label ARGS... (or -- torchrun ...)",
-                          "give the launcher's command after --")
+    argv = program_words(args.argv, ConfigError(
+        "no step to run", "ddpkit step [--log PATH] -- srun --label ARGS... (or -- torchrun ...)",
+        "give the launcher's command after --"))
     log = os.devnull if args.show_all else args.log or full_log_path()
     named = "the lines above" if args.show_all else log  # where the digest says the full output is
     agents = any(word.endswith(("torchrun", "torch.distributed.run")) for word in argv)

@@ -30,6 +30,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING
 
 from ddpkit.base.errors import ConfigError
+from ddpkit.base.inputs import program_words
 from ddpkit.base.log import get_logger
 from ddpkit.process.exiting import caused_by_peer, sys_exit_code, yield_to_first_failure
 
@@ -60,13 +61,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _target(args: argparse.Namespace) -> list[str]:
-    words = list(args.target)
-    if words[:1] == ["--"]:
-        words = words[1:]
-    if not words:
-        raise ConfigError("no script to run", "ddpkit run [options] -- SCRIPT.py [ARGS ...] (or -m -- MODULE ...)",
-                          "name the script after --, e.g. ddpkit run -n 2 -- train.py")
-    return words
+    return program_words(args.target, ConfigError(
+        "no script to run", "ddpkit run [options] -- SCRIPT.py [ARGS ...] (or -m -- MODULE ...)",
+        "name the script after --, e.g. ddpkit run -n 2 -- train.py"))
 
 
 def check_arguments(args: argparse.Namespace) -> None:
