@@ -9,10 +9,10 @@ from __future__ import annotations
 import base64
 import pickle
 import socket
-import threading
 from dataclasses import dataclass
 from datetime import timedelta
 
+from ddpkit.base.background import BackgroundLoop
 from ddpkit.base.log import get_logger
 from ddpkit.base.shape import DEFAULT_RDZV_PORT, JobShape, split_endpoint
 
@@ -42,7 +42,7 @@ class JoinedNode:
         return self.addr if host == self.addr else f"{host} ({self.addr})"
 
 
-class RendezvousWatch:
+class RendezvousWatch(BackgroundLoop):
     """Polls the c10d rendezvous state at ``endpoint`` for ``run_id`` in a daemon thread until stopped or the
     round completes; :attr:`nodes` holds every agent seen in it (participants and waiting)."""
 
@@ -51,24 +51,16 @@ class RendezvousWatch:
         self._port = port or DEFAULT_RDZV_PORT
         self._key = f"torch.rendezvous.{run_id}"
         self._interval = interval
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._poll, name="ddpkit-rdzv-watch", daemon=True)
+        super().__init__("ddpkit-rdzv-watch")
         self.nodes: tuple[JoinedNode, ...] = ()
         self.completed = False
         """The round was seen complete: a later rendezvous error is a lost store, not a join timeout."""
 
-    def __enter__(self) -> RendezvousWatch:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-
-    def _poll(self) -> None:
+    def loop(self) -> None:
         import torch.distributed as dist
 
         store = None
-        while not self._stop.wait(self._interval):
+        while not self.stopping.wait(self._interval):
             try:
                 if store is None:
                     store = dist.TCPStore(self._host, self._port, is_master=False, timeout=timedelta(seconds=2),

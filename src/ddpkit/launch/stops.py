@@ -23,10 +23,10 @@ from __future__ import annotations
 import os
 import signal
 import sys
-import threading
 from collections.abc import Callable
 from types import FrameType
 
+from ddpkit.base.background import BackgroundLoop
 from ddpkit.base.errors import EXIT_MISSING
 from ddpkit.base.log import get_logger
 from ddpkit.process.stopping import OUTSIDE_MARK_GRACE_S, final_lost_report, lost_reports, mark_outside_signal
@@ -59,7 +59,7 @@ def handle_outside_signals(stop_dir: str, names: list[str], raise_forward: Calla
         signal.signal(getattr(signal, name), on_signal)
 
 
-class LostPeerBackstop:
+class LostPeerBackstop(BackgroundLoop):
     """A daemon thread: once a worker reported a lost peer and said no restart is left (``final`` on its first
     line), the agent has BACKSTOP_S to finish on its own; then it says so and exits 3 (its workers die with it)."""
 
@@ -67,23 +67,15 @@ class LostPeerBackstop:
         self.stop_dir = stop_dir
         self.cleanup = cleanup
         self.grace = grace
-        self._done = threading.Event()
-        self._thread = threading.Thread(target=self._watch, name="ddpkit-lost-peer-backstop", daemon=True)
+        super().__init__("ddpkit-lost-peer-backstop")
 
-    def __enter__(self) -> LostPeerBackstop:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._done.set()
-
-    def _watch(self) -> None:
+    def loop(self) -> None:
         report = None
         while report is None:
-            if self._done.wait(0.5):
+            if self.stopping.wait(0.5):
                 return
             report = final_lost_report(self.stop_dir)
-        if self._done.wait(self.grace):
+        if self.stopping.wait(self.grace):
             return
         log.error("%s\nthis agent could not close the rendezvous within %.0f s after that (its store is "
                   "unreachable): exiting %d; no worker is left on this host", report, self.grace, EXIT_MISSING)
