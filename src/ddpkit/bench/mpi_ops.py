@@ -8,11 +8,11 @@ lazily; ``comm.mpi_transport.open_mpi_world`` has checked the MPI world is torch
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from ddpkit.bench.busbw import per_rank_count
-from ddpkit.bench.ops import Case, Prepared, _torch_dtype, fill_all_to_all_input
-from ddpkit.comm.closed_form import BENCH
+from ddpkit.bench.ops import Case, Prepared, buffers
 
 if TYPE_CHECKING:
     import torch
@@ -33,69 +33,40 @@ def mpi_unsupported_reason(dtype: str, device_type: str) -> str | None:
 
 
 def prepare_mpi(case: Case, device: torch.device, comm: Any) -> Prepared:
-    """Allocate the buffers of ``case`` and bind the mpi4py call that runs it on ``comm``."""
-    import torch
+    """Allocate the buffers of ``case`` (``ops.buffers``, as the process group's) and bind the mpi4py call that runs
+    it on ``comm``."""
     from mpi4py import MPI
 
-    dt = _torch_dtype(case.dtype)
-    n, r, op, root = case.world_size, case.rank, case.op, case.root
-    c = per_rank_count(op, case.count, n)
-    full = torch.empty(case.count, dtype=dt, device=device)
-    full_np = full.numpy()  # a view: MPI reads and writes the tensor's memory
+    b = buffers(case, device)
+    n, r, root = case.world_size, case.rank, case.root
+    full, out = b.full, b.output
+    full_np, out_np = full.numpy(), out.numpy()  # views: MPI reads and writes the tensors' memory
     redop = {"sum": MPI.SUM, "max": MPI.MAX, "min": MPI.MIN}[case.redop]
+    if case.op == "reduce_scatter" and case.in_place:  # MPI leaves the rank's block at the buffer's start
+        out = full.narrow(0, 0, per_rank_count(case.op, case.count, n))
+    gathered = MPI.IN_PLACE if case.in_place or b.block is None else b.block.numpy()  # all_gather's own block
 
-    def fill_full() -> None:
-        full.copy_(BENCH.base(case.count, dt, device) + BENCH.add(r))
+    def reduce() -> None:
+        if r == root:
+            comm.Reduce(MPI.IN_PLACE, full_np, redop, root)
+        else:
+            comm.Reduce(full_np, None, redop, root)
 
-    if op == "all_reduce":
-        return Prepared(launch=lambda: comm.Allreduce(MPI.IN_PLACE, full_np, redop), output=full, reset=fill_full)
-    if op == "reduce":
-        def reduce() -> None:
-            if r == root:
-                comm.Reduce(MPI.IN_PLACE, full_np, redop, root)
-            else:
-                comm.Reduce(full_np, None, redop, root)
-        return Prepared(launch=reduce, output=full, reset=fill_full)
-    if op == "broadcast":
-        def fill_bcast() -> None:
-            if r == root:
-                fill_full()
-            else:
-                full.zero_()  # so a broadcast that never arrives shows as wrong
-        return Prepared(launch=lambda: comm.Bcast(full_np, root), output=full, reset=fill_bcast)
-    if op == "all_gather":
-        out = torch.empty(case.count, dtype=dt, device=device)
-        inp = out.narrow(0, r * c, c) if case.in_place else torch.empty(c, dtype=dt, device=device)
-        out_np, inp_np = out.numpy(), inp.numpy()
-
-        def fill_gather() -> None:
-            out.zero_()
-            inp.copy_(BENCH.base(c, dt, device) + BENCH.add(r))
-        send = MPI.IN_PLACE if case.in_place else inp_np
-        return Prepared(launch=lambda: comm.Allgather(send, out_np), output=out, reset=fill_gather)
-    if op == "reduce_scatter":
+    def reduce_scatter() -> None:
         if case.in_place:
-            return Prepared(launch=lambda: comm.Reduce_scatter_block(MPI.IN_PLACE, full_np, redop),
-                            output=full.narrow(0, 0, c), reset=fill_full)
-        rs_out = torch.empty(c, dtype=dt, device=device)
-        rs_np = rs_out.numpy()
-        return Prepared(launch=lambda: comm.Reduce_scatter_block(full_np, rs_np, redop), output=rs_out,
-                        reset=fill_full)
-    if op == "all_to_all":
-        a2a_out = torch.empty(case.count, dtype=dt, device=device)
-        a2a_np = a2a_out.numpy()
+            comm.Reduce_scatter_block(MPI.IN_PLACE, full_np, redop)
+        else:
+            comm.Reduce_scatter_block(full_np, out_np, redop)
 
-        def fill_a2a() -> None:
-            fill_all_to_all_input(full, c, n, r)
-            a2a_out.zero_()
-        return Prepared(launch=lambda: comm.Alltoall(full_np, a2a_np), output=a2a_out, reset=fill_a2a)
-    if op == "sendrecv":
-        recv = torch.empty(case.count, dtype=dt, device=device)
-        recv_np = recv.numpy()
-
-        def fill_sendrecv() -> None:
-            fill_full()
-            recv.zero_()
-        return Prepared(launch=lambda: comm.Sendrecv(full_np, (r + 1) % n, recvbuf=recv_np, source=(r - 1) % n),
-                        output=recv, reset=fill_sendrecv)
-    raise ValueError(f"unknown op {op!r}")
+    launches: dict[str, Callable[[], object]] = {
+        "all_reduce": lambda: comm.Allreduce(MPI.IN_PLACE, full_np, redop),
+        "reduce": reduce,
+        "broadcast": lambda: comm.Bcast(full_np, root),
+        "all_gather": lambda: comm.Allgather(gathered, out_np),
+        "reduce_scatter": reduce_scatter,
+        "all_to_all": lambda: comm.Alltoall(full_np, out_np),
+        "sendrecv": lambda: comm.Sendrecv(full_np, (r + 1) % n, recvbuf=out_np, source=(r - 1) % n),
+    }
+    if case.op not in launches:
+        raise ValueError(f"unknown op {case.op!r}")
+    return Prepared(launch=launches[case.op], output=out, reset=b.reset)

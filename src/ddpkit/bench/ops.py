@@ -20,7 +20,8 @@ from ddpkit.comm.torch_compat import all_gather_single, reduce_scatter_single
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["DTYPES", "REDOPS", "Case", "Prepared", "count_wrong", "modes", "prepare", "unsupported_reason"]
+__all__ = ["DTYPES", "REDOPS", "Buffers", "Case", "Prepared", "buffers", "count_wrong", "modes", "prepare",
+           "unsupported_reason"]
 
 DTYPES = ("float32", "float64", "float16", "bfloat16", "int32", "int64", "int8", "uint8")
 REDOPS = ("sum", "max", "min")
@@ -103,66 +104,92 @@ def _redop(name: str) -> object:
     return {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}[name]
 
 
-def prepare(case: Case, device: torch.device) -> Prepared:
-    """Allocate the buffers of ``case`` and bind the torch.distributed call that runs it."""
+@dataclass
+class Buffers:
+    """A case's buffers and the refill that puts the pattern back before each run: the same for every transport
+    (``prepare`` here, ``mpi_ops.prepare_mpi``), which binds only the call that runs the collective on them."""
+
+    full: torch.Tensor
+    """The input: every rank's pattern (all_to_all: a chunk per destination)."""
+    output: torch.Tensor
+    """Where this rank's result lands: ``full`` itself (all_reduce, reduce, broadcast), this rank's block of it (an
+    in-place reduce_scatter, at the rank's offset as torch leaves it), or a buffer of its own."""
+    reset: Callable[[], None]
+    block: torch.Tensor | None = None
+    """all_gather's input, this rank's block (of ``output`` when in place)."""
+
+
+def buffers(case: Case, device: torch.device) -> Buffers:
+    """Allocate the buffers of ``case`` and the refill of its inputs."""
     import torch
-    import torch.distributed as dist
 
     dt = _torch_dtype(case.dtype)
     n, r, op = case.world_size, case.rank, case.op
     c = per_rank_count(op, case.count, n)
     full = torch.empty(case.count, dtype=dt, device=device)
-    redop = _redop(case.redop)
-    gather, scatter = all_gather_single(), reduce_scatter_single()
 
     def fill_full() -> None:
         full.copy_(BENCH.base(case.count, dt, device) + BENCH.add(r))
 
-    if op == "all_reduce":
-        return Prepared(launch=lambda: dist.all_reduce(full, op=redop), output=full, reset=fill_full)
-    if op == "reduce":
-        return Prepared(launch=lambda: dist.reduce(full, case.root, op=redop), output=full,
-                        reset=fill_full)
     if op == "broadcast":
         def fill_bcast() -> None:
             if r == case.root:
                 fill_full()
             else:
                 full.zero_()  # so a broadcast that never arrives shows as wrong
-        return Prepared(launch=lambda: dist.broadcast(full, case.root), output=full, reset=fill_bcast)
+        return Buffers(full=full, output=full, reset=fill_bcast)
     if op == "all_gather":
         out = torch.empty(case.count, dtype=dt, device=device)
-        inp = out.narrow(0, r * c, c) if case.in_place else torch.empty(c, dtype=dt, device=device)
+        block = out.narrow(0, r * c, c) if case.in_place else torch.empty(c, dtype=dt, device=device)
 
         def fill_gather() -> None:
             out.zero_()
-            inp.copy_(BENCH.base(c, dt, device) + BENCH.add(r))
-        return Prepared(launch=lambda: gather(out, inp), output=out, reset=fill_gather)
+            block.copy_(BENCH.base(c, dt, device) + BENCH.add(r))
+        return Buffers(full=full, output=out, reset=fill_gather, block=block)
+    if op in ("all_to_all", "sendrecv"):
+        received = torch.empty(case.count, dtype=dt, device=device)
+
+        def fill_sent() -> None:
+            if op == "all_to_all":
+                fill_all_to_all_input(full, c, n, r)
+            else:
+                fill_full()
+            received.zero_()
+        return Buffers(full=full, output=received, reset=fill_sent)
     if op == "reduce_scatter":
-        rs_out = full.narrow(0, r * c, c) if case.in_place else torch.empty(c, dtype=dt, device=device)
-        return Prepared(launch=lambda: scatter(rs_out, full, op=redop),
-                        output=rs_out, reset=fill_full)
-    if op == "all_to_all":
-        a2a_out = torch.empty(case.count, dtype=dt, device=device)
+        mine = full.narrow(0, r * c, c) if case.in_place else torch.empty(c, dtype=dt, device=device)
+        return Buffers(full=full, output=mine, reset=fill_full)
+    return Buffers(full=full, output=full, reset=fill_full)
 
-        def fill_a2a() -> None:
-            fill_all_to_all_input(full, c, n, r)
-            a2a_out.zero_()
-        return Prepared(launch=lambda: dist.all_to_all_single(a2a_out, full), output=a2a_out, reset=fill_a2a)
-    if op == "sendrecv":
-        recv = torch.empty(case.count, dtype=dt, device=device)
 
-        def exchange() -> None:
-            reqs = dist.batch_isend_irecv([dist.P2POp(dist.isend, full, (r + 1) % n),
-                                           dist.P2POp(dist.irecv, recv, (r - 1) % n)])
-            for req in reqs:
-                req.wait()
+def prepare(case: Case, device: torch.device) -> Prepared:
+    """Allocate the buffers of ``case`` and bind the torch.distributed call that runs it."""
+    import torch.distributed as dist
 
-        def fill_sendrecv() -> None:
-            fill_full()
-            recv.zero_()
-        return Prepared(launch=exchange, output=recv, reset=fill_sendrecv)
-    raise ValueError(f"unknown op {op!r}")
+    b = buffers(case, device)
+    full, out = b.full, b.output
+    n, r, op = case.world_size, case.rank, case.op
+    redop = _redop(case.redop)
+    gather, scatter = all_gather_single(), reduce_scatter_single()
+
+    def exchange() -> None:
+        reqs = dist.batch_isend_irecv([dist.P2POp(dist.isend, full, (r + 1) % n),
+                                       dist.P2POp(dist.irecv, out, (r - 1) % n)])
+        for req in reqs:
+            req.wait()
+
+    launches: dict[str, Callable[[], object]] = {
+        "all_reduce": lambda: dist.all_reduce(full, op=redop),
+        "reduce": lambda: dist.reduce(full, case.root, op=redop),
+        "broadcast": lambda: dist.broadcast(full, case.root),
+        "all_gather": lambda: gather(out, b.block),
+        "reduce_scatter": lambda: scatter(out, full, op=redop),
+        "all_to_all": lambda: dist.all_to_all_single(out, full),
+        "sendrecv": exchange,
+    }
+    if op not in launches:
+        raise ValueError(f"unknown op {op!r}")
+    return Prepared(launch=launches[op], output=out, reset=b.reset)
 
 
 def expected(case: Case, device: torch.device) -> torch.Tensor | None:
