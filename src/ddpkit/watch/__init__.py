@@ -14,7 +14,8 @@ In the user's own code::
 
 The watch begins when the default process group exists (``init_process_group`` is wrapped) and ends when it is
 destroyed (rank 0 prints the summary). Which modules do what: ``hooks.py`` (where collectives are seen),
-``recorder.py`` (one rank's progress), ``monitor.py`` (the thread: store, deadline, hang report, abort),
+``calls.py`` (a rank's watched calls, as the per-call path keeps them), ``recorder.py`` (one rank's progress: its
+calls, steps, phases and record), ``monitor.py`` (the thread: store, deadline, hang report, abort),
 ``failure.py`` (a failed collective or a gone peer, reported at once), ``sigterm.py`` (a rank its launcher ends),
 ``processes.py`` (this host's processes: state, stacks, ending them), ``store.py`` (store calls bounded),
 ``diagnose.py`` (the words, pure), ``options.py`` (the options and the deadline rule). docs/watch.md is the guide.

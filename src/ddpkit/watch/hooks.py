@@ -29,9 +29,10 @@ from collections.abc import Callable
 from typing import Any
 
 from ddpkit.watch import p2p
+from ddpkit.watch.calls import CALLERS, Caller, call_site, caller
 from ddpkit.watch.frames import hide_wrappers
 from ddpkit.watch.p2p import POINT_TO_POINT
-from ddpkit.watch.recorder import CALLERS, Caller, Live, Recorder, call_site, caller
+from ddpkit.watch.recorder import Live, Recorder
 
 __all__ = ["COLLECTIVES", "POINT_TO_POINT", "Hooks", "inside"]
 

@@ -1,5 +1,5 @@
 """Point-to-point calls (``send``, ``recv``, ``isend``, ``irecv``, ``batch_isend_irecv``) on the default group, seen
-as the watch sees collectives: numbered apart (per peer and direction, ``Recorder.p2p_post``), with their peers. A
+as the watch sees collectives: numbered apart (per peer and direction, ``Calls.p2p_post``), with their peers. A
 blocking call is open while it runs; an async one's request (a ``Work``: gloo's has no Future) is remembered, and
 ``Work.wait`` (patched on the class) opens the call again while the rank waits on it. ``send`` and ``recv`` are
 ``isend`` / ``irecv`` and a ``wait`` inside torch: the inner calls pass through, as a collective nested in another
@@ -12,7 +12,7 @@ source written for its kind (blocking or async) with its names as constants, no 
 record, the thread's state in plain slots (``Caller``: a ``threading.local`` cost more than the record), the
 counts in the slots of one small book (``P2PBook``: a call comes cold after the step's compute, and the recorder's
 many attributes cost it more cache misses), and no frame taken: the call site is read from the blocked thread's
-stack when a record shows the call (``Recorder.p2p_site``; ``sys._getframe`` in every call cost a step about a
+stack when a record shows the call (``Calls.p2p_site``; ``sys._getframe`` in every call cost a step about a
 quarter of the watch's cost), so an async call is named at the line that waits on it. The first call on the group
 (which learns how the group counts them), a batch and a torch whose signatures differ take the general path
 (``general``, ``issue``).
@@ -30,8 +30,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from ddpkit.watch.calls import CALLERS, Caller, P2PCall, caller
 from ddpkit.watch.frames import hide_wrappers
-from ddpkit.watch.recorder import CALLERS, Caller, Live, P2PCall, Recorder, caller
+from ddpkit.watch.recorder import Live, Recorder
 
 __all__ = ["POINT_TO_POINT", "batch", "failed", "general", "issue", "point_to_point", "wait", "world"]
 
@@ -39,7 +40,7 @@ __all__ = ["POINT_TO_POINT", "batch", "failed", "general", "issue", "point_to_po
 #: the default group).
 POINT_TO_POINT = {"send": "dst", "isend": "dst", "recv": "src", "irecv": "src"}
 
-_HERE = os.path.dirname(__file__)  # as recorder.py names the watch's folder
+_HERE = os.path.dirname(__file__)  # as calls.py names the watch's folder
 #: The per-call wrapper, for torch's own signature ``(tensor, dst | src, group, tag, group_dst | group_src)``: a
 #: blocking call (``send``, ``recv``) is open while it runs; an async one's request is remembered for its wait. The
 #: book is ``live.p2p`` (None: no watch, or its first call not made: the general path).
@@ -232,7 +233,7 @@ def issue(live: Live, rec: Recorder, about: P2PCall, ops: int, blocking: bool, o
     """Post a point-to-point call of ``ops`` operations through ``original``, open while it runs when
     ``blocking`` (the general path). The default group counts each operation as a collective on gloo (none on
     NCCL): how many is measured on the first call, and from then on the posts are taken out of the group's count
-    (``Recorder.p2p_in_group``; a call counts as soon as it is posted). Once that is known, the per-call path
+    (``Calls.p2p_in_group``; a call counts as soon as it is posted). Once that is known, the per-call path
     takes the next call (``live.p2p``)."""
     learn = rec.p2p_per_op is None
     if learn:
