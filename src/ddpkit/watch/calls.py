@@ -18,6 +18,8 @@ legitimately make different numbers of them, so they take no part in the collect
 
 from __future__ import annotations
 
+import functools
+import inspect
 import os
 import sys
 import threading
@@ -28,7 +30,8 @@ from typing import Any
 
 from ddpkit.watch.records import Waiting
 
-__all__ = ["CALLERS", "Caller", "Calls", "P2PBook", "P2PCall", "Peers", "call_site", "caller", "future_error"]
+__all__ = ["CALLERS", "Caller", "Calls", "P2PBook", "P2PCall", "Peers", "call_site", "caller", "future_error",
+           "parameters", "position", "wrapper_of"]
 
 #: A point-to-point call's ends: (``send`` or ``recv``, the peer's global rank, None for any source) per operation.
 Peers = tuple[tuple[str, int | None], ...]
@@ -60,6 +63,28 @@ def call_site(skip: tuple[str, ...]) -> str:
             return f"{os.path.basename(name)}:{frame.f_lineno} ({frame.f_code.co_name})"
         frame = frame.f_back  # type: ignore[assignment]
     return "(no Python caller)"
+
+
+def parameters(fn: Callable[..., Any]) -> list[str]:
+    """``fn``'s parameters by name, in order; none where its signature cannot be read."""
+    try:
+        return list(inspect.signature(fn).parameters)
+    except (TypeError, ValueError):
+        return []
+
+
+def position(fn: Callable[..., Any], name: str) -> int | None:
+    """Where ``fn`` takes ``name`` among its positional arguments (None: nowhere, or its signature cannot be read)."""
+    params = parameters(fn)
+    return params.index(name) if name in params else None
+
+
+def wrapper_of(original: Callable[..., Any], wrapper: Callable[..., Any]) -> Callable[..., Any]:
+    """``wrapper`` in torch's ``original``'s place: named as it (``functools.wraps``), and holding it
+    (``_ddpkit_original``: ddpkit's own gradient hook issues its collectives through torch's, uncounted)."""
+    functools.wraps(original)(wrapper)
+    wrapper._ddpkit_original = original  # type: ignore[attr-defined]
+    return wrapper
 
 
 class P2PBook:

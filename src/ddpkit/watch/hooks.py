@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import inspect
 import operator
 import threading
 import time
@@ -29,7 +28,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ddpkit.watch import p2p
-from ddpkit.watch.calls import CALLERS, Caller, call_site, caller
+from ddpkit.watch.calls import CALLERS, Caller, call_site, caller, parameters, position, wrapper_of
 from ddpkit.watch.frames import hide_wrappers
 from ddpkit.watch.p2p import POINT_TO_POINT
 from ddpkit.watch.recorder import Live, Recorder
@@ -56,14 +55,6 @@ def _nbytes(value: Any) -> int | None:
     if isinstance(value, list | tuple) and value and all(isinstance(v, torch.Tensor) for v in value):
         return sum(v.numel() * v.element_size() for v in value)
     return None
-
-
-def _position(fn: Callable[..., Any], name: str) -> int | None:
-    try:
-        params = list(inspect.signature(fn).parameters)
-    except (TypeError, ValueError):
-        return None
-    return params.index(name) if name in params else None
 
 
 class Hooks:
@@ -122,10 +113,10 @@ class Hooks:
         from torch.utils.data.distributed import DistributedSampler
 
         # where a resumed script went on from (goodput.positions): the epoch it began, and whether it loaded state
-        self._set(DistributedSampler, "set_epoch", self._set_epoch(DistributedSampler.set_epoch))
+        self._set(DistributedSampler, "set_epoch", self._noting(DistributedSampler.set_epoch, _epoch_began))
         for owner, name in ((torch, "load"), (torch.nn.Module, "load_state_dict"),
                             (torch.optim.Optimizer, "load_state_dict")):
-            self._set(owner, name, self._loading(getattr(owner, name)))
+            self._set(owner, name, self._noting(getattr(owner, name), lambda rec, _args, _kwargs: rec.state_loaded()))
 
     def uninstall(self) -> None:
         for owner, name, value in reversed(self._saved):
@@ -134,7 +125,7 @@ class Hooks:
 
     # -- process group ----------------------------------------------------------------------------------------
     def _init(self, original: Callable[..., Any]) -> Callable[..., Any]:
-        params = _params(original)
+        params = parameters(original)
 
         @functools.wraps(original)
         def init_process_group(*args: Any, **kwargs: Any) -> Any:
@@ -161,10 +152,9 @@ class Hooks:
 
     # -- torch.distributed collectives ------------------------------------------------------------------------
     def _collective(self, name: str, original: Callable[..., Any]) -> Callable[..., Any]:
-        group_at, async_at = _position(original, "group"), _position(original, "async_op")
+        group_at, async_at = position(original, "group"), position(original, "async_op")
         live, callers, thread_id = self.live, CALLERS, threading.get_ident
 
-        @functools.wraps(original)
         def collective(*args: Any, **kwargs: Any) -> Any:
             try:
                 rec = live.recorder
@@ -203,8 +193,7 @@ class Hooks:
                 hide_wrappers(exc)  # the user's frames and torch's only
                 raise
 
-        collective._ddpkit_original = original  # type: ignore[attr-defined]  # for a hook that counts itself
-        return collective
+        return wrapper_of(original, collective)  # holding torch's own: for a hook that counts itself
 
     # -- DDP --------------------------------------------------------------------------------------------------
     def _wrap_hook(self, hook: Callable[[Any, Any], Any]) -> Callable[[Any, Any], Any]:
@@ -299,39 +288,24 @@ class Hooks:
 
         return forward
 
-
-    def _set_epoch(self, original: Callable[..., Any]) -> Callable[..., Any]:
+    def _noting(self, original: Callable[..., Any],
+                note: Callable[[Recorder, tuple[Any, ...], dict[str, Any]], None]) -> Callable[..., Any]:
+        """``original``, told to the recorder first (``note(recorder, args, kwargs)``): a call made once an epoch or
+        a run, off the per-step path."""
         live = self.live
 
         @functools.wraps(original)
-        def set_epoch(sampler: Any, epoch: int) -> None:
+        def noting(*args: Any, **kwargs: Any) -> Any:
             try:
                 rec = live.recorder
                 if rec is not None:
-                    with contextlib.suppress(TypeError):  # an epoch that is no integer places nothing
-                        rec.epoch_began(operator.index(epoch))
-                original(sampler, epoch)
-            except BaseException as exc:
-                hide_wrappers(exc)  # the user's frames and torch's only
-                raise
-
-        return set_epoch
-
-    def _loading(self, original: Callable[..., Any]) -> Callable[..., Any]:
-        live = self.live
-
-        @functools.wraps(original)
-        def loading(*args: Any, **kwargs: Any) -> Any:
-            try:
-                rec = live.recorder
-                if rec is not None:
-                    rec.state_loaded()
+                    note(rec, args, kwargs)
                 return original(*args, **kwargs)
             except BaseException as exc:
                 hide_wrappers(exc)  # the user's frames and torch's only
                 raise
 
-        return loading
+        return noting
 
 
 def _watch_hookless(model: Any, rec: Recorder) -> None:
@@ -343,8 +317,8 @@ def _watch_hookless(model: Any, rec: Recorder) -> None:
     rec.count_group(model, model.__dict__.get("_ddpkit_counter"))
 
 
-def _params(fn: Callable[..., Any]) -> list[str]:
-    try:
-        return list(inspect.signature(fn).parameters)
-    except (TypeError, ValueError):
-        return []
+def _epoch_began(rec: Recorder, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    """``DistributedSampler.set_epoch(sampler, epoch)`` was called: the recorder places the epoch."""
+    epoch: Any = kwargs.get("epoch", args[1] if len(args) > 1 else None)
+    with contextlib.suppress(TypeError):  # an epoch that is no integer (or none) places nothing
+        rec.epoch_began(operator.index(epoch))

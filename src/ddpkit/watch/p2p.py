@@ -30,7 +30,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ddpkit.watch.calls import CALLERS, Caller, P2PCall, caller
+from ddpkit.watch.calls import CALLERS, Caller, P2PCall, caller, position, wrapper_of
 from ddpkit.watch.frames import hide_wrappers
 from ddpkit.watch.recorder import Live, Recorder
 
@@ -99,19 +99,16 @@ def point_to_point(live: Live, name: str, original: Callable[..., Any]) -> Calla
     filename = os.path.join(_HERE, f"p2p.py ({name}, generated)")
     linecache.cache[filename] = (len(source), None, source.splitlines(keepends=True), filename)
     exec(compile(source, filename, "exec"), namespace)  # a fixed template with torch's names
-    fast: Callable[..., Any] = functools.wraps(original)(namespace[name])
-    fast._ddpkit_original = original  # type: ignore[attr-defined]
-    return fast
+    return wrapper_of(original, namespace[name])
 
 
 def general(live: Live, name: str, original: Callable[..., Any]) -> Callable[..., Any]:
     """``point_to_point``'s general path, for any signature of ``original``."""
-    group_at, peer_at = _position(original, "group"), _position(original, POINT_TO_POINT[name])
+    group_at, peer_at = position(original, "group"), position(original, POINT_TO_POINT[name])
     peer_arg = POINT_TO_POINT[name]
     direction, group_peer = "send" if peer_arg == "dst" else "recv", f"group_{peer_arg}"
     blocking = name in ("send", "recv")
 
-    @functools.wraps(original)
     def point_to_point(*args: Any, **kwargs: Any) -> Any:
         try:
             rec = live.recorder
@@ -124,23 +121,18 @@ def general(live: Live, name: str, original: Callable[..., Any]) -> Callable[...
             if peer is None:
                 peer = kwargs.get(group_peer)
             about = rec.p2p_post(name, ((direction, peer),), sys._getframe(1))
-            out = issue(live, rec, about, 1, blocking, original, args, kwargs)
-            if not blocking and out is not None:
-                rec.p2p.requests[out] = about
-            return out
+            return issue(live, rec, about, 1, blocking, original, args, kwargs)
         except BaseException as exc:
             hide_wrappers(exc)  # the user's frames and torch's only
             raise
 
-    point_to_point._ddpkit_original = original  # type: ignore[attr-defined]
-    return point_to_point
+    return wrapper_of(original, point_to_point)
 
 
 def batch(live: Live, wrappers: dict[Callable[..., Any], Callable[..., Any]],
           original: Callable[..., Any]) -> Callable[..., Any]:
     """The watch's ``batch_isend_irecv`` (``wrappers``: torch's ``isend`` and ``irecv`` -> the watch's)."""
 
-    @functools.wraps(original)
     def batch_isend_irecv(p2p_op_list: Any) -> Any:
         try:
             for op in p2p_op_list if isinstance(p2p_op_list, list) else ():
@@ -156,16 +148,12 @@ def batch(live: Live, wrappers: dict[Callable[..., Any], Callable[..., Any]],
             peers = tuple(("send" if "send" in getattr(op.op, "__name__", "") else "recv", op.peer)
                           for op in p2p_op_list)
             about = rec.p2p_post("batch_isend_irecv", peers, sys._getframe(1))
-            works = issue(live, rec, about, len(peers), False, original, (p2p_op_list,), {})
-            for work in works or ():
-                rec.p2p.requests[work] = about
-            return works
+            return issue(live, rec, about, len(peers), False, original, (p2p_op_list,), {})
         except BaseException as exc:
             hide_wrappers(exc)  # the user's frames and torch's only
             raise
 
-    batch_isend_irecv._ddpkit_original = original  # type: ignore[attr-defined]
-    return batch_isend_irecv
+    return wrapper_of(original, batch_isend_irecv)
 
 
 _NO_TIMEOUT = object()
@@ -231,7 +219,8 @@ def failed(live: Live, state: Caller | None, about: P2PCall, error: BaseExceptio
 def issue(live: Live, rec: Recorder, about: P2PCall, ops: int, blocking: bool, original: Callable[..., Any],
           args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """Post a point-to-point call of ``ops`` operations through ``original``, open while it runs when
-    ``blocking`` (the general path). The default group counts each operation as a collective on gloo (none on
+    ``blocking`` (the general path); an async call's requests (one, or a batch's list) are remembered for their
+    waits. The default group counts each operation as a collective on gloo (none on
     NCCL): how many is measured on the first call, and from then on the posts are taken out of the group's count
     (``Calls.p2p_in_group``; a call counts as soon as it is posted). Once that is known, the per-call path
     takes the next call (``live.p2p``)."""
@@ -254,12 +243,7 @@ def issue(live: Live, rec: Recorder, about: P2PCall, ops: int, blocking: bool, o
     rec.p2p_done(state if blocking else None)
     if live.p2p is None and live.recorder is rec:
         live.p2p = rec.p2p  # learned: the per-call path takes the next call
+    if not blocking and out is not None:
+        for work in out if isinstance(out, list) else (out,):
+            rec.p2p.requests[work] = about
     return out
-
-
-def _position(fn: Callable[..., Any], name: str) -> int | None:
-    try:
-        params = list(inspect.signature(fn).parameters)
-    except (TypeError, ValueError):
-        return None
-    return params.index(name) if name in params else None
