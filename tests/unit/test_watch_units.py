@@ -213,7 +213,7 @@ def test_where_main_runs_names_the_users_line() -> None:
     ``join`` of the standard library, which is skipped)."""
     import threading
 
-    from ddpkit.watch.monitor import where_main_runs
+    from ddpkit.watch.actions import where_main_runs
 
     seen: list[str | None] = []
 

@@ -13,12 +13,13 @@ In the user's own code::
         save(...)
 
 The watch begins when the default process group exists (``init_process_group`` is wrapped) and ends when it is
-destroyed (rank 0 prints the summary). Which modules do what: ``hooks.py`` (where collectives are seen),
-``calls.py`` (a rank's watched calls, as the per-call path keeps them), ``recorder.py`` (one rank's progress: its
-calls, steps, phases and record), ``monitor.py`` (the thread: store, deadline, hang report, abort),
-``failure.py`` (a failed collective or a gone peer, reported at once), ``sigterm.py`` (a rank its launcher ends),
-``processes.py`` (this host's processes: state, stacks, ending them), ``store.py`` (store calls bounded),
-``diagnose.py`` (the words, pure), ``options.py`` (the options and the deadline rule). docs/watch.md is the guide.
+destroyed (rank 0 prints the summary). Which modules do what: ``hooks.py`` and ``p2p.py`` (where collectives and
+point-to-point calls are seen), ``calls.py`` (a rank's watched calls, as the per-call path keeps them),
+``recorder.py`` (one rank's progress: its calls, steps, phases and record), ``monitor.py`` (the thread: store,
+deadline), ``actions.py`` (the hang report, the job stopped), ``failure.py`` (a failed collective or a gone peer,
+reported at once), ``sigterm.py`` (a rank its launcher ends), ``processes.py`` (this host's processes: state, stacks,
+ending them), ``store.py`` (store calls bounded), ``diagnose.py`` (the words, pure), ``options.py`` (the options and
+the deadline rule). docs/watch.md is the guide.
 """
 
 from __future__ import annotations

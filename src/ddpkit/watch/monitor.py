@@ -16,29 +16,23 @@ and its heartbeat stops changing.
 
 from __future__ import annotations
 
-import contextlib
 import json
-import linecache
 import os
 import sys
-import sysconfig
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from ddpkit.base.errors import EXIT_MISSING
-from ddpkit.base.fault_injection import fault
+from ddpkit.base.errors import EXIT_MISSING, first_line
 from ddpkit.base.log import get_logger
-from ddpkit.process.stopping import leave_abort_order
-from ddpkit.process.worker_context import WorkerContext
-from ddpkit.watch.diagnose import Hang, diagnose_deadline, diagnose_hang, straggler, summary_lines
+from ddpkit.watch.actions import HANDLERS_WAIT_S, Actions
+from ddpkit.watch.diagnose import diagnose_deadline, diagnose_hang, straggler, summary_lines
 from ddpkit.watch.failure import FailureReport
 from ddpkit.watch.options import WatchOptions, hang_deadline, made_a_step, stop_deadline
-from ddpkit.watch.processes import STACK_WAIT_S, end_stopped, python_stacks, stop_rank, write_lines
+from ddpkit.watch.processes import STACK_WAIT_S, python_stacks, stop_rank, write_lines
 from ddpkit.watch.recorder import Recorder
-from ddpkit.watch.records import AbortOrder, Heartbeat, StoppedRank
+from ddpkit.watch.records import AbortOrder, Heartbeat
 from ddpkit.watch.steplines import StepLines
 from ddpkit.watch.store import BoundedStore
 from ddpkit.watch.storeloss import StoreLoss, holder_left
@@ -52,8 +46,6 @@ log = get_logger(__name__)
 #: A heartbeat unchanged this long (and at least 6 heartbeats) means the rank stopped answering. No hang is
 #: reported before a stop could be told (the report waits at least this long past the last progress).
 STALE_S = 3.0
-#: Under an abort, how long a rank waits for every live rank's abort handlers to have run before it exits.
-HANDLERS_WAIT_S = 10.0
 #: The longest an exception caused by the abort waits for the watch's thread to end the rank (report, handlers).
 ABORT_WAIT_S = STACK_WAIT_S + HANDLERS_WAIT_S + 5.0
 #: How long rank 0 waits for the other ranks' last records before printing the summary.
@@ -64,53 +56,6 @@ STORE_CALL_S = 10.0
 #: A rank other than the reporter stops the job this long after the time the report gave (the reporter stops it at
 #: that time, unless it went silent since).
 STOP_GRACE_S = 5.0
-
-
-@dataclass(frozen=True)
-class RankStacks:
-    """What a rank posts for a claim (``stacks/<claim>/<rank>``): every thread's Python stack, and the line of the
-    user's code its main thread runs (``where_main_runs``)."""
-
-    stacks: str
-    where: str | None
-
-    @classmethod
-    def here(cls) -> RankStacks:
-        return cls(stacks=python_stacks(), where=where_main_runs())
-
-    def dumps(self) -> str:
-        return json.dumps(asdict(self))
-
-    @classmethod
-    def loads(cls, raw: bytes) -> RankStacks:
-        return cls(**json.loads(raw.decode()))
-
-
-def where_main_runs() -> str | None:
-    """``torch.save(state, path) at job.py:20 (main)``: the innermost frame of the main thread outside torch, the
-    standard library and the watch (the user's line that is running), or None."""
-    import torch
-
-    skip = (os.path.dirname(torch.__file__), sysconfig.get_paths()["stdlib"], os.path.dirname(__file__), "<")
-    frame = sys._current_frames().get(threading.main_thread().ident or -1)
-    while frame is not None:
-        name = frame.f_code.co_filename
-        if not name.startswith(skip):
-            line = linecache.getline(name, frame.f_lineno).strip()
-            return f"{line or '?'} at {os.path.basename(name)}:{frame.f_lineno} ({frame.f_code.co_name})"
-        frame = frame.f_back
-    return None
-
-
-@dataclass
-class Reported:
-    """A claim this rank reported that has not ended: when the job last made progress before it, and where the
-    ranks the others waited for were (``Hang.busy``). ``hang``: a hang (its end is said), not a phase deadline."""
-
-    claim: str
-    since: float
-    hang: bool
-    busy_at: dict[int, str] = field(default_factory=dict)
 
 
 class Monitor:
@@ -127,6 +72,7 @@ class Monitor:
         """The records of the last ``read`` that the store answered: what a report says once the store is gone."""
         self._stop = threading.Event()
         self.failures = FailureReport(self)
+        self.actions = Actions(self)  # the reports and stops the loop decides on
         recorder.on_failure = self.failures.now  # a collective failed on this rank: report at once
         self._thread = threading.Thread(target=self._loop, name="ddpkit-watch", daemon=True)
         # observations, on this rank's clock
@@ -134,8 +80,6 @@ class Monitor:
         self._progress: tuple[Any, ...] | None = None
         self._progress_at = time.monotonic()
         self._slowest_gap = 0.0
-        self._answered: set[str] = set()
-        self._reported: Reported | None = None
         self._overdue: set[int] = set()  # this rank's phases whose passed deadline was claimed
         self.aborting = False  # a hang report ordered every rank to stop: a collective failing now is the abort
         self._next_straggler = time.monotonic() + options.report_every
@@ -184,11 +128,9 @@ class Monitor:
     def _poll(self) -> None:
         now = time.monotonic()
         claim = self.store.get("claim").decode() if self.store.check(["claim"]) else ""
-        if claim and claim not in self._answered:
-            self._answered.add(claim)
-            self.store.set(f"stacks/{claim}/{self.rank}", RankStacks.here().dumps())
+        self.actions.answer(claim)
         if self.store.check(["abort"]):
-            self._abort(AbortOrder.from_json(self.store.get("abort")))
+            self.actions.abort(AbortOrder.from_json(self.store.get("abort")))
         records = self.read()
         for r, rec in records.items():
             if rec is not None and (r not in self.seen or self.seen[r][0] != rec["beat"]):
@@ -198,13 +140,14 @@ class Monitor:
         silent = self.options.silent_stop
         lost = {r: age for r, age in stale.items() if silent is not None and age >= silent}
         if lost and not claim:  # under --heal a silent rank is a lost host now, not at the hang deadline
-            self._stop_silent(records, stale, lost)
+            self.actions.stop_silent(records, stale, lost)
             return
         overdue = self.rec.overdue()
         if overdue is not None and overdue[0] not in self._overdue and not claim:
             self._overdue.add(overdue[0])  # each phase's deadline is reported once, whatever --on-hang says
-            self._claim(records, stale, f"{self.rank}:phase{overdue[0]}:{self.beat}",
-                        lambda recs, _: diagnose_deadline(recs, stale, overdue=overdue, reporter=self.rank))
+            self.actions.claim(records, stale, f"{self.rank}:phase{overdue[0]}:{self.beat}",
+                               lambda recs, _: diagnose_deadline(recs, stale, overdue=overdue, reporter=self.rank),
+                               since=self._progress_at)
             return
         alive = {r: rec for r, rec in records.items() if rec is not None}
         if self.rank == 0 and now >= self._next_straggler:
@@ -218,8 +161,8 @@ class Monitor:
         if progress != self._progress or in_phase:
             if progress != self._progress and not in_phase:
                 self._slowest_gap = max(self._slowest_gap, now - self._progress_at)
-            if self._reported is not None:
-                self._resumed(now, said=progress != self._progress)
+            if self.actions.reported is not None:
+                self.actions.resumed(now, said=progress != self._progress)
             self._progress, self._progress_at = progress, now
             return
         idle = now - self._progress_at
@@ -231,138 +174,17 @@ class Monitor:
         waiting = any(rec.get("waiting") for r, rec in alive.items() if r not in stale) or len(counts) > 1
         if idle > deadline and (waiting or stale) and not claim:
             seqs = [w["seq"] for rec in records.values() if rec and (w := rec["waiting"])]
-            self._claim(records, stale, f"{self.rank}:{min(seqs) if seqs else 0}:{self.beat}",
-                        lambda recs, at: diagnose_hang(recs, stale, idle=idle, deadline=deadline, reporter=self.rank,
-                                                       busy_at=at),
-                        stop_at=None if stop is None or stop <= deadline else time.time() + stop - idle)
+            self.actions.claim(records, stale, f"{self.rank}:{min(seqs) if seqs else 0}:{self.beat}",
+                               lambda recs, at: diagnose_hang(recs, stale, idle=idle, deadline=deadline,
+                                                              reporter=self.rank, busy_at=at),
+                               since=self._progress_at,
+                               stop_at=None if stop is None or stop <= deadline else time.time() + stop - idle)
         elif claim and stop is not None and stop > deadline and (waiting or stale):
-            mine = self._reported is not None and self._reported.claim == claim
+            mine = self.actions.reported is not None and self.actions.reported.claim == claim
             if idle > stop + (0 if mine else STOP_GRACE_S):  # the reporter went silent: another rank stops the job
-                self._stop_job(records, stale, idle, stop)
+                self.actions.stop_job(records, stale, idle, stop)
 
-    # -- the report -------------------------------------------------------------------------------------------
-    def _claim(self, records: dict[int, Heartbeat | None], stale: dict[int, float], mine: str,
-               describe: Callable[[dict[int, Heartbeat | None], dict[int, str]], Hang],
-               stop_at: float | None = None) -> None:
-        """Report the hang ``mine`` names (first rank to claim it), worded by ``describe(records, where each live
-        rank's main thread runs)``. Under ``abort``, every rank stops now, or, when ``stop_at`` (the wall clock) is
-        given, then (``_poll``) unless progress resumes first."""
-        if self.store.compare_set("claim", "", mine).decode() != mine:
-            return  # another rank reports this one
-        self._reported = Reported(claim=mine, since=self._progress_at, hang=":phase" not in mine)
-        self._answered.add(mine)
-        self.store.set(f"stacks/{mine}/{self.rank}", RankStacks.here().dumps())
-        live = [r for r in range(self.world) if records[r] is not None and r not in stale]
-        keys = {r: f"stacks/{mine}/{r}" for r in live}
-        until = time.monotonic() + STACK_WAIT_S
-        while time.monotonic() < until and not self.store.check(list(keys.values())):
-            time.sleep(0.05)
-        posted = {r: RankStacks.loads(self.store.get(k)) for r, k in keys.items() if self.store.check([k])}
-        stacks = {r: p.stacks for r, p in posted.items()}
-        try:
-            where = {r: p.where for r, p in posted.items() if p.where is not None}
-            hang = describe(self.read(), where)
-            self._reported.busy_at = {r: where[r] for r in hang.busy if r in where}
-        except Exception as exc:  # a report without its diagnosis beats silence (the loop takes errors for the store's)
-            log.error("watch: the hang report could not be worded (%r)", exc)
-            hang = Hang(lines=[f"ddpkit watch: HANG: no rank has made progress (claim {mine}); the diagnosis failed: "
-                               f"{exc!r}; the stacks follow"], event={"event": "hang", "reporter": self.rank,
-                                                                     "diagnosis_error": repr(exc)})
-        lines = list(hang.lines)
-        if self.options.on_hang == "report":
-            lines[0] += "; the watch does not stop the job (--on-hang report)"
-        elif stop_at is not None:
-            lines[0] += f"; every rank stops at {time.strftime('%H:%M:%S', time.localtime(stop_at))} unless " \
-                        "progress resumes"
-            hang.event["stop_at"] = round(stop_at, 3)
-        else:
-            if hang.busy:  # --hang-after (or a --stop-after within it) declared this long a hang: it is one here
-                lines[0] = lines[0].replace("ddpkit watch: ", "ddpkit watch: HANG: ", 1)
-            lines[0] += f"; every rank stops now (exit {EXIT_MISSING})"
-        for r in sorted(stacks, key=lambda r: (r not in hang.busy, r)):  # the ranks the others wait for first
-            lines.append(f"--- rank {r} on {_where(records[r])}: Python stacks")
-            lines.append(stacks[r].rstrip("\n"))
-        silent = [r for r in live if r not in stacks]
-        if silent:
-            lines.append(f"--- no stacks from ranks {silent} within {STACK_WAIT_S:g} s")
-        hang.event["stacks"] = {str(r): s for r, s in stacks.items()}
-        hang.event["on_hang"] = self.options.on_hang
-        self.emit(lines, hang.event)
-        if self.options.on_hang == "abort" and stop_at is None:
-            order = self._order(records, stale, lines[0], hang.event.get("text"))
-            self.aborting = True
-            self.store.set("abort", order.to_json())
-            self._stop_every_rank(order)
-
-    def _resumed(self, now: float, *, said: bool) -> None:
-        """Progress again after this rank's report: free the claim (a later hang gets its own report) and, for a
-        hang, say once how long the job paused (``said``: progress resumed, not a marked phase begun)."""
-        reported, self._reported = self._reported, None
-        assert reported is not None
-        with contextlib.suppress(Exception):  # at the job's end the store's holder may have left
-            self.store.compare_set("claim", reported.claim, "")
-        if not (said and reported.hang):
-            return
-        paused = now - reported.since
-        was = "; ".join(f"rank {r} was in {w}" for r, w in sorted(reported.busy_at.items()))
-        self.emit([f"ddpkit watch: progress resumed after {paused:.0f} s" + (f" ({was})" if was else "")],
-                  {"event": "resumed", "reporter": self.rank, "paused_s": round(paused, 1),
-                   "busy_at": {str(r): w for r, w in reported.busy_at.items()}})
-
-    def _stop_job(self, records: dict[int, Heartbeat | None], stale: dict[int, float], idle: float,
-                  stop: float) -> None:
-        """No progress for ``stop`` s since a hang was reported: every rank stops (exit 3); one order per job."""
-        line = (f"ddpkit watch: no rank has made progress for {idle:.0f} s (stop after {stop:g} s): every rank "
-                f"stops (exit {EXIT_MISSING})")
-        order = self._order(records, stale, line, None)
-        self.aborting = True
-        won = self.store.compare_set("abort", "", order.to_json()).decode()
-        if won == order.to_json():
-            self.emit([line], {"event": "stop", "reporter": self.rank, "idle_s": round(idle, 1),
-                               "stop_after_s": stop, "silent": sorted(stale)})
-            self._stop_every_rank(order)
-        else:
-            self._abort(AbortOrder.from_json(won))  # another rank stops the job
-
-    def _stop_silent(self, records: dict[int, Heartbeat | None], stale: dict[int, float],
-                     lost: dict[int, float]) -> None:
-        """Under ``--heal`` (``options.silent_stop``): ranks whose heartbeat stopped that long (a stopped or killed
-        process, a host cut off) stop the job at once, named, so that the supervisor relaunches without their host.
-        Ranks that answer are never named here, however slow (their heartbeat changes)."""
-        mine = f"{self.rank}:silent:{self.beat}"
-        if self.store.compare_set("claim", "", mine).decode() != mine:
-            return  # another rank reports it
-        named = "; ".join(f"rank {r} on {_where(records[r])} stopped answering: no heartbeat for {age:.0f} s"
-                          for r, age in sorted(lost.items()))
-        line = (f"ddpkit watch: {named} (under --heal a silent rank is a lost host after {self.options.silent_stop:g} "
-                f"s); every rank stops now (exit {EXIT_MISSING})")
-        order = self._order(records, stale, line, None)
-        self.aborting = True
-        self.emit([line], {"event": "silent", "reporter": self.rank, "silent_s": {str(r): round(a, 1)
-                                                                                   for r, a in lost.items()},
-                           "hosts": {str(r): rec["host"] if (rec := records[r]) else None for r in lost}})
-        self.store.set("abort", order.to_json())
-        self._stop_every_rank(order)
-
-    def _order(self, records: dict[int, Heartbeat | None], stale: dict[int, float], headline: str,
-               text: str | None) -> AbortOrder:
-        """The abort order (``abort`` in the store): who stops the ranks that stopped answering on each host."""
-        hosts = {r: rec["host"] for r, rec in records.items() if rec is not None}
-        live = [r for r in hosts if r not in stale]
-        doomed = tuple(StoppedRank(rank=r, host=hosts[r], pid=records[r]["pid"],  # type: ignore[index]
-                                   by=min((q for q in live if hosts[q] == hosts[r]), default=None))
-                       for r in stale if r in hosts)
-        return AbortOrder.from_headline(self.rank, headline, stopped=doomed, silent=tuple(sorted(stale)),
-                                        live=len(live), hosts=hosts, deadline=text)
-
-    def _stop_every_rank(self, order: AbortOrder) -> None:
-        """The order is in the store: wait (at most STACK_WAIT_S) until the other live ranks saw it, then stop."""
-        until = time.monotonic() + STACK_WAIT_S
-        with contextlib.suppress(Exception):  # a rank that hosts the store may leave first, taking it along
-            while time.monotonic() < until and int(self.store.add("abort/seen", 0)) < order.live - 1:
-                time.sleep(0.05)
-        self._abort(order)
-
+    # -- what the watch says, and this rank's end under an abort (``actions.py`` decides it) -------------------
     def emit(self, lines: list[str], event: dict[str, Any]) -> None:
         sys.stdout.flush()
         # the process's own stderr, not sys.stderr: torch's excepthook (installed by init_process_group) swaps
@@ -377,40 +199,6 @@ class Monitor:
             except OSError as exc:  # the report is on stderr already: a lost events file must not end the job
                 log.warning("watch: could not append to --events %s (%s)", self.options.events, exc)
 
-    def _abort(self, order: AbortOrder) -> None:
-        """Stop this rank (exit 3); first stop the ranks that stopped answering on this host (SIGCONT, SIGKILL),
-        which no signal of their own can end. ``os._exit``: a thread blocked in C cannot hold the process.
-
-        No live rank leaves before every live rank's abort handlers ran (at most HANDLERS_WAIT_S): a launcher that
-        sees one rank exit ends the others (torch's elastic agent sends SIGTERM), and a handler may be printing a
-        report (``ddpkit check``'s rank 0) or leaving one for the agent (``train``). That also keeps a rank that
-        hosts the job's store (rank 0 under ``ddpkit check`` or env://) until the others have seen the order."""
-        self.aborting = True
-        if self.steplines is not None:  # the steps this rank ended are the run's goodput, up to this stop
-            self.steplines.beat(final=True)
-        host = self.rec.host
-        mine = [d.pid for d in order.stopped if d.by == self.rank and d.host == host]
-        if mine:
-            end_stopped(mine)
-        context = WorkerContext.from_environ()  # the order, for ddpkit's agent (a heal supervisor reads who was silent)
-        leave_abort_order(context.stop_dir, context.restart_count, self.rank, order.to_json())
-        if order.reporter != self.rank:
-            with contextlib.suppress(Exception):  # the reporter may have left with its store
-                self.store.add("abort/seen", 1)
-        self._run_abort_handlers(order)
-        with contextlib.suppress(Exception):  # a rank that hosted the store left (after its own handlers ran)
-            handled = int(self.store.add("abort/handled", 1))
-            until = time.monotonic() + HANDLERS_WAIT_S
-            while handled < order.live and time.monotonic() < until:
-                time.sleep(0.05)
-                handled = int(self.store.add("abort/handled", 0))
-        late = fault("abort-late", rank=self.rank)  # test hook: this rank leaves after the others
-        if late is not None:
-            time.sleep(float(late.get("ms", 1500)) / 1e3)
-        stop_rank(None if order.reporter == self.rank else
-              f"ddpkit watch: rank {self.rank} on host {host} stops (hang reported by rank {order.reporter}; "
-              f"exit {EXIT_MISSING})")
-
     def await_abort(self) -> None:
         """Under an abort (a hang report ordered every rank to stop), an exception leaving the user's code now is the
         abort's doing: a rank that already left broke this rank's collective ("Connection closed by peer"). Keep the
@@ -421,13 +209,6 @@ class Monitor:
             return
         self._thread.join(timeout=ABORT_WAIT_S)
         stop_rank(f"ddpkit watch: rank {self.rank} on host {self.rec.host} stops (hang reported; exit {EXIT_MISSING})")
-
-    def _run_abort_handlers(self, order: AbortOrder) -> None:
-        for handler in self.abort_handlers:
-            try:
-                handler(order)
-            except Exception as exc:  # the rank stops anyway: a handler's failure must not keep it alive
-                log.error("watch: an abort handler failed: %s", exc)
 
     def answering(self, wait: float) -> set[int] | None:
         """The ranks that still answer: their heartbeat changed after this call, or their record says they saw a
@@ -471,7 +252,8 @@ class Monitor:
                 r = self.rec
                 self._alone = StoreLoss(rank=self.rank, host=r.host, options=self.options, records=self.last_read,
                                         progress=lambda: (r.entered, r.steps, r.p2p.returned, r.group_seq()),
-                                        emit=self.emit, stop=stop_rank, abort_handlers=self._run_abort_handlers,
+                                        emit=self.emit, stop=stop_rank,
+                                        abort_handlers=self.actions.run_abort_handlers,
                                         error=str(exc).strip().split("\n")[0],
                                         since=min(self._progress_at, self._store_failed_at),
                                         slowest_gap=self._slowest_gap,
@@ -481,13 +263,13 @@ class Monitor:
         w = rec["waiting"]
         lines = [f"ddpkit watch: HANG: rank {self.rank} on host {self.rec.host} has waited {w['for']:.0f} s in "
                  f"{w['op']} #{w['seq']} (called at {w['site']}) and the job's store no longer answers it "
-                 f"({str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__}): the process "
-                 "that hosts it (the torchrun agent, or rank 0) is gone, or this host is cut off from its host",
+                 f"({first_line(exc)}): the process that hosts it (the torchrun agent, or rank 0) is gone, or this "
+                 "host is cut off from its host",
                  f"--- rank {self.rank} on host {self.rec.host} (pid {os.getpid()}): Python stacks", python_stacks()]
         self.emit(lines, {"event": "hang", "reporter": self.rank, "store_lost": str(exc), "waiting": w})
         if self.options.on_hang == "abort":
-            self._run_abort_handlers(AbortOrder.from_headline(self.rank, lines[0], silent=None,
-                                                              store_lost=str(exc)))
+            self.actions.run_abort_handlers(AbortOrder.from_headline(self.rank, lines[0], silent=None,
+                                                                     store_lost=str(exc)))
             stop_rank(None)
         self._stop.set()
 
@@ -500,8 +282,8 @@ class Monitor:
         self._stop.set()
         if self._thread.is_alive() and self._thread is not threading.current_thread():
             self._thread.join(timeout=2 * self.options.heartbeat + 1)
-        if self._reported is not None:  # the job ends normally after a reported pause: progress resumed before it
-            self._resumed(time.monotonic(), said=True)
+        if self.actions.reported is not None:  # the job ends normally after a reported pause: progress resumed first
+            self.actions.resumed(time.monotonic(), said=True)
         try:
             last = json.dumps({**self.rec.record(self.beat + 1, final=True), "finished": finished})
             self.store.set(self.keys[self.rank], last)  # the others see this rank finished, not silent
@@ -527,8 +309,3 @@ class Monitor:
 def _final(rec: Heartbeat | None) -> bool:
     """Whether ``rec`` is a rank's last record (it finished: never a hang)."""
     return rec is not None and rec["final"]
-
-
-def _where(rec: Heartbeat | None) -> str:
-    """``host H (pid P)`` of a rank's last record; ``host None (pid None)`` where it never published one."""
-    return f"host {rec['host']} (pid {rec['pid']})" if rec else "host None (pid None)"
