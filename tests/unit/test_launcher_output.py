@@ -121,4 +121,7 @@ def test_a_signal_has_one_name_and_its_name_one_number(number: int, name: str) -
 def test_rank_and_task_lists() -> None:
     assert rank_list([3]) == "rank 3" and rank_list([0, 1, 2, 5, 7, 8]) == "ranks 0-2, 5, 7-8"
     assert rank_list([1, 0], spans=False) == "ranks 0, 1" and rank_list([4], spans=False) == "rank 4"
+    assert rank_list([2, 0], sentence=True) == "ranks 0 and 2" and rank_list([4], sentence=True) == "rank 4"
+    assert rank_list([2, 1, 0], sentence=True) == "ranks 0, 1 and 2"
+    assert rank_list([3, 2, 1, 0], sentence=True) == "ranks 0, 1, 2, 3"
     assert task_ids("0-2,5") == [0, 1, 2, 5] and task_ids("7") == [7] and task_ids("") == []

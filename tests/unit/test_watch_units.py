@@ -9,8 +9,9 @@ from typing import Any
 import pytest
 
 from ddpkit.base.errors import ConfigError
-from ddpkit.watch.diagnose import diagnose_deadline, diagnose_hang, find_desync, straggler, summary_lines
+from ddpkit.watch.diagnose import diagnose_deadline, diagnose_hang, find_desync
 from ddpkit.watch.options import FIRST_STEP_FACTOR, MIN_HANG_S, MIN_STOP_S, WatchOptions, hang_deadline, stop_deadline
+from ddpkit.watch.timings import straggler, summary_lines
 
 
 def rec(rank: int, host: str = "h1", *, entered: int = 10, step: int = 5, waiting: dict[str, Any] | None = None,

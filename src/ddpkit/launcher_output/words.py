@@ -1,6 +1,6 @@
 """The words every dialect shares, each said one way: a signal's name from its number (and back), srun's word for
 the signal that ended a task, a list of tasks as srun writes it ("0-1,3"), and a list of ranks as ddpkit says it
-("rank 3", "ranks 0-2, 5" or "ranks 0, 1")."""
+("rank 3", "ranks 0-2, 5", "ranks 0, 1" or "ranks 0, 1 and 2")."""
 
 from __future__ import annotations
 
@@ -40,10 +40,13 @@ def task_ids(text: str) -> list[int]:
     return ids
 
 
-def rank_list(ranks: Iterable[int], *, spans: bool = True) -> str:
-    """``rank 3``; several: ``ranks 0-10, 12-15`` (``spans``), else each named, ``ranks 0, 1``."""
+def rank_list(ranks: Iterable[int], *, spans: bool = True, sentence: bool = False) -> str:
+    """``rank 3``; several: ``ranks 0-10, 12-15`` (``spans``), else each named, ``ranks 0, 1``; ``sentence``: each
+    named, two or three as a sentence says them, ``ranks 0, 1 and 2`` (the watch's reports), more as a list."""
     ordered = sorted(set(ranks))
-    if not spans:
+    if sentence and 1 < len(ordered) < 4:
+        return f"ranks {', '.join(map(str, ordered[:-1]))} and {ordered[-1]}"
+    if not spans or sentence:
         return f"rank {ordered[0]}" if len(ordered) == 1 else f"ranks {', '.join(map(str, ordered))}"
     runs: list[list[int]] = []
     for r in ordered:

@@ -18,8 +18,8 @@ point-to-point calls are seen), ``calls.py`` (a rank's watched calls, as the per
 ``recorder.py`` (one rank's progress: its calls, steps, phases and record), ``monitor.py`` (the thread: store,
 deadline), ``actions.py`` (the hang report, the job stopped), ``failure.py`` (a failed collective or a gone peer,
 reported at once), ``sigterm.py`` (a rank its launcher ends), ``processes.py`` (this host's processes: state, stacks,
-ending them), ``store.py`` (store calls bounded), ``diagnose.py`` (the words, pure), ``options.py`` (the options and
-the deadline rule). docs/watch.md is the guide.
+ending them), ``store.py`` (store calls bounded), ``diagnose.py`` and ``timings.py`` (the words, pure),
+``options.py`` (the options and the deadline rule). docs/watch.md is the guide.
 """
 
 from __future__ import annotations

@@ -1,4 +1,6 @@
-"""From every rank's published progress to the words of a report (pure: no torch, no store, no processes).
+"""From every rank's published progress to the words of a hang report: the ranks behind, stopped or desynchronised,
+a passed phase deadline, a point-to-point call's peers (pure: no torch, no store, no processes). The step timings'
+words, the straggler and the exit summary, are ``timings.py``'s.
 
 A record is what ``Recorder.record`` published (see there); ``stale`` maps the ranks whose heartbeat stopped
 changing to how long ago it last changed, as the reporting rank observed it (its own clock only: no clock sync).
@@ -11,29 +13,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from ddpkit.launcher_output.words import rank_list
 from ddpkit.watch.records import Heartbeat, Waiting
 
-__all__ = ["Hang", "deadline_text", "diagnose_deadline", "diagnose_hang", "find_desync", "p2p_lines", "rank_list",
-           "straggler", "summary_lines"]
+__all__ = ["Hang", "deadline_text", "diagnose_deadline", "diagnose_hang", "find_desync", "p2p_lines"]
 
 Record = Heartbeat
-#: Fewer steps than this on any rank: no straggler verdict (too little to compare).
-MIN_STEPS = 5
 #: What the group's count counts for a model on DDP's C++ path (a record's ``counted_as`` says so where it counts).
 CPP_PATH = "DDP's gradient all-reduce on its C++ path"
-
-
-def _timed(timings: Mapping[str, Any]) -> int:
-    """How many steps a rank's timings measured (one in 10 of its ``steps``; older records: ``steps``)."""
-    return int(timings.get("timed", timings.get("steps", 0)))
-
-
-def rank_list(ranks: list[int]) -> str:
-    ranks = sorted(ranks)
-    if len(ranks) == 1:
-        return f"rank {ranks[0]}"
-    return f"ranks {', '.join(map(str, ranks[:-1]))} and {ranks[-1]}" if len(ranks) < 4 else \
-        f"ranks {', '.join(map(str, ranks))}"
 
 
 def _size(nbytes: int | None) -> str:
@@ -60,8 +47,13 @@ def _on_hosts(ranks: list[int], alive: Mapping[int, Record]) -> str:
     by_host: dict[str, list[int]] = defaultdict(list)
     for r in sorted(ranks):
         by_host[alive[r]["host"]].append(r)
-    parts = [f"{rank_list(rs)} on host {host}" for host, rs in by_host.items()]
+    parts = [f"{rank_list(rs, sentence=True)} on host {host}" for host, rs in by_host.items()]
     return parts[0] if len(parts) == 1 else f"{', '.join(parts[:-1])} and {parts[-1]}"
+
+
+def _ranks_on(ranks: list[int], alive: Mapping[int, Record]) -> str:
+    """``ranks 0 and 2 on a, b``: the ranks, then their hosts."""
+    return f"{rank_list(ranks, sentence=True)} on {', '.join(sorted({alive[r]['host'] for r in ranks}))}"
 
 
 def _busy_headline(waiters: str, plural: bool, waited: float, what: str, busy: list[int],
@@ -243,16 +235,14 @@ def diagnose_hang(records: Mapping[int, Record | None], stale: Mapping[int, floa
                 state += f"; {_busy_state(r, busy_at)}"
             lines.append(f"  {_where(rec)} has not entered {what}; {state}")
         if not busy:
-            lines.append(f"  {rank_list(inside)} on {', '.join(sorted({alive[r]['host'] for r in inside}))} "
-                         f"{'has' if len(inside) == 1 else 'have'} waited {waited:.0f} s in "
-                         + (f"{target['op']} #{seq}" if behind else what))
+            lines.append(f"  {_ranks_on(inside, alive)} {'has' if len(inside) == 1 else 'have'} waited {waited:.0f} s "
+                         "in " + (f"{target['op']} #{seq}" if behind else what))
         event.update(collective={"seq": seq, "op": target["op"], "bytes": target["bytes"], "step": step,
                                  "site": target["site"]}, behind=behind, waiting=inside, waited_s=waited)
         if cpp_desync:
-            lines.append(f"  DESYNC at the group's collective #{min(counted[r] for r in inside)}: {rank_list(inside)} "
-                         f"in {target['op']} (called at {target['site']}); {rank_list(cpp_desync)} on "
-                         f"{', '.join(sorted({alive[r]['host'] for r in cpp_desync}))} in {counted_as} "
-                         "(counted, not seen one by one)")
+            lines.append(f"  DESYNC at the group's collective #{min(counted[r] for r in inside)}: "
+                         f"{rank_list(inside, sentence=True)} in {target['op']} (called at {target['site']}); "
+                         f"{_ranks_on(cpp_desync, alive)} in {counted_as} (counted, not seen one by one)")
             event.update(cpp_desync=cpp_desync)
     elif counted and min(last.values()) < max(counted.values()):
         high = max(counted.values())
@@ -260,7 +250,7 @@ def diagnose_hang(records: Mapping[int, Record | None], stale: Mapping[int, floa
         behind = sorted(r for r, c in last.items() if c == low)
         ahead = sorted(r for r, c in counted.items() if c > low)
         busy = behind if quiet and set(behind) <= outside else []
-        ahead_on = f"{rank_list(ahead)} on {', '.join(sorted({alive[r]['host'] for r in ahead}))}"
+        ahead_on = _ranks_on(ahead, alive)
         if busy:
             lines[0] = _busy_headline(_on_hosts(ahead, alive), len(ahead) > 1, idle,
                                       f"the group's collective #{low + 1}", busy, alive)
@@ -289,8 +279,8 @@ def diagnose_hang(records: Mapping[int, Record | None], stale: Mapping[int, floa
         lines.append(f"  rank {r} never reported to the watch (it did not reach the point where the watch "
                      "begins: init_process_group, or ddpkit check's connection to the job's store)")
     if desync is not None:
-        parts = [f"{rank_list(c['ranks'])} on {', '.join(c['hosts'])} in {c['op']} ({_size(c['bytes'])}) "
-                 f"called at {c['site']}" for c in desync["calls"]]
+        parts = [f"{rank_list(c['ranks'], sentence=True)} on {', '.join(c['hosts'])} in {c['op']} "
+                 f"({_size(c['bytes'])}) called at {c['site']}" for c in desync["calls"]]
         lines.append(f"  DESYNC at collective #{desync['seq']}: " + "; ".join(parts))
     event.update(stopped=stopped, never_reported=never, desync=desync, busy=busy,
                  busy_at={str(r): busy_at[r] for r in busy if r in busy_at})
@@ -343,90 +333,3 @@ def diagnose_deadline(records: Mapping[int, Record | None], stale: Mapping[int, 
     event = {**detail.event, "event": "hang", "deadline_phase": {"index": index, "phase": name, "seconds": seconds,
                                                                  "rank": reporter}, "text": text}
     return Hang(lines=lines, event=event, behind=detail.behind, stopped=detail.stopped)
-
-
-def straggler(records: Mapping[int, Record], share: float) -> tuple[str, dict[str, Any]] | None:
-    """The rank (or host) the others wait for, when they wait more than ``share`` of a step for it.
-
-    In synchronous DDP the slow rank arrives last at each gradient all-reduce, so it waits least there: the others'
-    extra time in gradient sync, beyond the least-waiting rank's, is time spent waiting for it."""
-    timings = {r: rec["timings"] for r, rec in records.items()}
-    if len(timings) < 2 or any(min(_timed(t), t.get("sync_samples", _timed(t))) < MIN_STEPS
-                               for t in timings.values()):
-        return None
-    step = sorted(t["step_mean"] for t in timings.values())[len(timings) // 2]
-    if step <= 0:
-        return None
-    slow = min(timings, key=lambda r: timings[r]["sync_mean"])
-    extra = {r: (t["sync_mean"] - timings[slow]["sync_mean"]) / step for r, t in timings.items()}
-    host = records[slow]["host"]
-    on_host = [r for r in records if records[r]["host"] == host]
-    others = [r for r in records if records[r]["host"] != host]
-    if len(on_host) > 1 and others:
-        waiting_share = sum(extra[r] for r in others) / len(others)
-        # the host is the slow one when its own ranks wait little for one another next to what the other hosts
-        # wait for them (two ranks sharing a busy CPU are never quite in step: one waits a few % for the other)
-        if waiting_share > share and all(extra[r] < max(share / 2, waiting_share / 3) for r in on_host):
-            return (f"ddpkit watch: host {host} ({rank_list(on_host)}) is the slowest: the ranks on other hosts wait "
-                    f"{waiting_share:.0%} of each step for it",
-                    {"event": "straggler", "host": host, "ranks": on_host, "wait_share": round(waiting_share, 4)})
-    rest = [r for r in records if r != slow]
-    waiting_share = sum(extra[r] for r in rest) / len(rest)
-    if waiting_share <= share:
-        return None
-    return (f"ddpkit watch: rank {slow} on {host} is the slowest: the others wait {waiting_share:.0%} of each "
-            "step for it",
-            {"event": "straggler", "rank": slow, "host": host, "wait_share": round(waiting_share, 4)})
-
-
-def summary_lines(records: Mapping[int, Record]) -> tuple[list[str], dict[str, Any]]:
-    """Per rank and per host: steps, step time p50/p99 (ms), the longest step after the first with its number, and
-    the share of a step spent in gradient sync (``n/a`` where no gradient sync was sampled). The percentiles come
-    from one step in ten (``recorder.SAMPLE_EVERY``) and a p99 passes over a single stall; the longest is every
-    step's. A host's p50 is the median of its ranks' p50s, its p99 and longest the largest of its ranks', its wait the
-    mean of its sampled ranks'."""
-    rows = {r: rec["timings"] for r, rec in sorted(records.items()) if _timed(rec["timings"]) > 0}
-    if not rows:
-        return [], {}
-    lines = ["ddpkit watch: summary (step = one DDP forward to the next; wait = time in gradient sync; longest = the "
-             "longest step after the first)",
-             f"  {'rank':>4}  {'host':<16} {'steps':>6} {'p50 ms':>9} {'p99 ms':>9} {'longest':>22} {'wait':>6}"]
-    event: dict[str, Any] = {"event": "summary", "ranks": {}, "hosts": {}}
-    hosts: dict[str, list[int]] = defaultdict(list)
-    for r, t in rows.items():
-        host = records[r]["host"]
-        hosts[host].append(r)
-        sampled = t.get("sync_samples", 1) > 0 and t["step_mean"] > 0
-        wait = round(t["sync_mean"] / t["step_mean"], 4) if sampled else None
-        lines.append(f"  {r:>4}  {host:<16} {t['steps']:>6} {t['step_p50'] * 1e3:>9.2f} {t['step_p99'] * 1e3:>9.2f} "
-                     f"{_longest(t):>22} {_share(wait):>6}")
-        event["ranks"][str(r)] = {"host": host, "steps": t["steps"], "step_p50_s": t["step_p50"],
-                                  "step_p99_s": t["step_p99"], "step_max_s": t.get("step_max"),
-                                  "step_max_at": t.get("step_max_at"), "wait_share": wait}
-    for host, ranks in sorted(hosts.items()):
-        p50 = sorted(rows[r]["step_p50"] for r in ranks)[len(ranks) // 2]
-        p99 = max(rows[r]["step_p99"] for r in ranks)
-        slowest = max(ranks, key=lambda r: rows[r].get("step_max", 0.0))
-        shares = [event["ranks"][str(r)]["wait_share"] for r in ranks]
-        shares = [w for w in shares if w is not None]
-        wait = round(sum(shares) / len(shares), 4) if shares else None
-        longest = f", longest {_longest(rows[slowest], rank=slowest)}" if "step_max" in rows[slowest] else ""
-        lines.append(f"  host {host}: {rank_list(ranks)}, step p50 {p50 * 1e3:.2f} ms, p99 {p99 * 1e3:.2f} ms"
-                     f"{longest}, wait {_share(wait)}")
-        event["hosts"][host] = {"ranks": ranks, "step_p50_s": p50, "step_p99_s": p99,
-                                "step_max_s": rows[slowest].get("step_max"), "wait_share": wait}
-    return lines, event
-
-
-def _longest(timings: Mapping[str, Any], rank: int | None = None) -> str:
-    """``75.2 s (step 21)``, ``31.40 ms (step 7, rank 1)``; ``n/a`` before a second step ended."""
-    if "step_max" not in timings:
-        return "n/a"
-    seconds = float(timings["step_max"])
-    took = f"{seconds:.1f} s" if seconds >= 1 else f"{seconds * 1e3:.2f} ms"
-    return f"{took} (step {timings['step_max_at']}{'' if rank is None else f', rank {rank}'})"
-
-
-def _share(wait: float | None) -> str:
-    """A share of a step (``12.5%``), or ``n/a`` where none was measured (no gradient sync sampled)."""
-    return "n/a" if wait is None else f"{wait:.1%}"

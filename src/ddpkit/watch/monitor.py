@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 from ddpkit.base.errors import EXIT_MISSING, first_line
 from ddpkit.base.log import get_logger
 from ddpkit.watch.actions import HANDLERS_WAIT_S, Actions
-from ddpkit.watch.diagnose import diagnose_deadline, diagnose_hang, straggler, summary_lines
+from ddpkit.watch.diagnose import diagnose_deadline, diagnose_hang
 from ddpkit.watch.failure import FailureReport
 from ddpkit.watch.options import WatchOptions, hang_deadline, made_a_step, stop_deadline
 from ddpkit.watch.processes import STACK_WAIT_S, python_stacks, stop_rank, write_lines
@@ -36,6 +36,7 @@ from ddpkit.watch.records import AbortOrder, Heartbeat
 from ddpkit.watch.steplines import StepLines
 from ddpkit.watch.store import BoundedStore
 from ddpkit.watch.storeloss import StoreLoss, holder_left
+from ddpkit.watch.timings import straggler, summary_lines
 
 if TYPE_CHECKING:
     import torch.distributed as dist
