@@ -212,7 +212,8 @@ def test_make_job_trains_a_user_model(tmp_path: Path) -> None:
 
 
 def test_bad_input_exits_2_before_training(baseline: Path, tmp_path: Path) -> None:
-    cases = [("--save-every", "0"), ("--samples", "-5"), ("--snapshot-path", str(tmp_path / "missing" / "s.pt")),
+    (tmp_path / "a file").write_text("")  # a missing directory is created; one that cannot be is refused
+    cases = [("--save-every", "0"), ("--samples", "-5"), ("--snapshot-path", str(tmp_path / "a file" / "s.pt")),
              ("--make-job", "no_such_pkg_xyz.jobs:make_job"), ("--drill", "kill-worker@epoch=1")]
     for args in cases:
         done = run_ddpkit("train", "-n", "2", *args, timeout=120)
