@@ -89,11 +89,9 @@ def _options(nproc: int = 2, **kw: object) -> LaunchOptions:
 def test_a_killed_rank_is_relaunched_and_a_clean_attempt_ends_the_run(tmp_path: Path) -> None:
     codes = iter([137, 0])
 
-    def agent(options: LaunchOptions) -> int:
+    def agent(options: LaunchOptions) -> AttemptResult:
         code = next(codes)
-        assert options.on_result is not None
-        options.on_result(result(code, (1, -signal.SIGKILL)) if code else result(0))
-        return code
+        return result(code, (1, -signal.SIGKILL)) if code else result(0)
 
     assert supervise(_World(), _args(tmp_path), _options, agent) == 0  # type: ignore[arg-type]
     ended = Ledger(tmp_path / "run").ended()
@@ -103,14 +101,16 @@ def test_a_killed_rank_is_relaunched_and_a_clean_attempt_ends_the_run(tmp_path: 
 
 def test_a_healthy_run_is_one_attempt(tmp_path: Path) -> None:
     calls: list[LaunchOptions] = []
-    assert supervise(_World(), _args(tmp_path), _options, lambda o: calls.append(o) or 0) == 0  # type: ignore[arg-type,func-returns-value]
+    assert supervise(_World(), _args(tmp_path), _options,  # type: ignore[arg-type]
+                     lambda o: calls.append(o) or result(0)) == 0  # type: ignore[func-returns-value]
     assert len(calls) == 1
     (only,) = Ledger(tmp_path / "run").ended()
     assert isinstance(only, AttemptEnded) and only.action is Action.STOP and only.classification is None
 
 
 def test_give_up_after_max_attempts(tmp_path: Path) -> None:
-    assert supervise(_World(), _args(tmp_path, max_attempts=2), _options, lambda o: 5) == 5  # type: ignore[arg-type]
+    assert supervise(_World(), _args(tmp_path, max_attempts=2), _options,  # type: ignore[arg-type]
+                     lambda o: result(5)) == 5
     assert [e.action for e in Ledger(tmp_path / "run").ended()] == [Action.RETRY, Action.GIVE_UP]
 
 
@@ -142,7 +142,7 @@ def test_trains_progress_is_its_newest_snapshot_step(tmp_path: Path) -> None:
 
 
 def test_an_exception_out_of_the_agent_is_recorded_and_goes_on(tmp_path: Path) -> None:
-    def agent(options: LaunchOptions) -> int:
+    def agent(options: LaunchOptions) -> AttemptResult:
         raise ConfigError("the rendezvous failed")
 
     with pytest.raises(ConfigError):

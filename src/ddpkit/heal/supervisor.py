@@ -3,8 +3,8 @@ failed attempt classified (``classify``), recorded in the run's ledger (``ledger
 
 Evidence, as values from their sources, never read back from a line ddpkit printed:
 
-- the attempt's typed result (``ddpkit.launch.result.AttemptResult``, handed over through
-  ``LaunchOptions.on_result``): torch's per-rank failures (rank, pid, exit code or signal), a signal from outside
+- the attempt's typed result (``ddpkit.launch.result.AttemptResult``, what ``launch()`` returns, as torch
+  elastic's ``RunResult``): torch's per-rank failures (rank, pid, exit code or signal), a signal from outside
   the job, and the watch's abort orders, which name the ranks that stopped answering and their hosts;
 - under ``ddpkit run``, the per-rank log files the agent keeps (``LaunchOptions.log_dir``,
   ``LOG_DIR/attempt-N/rank-R.stderr.log``): each rank's last Python traceback, as Python printed it.
@@ -57,7 +57,7 @@ TAIL_BYTES = 64 * 1024
 
 
 def supervise(world: WorldInfo, request: HealRequest, options_for: Callable[[], LaunchOptions],
-              launch_attempt: Callable[[LaunchOptions], int]) -> int:
+              launch_attempt: Callable[[LaunchOptions], AttemptResult]) -> int:
     """Run attempts (``launch_attempt(options)``: the agent, once) until one succeeds or the policy stops; return
     the run's exit code. ``options_for`` builds the agent's options (after the refusals: it checks -n/-j)."""
     _refuse_unless_one_host(world, request)
@@ -95,7 +95,7 @@ class _AgentAttempts(Adapter):
     style = Style.ONE_HOST
 
     def __init__(self, request: HealRequest, options: LaunchOptions,
-                 launch_attempt: Callable[[LaunchOptions], int], run_dir: RunDir, host: str) -> None:
+                 launch_attempt: Callable[[LaunchOptions], AttemptResult], run_dir: RunDir, host: str) -> None:
         self.request, self.options, self.launch_attempt = request, options, launch_attempt
         self.run_dir, self.host = run_dir, host
 
@@ -103,15 +103,13 @@ class _AgentAttempts(Adapter):
         return str(self.run_dir.attempt(attempt)) if self.request.keeps_rank_logs else None
 
     def start(self, attempt: int, of_session: int, hosts: tuple[str, ...]) -> Ended:
-        results: list[AttemptResult] = []
-        options = dataclasses.replace(self.options, log_dir=str(self.run_dir.attempt(attempt)),
-                                      on_result=results.append)
+        options = dataclasses.replace(self.options, log_dir=str(self.run_dir.attempt(attempt)))
         os.environ[ATTEMPT_VAR] = str(attempt)  # train's rank 0 writes its goodput lines under this attempt
-        code = self.launch_attempt(options)
-        if not code:
+        result = self.launch_attempt(options)
+        if not result.exit_code:
             return Ended(exit_code=0)
-        return Ended(exit_code=code, evidence=gather(code, results[-1] if results else None, self.logs(attempt),
-                                                     self.host))
+        return Ended(exit_code=result.exit_code, evidence=gather(result.exit_code, result, self.logs(attempt),
+                                                                 self.host))
 
     def progress(self) -> int | None:
         return newest_snapshot_step(self.request.progress_path)

@@ -86,13 +86,12 @@ class LaunchOptions:
     """Wraps this node's rendezvous handler: called with torch's ``RendezvousHandler`` and the name the wrapper's
     ``get_backend()`` must return; torch's agent uses what it returns (``ddpkit.heal.elastic`` keeps excluded hosts
     out of later rounds). None: torch's handler as it is."""
-    on_result: Callable[[AttemptResult], None] | None = None
-    """Called with the attempt's typed result (``ddpkit.launch.result``) before ``launch`` returns its exit code:
-    a heal supervisor classifies the attempt from it. Not called where ``launch`` raises."""
 
 
-def launch(options: LaunchOptions, entrypoint: Entrypoint, argv: list[str]) -> int:
-    """Run ``entrypoint`` with ``argv`` on this node's ranks; return the exit code of the first failed rank, or 0."""
+def launch(options: LaunchOptions, entrypoint: Entrypoint, argv: list[str]) -> AttemptResult:
+    """Run ``entrypoint`` with ``argv`` on this node's ranks; how it ended, as values (``launch.result``, as torch
+    elastic's ``RunResult``): the exit code (the first failed rank's, or 0), torch's typed per-rank failures, a
+    signal from outside, the watch's abort orders."""
     from torch.distributed.elastic.multiprocessing import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.elastic.rendezvous.api import RendezvousError
@@ -162,7 +161,7 @@ def launch(options: LaunchOptions, entrypoint: Entrypoint, argv: list[str]) -> i
     watch = RendezvousWatch(endpoint, config.run_id) if endpoint and options.rdzv_backend == "c10d" else None
     backstop = LostPeerBackstop(stop_dir, cleanup=lambda: shutil.rmtree(mark_dir, ignore_errors=True))
     code = 1
-    result: AttemptResult | None = None
+    result = AttemptResult(exit_code=code)
     try:
         if endpoint and options.rdzv_backend == "c10d" and not _hosts_store(endpoint, conf):
             await_endpoint(endpoint, float(conf["join_timeout"]))  # type: ignore[arg-type]
@@ -183,7 +182,6 @@ def launch(options: LaunchOptions, entrypoint: Entrypoint, argv: list[str]) -> i
             ranks.release()  # a preemption is no failure: the ranks' own lines say how they stopped
         elif ranks:
             ranks.say_failure(failures, None if first is None else first.rank)
-        return code
     except SignalException as exc:
         left = _preempted_code(mark)
         log.warning("received %s from outside the job: the workers were stopped%s", exc.sigval.name,
@@ -191,20 +189,18 @@ def launch(options: LaunchOptions, entrypoint: Entrypoint, argv: list[str]) -> i
                                                                                 "from: their progress is lost"))
         code = left if left is not None else 128 + int(exc.sigval)
         result = AttemptResult(exit_code=code, outside_signal=exc.sigval.name)
-        return code
     except RendezvousError as exc:
         raise _rendezvous_failure(exc, watch, options, config.rdzv_endpoint, conf, lost_reports(stop_dir)) from None
     finally:
         os.environ.pop(worker.RESULT_DIR, None)  # this agent's own exit code is not a worker's result
-        if result is not None and options.on_result is not None:  # before the stop directory goes
-            options.on_result(dataclasses.replace(result, watch_orders=abort_orders(stop_dir)))
+        result = dataclasses.replace(result, watch_orders=abort_orders(stop_dir))  # before the stop directory goes
         shutil.rmtree(mark_dir, ignore_errors=True)
         if ranks:
             for name in _TORCH_FAILURE_LOGGERS:
                 logging.getLogger(name).removeFilter(ranks.failure_seen)
             if code == 0 and options.log_dir is None:
                 shutil.rmtree(ranks.directory, ignore_errors=True)
-    return code
+    return result
 
 
 #: torch's loggers whose lines say that a worker failed and the others are being ended

@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from ddpkit.base.shape import JobShape
     from ddpkit.env import WorldInfo
     from ddpkit.launch.agent import LaunchOptions
+    from ddpkit.launch.result import AttemptResult
 
 __all__ = ["RankStart", "WorkerCommand", "run_rank"]
 
@@ -66,7 +67,7 @@ def run_rank(command: WorkerCommand, module: ModuleType, args: argparse.Namespac
                               run_id=getattr(args, "run_id", None), snapshot_path=getattr(args, "snapshot_path", None),
                               argv=tuple(getattr(args, "ddpkit_argv", ())))
         return supervise(world, request, lambda: replace(launch_options(args), preload=command.preload),
-                         lambda options: _launch(argv, options, main))
+                         lambda options: _attempt(argv, options, main))
     if world.is_agent:  # a Kubeflow pod asked for several processes: be its agent, as torchrun would be
         return _launch(argv, kubeflow_agent_options(world), main)
     if world.launcher == "none":
@@ -183,7 +184,12 @@ def kubeflow_agent_options(world: WorldInfo) -> LaunchOptions:
 
 
 def _launch(argv: list[str], options: LaunchOptions, main: Callable[[list[str]], int]) -> int:
-    """Be this node's agent: every worker runs ``main`` with the same argv."""
+    """Be this node's agent: every worker runs ``main`` with the same argv; the exit code."""
+    return _attempt(argv, options, main).exit_code
+
+
+def _attempt(argv: list[str], options: LaunchOptions, main: Callable[[list[str]], int]) -> AttemptResult:
+    """One run of this node's agent, its outcome as values (what a heal supervisor classifies)."""
     from ddpkit.launch.agent import Entrypoint, launch
 
     return launch(options, Entrypoint(main=main, module="ddpkit"), argv)
