@@ -124,6 +124,10 @@ class Adapter:
         """The run's progress after an attempt: the newest snapshot's step (None: not known)."""
         return None
 
+    def logs(self, attempt: int) -> str | None:
+        """Where the attempt's per-rank logs are kept (the ledger's ``AttemptStarted.logs``); None: not kept."""
+        return None
+
     def prepare(self, attempt: int, hosts: tuple[str, ...]) -> tuple[str, ...] | None:
         """The hosts proven for the next attempt (Slurm's preflight after a host fault); None: too few left."""
         return hosts
@@ -225,7 +229,7 @@ class Attempts:
                 hosts = adapter.prepare(attempt, hosts)
             if hosts is None:
                 return adapter.no_hosts(of_session)
-            self.started(attempt, hosts, len(hosts) * ranks_per_host, logs=self.logs_of(adapter, attempt))
+            self.started(attempt, hosts, len(hosts) * ranks_per_host, logs=adapter.logs(attempt))
             try:
                 ended = adapter.start(attempt, of_session, hosts)
             except BaseException as exc:  # the agent itself failed, or a signal came before it stopped its ranks
@@ -244,11 +248,6 @@ class Attempts:
             if decision.action is not Action.RETRY:
                 return int(decision.exit_code if decision.exit_code is not None else ended.exit_code)
         raise AssertionError("the policy gives up at --max-attempts")  # decide() never retries the last attempt
-
-    @staticmethod
-    def logs_of(adapter: Adapter, attempt: int) -> str | None:
-        where = getattr(adapter, "logs", None)
-        return where(attempt) if callable(where) else None
 
 
 def exit_code_of(exc: BaseException) -> int:
