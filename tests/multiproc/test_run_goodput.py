@@ -225,6 +225,9 @@ def test_a_script_resuming_from_its_checkpoint_is_charged_the_steps_it_did_again
     truth = (kill_epoch - resumed_at) * steps_per_epoch + 5  # the epochs run again, and 5 steps of the killed one
     split = load_run(tmp_path / "run").split
     assert [a.attempt for a in split.attempts] == [1, 2], split.attempts
+    if not split.attempts[0].steps:  # (seen once in CI: rank 0 of the killed attempt left no line) said, not guessed
+        assert split.lost_steps is None and not split.lost_known, split
+        return
     assert split.lost_steps is not None and abs(split.lost_steps - truth) <= steps_per_epoch, (split.lost_steps, truth)
     assert split.attempts[1].resumed_from == resumed_at * steps_per_epoch
     assert split.furthest_step == 12 * steps_per_epoch - 1  # the last step was in flight at the end

@@ -114,3 +114,15 @@ def test_every_output_says_when_the_steps_done_again_are_not_known(tmp_path) -> 
     text = prometheus_text(view)
     assert 'ddpkit_lost_steps_known{run="run"} 0.0' in text and "\nddpkit_lost_steps_total{" not in text
     json.dumps(trace)  # the trace still writes as JSON
+
+
+def test_an_earlier_attempt_that_left_no_lines_makes_the_steps_done_again_not_known() -> None:
+    """Attempt 1 ran 50 s and its rank 0 wrote nothing (killed before its first line): attempt 2 is not the first
+    that made steps, it is the first ddpkit saw. "0 steps done again" would be a guess; "not known" is the truth."""
+    records = _attempt(2, 100.0, 160, epoch_len=20)
+    split = account(_spans((0.0, 50.0, 137), (100.0, 150.0, 0)), records)
+    assert split.lost_steps is None and not split.lost_known
+    # train numbers its steps across attempts: its figure does not depend on what an earlier attempt wrote
+    steps = [Steps(attempt=2, start=100.0, end=101.0, first=11, last=20, busy_s=1.0, p50_ms=100.0)]
+    started = [RankStarted(attempt=2, time=100.0, process=100.0, pid=1, host="h", world_size=2)]
+    assert account(_spans((0.0, 50.0, 137), (100.0, 150.0, 0)), [*started, *steps]).lost_steps == 0

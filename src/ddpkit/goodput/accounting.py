@@ -224,6 +224,7 @@ def account(attempts: Sequence[AttemptSpan], records: Sequence[GoodputRecord], *
                 others.setdefault(r.attempt, {}).setdefault(rank, []).append(r)
     accounts: list[AttemptAccount] = []
     furthest: int | None = 0  # None: not known (an attempt whose steps could not be placed)
+    unseen = False  # an attempt ran and left no step lines
     epochs = {r.epoch for r in records if isinstance(r, EpochBegan)}
     length = epoch_length(records)
     previous_end = start
@@ -232,12 +233,17 @@ def account(attempts: Sequence[AttemptSpan], records: Sequence[GoodputRecord], *
         end = span.end if span.end is not None else (_last_time(recs) or now or span.start)
         if index:
             total[Category.RELAUNCH] += max(0.0, span.start - previous_end)
-        one = _attempt(span, end, recs, furthest, others.get(span.attempt, {}), length, len(epochs) <= 1)
+        # an earlier attempt that left no step lines may have made steps ddpkit did not see: where steps are
+        # numbered per attempt (a user's script), what was done before is then not known, never taken as nothing
+        before = None if unseen and numbered_per_attempt(recs) else furthest
+        one = _attempt(span, end, recs, before, others.get(span.attempt, {}), length, len(epochs) <= 1)
         accounts.append(one)
         for category, seconds in one.seconds.items():
             total[category] += seconds
         if one.steps:
-            furthest = None if furthest is None or one.reached is None else max(furthest, one.reached)
+            furthest = None if before is None or one.reached is None else max(before, one.reached)
+        elif end > span.start:
+            unseen = True
         previous_end = end
     lost = [a.lost_steps for a in accounts]
     split = Split(start=start, end=previous_end, seconds=total, attempts=accounts, windows=[], window_s=window_s,

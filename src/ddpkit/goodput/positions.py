@@ -22,7 +22,9 @@ anything else                                 not known: its steps done again ar
                                               reached is not known)
 ============================================  ==========================================================
 
-The first attempt that made steps has nothing before it: it did nothing again, placed or not.
+The first attempt that made steps has nothing before it: it did nothing again, placed or not, unless an attempt
+before it ran and left no step lines (killed before its rank 0's first line): what that one did is not known, so
+the steps done again are not known either (``accounting``).
 """
 
 from __future__ import annotations
