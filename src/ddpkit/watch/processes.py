@@ -12,6 +12,7 @@ import tempfile
 import threading
 import time
 import traceback
+from collections.abc import Callable
 from typing import NoReturn
 
 from ddpkit.base.errors import EXIT_MISSING
@@ -136,6 +137,18 @@ def _leave_ended_mark() -> None:
                 os.unlink(entry.path)
 
 
+#: What this rank writes before the watch ends it with ``os._exit``: its last goodput lines (``watch.steplines``
+#: registers them). Every way the watch stops a rank goes through ``stop_rank``, so no exit path loses them.
+LAST_WORDS: list[Callable[[], None]] = []
+
+
+def _last_words() -> None:
+    for write in list(LAST_WORDS):
+        with contextlib.suppress(Exception):  # a file that cannot be written must not keep the rank
+            write()
+    flush_files()
+
+
 def stop_rank(line: str | None) -> NoReturn:
     """End this rank with exit 3 (EXIT_MISSING), after ``line`` on stderr: ``os._exit``, since a thread blocked in C
     (the rank's main thread in a collective) cannot hold the process then. A mark on this host says so to a peer
@@ -145,7 +158,7 @@ def stop_rank(line: str | None) -> NoReturn:
         write_lines([line])
     # what the script wrote to its files so far reaches them (not closed: its main thread may still hold them); on
     # a thread of its own, bounded: a write stuck on a full pipe must not keep the rank
-    flushing = threading.Thread(target=flush_files, name="ddpkit-flush", daemon=True)
+    flushing = threading.Thread(target=_last_words, name="ddpkit-flush", daemon=True)
     flushing.start()
     flushing.join(timeout=FLUSH_WAIT_S)
     with contextlib.suppress(OSError, ValueError):

@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING
 from ddpkit.base.log import get_logger
 from ddpkit.goodput.records import EpochBegan, Finished, GoodputLog, RankStarted, Steps, attempt_from_environ
 from ddpkit.process.worker_context import WorkerContext, process_started_at
+from ddpkit.watch.processes import LAST_WORDS
 
 if TYPE_CHECKING:
     from ddpkit.watch.recorder import Recorder
@@ -63,6 +64,7 @@ class StepLines:
                                    process=context.started_at if context.restart_count == 0 else process_started_at(),
                                    world_size=recorder.world_size, numbering="attempt")
         self.epochs = 0  # the recorder's epochs written
+        LAST_WORDS.append(self._last)  # the watch ending this rank (exit 3, a lost store) writes them first
 
     def beat(self, *, final: bool = False) -> None:
         """Write the steps that ended since the last line (at most one line every ``every_s``, unless ``final``).
@@ -99,6 +101,9 @@ class StepLines:
                              busy_s=span, p50_ms=span / count * 1e3, rank=rec.rank, sync_s=sync))
         self.first, self.at, self.sync = n, began, (total, samples)
 
+    def _last(self) -> None:
+        self.beat(final=True)
+
     def _write_epochs(self) -> None:
         marks = self.rec.epochs[self.epochs:]
         for epoch, step, at in marks:
@@ -115,3 +120,5 @@ class StepLines:
                     self.log.write(Finished(attempt=self.log.attempt, time=time.time(),
                                             step=max(0, self.first - 1), outcome="completed"))
             self.log.close()
+        with contextlib.suppress(ValueError):
+            LAST_WORDS.remove(self._last)
