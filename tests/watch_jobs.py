@@ -19,6 +19,21 @@ from typing import Any
 from tests.helpers import ROOT, ddpkit_env, free_port
 
 JOB = ROOT / "tests" / "multiproc" / "watch_user_job.py"
+#: Rank 1 makes one all-reduce more than rank 0, of the size of DDP's bucket: the calls pair up one step off, rank 0
+#: finishes its loop and ends its process group while rank 1 waits in its last all-reduce.
+ONE_EXTRA_ALL_REDUCE = """
+import torch, torch.distributed as dist
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(64, 64))
+size = sum(p.numel() for p in model.parameters())
+for step in range(40):
+    if step == 10 and rank == 1:
+        dist.all_reduce(torch.zeros(size))
+    model(torch.randn(8, 64)).sum().backward()
+print(f"rank {rank} done", flush=True)
+dist.destroy_process_group()
+"""
 HOST = socket.gethostname().split(".", 1)[0]
 
 

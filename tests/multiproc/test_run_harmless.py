@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import ddpkit_env, run_ddpkit
-from tests.watch_jobs import HOST, leftover, run_watched, torchrun
+from tests.watch_jobs import HOST, ONE_EXTRA_ALL_REDUCE, leftover, run_watched, torchrun
 
 pytestmark = pytest.mark.multiproc
 
@@ -157,29 +157,13 @@ def test_a_missing_script_is_refused_once_before_any_rank_starts(tmp_path: Path)
     assert "OMP_NUM_THREADS" not in res.stderr, res.stderr
 
 
-# rank 1 makes one all-reduce more than rank 0, of the size of DDP's bucket: the calls pair up one step off, rank 0
-# finishes its loop, rank 1 waits in its last all-reduce for a rank that is done
-EXTRA = """
-import torch, torch.distributed as dist
-dist.init_process_group("gloo")
-rank = dist.get_rank()
-model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(64, 64))
-size = sum(p.numel() for p in model.parameters())
-for step in range(40):
-    if step == 10 and rank == 1:
-        dist.all_reduce(torch.zeros(size))
-    model(torch.randn(8, 64)).sum().backward()
-print(f"rank {rank} done", flush=True)
-dist.destroy_process_group()
-"""
-
 
 @pytest.mark.parametrize("watch", [(), ("--no-watch",)])
 def test_a_rank_that_finished_leaves_and_its_peer_fails_at_once(watch: tuple[str, ...], tmp_path: Path) -> None:
     """torch's wrapper of a forked worker kept a finished rank alive until every rank finished: its sockets open,
     rank 1 waited for it for good (the watch then called rank 0 'stopped answering' and the job ended by SIGKILL
     after 67 s). Now rank 0 leaves, rank 1's all-reduce fails at once and rank 1 is named; no C++ frame is shown."""
-    script = _write(tmp_path, "extra.py", EXTRA)
+    script = _write(tmp_path, "extra.py", ONE_EXTRA_ALL_REDUCE)
     res = run_ddpkit("run", "-n", "2", *watch, "--", str(script), timeout=120)
     out = res.stdout + res.stderr
     assert res.returncode == 1, out[-4000:]
