@@ -130,12 +130,14 @@ def add_worker_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--local-addr", default=None, help="this node's address as the other nodes reach it")
     g.add_argument("--max-restarts", type=int, default=0, metavar="N",
                    help="restart the local worker group up to N times after a failure")
-    g.add_argument("--heal", action="store_true",
+    g.add_argument("--heal", nargs="?", const="restart", default=None, choices=("restart", "live"),
                    help="run, train: after a failed attempt, classify it (host, job, preempted, unknown), "
                         "record it in the run's ledger and relaunch where another attempt can help; a failure of "
                         "the program itself twice in a row ends with exit 93 (do not requeue). -n N on one host; "
                         "-j MIN:MAXxP on every host (a host at fault is excluded from later rounds; its agent "
-                        "exits 95)")
+                        "exits 95). --heal live (train -n N): a lost rank is replaced while the others keep their "
+                        "processes, taking its state from a live peer: no snapshot read, no step lost "
+                        "(docs/heal.md)")
     g.add_argument("--max-attempts", type=int, default=3, metavar="N",
                    help="with --heal: attempts at most, the first included (default 3)")
     g.add_argument("--run-dir", default=None, metavar="PATH",

@@ -21,6 +21,9 @@ class HealRequest:
     """``train --snapshot-path``: where the run's progress (its newest snapshot's step) is read."""
     argv: tuple[str, ...] = ()
     """ddpkit's command line, as given (the ledger's ``SupervisorStarted.command``)."""
+    live: bool = False
+    """``--heal live``: a lost rank is replaced within the attempt, the others keeping their processes
+    (``ddpkit.launch.live``); an attempt that cannot go on live fails, and is healed by a restart."""
 
     @property
     def keeps_rank_logs(self) -> bool:

@@ -37,11 +37,12 @@ from ddpkit.heal.request import HealRequest
 from ddpkit.launcher_output.ddpkit_lines import silent_ranks
 from ddpkit.process.worker_context import HEAL_SILENT_DEFAULT_S, HEAL_SILENT_S
 from ddpkit.rundir import RunDir
-from ddpkit.rundir.ledger import Ledger, SupervisorStarted
+from ddpkit.rundir.ledger import Ledger, RankReplaced, SupervisorStarted
 
 if TYPE_CHECKING:
     from ddpkit.env import WorldInfo
     from ddpkit.launch.agent import LaunchOptions
+    from ddpkit.launch.live import LiveHeal
     from ddpkit.launch.result import AttemptResult
 
 __all__ = ["HEALED_COMMANDS", "RUNS_DIR", "supervise"]
@@ -62,6 +63,7 @@ def supervise(world: WorldInfo, request: HealRequest, options_for: Callable[[], 
     the run's exit code. ``options_for`` builds the agent's options (after the refusals: it checks -n/-j)."""
     _refuse_unless_one_host(world, request)
     options = options_for()
+    _refuse_live_unless_train_on_one_host(request, options)
     if options.shape.max_nodes > 1:  # -j MIN:MAXxP on every host: the hosts that are left go on (heal.elastic)
         from ddpkit.heal.elastic import supervise_across_hosts
 
@@ -83,7 +85,7 @@ def supervise(world: WorldInfo, request: HealRequest, options_for: Callable[[], 
     # keeps its heartbeat and is never one)
     os.environ.setdefault(HEAL_SILENT_S, f"{HEAL_SILENT_DEFAULT_S:g}")
     attempts = Attempts(ledger=ledger, policy=policy, style=Style.ONE_HOST, here=host)
-    agent = _AgentAttempts(request, options, launch_attempt, RunDir(run_dir), host)
+    agent = _AgentAttempts(request, options, launch_attempt, RunDir(run_dir), host, ledger)
     return attempts.run(agent, ranks_per_host=options.shape.nproc_per_node)
 
 
@@ -95,15 +97,18 @@ class _AgentAttempts(Adapter):
     style = Style.ONE_HOST
 
     def __init__(self, request: HealRequest, options: LaunchOptions,
-                 launch_attempt: Callable[[LaunchOptions], AttemptResult], run_dir: RunDir, host: str) -> None:
+                 launch_attempt: Callable[[LaunchOptions], AttemptResult], run_dir: RunDir, host: str,
+                 ledger: Ledger) -> None:
         self.request, self.options, self.launch_attempt = request, options, launch_attempt
-        self.run_dir, self.host = run_dir, host
+        self.run_dir, self.host, self.ledger = run_dir, host, ledger
 
     def logs(self, attempt: int) -> str | None:
         return str(self.run_dir.attempt(attempt)) if self.request.keeps_rank_logs else None
 
     def start(self, attempt: int, of_session: int, hosts: tuple[str, ...]) -> Ended:
         options = dataclasses.replace(self.options, log_dir=str(self.run_dir.attempt(attempt)))
+        if self.request.live:  # a lost rank is replaced within the attempt (ddpkit.launch.live)
+            options = dataclasses.replace(options, live_heal=lambda heal: self.ledger.append(replaced(attempt, heal)))
         os.environ[ATTEMPT_VAR] = str(attempt)  # train's rank 0 writes its goodput lines under this attempt
         result = self.launch_attempt(options)
         if not result.exit_code:
@@ -113,6 +118,15 @@ class _AgentAttempts(Adapter):
 
     def progress(self) -> int | None:
         return newest_snapshot_step(self.request.progress_path)
+
+
+def replaced(attempt: int, heal: LiveHeal) -> RankReplaced:
+    """The ledger's record of one live heal of ``attempt``."""
+    return RankReplaced(attempt=attempt, rank=heal.rank, host=heal.host, why=heal.why, lost_at=heal.lost_at,
+                        joined_at=heal.joined_at or heal.lost_at, first_step_at=heal.first_step_at or heal.lost_at,
+                        source=heal.source if heal.source is not None else -1, step=heal.step or 0,
+                        lost_pid=heal.lost_pid, replacement_pid=heal.replacement_pid,
+                        kept=tuple(rank for rank, _ in heal.kept))
 
 
 def _start_goodput(run_dir: Path, host: str) -> None:
@@ -218,6 +232,17 @@ def _refuse_unless_one_host(world: WorldInfo, request: HealRequest) -> None:
                           f"drop --heal: {request.command} reports what it finds and is not retried")
     if request.max_attempts < 1:
         raise ConfigError(f"--max-attempts {request.max_attempts}", "1 or more", "pass --max-attempts 3 (the default)")
+
+
+def _refuse_live_unless_train_on_one_host(request: HealRequest, options: LaunchOptions) -> None:
+    if not request.live:
+        return
+    if request.command != "train":
+        raise ConfigError(f"--heal live with ddpkit {request.command}", "--heal live with ddpkit train -n N (the "
+                          "trainer hands its state to a replacement)", "use --heal (a restart heal)")
+    if options.shape.max_nodes > 1:
+        raise ConfigError(f"--heal live with -j {options.shape}", "--heal live with -n N on one host",
+                          "use -n N, or --heal (the restart heal across hosts)")
 
 
 def _refuse_unless_local(options: LaunchOptions) -> None:

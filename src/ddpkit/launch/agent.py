@@ -86,6 +86,9 @@ class LaunchOptions:
     """Wraps this node's rendezvous handler: called with torch's ``RendezvousHandler`` and the name the wrapper's
     ``get_backend()`` must return; torch's agent uses what it returns (``ddpkit.heal.elastic`` keeps excluded hosts
     out of later rounds). None: torch's handler as it is."""
+    live_heal: Callable[[Any], None] | None = None
+    """``--heal live`` (one host): ranks started one by one, a lost one replaced while the others keep running
+    (``ddpkit.launch.live``); called with each ``LiveHeal`` once its replacement trains. None: torch's agent."""
 
 
 def launch(options: LaunchOptions, entrypoint: Entrypoint, argv: list[str]) -> AttemptResult:

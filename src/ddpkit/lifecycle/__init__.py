@@ -65,7 +65,7 @@ def run_rank(command: WorkerCommand, module: ModuleType, args: argparse.Namespac
 
         request = HealRequest(command=args.command, max_attempts=args.max_attempts, run_dir=args.run_dir,
                               run_id=getattr(args, "run_id", None), snapshot_path=getattr(args, "snapshot_path", None),
-                              argv=tuple(getattr(args, "ddpkit_argv", ())))
+                              argv=tuple(getattr(args, "ddpkit_argv", ())), live=args.heal == "live")
         return supervise(world, request, lambda: replace(launch_options(args), preload=command.preload),
                          lambda options: _attempt(argv, options, main))
     if world.is_agent:  # a Kubeflow pod asked for several processes: be its agent, as torchrun would be
@@ -192,7 +192,12 @@ def _attempt(argv: list[str], options: LaunchOptions, main: Callable[[list[str]]
     """One run of this node's agent, its outcome as values (what a heal supervisor classifies)."""
     from ddpkit.launch.agent import Entrypoint, launch
 
-    return launch(options, Entrypoint(main=main, module="ddpkit"), argv)
+    entrypoint = Entrypoint(main=main, module="ddpkit")
+    if options.live_heal is not None:  # --heal live: ranks started one by one, a lost one replaced
+        from ddpkit.launch.live import launch_live
+
+        return launch_live(options, entrypoint, argv, options.live_heal)
+    return launch(options, entrypoint, argv)
 
 
 def _linger() -> None:

@@ -16,9 +16,21 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-__all__ = ["HEAL_SILENT_DEFAULT_S", "HEAL_SILENT_S", "LAUNCHED", "LAUNCHED_AT", "PREEMPTED_MARK", "RESULT_DIR",
-           "START_METHOD", "STOP_DIR", "WorkerContext", "command_started_at", "launched_by_ddpkit",
-           "process_started_at"]
+__all__ = [
+    "HEAL_SILENT_DEFAULT_S",
+    "HEAL_SILENT_S",
+    "LAUNCHED",
+    "LAUNCHED_AT",
+    "LIVE_GEN",
+    "PREEMPTED_MARK",
+    "RESULT_DIR",
+    "START_METHOD",
+    "STOP_DIR",
+    "WorkerContext",
+    "command_started_at",
+    "launched_by_ddpkit",
+    "process_started_at",
+]
 
 #: "1" in every worker of ddpkit's launcher: its -n/-j were already honoured.
 LAUNCHED = "DDPKIT_LAUNCHED"
@@ -38,6 +50,9 @@ HEAL_SILENT_DEFAULT_S = 10.0
 #: ``fork`` (default with a CPU build of torch: workers forked from the agent, preloaded modules inherited) or
 #: ``spawn`` (fresh processes; always with a CUDA build, see launch.agent._preload).
 START_METHOD = "DDPKIT_START_METHOD"
+#: Under ``--heal live`` (ddpkit.launch.live): the generation of the group this worker joins, "0" for the first; a
+#: replacement's is the generation made for it, and it takes its state from a live peer instead of a snapshot.
+LIVE_GEN = "DDPKIT_LIVE_GEN"
 
 
 def _int(text: str | None, default: int = 0) -> int:
@@ -111,6 +126,9 @@ class WorkerContext:
     error_file: str | None = None
     """Where the elastic agent reads a failed worker's exception (``TORCHELASTIC_ERROR_FILE``, torch's ``@record``
     format): its "Root Cause" box then shows the rank's own traceback; None without an elastic agent."""
+    live_gen: int | None = None
+    """Under ``--heal live``: the group generation this worker joins (0: the first; more: a replacement); None:
+    not live-healed."""
 
     @classmethod
     def from_environ(cls, environ: Mapping[str, str] | None = None) -> WorkerContext:
@@ -125,7 +143,8 @@ class WorkerContext:
                    master_port=int(port) if port.isdigit() else None,
                    agent_store=env.get("TORCHELASTIC_USE_AGENT_STORE", "").strip().lower() == "true",
                    error_file=env.get("TORCHELASTIC_ERROR_FILE") or None,
-                   heal_silent_s=_seconds(env.get(HEAL_SILENT_S)))
+                   heal_silent_s=_seconds(env.get(HEAL_SILENT_S)),
+                   live_gen=int(env[LIVE_GEN]) if env.get(LIVE_GEN, "").isdigit() else None)
 
     @property
     def restartable(self) -> bool:

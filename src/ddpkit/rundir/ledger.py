@@ -19,7 +19,7 @@ from ddpkit.base.jsonlines import Kinds, append_to, encode
 from ddpkit.rundir.verdict import Classification
 
 __all__ = ["LEDGER", "Action", "AttemptEnded", "AttemptStarted", "FaultSeen", "HostExcluded", "Ledger",
-           "PreflightEnded", "Record", "SupervisorStarted", "ranks_command", "read_records"]
+           "PreflightEnded", "RankReplaced", "Record", "SupervisorStarted", "ranks_command", "read_records"]
 
 LEDGER = "ledger.jsonl"
 
@@ -154,9 +154,37 @@ class PreflightEnded:
                    bad_hosts=tuple(data.get("bad_hosts", ())))
 
 
-Record = SupervisorStarted | AttemptStarted | AttemptEnded | FaultSeen | HostExcluded | PreflightEnded
+@dataclass(frozen=True, kw_only=True)
+class RankReplaced:
+    """Under ``--heal live``: a rank lost and replaced within an attempt, the others keeping their processes
+    (``ddpkit.launch.live``): when it was lost, when the replacement held the state a peer gave it, and when it
+    applied its first step; no step was lost."""
+
+    KIND: ClassVar[str] = "rank-replaced"
+    attempt: int
+    rank: int
+    host: str
+    why: str
+    lost_at: float
+    joined_at: float
+    first_step_at: float
+    source: int
+    """The rank whose memory the replacement took its state from."""
+    step: int
+    """The global step the group went on from."""
+    lost_pid: int = 0
+    replacement_pid: int = 0
+    kept: tuple[int, ...] = ()
+    """The ranks that kept their processes."""
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> RankReplaced:
+        return cls(**{**data, "kept": tuple(data.get("kept", ()))})
+
+
+Record = SupervisorStarted | AttemptStarted | AttemptEnded | FaultSeen | HostExcluded | PreflightEnded | RankReplaced
 _KINDS: Kinds[Record] = Kinds("ledger", (SupervisorStarted, AttemptStarted, AttemptEnded, FaultSeen, HostExcluded,
-                                         PreflightEnded))
+                                         PreflightEnded, RankReplaced))
 
 
 def to_json(record: Record) -> str:

@@ -43,6 +43,7 @@ if TYPE_CHECKING:
     from ddpkit.goodput.records import GoodputLog
     from ddpkit.train.stops import LostPeerReport
     from ddpkit.train.trainer import Trainer
+    from ddpkit.watch.records import AbortOrder
 
 __all__ = ["add_arguments", "config_from_args", "run"]
 
@@ -135,7 +136,37 @@ def _on_watch_abort(trainer: Trainer, lost: LostPeerReport) -> None:
 
     session = active()
     if session is not None:
-        session.on_abort(lambda order: lost.hand_over(trainer.lost_in_stall(order)))
+        session.on_abort(lambda order: lost.hand_over(_lost_in_stall(trainer, order)))
+
+
+def _lost_peer(trainer: Trainer, exc: BaseException) -> str:
+    """After a collective failed: find who stopped answering (the watch's heartbeats) and say it, with the phase
+    and the snapshot."""
+    from ddpkit.base.errors import first_line
+    from ddpkit.train.stops import PROBE_S
+    from ddpkit.watch import active
+
+    trainer.summary.outcome = RunOutcome.PEER_LOST
+    session = active()
+    answered = session.answering(PROBE_S) if session is not None else None
+    return _describe(trainer, answered, first_line(exc)[-300:])
+
+
+def _lost_in_stall(trainer: Trainer, order: AbortOrder) -> str:
+    """The lost-peer message when the watch's hang report stops the job (its abort ``order``)."""
+    trainer.summary.outcome = RunOutcome.PEER_LOST
+    answered = None if order.silent is None else set(range(trainer.world)) - set(order.silent)
+    return _describe(trainer, answered, order.reason, stalled=True)
+
+
+def _describe(trainer: Trainer, answered: set[int] | None, error: str, *, stalled: bool = False) -> str:
+    import socket
+
+    from ddpkit.train.stops import describe_lost_peer
+
+    return describe_lost_peer(rank=trainer.rank, hosts=trainer.hosts or [socket.gethostname()] * trainer.world,
+                              phase=trainer.phase, snapshot=trainer.snapshots.last, answered=answered, error=error,
+                              stalled=stalled)
 
 
 def _check_restartable(config: TrainConfig, context: WorkerContext) -> None:
@@ -168,6 +199,17 @@ def _goodput_log(args: argparse.Namespace, rank: int, world_size: int, context: 
     return log_
 
 
+def _live_group(context: WorkerContext, world: Any, backend: str | None, timeout: Any) -> Any:
+    """This rank's live group under ``--heal live`` (ddpkit.train.live), else None."""
+    if context.live_gen is None:
+        return None
+    from ddpkit.runtime import pick_backend
+    from ddpkit.train.live import LiveGroup
+
+    return LiveGroup(context, rank=world.rank, world_size=world.world_size, backend=pick_backend(backend),
+                     timeout=timeout)
+
+
 def _deterministic() -> None:
     import torch
 
@@ -188,6 +230,12 @@ def _report(summary: RunSummary) -> None:
     say(f"Snapshots: {summary.snapshots_written} written, {summary.snapshots_loaded} loaded"
         + (f" (resumed at epoch {resumed.epoch}, step {resumed.global_step})" if resumed else "")
         + f"; restarts: {summary.restarts}")
+    digests = summary.replica_digests
+    if digests is not None:
+        equal = len(set(digests)) == 1
+        say(f"Live heals: {summary.live_heals}; replicas: {len(digests)} "
+            + (f"equal (sha256 {digests[0][:12]})" if equal else "DIFFER: " + ", ".join(
+                f"rank {r} {d[:12]}" for r, d in enumerate(digests))))
     for d in summary.drills:
         if d.resumed_at_step is None:
             say(f"Drill {d.drill}: injected {d.injected}; the run has not resumed since")
@@ -223,11 +271,14 @@ def run(args: argparse.Namespace, start: RankStart) -> int:
     # The watch names a lost peer (ddpkit.train.stops): a hang after --collective-timeout, a failed collective at
     # once. The group's own timeout is only the backstop behind it.
     options = WatchOptions(hang_after=config.collective_timeout, on_hang="abort", summary=False)
-    rt = ddpkit.init(backend=args.backend, timeout=timedelta(seconds=config.collective_timeout + BACKSTOP_S),
-                     world=world, watch=options)
+    timeout = timedelta(seconds=config.collective_timeout + BACKSTOP_S)
+    live = _live_group(context, world, args.backend, timeout)
+    # under --heal live the agent names a lost rank and the group is re-formed in the same processes: no watch
+    rt = ddpkit.init(backend=args.backend, timeout=timeout, world=world, watch=options if live is None else False,
+                     store=None if live is None else live.store())
     marks["group"] = time.time()
     goodput = _goodput_log(args, rt.rank, rt.world_size, context)
-    trainer = Trainer(job, config, rt, transport=transport, context=context, goodput=goodput)
+    trainer = Trainer(job, config, rt, transport=transport, context=context, goodput=goodput, live=live)
     lost = LostPeerReport(rt.rank, context)
     _on_watch_abort(trainer, lost)
     try:
@@ -242,7 +293,7 @@ def run(args: argparse.Namespace, start: RankStart) -> int:
         from ddpkit.watch import note_exception
 
         note_exception()  # the watch's failure report: the ranks gone on this host, at once
-        lost.hand_over(trainer.lost_peer(exc))
+        lost.hand_over(_lost_peer(trainer, exc))
         return RunOutcome.PEER_LOST.exit_code
     finally:
         ddpkit.shutdown()

@@ -69,7 +69,6 @@ class RunSummary:
     restarts: int
     """Times the run's ranks were started again: torch elastic's restarts, or under --heal its attempts before
     this one (``DDPKIT_ATTEMPT`` - 1)."""
-    """Restarts of the worker group before this attempt."""
     outcome: RunOutcome = RunOutcome.COMPLETED
     signal: str | None = None
     """The stop signal this rank received (or ``another rank's signal``); None when none stopped it."""
@@ -99,6 +98,10 @@ class RunSummary:
     """What --requeue did, in words."""
     marks: dict[str, float] = field(default_factory=dict)
     """Epoch seconds of the timeline's marks (train/timeline.py) this process passed."""
+    live_heals: int | None = None
+    """Under --heal live: the times this rank re-formed its group with a replacement (None: not live-healed)."""
+    replica_digests: list[str] | None = None
+    """Under --heal live: every rank's SHA-256 of its final parameters, by rank (equal replicas, equal digests)."""
 
     @property
     def preempted(self) -> bool:
@@ -132,5 +135,7 @@ class RunSummary:
             out.update(signal=self.signal, exit_code=self.exit_code)
         if self.requeue is not None:
             out["requeue"] = self.requeue
+        if self.live_heals is not None:
+            out.update(live_heals=self.live_heals, replica_digests=self.replica_digests)
         out.update(phases(self.marks))
         return out

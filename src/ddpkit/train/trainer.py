@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import math
 import signal
-import socket
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -28,7 +27,6 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import Dataset
 
-from ddpkit.base.errors import first_line
 from ddpkit.base.log import get_logger
 from ddpkit.comm.gradients import GradientAveraging, register_gradient_averaging
 from ddpkit.goodput.records import attempt_from_environ
@@ -37,16 +35,17 @@ from ddpkit.process.worker_context import WorkerContext
 from ddpkit.train.config import TrainConfig
 from ddpkit.train.data import Batches
 from ddpkit.train.faults import DrillBook, DrillTrigger, PreemptionWatch, requeue_slurm_job
+from ddpkit.train.live import peer_lost
 from ddpkit.train.output import say
 from ddpkit.train.progress import Progress, on_terminal
-from ddpkit.train.snapshotter import Snapshotter
-from ddpkit.train.stops import PROBE_S, describe_lost_peer, host_table, preemption_outcome
+from ddpkit.train.snapshotter import Snapshotter, StartPoint
+from ddpkit.train.stops import host_table, preemption_outcome
 from ddpkit.train.summary import RunSummary, percentile
 
 if TYPE_CHECKING:
     from ddpkit.goodput.records import GoodputLog
     from ddpkit.runtime import Runtime
-    from ddpkit.watch.records import AbortOrder
+    from ddpkit.train.live import LiveGroup
 
 __all__ = ["TrainJob", "Trainer"]
 
@@ -71,7 +70,8 @@ class TrainJob:
 
 class Trainer:
     def __init__(self, job: TrainJob, config: TrainConfig, runtime: Runtime, *, transport: str | None = None,
-                 context: WorkerContext | None = None, goodput: GoodputLog | None = None) -> None:
+                 context: WorkerContext | None = None, goodput: GoodputLog | None = None,
+                 live: LiveGroup | None = None) -> None:
         self.job, self.cfg, self.rt = job, config, runtime
         self.goodput = goodput
         """This rank's goodput writer (ddpkit/goodput), or None: its steps; rank 0's also snapshot loads and saves, the
@@ -96,6 +96,12 @@ class Trainer:
         """The last step's time in the gradient sync (goodput.straggler), or None: not measured."""
         self.step_times: list[float] = []
         self.samples = 0
+        self.live = live
+        """This rank's place in a live-healed job (--heal live: train/live.py), or None."""
+        self.done_step, self.epoch_losses = 0, list[torch.Tensor]()
+        self.pending_loss: torch.Tensor | None = None
+        """The steps this rank applied, its losses of the epoch, the loss of its step in flight (for live heals)."""
+        self.joined_gen: int | None = None
         self.summary = RunSummary(
             job=job.name, model=config.model if config.job is None else config.job,
             parameters=sum(p.numel() for p in job.model.parameters()), world_size=self.world,
@@ -106,14 +112,43 @@ class Trainer:
     # ---- the loop -------------------------------------------------------------------------------------
     def fit(self) -> RunSummary:
         """Train to ``config.epochs`` (or until stopped); returns the summary (rank 0's is complete)."""
-        cfg, summary = self.cfg, self.summary
+        cfg, summary, live = self.cfg, self.summary, self.live
         # before load() seeds the generators: importing rich draws from Python's global RNG (rich.style)
         progress = Progress(self.rank == 0 and cfg.progress is not False and (cfg.progress or on_terminal()))
-        loading = time.time()
+        start = live.join(self) if live is not None and live.joining else self._load()
+        ddp, preemption = self._wrap()
+        summary.marks["loop"] = time.time()
+        t_start = time.perf_counter()
+        if start.epoch >= cfg.epochs and self.rank == 0:
+            say(f"Training already complete: the snapshot is at epoch {start.epoch} of {cfg.epochs}")
+        try:
+            while True:
+                try:
+                    ended = self._epochs(ddp, preemption, start, progress, t_start)
+                    break
+                except RuntimeError as exc:  # under --heal live, a lost peer: the survivors go on (train/live.py)
+                    if live is None or not peer_lost(exc):
+                        raise
+                    preemption.uninstall()
+                    start = live.rejoin(self, exc)
+                    ddp, preemption = self._wrap()
+            if isinstance(ended, RunSummary):
+                return ended
+            preemption.drain()
+            self.snapshots.close()
+        finally:
+            progress.stop()
+            preemption.uninstall()
+            if self.goodput is not None:  # every way out (a lost peer's exception included) keeps the steps done
+                self.goodput.flush()
+        return self._finish(ended, t_start)
+
+    def _load(self) -> StartPoint:
+        """Where this run starts: the snapshot every rank agreed on (or none), and every rank's host."""
+        loading, summary = time.time(), self.summary
         start = self.snapshots.load(self.job.model, self.job.optimizer, self.drills.fired)
-        goodput = self.goodput
-        if goodput is not None:
-            goodput.loaded(loading, time.time(), start.step if start.resumed_from is not None else None)
+        if self.goodput is not None:
+            self.goodput.loaded(loading, time.time(), start.step if start.resumed_from is not None else None)
         self.drills.fired = dict(start.drills_fired)
         if start.resumed_from is not None and self.rank == 0:
             self.drills.resumed(start.step)
@@ -121,48 +156,44 @@ class Trainer:
         if start.resumed_from is not None:
             summary.snapshots_loaded, summary.resumed_from = 1, start.resumed_from
         self.hosts = host_table(self.rt)
-        ddp, preemption = self._wrap()
-        step = start.step
-        summary.marks["loop"] = time.time()
-        t_start = time.perf_counter()
-        if start.epoch >= cfg.epochs and self.rank == 0:
-            say(f"Training already complete: the snapshot is at epoch {start.epoch} of {cfg.epochs}")
-        try:
-            for epoch in range(start.epoch, cfg.epochs):
-                first = start.batch if epoch == start.epoch else 0
-                progress.start(epoch, self.steps_per_epoch - first)
-                # resumed mid-epoch: the losses of the steps before the snapshot count towards the epoch's loss
-                losses = list(torch.tensor(start.epoch_losses, device=self.rt.device).unbind()) if first else []
-                times: list[float] = []
-                t_epoch = time.perf_counter()
-                for batch, (x, y) in enumerate(self.batches.epoch(epoch, first), start=first):
-                    t0 = time.perf_counter()
-                    w0 = time.time() if goodput is not None else 0.0
-                    self.phase = f"the gradient all-reduce of step {step + 1} (epoch {epoch}, batch {batch})"
-                    loss = self._train_step(ddp, x, y)
-                    step += 1
-                    losses.append(loss)  # on the device: read back once per epoch (or by the progress bar)
-                    self.samples += len(x)
-                    times.append(time.perf_counter() - t0)
-                    if goodput is not None:  # gathered in memory; one fsynced line per second
-                        goodput.step(w0, time.time(), step, self.sync_s)
-                    progress.advance(loss)
-                    summary.marks.setdefault("first_step", time.time())  # a restart: kill -> first resumed step
-                    self.drill_trigger.fire_due(epoch, batch, step)
-                    self.phase = f"the stop-flag vote after step {step} (epoch {epoch})"
-                    if preemption.should_stop(step):  # a stop signal reached some rank: all stop after this step
-                        self.step_times += times
-                        return self._stop(ddp, preemption, epoch, batch + 1, step, t_start, losses)
-                self.step_times += times
-                self._end_epoch(ddp, epoch, step, time.perf_counter() - t_epoch, times, losses)
-            preemption.drain()
-            self.snapshots.close()
-        finally:
-            progress.stop()
-            preemption.uninstall()
-            if goodput is not None:  # every way out (a lost peer's exception included) keeps the steps done
-                goodput.flush()
-        return self._finish(step, t_start)
+        return start
+
+    def _epochs(self, ddp: DDP, preemption: PreemptionWatch, start: StartPoint, progress: Progress,
+                t_start: float) -> int | RunSummary:
+        """The epochs from ``start``: the last step done, or the summary of a run stopped by a signal."""
+        cfg, goodput, step = self.cfg, self.goodput, start.step
+        for epoch in range(start.epoch, cfg.epochs):
+            first = start.batch if epoch == start.epoch else 0
+            progress.start(epoch, self.steps_per_epoch - first)
+            # resumed mid-epoch: the losses of the steps before the snapshot count towards the epoch's loss
+            losses = self.epoch_losses = \
+                list(torch.tensor(start.epoch_losses, device=self.rt.device).unbind()) if first else []
+            times: list[float] = []
+            t_epoch = time.perf_counter()
+            for batch, (x, y) in enumerate(self.batches.epoch(epoch, first), start=first):
+                t0 = time.perf_counter()
+                w0 = time.time() if goodput is not None else 0.0
+                self.phase = f"the gradient all-reduce of step {step + 1} (epoch {epoch}, batch {batch})"
+                loss = self._train_step(ddp, x, y)
+                step = self.done_step = step + 1
+                losses.append(loss)  # on the device: read back once per epoch (or by the progress bar)
+                self.samples += len(x)
+                times.append(time.perf_counter() - t0)
+                if goodput is not None:  # gathered in memory; one fsynced line per second
+                    goodput.step(w0, time.time(), step, self.sync_s)
+                progress.advance(loss)
+                self.summary.marks.setdefault("first_step", time.time())  # a restart: kill -> first resumed step
+                if self.joined_gen is not None and self.live is not None:
+                    self.live.first_step()  # a replacement's first step: the agent's heal line
+                    self.joined_gen = None
+                self.drill_trigger.fire_due(epoch, batch, step)
+                self.phase = f"the stop-flag vote after step {step} (epoch {epoch})"
+                if preemption.should_stop(step):  # a stop signal reached some rank: all stop after this step
+                    self.step_times += times
+                    return self._stop(ddp, preemption, epoch, batch + 1, step, t_start, losses)
+            self.step_times += times
+            self._end_epoch(ddp, epoch, step, time.perf_counter() - t_epoch, times, losses)
+        return step
 
     def _wrap(self) -> tuple[DDP, PreemptionWatch]:
         """The model in DDP, its gradient averaging, and the preemption watch that turns stop signals into one common
@@ -189,7 +220,7 @@ class Trainer:
     def _train_step(self, ddp: DDP, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """One step; returns the loss, detached and not read back (a device synchronisation on GPU)."""
         self.job.optimizer.zero_grad(set_to_none=True)
-        loss = self.job.loss_fn(ddp(x), y)
+        loss = self.pending_loss = self.job.loss_fn(ddp(x), y)  # kept: a step in flight when a peer is lost
         loss.backward()  # DDP all-reduces the gradients (and the ranks' stop flags) here
         if self.averaging is not None:  # from this rank's last bucket handed over to the all-reduce's end
             self.sync_s = time.perf_counter() - self.averaging.last_bucket_at
@@ -252,30 +283,6 @@ class Trainer:
                 say(summary.requeue)
         return self._finish(step, t_start)
 
-    def lost_peer(self, exc: BaseException) -> str:
-        """After a collective failed: find who stopped answering (the watch's heartbeats) and say it, with the phase
-        and the snapshot."""
-        from ddpkit.watch import active
-
-        self.summary.outcome = RunOutcome.PEER_LOST
-        session = active()
-        answered = session.answering(PROBE_S) if session is not None else None
-        error = first_line(exc)[-300:]
-        return self.describe_lost(answered, error)
-
-    def describe_lost(self, answered: set[int] | None, error: str, *, stalled: bool = False) -> str:
-        """The lost-peer message: ``answered`` the ranks that still answer (None: the job's store is out of reach);
-        ``stalled``: the watch reported a stall rather than a collective failing."""
-        return describe_lost_peer(rank=self.rank, hosts=self.hosts or [socket.gethostname()] * self.world,
-                                  phase=self.phase, snapshot=self.snapshots.last, answered=answered, error=error,
-                                  stalled=stalled)
-
-    def lost_in_stall(self, order: AbortOrder) -> str:
-        """The lost-peer message when the watch's hang report stops the job (its abort ``order``)."""
-        self.summary.outcome = RunOutcome.PEER_LOST
-        answered = None if order.silent is None else set(range(self.world)) - set(order.silent)
-        return self.describe_lost(answered, order.reason, stalled=True)
-
     def _finish(self, step: int, t_start: float) -> RunSummary:
         s, times = self.summary, self.step_times
         s.wall_s = wall = time.perf_counter() - t_start
@@ -290,6 +297,8 @@ class Trainer:
         resumed = s.resumed_from.global_step if s.resumed_from else None
         interval = self.cfg.save_every * self.steps_per_epoch
         s.drills = self.drills.report(resumed, interval) if self.rank == 0 else []
+        if self.live is not None:
+            s.replica_digests, s.live_heals = self.live.digests(self.job.model), self.live.heals
         if self.goodput is not None:
             self.goodput.finished(s.marks["loop_end"], step, s.outcome.value)
         return s

@@ -1,0 +1,330 @@
+"""Live healing's agent (``ddpkit train -n N --heal live``): a lost rank is replaced while the others keep running.
+
+torch's agent (``LocalElasticAgent``) and ``ProcessContext.join`` end every worker when one fails; here each rank is
+a process context of its own, started by torch's ``start_processes`` (forked from this agent, which imported torch
+and the trainer once), so one rank's end ends no other. The agent hosts the workers' TCPStore
+(``TORCHELASTIC_USE_AGENT_STORE``, as torchrun's agent does) and watches its ranks every ``POLL_S``:
+
+- a rank killed by a signal, or stopped (``SIGSTOP``, the kernel's state ``T``) for ``STOPPED_S`` while the others
+  run (it is then ended with SIGKILL, so that the others' collectives fail at once instead of waiting for it), is
+  lost: a replacement is forked for the same rank, then the plan of the next generation is written
+  (``ddpkit.process.live``). The survivors, whose collective failed, re-form the group in that generation and hand
+  the replacement the state of the most advanced of them (``ddpkit.train.live``); the agent prints one line once the
+  replacement has applied its first step.
+- anything else (a rank that raised or exited non-zero, a second loss while a heal is under way, a replacement that
+  fails, a loss once a rank has finished) ends every rank: the attempt fails as today's, and the heal supervisor's
+  restart heal takes over (``ddpkit.heal.attempts``).
+
+A signal from outside (SIGTERM, SIGINT, Slurm's USR1) is marked and forwarded to every rank, which stop as they do
+under torch's agent (``ddpkit.process.stopping``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ddpkit.base.log import get_logger
+from ddpkit.launch import worker
+from ddpkit.launch.failure import RankFailure, drop_exit_tracebacks, ordered, root_cause_line
+from ddpkit.launch.result import AttemptResult
+from ddpkit.launch.stops import FORWARDED
+from ddpkit.launcher_output.words import signal_name
+from ddpkit.process import live as protocol
+from ddpkit.process.stopping import mark_outside_signal
+from ddpkit.process.worker_context import LIVE_GEN, PREEMPTED_MARK, STOP_DIR
+from ddpkit.runtime import share_cores
+
+if TYPE_CHECKING:
+    from ddpkit.launch.agent import Entrypoint, LaunchOptions
+
+__all__ = ["LiveHeal", "launch_live"]
+
+log = get_logger(__name__)
+
+#: How often the agent looks at its ranks (seconds).
+POLL_S = 0.05
+#: A rank stopped this long while another runs is lost (seconds): a debugger's or a shell's stop is shorter.
+STOPPED_S = 1.0
+#: A replacement that has not applied its first step this long after its plan: the heal failed (seconds).
+JOIN_DEADLINE_S = 120.0
+#: After a signal from outside, how long the ranks have to stop before they are killed (seconds).
+STOP_GRACE_S = 60.0
+
+
+@dataclass(frozen=True, kw_only=True)
+class LiveHeal:
+    """One rank lost and replaced, as the agent saw it (the heal supervisor records it in the run's ledger)."""
+
+    gen: int
+    rank: int
+    host: str
+    why: str
+    lost_pid: int
+    replacement_pid: int
+    lost_at: float
+    source: int | None = None
+    step: int | None = None
+    joined_at: float | None = None
+    first_step_at: float | None = None
+    kept: tuple[tuple[int, int], ...] = ()
+    """(rank, pid) of the ranks that kept their processes."""
+
+    def sentence(self) -> str:
+        """The line a person reads, once the replacement applied its first step."""
+        took = "" if self.joined_at is None else f" in {self.joined_at - self.lost_at:.2f} s"
+        first = "" if self.first_step_at is None else \
+            f"; its first step {self.first_step_at - self.lost_at:.2f} s after the loss"
+        kept = ", ".join(str(rank) for rank, _ in self.kept)
+        return (f"ddpkit heal: rank {self.rank} on {self.host} lost ({self.why}); a replacement (pid "
+                f"{self.replacement_pid}) took its state from rank {self.source} at step {self.step}{took}{first}; "
+                f"rank(s) {kept} kept their processes; no step lost")
+
+
+@dataclass(kw_only=True)
+class _Rank:
+    rank: int
+    env: dict[str, str]
+    context: Any
+    pid: int
+    stopped_since: float | None = None
+    ended_by_agent: str | None = None
+    """Why the agent killed it (``stopped (SIGSTOP)``), or None."""
+    done: bool = False
+
+
+@dataclass(kw_only=True)
+class _Agent:
+    options: LaunchOptions
+    entrypoint: Entrypoint
+    argv: list[str]
+    on_heal: Callable[[LiveHeal], None]
+    store: Any = None
+    ranks: dict[int, _Rank] = field(default_factory=dict)
+    gen: int = 0
+    healing: LiveHeal | None = None
+    forked: bool = True
+    outside: str | None = None
+    host: str = field(default_factory=lambda: socket.gethostname().split(".", 1)[0])
+    logs_dir: str = ""
+    pids: dict[int, int] = field(default_factory=dict)
+
+    # ---- starting ranks -----------------------------------------------------------------------------------
+    def start(self, rank: int, env: dict[str, str]) -> _Rank:
+        from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, start_processes
+
+        specs = DefaultLogsSpecs(log_dir=tempfile.mkdtemp(prefix=f"rank{rank}-", dir=self.logs_dir))
+        if self.forked:
+            context = start_processes(f"rank{rank}", worker.forked_worker(self.entrypoint.main), {0: (self.argv,)},
+                                      {0: env}, specs, start_method="fork")
+        else:
+            context = start_processes(f"rank{rank}", sys.executable, {0: ("-m", self.entrypoint.module, *self.argv)},
+                                      {0: env}, specs)
+        started = _Rank(rank=rank, env=env, context=context, pid=int(context.pids()[0]))
+        self.pids[rank] = started.pid
+        self._write_pids()
+        return started
+
+    def _write_pids(self) -> None:
+        """``LOG_DIR/pids.json``: each rank's process now (rank -> pid), for a person or a drill to find."""
+        if not self.options.log_dir:
+            return
+        os.makedirs(self.options.log_dir, exist_ok=True)
+        path = os.path.join(self.options.log_dir, "pids.json")
+        with open(path + ".tmp", "w") as f:
+            json.dump({str(rank): pid for rank, pid in sorted(self.pids.items())}, f)
+        os.replace(path + ".tmp", path)
+
+    def rank_env(self, rank: int, world: int, port: int, run_id: str) -> dict[str, str]:
+        return {"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_WORLD_SIZE": str(world),
+                "GROUP_RANK": "0", "GROUP_WORLD_SIZE": "1", "ROLE_RANK": str(rank), "ROLE_WORLD_SIZE": str(world),
+                "ROLE_NAME": "default", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+                "TORCHELASTIC_RUN_ID": run_id, "TORCHELASTIC_RESTART_COUNT": "0", "TORCHELASTIC_MAX_RESTARTS": "0",
+                "TORCHELASTIC_USE_AGENT_STORE": "True", LIVE_GEN: "0"}
+
+    # ---- watching ---------------------------------------------------------------------------------------------
+    def watch(self) -> AttemptResult:
+        failures: list[RankFailure] = []
+        while True:
+            now = time.time()
+            for r in list(self.ranks.values()):
+                if r.done:
+                    continue
+                result = r.context.wait(0)
+                if result is None:
+                    self._check_stopped(r, now)
+                    continue
+                r.done = True
+                failure = next(iter(result.failures.values()), None) if result.failures else None
+                if failure is None:
+                    continue
+                code = int(failure.exitcode)
+                lost = RankFailure(rank=r.rank, pid=r.pid, exit_code=code, timestamp=now)
+                if self.outside is not None:  # stopping as asked from outside: each rank ends as it ends
+                    failures.append(lost)
+                    continue
+                why = r.ended_by_agent or (signal_name(-code) if code < 0 else None)
+                if why is not None and self.outside is None and self._may_heal(r):
+                    self._replace(r, why, now)
+                    continue
+                failures.append(lost)
+                return self._give_up(failures)
+            self._check_healing(now)
+            if all(r.done for r in self.ranks.values()):
+                return self._finished(failures)
+            time.sleep(POLL_S)
+
+    def _may_heal(self, lost: _Rank) -> bool:
+        """Whether a lost rank can be replaced live: no heal under way, no rank finished, the others running."""
+        others = [r for r in self.ranks.values() if r is not lost]
+        if self.healing is not None:
+            log.error("rank %d was lost while rank %d's replacement was joining: the heal cannot go on live",
+                      lost.rank, self.healing.rank)
+            return False
+        if any(r.done for r in others):
+            return False
+        return bool(others)
+
+    def _check_stopped(self, r: _Rank, now: float) -> None:
+        if _state(r.pid) != "T":
+            r.stopped_since = None
+            return
+        if r.stopped_since is None:
+            r.stopped_since = now
+            return
+        running = [o for o in self.ranks.values() if o is not r and not o.done and _state(o.pid) != "T"]
+        if now - r.stopped_since >= STOPPED_S and running and r.ended_by_agent is None:
+            r.ended_by_agent = "stopped (SIGSTOP)"
+            log.warning("rank %d (pid %d) has been stopped for %.1f s while the others run: ending it",
+                        r.rank, r.pid, now - r.stopped_since)
+            os.kill(r.pid, signal.SIGKILL)
+
+    def _replace(self, lost: _Rank, why: str, now: float) -> None:
+        self.gen += 1
+        env = {**lost.env, LIVE_GEN: str(self.gen)}
+        new = self.start(lost.rank, env)
+        self.ranks[lost.rank] = new
+        kept = tuple((r.rank, r.pid) for r in self.ranks.values() if r.rank != lost.rank)
+        self.healing = LiveHeal(gen=self.gen, rank=lost.rank, host=self.host, why=why, lost_pid=lost.pid,
+                                replacement_pid=new.pid, lost_at=now, kept=kept)
+        self.store.set(protocol.plan_key(self.gen), protocol.Plan(gen=self.gen, rank=lost.rank, why=why,
+                                                                  host=self.host, lost_at=now).to_json())
+
+    def _check_healing(self, now: float) -> None:
+        heal = self.healing
+        if heal is None:
+            return
+        if heal.joined_at is None and self.store.check([protocol.joined_key(heal.gen)]):
+            joined = protocol.Joined.from_json(self.store.get(protocol.joined_key(heal.gen)))
+            heal = self.healing = replace(heal, source=joined.source, step=joined.step, joined_at=joined.at)
+        if heal.joined_at is not None and self.store.check([protocol.first_key(heal.gen)]):
+            heal = replace(heal, first_step_at=float(self.store.get(protocol.first_key(heal.gen))))
+            print(heal.sentence(), file=sys.stderr, flush=True)
+            self.healing = None
+            self.on_heal(heal)
+        elif now - heal.lost_at > JOIN_DEADLINE_S:
+            log.error("rank %d's replacement has not trained within %.0f s: ending the attempt", heal.rank,
+                      JOIN_DEADLINE_S)
+            self._stop_all(signal.SIGKILL)
+
+    # ---- ending -------------------------------------------------------------------------------------------------
+    def _give_up(self, failures: list[RankFailure]) -> AttemptResult:
+        """End every rank still running; the attempt fails as under torch's agent (the supervisor classifies it)."""
+        self._stop_all(signal.SIGTERM)
+        deadline = time.monotonic() + 10.0
+        while any(not r.done for r in self.ranks.values()) and time.monotonic() < deadline:
+            for r in self.ranks.values():
+                if not r.done and r.context.wait(0) is not None:
+                    r.done = True
+            time.sleep(POLL_S)
+        self._stop_all(signal.SIGKILL)
+        for r in self.ranks.values():
+            r.context.close()
+        typed = ordered(failures)
+        level, line, code = root_cause_line(typed)
+        log.log(level, "%s", line)
+        return AttemptResult(exit_code=code, failures=typed)
+
+    def _finished(self, failures: list[RankFailure]) -> AttemptResult:
+        if self.outside is None:
+            return AttemptResult(exit_code=0)
+        mark = os.environ.get(PREEMPTED_MARK, "")
+        text = Path(mark).read_text().strip() if mark and os.path.exists(mark) else ""
+        code = int(text) if text.isdigit() else 128 + int(getattr(signal, self.outside))
+        return AttemptResult(exit_code=code, failures=ordered(failures), outside_signal=self.outside)
+
+    def _stop_all(self, sig: signal.Signals) -> None:
+        for r in self.ranks.values():
+            if not r.done:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(r.pid, sig)
+
+    def on_outside_signal(self, signum: int, frame: object) -> None:
+        name = signal.Signals(signum).name
+        self.outside = name
+        mark_outside_signal(os.environ.get(STOP_DIR), name)
+        self._stop_all(signal.Signals(signum))
+
+
+def _state(pid: int) -> str:
+    """The kernel's one-letter state of ``pid`` (R, S, D, T...), or "" where it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0].decode()
+    except (OSError, IndexError):
+        return ""
+
+
+def launch_live(options: LaunchOptions, entrypoint: Entrypoint, argv: list[str],
+                on_heal: Callable[[LiveHeal], None]) -> AttemptResult:
+    """Run ``argv`` on ``options.shape.nproc_per_node`` local ranks, replacing a lost one live (``on_heal`` is told
+    each heal, once the replacement trains); how the attempt ended, as ``launch()`` returns it."""
+    import importlib
+
+    import torch.distributed as dist
+
+    world = options.shape.nproc_per_node
+    share_cores(world, announce=True)
+    logging_filter = __import__("logging").getLogger("torch.distributed.elastic.multiprocessing.api")
+    logging_filter.addFilter(drop_exit_tracebacks)
+    marks = tempfile.mkdtemp(prefix="ddpkit-live-")
+    os.environ[worker.LAUNCHED] = "1"
+    os.environ[worker.LAUNCHED_AT] = str(worker.process_started_at())
+    os.environ[STOP_DIR] = os.path.join(marks, "stops")
+    os.mkdir(os.environ[STOP_DIR])
+    os.environ[PREEMPTED_MARK] = os.path.join(marks, "preempted")
+    forked = os.environ.get(worker.START_METHOD, "fork") == "fork" and not _cuda_build()
+    for name in options.preload if forked else ():
+        importlib.import_module(name)
+    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    agent = _Agent(options=options, entrypoint=entrypoint, argv=argv, on_heal=on_heal, store=store, forked=forked,
+                   logs_dir=marks)
+    before = {name: signal.signal(getattr(signal, name), agent.on_outside_signal) for name in ("SIGINT", *FORWARDED)}
+    run_id = options.run_id or f"ddpkit-live-{os.getpid()}"
+    try:
+        for rank in range(world):
+            agent.ranks[rank] = agent.start(rank, agent.rank_env(rank, world, store.port, run_id))
+        return agent.watch()
+    finally:
+        for name, handler in before.items():
+            signal.signal(getattr(signal, name), handler)
+        agent._stop_all(signal.SIGKILL)
+        import shutil
+
+        shutil.rmtree(marks, ignore_errors=True)
+
+
+def _cuda_build() -> bool:
+    import torch
+
+    return bool(torch.backends.cuda.is_built())

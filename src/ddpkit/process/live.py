@@ -1,0 +1,82 @@
+"""Live healing's protocol between the agent and its workers (``--heal live``), in the agent's TCPStore: both halves
+read it here, the agent in ``ddpkit.launch.live``, the workers in ``ddpkit.train.live``.
+
+A generation is one process group. The first is 0; each lost rank makes the next, with a replacement for it:
+
+================================  ==========================================================================
+``ddpkit-live/plan/G``            the agent, once G's replacement is started: a ``Plan`` (who was lost, why)
+``ddpkit-live/G/pg/...``          the group of generation G (torch's own keys)
+``ddpkit-live/joined/G``          the rank that gave its state, once every rank holds it: a ``Joined``
+``ddpkit-live/first/G``           the replacement, after its first applied step: the time (a float)
+================================  ==========================================================================
+
+No torch import: the agent reads the keys with the store it holds.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+
+__all__ = ["Joined", "Plan", "first_key", "group_prefix", "joined_key", "plan_key"]
+
+ROOT = "ddpkit-live/"
+
+
+def plan_key(gen: int) -> str:
+    return f"{ROOT}plan/{gen}"
+
+
+def group_prefix(gen: int) -> str:
+    return f"{ROOT}{gen}/"
+
+
+def joined_key(gen: int) -> str:
+    return f"{ROOT}joined/{gen}"
+
+
+def first_key(gen: int) -> str:
+    return f"{ROOT}first/{gen}"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Plan:
+    """The agent's word to the survivors: generation ``gen`` replaces ``rank``."""
+
+    gen: int
+    rank: int
+    why: str
+    """``SIGKILL``, ``stopped (SIGSTOP)``: how the rank was lost."""
+    host: str
+    lost_at: float
+    """When the agent saw it lost (epoch seconds)."""
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self))
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> Plan:
+        return cls(**json.loads(text))
+
+
+@dataclass(frozen=True, kw_only=True)
+class Joined:
+    """What the rank that gave its state says once the group of ``gen`` holds it."""
+
+    gen: int
+    source: int
+    """The rank whose memory the others took (the lowest of those that applied the most steps)."""
+    step: int
+    """The global step the group goes on from (every step up to it applied)."""
+    behind: tuple[int, ...] = ()
+    """Survivors that had not applied ``step`` (the step in flight): they took it from the source."""
+    at: float = 0.0
+    """When every rank held the state (epoch seconds)."""
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self))
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> Joined:
+        data = json.loads(text)
+        return cls(**{**data, "behind": tuple(data.get("behind", ()))})
