@@ -1,7 +1,8 @@
 """Append-only JSON-lines files of typed records: the run's ledgers (``rundir.ledger``, ``goodput.records``).
 
 A record is a frozen dataclass with a ``KIND`` class attribute; its line is ``{"kind": KIND, **fields}``, enums by
-their value, nested dataclasses as objects. A line is written whole with one ``write()`` on an ``O_APPEND``
+their value, nested dataclasses as objects; ``from_fields`` rebuilds such a record (or any such dataclass) from
+its fields by their annotations. A line is written whole with one ``write()`` on an ``O_APPEND``
 descriptor (two writers never interleave within a line) and fsynced before the writer goes on: a writer killed at
 any moment leaves every line it finished and at most one torn last line, which a later writer starts a new line
 after and reading skips. torch elastic's ``_RoleInstanceInfo`` serialize/deserialize is the model. Pure: no torch.
@@ -9,15 +10,19 @@ after and reading skips. torch elastic's ``_RoleInstanceInfo`` serialize/deseria
 
 from __future__ import annotations
 
+import dataclasses
 import enum
+import functools
 import json
 import os
-from collections.abc import Callable, Iterable
+import typing
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict
 from pathlib import Path
+from types import UnionType
 from typing import Any, Generic, TypeVar
 
-__all__ = ["Kinds", "append_line", "append_to", "encode"]
+__all__ = ["Kinds", "append_line", "append_to", "encode", "from_fields"]
 
 R = TypeVar("R")
 
@@ -33,21 +38,52 @@ def encode(record: Any) -> str:
     return json.dumps({"kind": record.KIND, **asdict(record)}, sort_keys=True, default=_plain)
 
 
+def from_fields(cls: type[R], data: Mapping[str, Any]) -> R:
+    """The dataclass ``cls`` from a line's fields, each rebuilt by its annotation (``_reader``): a field the line
+    lacks takes its default (a line written before the field was added), one ``cls`` lacks is ignored (a newer
+    writer's); a required field missing, or a value that does not read, raises (TypeError, ValueError)."""
+    return cls(**{name: read(data[name]) for name, read in _readers(typing.cast(type, cls)) if name in data})
+
+
+@functools.cache
+def _readers(cls: type) -> tuple[tuple[str, Callable[[Any], Any]], ...]:
+    hints = typing.get_type_hints(cls)
+    return tuple((f.name, _reader(hints[f.name])) for f in dataclasses.fields(cls))
+
+
+def _reader(hint: Any) -> Callable[[Any], Any]:
+    """What reads a value of the type ``hint`` names: None where the hint allows it, a tuple from a list, an enum
+    from its value, a nested dataclass by ``from_fields``, a number, text or flag cast to its type; anything else as
+    it was read."""
+    if typing.get_origin(hint) in (UnionType, typing.Union):
+        arms = [arm for arm in typing.get_args(hint) if arm is not type(None)]
+        read = _reader(arms[0])
+        if len(arms) < len(typing.get_args(hint)):
+            return lambda value: None if value is None else read(value)
+        return read
+    if typing.get_origin(hint) is tuple:
+        item = _reader(typing.get_args(hint)[0])
+        return lambda values: tuple(item(v) for v in values)
+    if isinstance(hint, type) and dataclasses.is_dataclass(hint):
+        return lambda data: from_fields(hint, data)
+    if isinstance(hint, type) and issubclass(hint, enum.Enum | bool | int | float | str):
+        return hint
+    return lambda value: value
+
+
 class Kinds(Generic[R]):
-    """The record types one file holds, by ``KIND``: a type's ``from_dict(data)`` where it has one (enums, tuples,
-    nested records to rebuild), else ``type(**data)``."""
+    """The record types one file holds, by ``KIND``, each read back by ``from_fields``."""
 
     def __init__(self, what: str, types: Iterable[type]) -> None:
         self.what = what
-        self._types: dict[str, Callable[..., Any]] = {
-            t.KIND: getattr(t, "from_dict", None) or (lambda data, t=t: t(**data)) for t in types}  # type: ignore[attr-defined]
+        self._types: dict[str, type] = {t.KIND: t for t in types}  # type: ignore[attr-defined]
 
     def decode(self, line: str) -> R:
         """The record of one line; ValueError for a line that is not one (a torn write, an unknown kind)."""
         data = json.loads(line)
         if not isinstance(data, dict) or data.get("kind") not in self._types:
             raise ValueError(f"not a {self.what} record: {line[:80]!r}")
-        record: R = self._types[data.pop("kind")](data)
+        record: R = from_fields(self._types[data.pop("kind")], data)
         return record
 
     def read(self, path: str | Path) -> list[R]:

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from ddpkit.base.errors import EXIT_MISSING, DdpkitError
+from ddpkit.base.jsonlines import from_fields
 from ddpkit.base.log import get_logger
 from ddpkit.goodput.records import ATTEMPT_VAR
 from ddpkit.heal.attempts import Adapter, Attempts, Ended, Style
@@ -60,8 +61,7 @@ class Excluded:
 
     @classmethod
     def from_json(cls, text: str | bytes) -> Excluded:
-        data = json.loads(text)
-        return cls(host=str(data["host"]), reason=str(data["reason"]), by=str(data["by"]), time=float(data["time"]))
+        return from_fields(cls, json.loads(text))
 
 
 class ExcludedFromRun(DdpkitError):

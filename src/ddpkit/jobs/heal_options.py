@@ -2,43 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Protocol
-
 from ddpkit.base.errors import ConfigError
-from ddpkit.base.shape import JobShape
+from ddpkit.jobs.fields import JobFields
 
 __all__ = ["check_heal", "check_mpi_heal"]
 
 
-class HealedJob(Protocol):
-    """What these rules read of a job: a protocol, so that the spec, which applies them, and this module do not
-    import each other."""
-
-    @property
-    def backend(self) -> str: ...
-    @property
-    def shape(self) -> JobShape: ...
-    @property
-    def hosts(self) -> tuple[str, ...]: ...
-    @property
-    def heal(self) -> bool: ...
-    @property
-    def spare_nodes(self) -> int: ...
-    @property
-    def max_attempts(self) -> int: ...
-    @property
-    def on_fail(self) -> str: ...
-    @property
-    def run_dir(self) -> str | None: ...
-    @property
-    def silent_after(self) -> float: ...
-    @property
-    def max_restarts(self) -> int: ...
-    @property
-    def container_image(self) -> str | None: ...
-
-
-def check_heal(spec: HealedJob) -> None:
+def check_heal(spec: JobFields) -> None:
     """``--heal`` and its options: Slurm's supervisor today (torchrun, mpi and k8s heal in their own ways)."""
     given = [name for name, on in (("--spare-nodes", spec.spare_nodes), ("--on-fail drain", spec.on_fail == "drain"),
                                    ("--run-dir", spec.run_dir)) if on]
@@ -74,7 +44,7 @@ def check_heal(spec: HealedJob) -> None:
         raise ConfigError(f"--run-dir {spec.run_dir!r}", "a path of printable text", "pass --run-dir runs/job")
 
 
-def check_mpi_heal(spec: HealedJob, kept: tuple[str, ...]) -> None:
+def check_mpi_heal(spec: JobFields, kept: tuple[str, ...]) -> None:
     """``submit mpi --heal``: the hosts to choose from (beyond -j's N: spares), at least MIN of them."""
     s = spec.shape
     if not spec.hosts:

@@ -19,34 +19,8 @@ import shlex
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
 
-
-class JobSpec(Protocol):
-    """What this module reads of a job (``ddpkit.jobs.spec.JobSpec`` has it all): a protocol, so that the spec, which
-    asks for the interpreter, and this module do not import each other."""
-
-    @property
-    def backend(self) -> str: ...
-    @property
-    def python(self) -> str | None: ...
-    @property
-    def venv(self) -> str | None: ...
-    @property
-    def conda_env(self) -> str | None: ...
-    @property
-    def container_image(self) -> str | None: ...
-    @property
-    def submitter(self) -> str: ...
-    @property
-    def hosts(self) -> object: ...
-    @property
-    def shape(self) -> _Shape: ...
-
-
-class _Shape(Protocol):
-    @property
-    def max_nodes(self) -> int: ...
+from ddpkit.jobs.fields import JobFields
 
 __all__ = ["STEP_NOTE", "Interpreter", "job_interpreter", "placement_notes", "step_argv"]
 
@@ -75,7 +49,7 @@ class Interpreter:
         return lines
 
 
-def job_interpreter(spec: JobSpec) -> Interpreter:
+def job_interpreter(spec: JobFields) -> Interpreter:
     """The interpreter the job's ranks run with (see the module docstring)."""
     container = spec.backend == "k8s" or bool(spec.container_image)
     if spec.python:
@@ -97,13 +71,13 @@ STEP_NOTE = ("# ddpkit step: the launcher's whole output goes to a .full.log fil
              "cause first.")
 
 
-def step_argv(spec: JobSpec) -> list[str]:
+def step_argv(spec: JobFields) -> list[str]:
     """``ddpkit step --`` before a rendered torchrun or mpirun: its full output kept in a file, a failed job's
     digest on one screen (``ddpkit.launch.steplog``), as a rendered Slurm job's step has."""
     return [job_interpreter(spec).path, "-m", "ddpkit", "step", "--"]
 
 
-def runs_elsewhere(spec: JobSpec) -> bool:
+def runs_elsewhere(spec: JobFields) -> bool:
     """Whether the job (or part of it) may run on another host than this one."""
     if spec.backend == "slurm":
         return True  # the batch script runs on the allocation's first node, rarely the login node
@@ -112,7 +86,7 @@ def runs_elsewhere(spec: JobSpec) -> bool:
     return spec.shape.max_nodes > 1
 
 
-def placement_notes(spec: JobSpec) -> list[str]:
+def placement_notes(spec: JobFields) -> list[str]:
     """What can be known here about the interpreter on the job's nodes: one line per finding, for stderr."""
     interp = job_interpreter(spec)
     if interp.path == "python" or not os.path.isabs(interp.path) or spec.backend == "k8s" or spec.container_image:

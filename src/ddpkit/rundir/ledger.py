@@ -13,7 +13,7 @@ import enum
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import ClassVar
 
 from ddpkit.base.jsonlines import Kinds, append_to, encode
 from ddpkit.rundir.verdict import Classification
@@ -48,11 +48,6 @@ class SupervisorStarted:
     """The ddpkit command line the ranks run, without the program's name (``train --epochs 5``, ``run -- job.py``):
     one meaning for every backend (``ranks_command``); the report shows it after ``ddpkit``."""
 
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> SupervisorStarted:
-        return cls(time=float(data["time"]), pid=int(data["pid"]), host=str(data["host"]),
-                   max_attempts=int(data["max_attempts"]), command=tuple(data.get("command", ())))
-
 
 def ranks_command(program: tuple[str, ...]) -> tuple[str, ...]:
     """``SupervisorStarted.command`` from the ranks' whole program line (``python -m ddpkit train ...``): the words
@@ -76,11 +71,6 @@ class AttemptStarted:
     logs: str | None = None
     """Where the attempt's per-rank logs are, where they are kept."""
 
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> AttemptStarted:
-        return cls(attempt=int(data["attempt"]), time=float(data["time"]), hosts=tuple(data["hosts"]),
-                   ranks=int(data["ranks"]), logs=data.get("logs"))
-
 
 @dataclass(frozen=True, kw_only=True)
 class AttemptEnded:
@@ -97,16 +87,6 @@ class AttemptEnded:
     """The line said to the person watching."""
     exit_code_of_run: int | None = field(default=None)
     """The run's exit code, where the action ended the run."""
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> AttemptEnded:
-        found = data.get("classification")
-        progress = data.get("progress")
-        run_code = data.get("exit_code_of_run")
-        return cls(attempt=int(data["attempt"]), time=float(data["time"]), exit_code=int(data["exit_code"]),
-                   action=Action(data["action"]), classification=Classification.from_dict(found) if found else None,
-                   progress=None if progress is None else int(progress), decision=str(data.get("decision", "")),
-                   exit_code_of_run=None if run_code is None else int(run_code))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -146,12 +126,6 @@ class PreflightEnded:
     hosts: tuple[str, ...]
     exit_code: int
     bad_hosts: tuple[str, ...] = ()
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> PreflightEnded:
-        return cls(attempt=int(data["attempt"]), start=float(data["start"]), end=float(data["end"]),
-                   hosts=tuple(data["hosts"]), exit_code=int(data["exit_code"]),
-                   bad_hosts=tuple(data.get("bad_hosts", ())))
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -6,7 +6,8 @@ from __future__ import annotations
 import enum
 import json
 from dataclasses import asdict, dataclass, field
-from typing import Any
+
+from ddpkit.base.jsonlines import from_fields
 
 __all__ = ["Classification", "FailureClass"]
 
@@ -35,19 +36,9 @@ class Classification:
     culprit_hosts: tuple[str, ...] = ()
     evidence: tuple[str, ...] = field(default=())
 
-    def to_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "kind": self.kind.value}
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> Classification:
-        return cls(kind=FailureClass(data["kind"]), reason=str(data["reason"]),
-                   culprit_ranks=tuple(int(r) for r in data.get("culprit_ranks", ())),
-                   culprit_hosts=tuple(str(h) for h in data.get("culprit_hosts", ())),
-                   evidence=tuple(str(e) for e in data.get("evidence", ())))
-
     def to_json(self) -> str:
-        return json.dumps(self.to_dict(), sort_keys=True)
+        return json.dumps({**asdict(self), "kind": self.kind.value}, sort_keys=True)
 
     @classmethod
     def from_json(cls, text: str) -> Classification:
-        return cls.from_dict(json.loads(text))
+        return from_fields(cls, json.loads(text))
