@@ -37,12 +37,11 @@ from ddpkit.heal.request import HealRequest
 from ddpkit.launcher_output.ddpkit_lines import silent_ranks
 from ddpkit.process.worker_context import HEAL_SILENT_DEFAULT_S, HEAL_SILENT_S
 from ddpkit.rundir import RunDir
-from ddpkit.rundir.ledger import Ledger, RankReplaced, SupervisorStarted
+from ddpkit.rundir.ledger import Ledger, SupervisorStarted
 
 if TYPE_CHECKING:
     from ddpkit.env import WorldInfo
     from ddpkit.launch.agent import LaunchOptions
-    from ddpkit.launch.live import LiveHeal
     from ddpkit.launch.result import AttemptResult
 
 __all__ = ["HEALED_COMMANDS", "RUNS_DIR", "supervise"]
@@ -108,7 +107,8 @@ class _AgentAttempts(Adapter):
     def start(self, attempt: int, of_session: int, hosts: tuple[str, ...]) -> Ended:
         options = dataclasses.replace(self.options, log_dir=str(self.run_dir.attempt(attempt)))
         if self.request.live:  # a lost rank is replaced within the attempt (ddpkit.launch.live)
-            options = dataclasses.replace(options, live_heal=lambda heal: self.ledger.append(replaced(attempt, heal)))
+            options = dataclasses.replace(options, live_heal=lambda heal: self.ledger.append(
+                dataclasses.replace(heal, attempt=attempt)))
         os.environ[ATTEMPT_VAR] = str(attempt)  # train's rank 0 writes its goodput lines under this attempt
         result = self.launch_attempt(options)
         if not result.exit_code:
@@ -118,15 +118,6 @@ class _AgentAttempts(Adapter):
 
     def progress(self) -> int | None:
         return newest_snapshot_step(self.request.progress_path)
-
-
-def replaced(attempt: int, heal: LiveHeal) -> RankReplaced:
-    """The ledger's record of one live heal of ``attempt``."""
-    return RankReplaced(attempt=attempt, rank=heal.rank, host=heal.host, why=heal.why, lost_at=heal.lost_at,
-                        joined_at=heal.joined_at or heal.lost_at, first_step_at=heal.first_step_at or heal.lost_at,
-                        source=heal.source if heal.source is not None else -1, step=heal.step or 0,
-                        lost_pid=heal.lost_pid, replacement_pid=heal.replacement_pid,
-                        kept=tuple(rank for rank, _ in heal.kept))
 
 
 def _start_goodput(run_dir: Path, host: str) -> None:

@@ -43,12 +43,13 @@ from ddpkit.launcher_output.words import signal_name
 from ddpkit.process import live as protocol
 from ddpkit.process.stopping import mark_outside_signal
 from ddpkit.process.worker_context import LIVE_GEN, PREEMPTED_MARK, STOP_DIR
+from ddpkit.rundir.ledger import RankReplaced
 from ddpkit.runtime import share_cores
 
 if TYPE_CHECKING:
     from ddpkit.launch.agent import Entrypoint, LaunchOptions
 
-__all__ = ["LiveHeal", "launch_live"]
+__all__ = ["launch_live"]
 
 log = get_logger(__name__)
 
@@ -58,37 +59,6 @@ POLL_S = 0.05
 STOPPED_S = 1.0
 #: A replacement that has not applied its first step this long after its plan: the heal failed (seconds).
 JOIN_DEADLINE_S = 120.0
-#: After a signal from outside, how long the ranks have to stop before they are killed (seconds).
-STOP_GRACE_S = 60.0
-
-
-@dataclass(frozen=True, kw_only=True)
-class LiveHeal:
-    """One rank lost and replaced, as the agent saw it (the heal supervisor records it in the run's ledger)."""
-
-    gen: int
-    rank: int
-    host: str
-    why: str
-    lost_pid: int
-    replacement_pid: int
-    lost_at: float
-    source: int | None = None
-    step: int | None = None
-    joined_at: float | None = None
-    first_step_at: float | None = None
-    kept: tuple[tuple[int, int], ...] = ()
-    """(rank, pid) of the ranks that kept their processes."""
-
-    def sentence(self) -> str:
-        """The line a person reads, once the replacement applied its first step."""
-        took = "" if self.joined_at is None else f" in {self.joined_at - self.lost_at:.2f} s"
-        first = "" if self.first_step_at is None else \
-            f"; its first step {self.first_step_at - self.lost_at:.2f} s after the loss"
-        kept = ", ".join(str(rank) for rank, _ in self.kept)
-        return (f"ddpkit heal: rank {self.rank} on {self.host} lost ({self.why}); a replacement (pid "
-                f"{self.replacement_pid}) took its state from rank {self.source} at step {self.step}{took}{first}; "
-                f"rank(s) {kept} kept their processes; no step lost")
 
 
 @dataclass(kw_only=True)
@@ -108,11 +78,11 @@ class _Agent:
     options: LaunchOptions
     entrypoint: Entrypoint
     argv: list[str]
-    on_heal: Callable[[LiveHeal], None]
+    on_heal: Callable[[RankReplaced], None]
     store: Any = None
     ranks: dict[int, _Rank] = field(default_factory=dict)
     gen: int = 0
-    healing: LiveHeal | None = None
+    healing: RankReplaced | None = None
     forked: bool = True
     outside: str | None = None
     host: str = field(default_factory=lambda: socket.gethostname().split(".", 1)[0])
@@ -214,9 +184,9 @@ class _Agent:
         env = {**lost.env, LIVE_GEN: str(self.gen)}
         new = self.start(lost.rank, env)
         self.ranks[lost.rank] = new
-        kept = tuple((r.rank, r.pid) for r in self.ranks.values() if r.rank != lost.rank)
-        self.healing = LiveHeal(gen=self.gen, rank=lost.rank, host=self.host, why=why, lost_pid=lost.pid,
-                                replacement_pid=new.pid, lost_at=now, kept=kept)
+        kept = tuple(r.rank for r in self.ranks.values() if r.rank != lost.rank)
+        self.healing = RankReplaced(gen=self.gen, rank=lost.rank, host=self.host, why=why, lost_pid=lost.pid,
+                                    replacement_pid=new.pid, lost_at=now, kept=kept)
         self.store.set(protocol.plan_key(self.gen), protocol.Plan(gen=self.gen, rank=lost.rank, why=why,
                                                                   host=self.host, lost_at=now).to_json())
 
@@ -286,7 +256,7 @@ def _state(pid: int) -> str:
 
 
 def launch_live(options: LaunchOptions, entrypoint: Entrypoint, argv: list[str],
-                on_heal: Callable[[LiveHeal], None]) -> AttemptResult:
+                on_heal: Callable[[RankReplaced], None]) -> AttemptResult:
     """Run ``argv`` on ``options.shape.nproc_per_node`` local ranks, replacing a lost one live (``on_heal`` is told
     each heal, once the replacement trains); how the attempt ended, as ``launch()`` returns it."""
     import importlib

@@ -131,29 +131,38 @@ class PreflightEnded:
 @dataclass(frozen=True, kw_only=True)
 class RankReplaced:
     """Under ``--heal live``: a rank lost and replaced within an attempt, the others keeping their processes
-    (``ddpkit.launch.live``): when it was lost, when the replacement held the state a peer gave it, and when it
-    applied its first step; no step was lost."""
+    (``ddpkit.launch.live`` makes it, the supervisor records it): when it was lost, when the replacement held the
+    state a peer gave it, and when it applied its first step; no step was lost."""
 
     KIND: ClassVar[str] = "rank-replaced"
-    attempt: int
     rank: int
     host: str
     why: str
+    """``SIGKILL``, ``stopped (SIGSTOP)``: how the rank was lost."""
     lost_at: float
-    joined_at: float
-    first_step_at: float
-    source: int
-    """The rank whose memory the replacement took its state from."""
-    step: int
-    """The global step the group went on from."""
-    lost_pid: int = 0
-    replacement_pid: int = 0
+    lost_pid: int
+    replacement_pid: int
     kept: tuple[int, ...] = ()
     """The ranks that kept their processes."""
+    attempt: int = 0
+    """The attempt it happened in (the supervisor's number; 0 before it is recorded)."""
+    gen: int = 0
+    """The group's generation the replacement joined (``ddpkit.process.live``)."""
+    source: int | None = None
+    """The rank whose memory the replacement took its state from."""
+    step: int | None = None
+    """The global step the group went on from."""
+    joined_at: float | None = None
+    first_step_at: float | None = None
 
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> RankReplaced:
-        return cls(**{**data, "kept": tuple(data.get("kept", ()))})
+    def sentence(self) -> str:
+        """The line a person reads, once the replacement applied its first step."""
+        took = "" if self.joined_at is None else f" in {self.joined_at - self.lost_at:.2f} s"
+        first = "" if self.first_step_at is None else \
+            f"; its first step {self.first_step_at - self.lost_at:.2f} s after the loss"
+        return (f"ddpkit heal: rank {self.rank} on {self.host} lost ({self.why}); a replacement (pid "
+                f"{self.replacement_pid}) took its state from rank {self.source} at step {self.step}{took}{first}; "
+                f"rank(s) {', '.join(map(str, self.kept))} kept their processes; no step lost")
 
 
 Record = SupervisorStarted | AttemptStarted | AttemptEnded | FaultSeen | HostExcluded | PreflightEnded | RankReplaced

@@ -68,8 +68,6 @@ class Replica(Protocol):
     """This rank's losses of the epoch under way."""
     pending_loss: Any
     """The loss of the step in flight (its forward ran), or None."""
-    joined_gen: int | None
-    """A replacement's generation until its first step, else None."""
 
 
 class LiveGroup:
@@ -84,7 +82,7 @@ class LiveGroup:
         self.rank, self.world, self.backend, self.timeout = rank, world_size, backend, timeout
         self.gen = context.live_gen
         self.joining = self.gen > 0
-        """A replacement: it joins generation ``gen`` and takes its state from a peer."""
+        """A replacement, until its first step: it joins generation ``gen`` and takes its state from a peer."""
         self.heals = 0
 
     def store(self) -> dist.Store:
@@ -152,7 +150,6 @@ class LiveGroup:
         if self.rank == source:
             self.base.set(protocol.joined_key(self.gen), protocol.Joined(
                 gen=self.gen, source=source, step=best, behind=behind, at=time.time()).to_json())
-        trainer.joined_gen = self.gen if self.joining else None
         return StartPoint(epoch=epoch, batch=batch, step=best, epoch_losses=losses if batch else [],
                           loss_history=trainer.summary.loss_history)
 

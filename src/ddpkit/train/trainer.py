@@ -74,8 +74,7 @@ class Trainer:
                  live: LiveGroup | None = None) -> None:
         self.job, self.cfg, self.rt = job, config, runtime
         self.goodput = goodput
-        """This rank's goodput writer (ddpkit/goodput), or None: its steps; rank 0's also snapshot loads and saves, the
-        end."""
+        """This rank's goodput writer (ddpkit/goodput), or None: its steps (rank 0's: loads, saves, the end too)."""
         self.transport = transport  # a gradients.TRANSPORTS name (plan_transport), or None: the backend's own
         self.context = context or WorkerContext.from_environ()
         self.rank, self.world = runtime.rank, runtime.world_size
@@ -94,14 +93,12 @@ class Trainer:
         """ddpkit's gradient hook where it runs and a goodput writer wants the sync time; else None."""
         self.sync_s: float | None = None
         """The last step's time in the gradient sync (goodput.straggler), or None: not measured."""
-        self.step_times: list[float] = []
-        self.samples = 0
+        self.step_times, self.samples = list[float](), 0
         self.live = live
         """This rank's place in a live-healed job (--heal live: train/live.py), or None."""
         self.done_step, self.epoch_losses = 0, list[torch.Tensor]()
         self.pending_loss: torch.Tensor | None = None
         """The steps this rank applied, its losses of the epoch, the loss of its step in flight (for live heals)."""
-        self.joined_gen: int | None = None
         self.summary = RunSummary(
             job=job.name, model=config.model if config.job is None else config.job,
             parameters=sum(p.numel() for p in job.model.parameters()), world_size=self.world,
@@ -183,9 +180,8 @@ class Trainer:
                     goodput.step(w0, time.time(), step, self.sync_s)
                 progress.advance(loss)
                 self.summary.marks.setdefault("first_step", time.time())  # a restart: kill -> first resumed step
-                if self.joined_gen is not None and self.live is not None:
+                if self.live is not None and self.live.joining:
                     self.live.first_step()  # a replacement's first step: the agent's heal line
-                    self.joined_gen = None
                 self.drill_trigger.fire_due(epoch, batch, step)
                 self.phase = f"the stop-flag vote after step {step} (epoch {epoch})"
                 if preemption.should_stop(step):  # a stop signal reached some rank: all stop after this step
@@ -205,9 +201,8 @@ class Trainer:
         ddp = DDP(model, device_ids=[device.index] if device.type == "cuda" else None, gradient_as_bucket_view=True)
         preemption = PreemptionWatch((signal.SIGTERM, self.cfg.preempt_signum), device, self.world,
                                 stop_dir=self.context.stop_dir).install()
-        # How gradients are averaged (comm/gradients.py): small models through ddpkit's hook, with the transport
-        # that suits the backend, the ranks' stop flags riding on the last bucket; larger ones by DDP's own C++
-        # all-reduce (None), the stop flags then voted on every few steps.
+        # How gradients are averaged (comm/gradients.py): small models through ddpkit's hook (the stop flags riding
+        # on the last bucket); larger ones by DDP's own C++ all-reduce (None), the stop flags voted every few steps.
         averaging = register_gradient_averaging(ddp, world_size=self.world, rider=preemption, transport=self.transport)
         preemption.rides_gradients(averaging is not None)
         # the gradient sync is timed where ddpkit's hook runs (goodput.straggler): not under DDP's C++ all-reduce

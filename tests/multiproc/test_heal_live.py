@@ -1,0 +1,86 @@
+"""`ddpkit train -n 3 --heal live` (issue 46): rank 1's process SIGKILLed or SIGSTOPped from outside mid-run. The job
+exits 0 with the step count of an uninterrupted run, no snapshot loaded, ranks 0 and 2 the same processes from
+before the fault to the end, a `ddpkit heal` line naming the peer the state came from, every rank's final weights
+equal (their digests), and the loss history equal, bitwise, to an uninterrupted run's."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ddpkit.rundir.ledger import RankReplaced, read_records
+from tests.helpers import ddpkit_env
+
+pytestmark = pytest.mark.multiproc
+JOB = ("--epochs", "60", "--samples", "1536", "--model", "toy")
+
+
+def _train(cwd: Path, *extra: str) -> subprocess.Popen[bytes]:
+    out = open(cwd / "out.txt", "wb")  # noqa: SIM115 - closed with the process
+    return subprocess.Popen([sys.executable, "-m", "ddpkit", "train", "-n", "3", *JOB, "--json", "summary.json",
+                             *extra], cwd=cwd, env=ddpkit_env(), stdout=out, stderr=subprocess.STDOUT)
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    cwd = tmp_path_factory.mktemp("plain")
+    assert _train(cwd).wait(timeout=240) == 0, (cwd / "out.txt").read_text()
+    summary: dict[str, Any] = json.loads((cwd / "summary.json").read_text())
+    return summary
+
+
+def _pids(run: Path) -> dict[int, int]:
+    try:
+        return {int(k): v for k, v in json.loads((run / "attempt-1" / "pids.json").read_text()).items()}
+    except (OSError, ValueError):
+        return {}
+
+
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGSTOP], ids=["killed", "stopped"])
+def test_a_lost_rank_rejoins_from_a_live_peer_and_no_step_is_lost(
+        tmp_path: Path, sig: signal.Signals, uninterrupted: dict[str, Any]) -> None:
+    agent = _train(tmp_path, "--heal", "live", "--run-dir", "run")
+    out = tmp_path / "out.txt"
+    try:
+        deadline = time.monotonic() + 120
+        while "[RANK 0] Epoch 3 " not in out.read_text() or len(_pids(tmp_path / "run")) != 3:
+            assert agent.poll() is None and time.monotonic() < deadline, out.read_text()
+            time.sleep(0.05)
+        before = _pids(tmp_path / "run")
+        os.kill(before[1], sig)
+        code = agent.wait(timeout=240)
+    finally:
+        if agent.poll() is None:
+            agent.kill()
+    text = out.read_text()
+    assert code == 0, text
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["global_step"] == uninterrupted["global_step"], text
+    assert summary["snapshots_loaded"] == 0 and "Snapshots: 0 written, 0 loaded" in text, text
+    after = _pids(tmp_path / "run")
+    assert after[0] == before[0] and after[2] == before[2] and after[1] != before[1], (before, after)
+    why = "SIGKILL" if sig == signal.SIGKILL else "stopped (SIGSTOP)"
+    assert f"ddpkit heal: rank 1 on " in text and f"lost ({why}); a replacement (pid {after[1]}) took its state " \
+        "from rank 0 at step " in text and "rank(s) 0, 2 kept their processes; no step lost" in text, text
+    heals = [r for r in read_records(tmp_path / "run" / "ledger.jsonl") if isinstance(r, RankReplaced)]
+    assert [(h.rank, h.why, h.source, h.kept, h.replacement_pid) for h in heals] == [(1, why, 0, (0, 2), after[1])]
+    assert heals[0].lost_at <= heals[0].joined_at <= heals[0].first_step_at  # type: ignore[operator]
+    digests = summary["replica_digests"]
+    assert summary["live_heals"] == 1 and len(digests) == 3 and len(set(digests)) == 1, digests
+    assert summary["loss_history"] == uninterrupted["loss_history"]  # bitwise: the same floats, every epoch
+
+
+def test_a_clean_live_run_replaces_nobody(tmp_path: Path, uninterrupted: dict[str, Any]) -> None:
+    assert _train(tmp_path, "--heal", "live", "--run-dir", "run").wait(timeout=240) == 0
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["live_heals"] == 0 and len(set(summary["replica_digests"])) == 1
+    assert summary["loss_history"] == uninterrupted["loss_history"]
+    assert not [r for r in read_records(tmp_path / "run" / "ledger.jsonl") if isinstance(r, RankReplaced)]
