@@ -242,3 +242,28 @@ def test_noisy_windows_of_equal_ranks_are_no_straggler_but_a_slower_rank_is() ->
     assert healthy.seconds[Category.STRAGGLER_WAIT] < 0.05 * 60, healthy.seconds  # each window's spread: 13%
     slow = account(span, zero, rank_steps={0: zero, 1: lines(1, 0.5)})  # rank 1 waits 0.5 ms a step for rank 0
     assert abs(slow.seconds[Category.STRAGGLER_WAIT] - 60 * 400 * 0.5e-3) < 0.3 * 60 * 400 * 0.5e-3, slow.seconds
+
+
+def test_a_live_heal_is_its_own_category_inside_the_loop_and_loses_no_step(tmp_path: Path) -> None:
+    """``--heal live``: one attempt whose rank 0 waited 1.5 s between steps 40 and 41 while rank 1 was replaced (the
+    ledger's ``RankReplaced``, as ``reports.run.attempt_spans`` hands it on): that wait is the live heal's, not the
+    loop's, and no step is lost."""
+    log = GoodputLog(tmp_path, attempt=1, every_s=1.0)
+    t = 1000.0
+    log.started(time=t, process=t, world_size=3)
+    heal: tuple[float, float] = (0.0, 0.0)
+    for step in range(1, 81):
+        log.step(t, t + STEP_S, step)
+        t += STEP_S + GAP_S
+        if step == 40:
+            heal = (t, t + 1.5)
+            t += 1.5
+    log.finished(t, 80, "completed")
+    log.close()
+    healed = account([AttemptSpan(attempt=1, start=1000.0, end=t + 0.1, exit_code=0, heals=(heal,))],
+                     read_goodput(tmp_path))
+    plain = account([AttemptSpan(attempt=1, start=1000.0, end=t + 0.1, exit_code=0)], read_goodput(tmp_path))
+    assert healed.seconds[Category.LIVE_HEAL] == pytest.approx(1.5)
+    assert healed.seconds[Category.LOOP_OTHER] == pytest.approx(plain.seconds[Category.LOOP_OTHER] - 1.5)
+    assert healed.lost_steps == 0 and healed.seconds[Category.LOST_PROGRESS] == 0
+    assert healed.accounted_s == pytest.approx(plain.accounted_s)  # the same wall, split otherwise

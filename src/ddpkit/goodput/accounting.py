@@ -18,6 +18,8 @@ every second of it lands in exactly one category:
   for the slowest (``goodput.straggler``: max - min over ranks of the measured sync time per step), from the
   other ranks' ``Steps`` lines (0 without them, or where the sync was not measured);
 - ``loop_other``: the loop's own time between steps (data, the epoch's loss line, the stop vote);
+- ``live_heal``: under ``--heal live``, from a rank lost to its replacement's first step (the ledger's
+  ``RankReplaced``): the survivors kept their processes and lost no step, but trained nothing while they waited;
 - ``failure``: in a failed attempt, from its last record to its end: the hang until detection, and teardown;
 - ``teardown``: in an attempt that finished, from its last record to its end (the process group's end, exit);
 - ``relaunch``: between one attempt's end and the next one's start;
@@ -61,6 +63,7 @@ class Category(enum.Enum):
     STRAGGLER_WAIT = "straggler_wait"
     CHECKPOINT_SAVE = "checkpoint_save"
     LOOP_OTHER = "loop_other"
+    LIVE_HEAL = "live_heal"
     FAILURE = "failure"
     TEARDOWN = "teardown"
     RELAUNCH = "relaunch"
@@ -76,6 +79,7 @@ _WORDS = {Category.QUEUE_WAIT: "queue wait (the scheduler's)", Category.STARTUP:
           Category.TRAINING: "training steps", Category.LOST_PROGRESS: "lost progress (steps done again)",
           Category.STRAGGLER_WAIT: "waiting for a straggler",
           Category.CHECKPOINT_SAVE: "checkpoint save", Category.LOOP_OTHER: "loop between steps",
+          Category.LIVE_HEAL: "live heal (a rank lost to its replacement's first step; no step lost)",
           Category.FAILURE: "hang until detection, teardown", Category.TEARDOWN: "teardown after the last step",
           Category.RELAUNCH: "relaunch between attempts",
           Category.UNMEASURED: "inside an attempt with no rank records (a user's script)"}
@@ -94,6 +98,8 @@ class AttemptSpan:
     """The classification's reason, in words ("" for a success)."""
     failure_class: str | None = None
     hosts: tuple[str, ...] = ()
+    heals: tuple[tuple[float, float], ...] = ()
+    """Under ``--heal live``: (a rank lost, its replacement's first step) for each rank replaced in the attempt."""
 
 
 @dataclass(kw_only=True)
@@ -125,6 +131,8 @@ class AttemptAccount:
     """Where its steps lie on the run's axis (None: not known)."""
     before: int | None = 0
     """The furthest point reached before this attempt (None: not known)."""
+    heals: tuple[tuple[float, float], ...] = ()
+    """(lost, back) of each live heal inside it (``AttemptSpan.heals``, clipped to the attempt)."""
 
     def again(self, first: int, last: int) -> int | None:
         """How many of its steps ``first..last`` (any rank's) an earlier attempt had done; None: not known."""
@@ -285,10 +293,13 @@ def _attempt(span: AttemptSpan, end: float, recs: list[GoodputRecord], furthest:
     seconds[Category.TRAINING] = busy - lost - sum(waits)
     seconds[Category.LOST_PROGRESS] = lost
     seconds[Category.STRAGGLER_WAIT] = sum(waits)
+    heals = tuple((max(lost, span.start), min(back, end)) for lost, back in span.heals if back > lost)
     if steps:
         first_at = steps[0].start
         seconds[Category.STARTUP] = max(0.0, first_at - span.start - load)
-        seconds[Category.LOOP_OTHER] = max(0.0, activity_end - first_at - busy - save)
+        between = max(0.0, activity_end - first_at - busy - save)
+        seconds[Category.LIVE_HEAL] = min(between, sum(back - lost for lost, back in heals))  # inside the loop
+        seconds[Category.LOOP_OTHER] = between - seconds[Category.LIVE_HEAL]
     else:
         first_at = None
         seconds[Category.STARTUP] = max(0.0, activity_end - span.start - load - save)
@@ -306,7 +317,7 @@ def _attempt(span: AttemptSpan, end: float, recs: list[GoodputRecord], furthest:
                           reached=None if placement is None else max((placement.reached(r.first, r.last)
                                                                       for r in steps), default=0),
                           steps=steps, done_again=again, waits=waits, saves=saves, loads=loads, first_step_at=first_at,
-                          placement=placement, before=furthest)
+                          placement=placement, before=furthest, heals=heals)
 
 
 def _windows(split: Split, width: float) -> list[tuple[float, float]]:

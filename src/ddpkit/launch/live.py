@@ -145,7 +145,7 @@ class _Agent:
                     continue
                 why = r.ended_by_agent or (signal_name(-code) if code < 0 else None)
                 if why is not None and self.outside is None and self._may_heal(r):
-                    self._replace(r, why, now)
+                    self._replace(r, why, r.stopped_since or now, now)
                     continue
                 failures.append(lost)
                 return self._give_up(failures)
@@ -166,6 +166,8 @@ class _Agent:
         return bool(others)
 
     def _check_stopped(self, r: _Rank, now: float) -> None:
+        if r.ended_by_agent is not None:
+            return
         if _state(r.pid) != "T":
             r.stopped_since = None
             return
@@ -173,22 +175,22 @@ class _Agent:
             r.stopped_since = now
             return
         running = [o for o in self.ranks.values() if o is not r and not o.done and _state(o.pid) != "T"]
-        if now - r.stopped_since >= STOPPED_S and running and r.ended_by_agent is None:
-            r.ended_by_agent = "stopped (SIGSTOP)"
+        if now - r.stopped_since >= STOPPED_S and running:
+            r.ended_by_agent = f"stopped (SIGSTOP) for {now - r.stopped_since:.1f} s"
             log.warning("rank %d (pid %d) has been stopped for %.1f s while the others run: ending it",
                         r.rank, r.pid, now - r.stopped_since)
             os.kill(r.pid, signal.SIGKILL)
 
-    def _replace(self, lost: _Rank, why: str, now: float) -> None:
+    def _replace(self, lost: _Rank, why: str, seen: float, now: float) -> None:
         self.gen += 1
         env = {**lost.env, LIVE_GEN: str(self.gen)}
         new = self.start(lost.rank, env)
         self.ranks[lost.rank] = new
         kept = tuple(r.rank for r in self.ranks.values() if r.rank != lost.rank)
         self.healing = RankReplaced(gen=self.gen, rank=lost.rank, host=self.host, why=why, lost_pid=lost.pid,
-                                    replacement_pid=new.pid, lost_at=now, kept=kept)
+                                    replacement_pid=new.pid, lost_at=seen, decided_at=now, kept=kept)
         self.store.set(protocol.plan_key(self.gen), protocol.Plan(gen=self.gen, rank=lost.rank, why=why,
-                                                                  host=self.host, lost_at=now).to_json())
+                                                                  host=self.host, lost_at=seen).to_json())
 
     def _check_healing(self, now: float) -> None:
         heal = self.healing
@@ -202,7 +204,7 @@ class _Agent:
             print(heal.sentence(), file=sys.stderr, flush=True)
             self.healing = None
             self.on_heal(heal)
-        elif now - heal.lost_at > JOIN_DEADLINE_S:
+        elif now - (heal.decided_at or heal.lost_at) > JOIN_DEADLINE_S:
             log.error("rank %d's replacement has not trained within %.0f s: ending the attempt", heal.rank,
                       JOIN_DEADLINE_S)
             self._stop_all(signal.SIGKILL)

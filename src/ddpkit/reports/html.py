@@ -23,7 +23,8 @@ __all__ = ["COLORS", "render_html"]
 #: One colour per category, the same in every figure.
 COLORS = {Category.QUEUE_WAIT: "#cfd8dc", Category.STARTUP: "#9e9e9e", Category.CHECKPOINT_LOAD: "#7e57c2",
           Category.TRAINING: "#2e7d32", Category.LOST_PROGRESS: "#ef6c00", Category.STRAGGLER_WAIT: "#ad1457",
-          Category.CHECKPOINT_SAVE: "#1565c0", Category.LOOP_OTHER: "#b0bec5", Category.FAILURE: "#c62828",
+          Category.CHECKPOINT_SAVE: "#1565c0", Category.LOOP_OTHER: "#b0bec5", Category.LIVE_HEAL: "#00897b",
+          Category.FAILURE: "#c62828",
           Category.TEARDOWN: "#6d4c41", Category.RELAUNCH: "#f9a825", Category.UNMEASURED: "#e0e0e0"}
 
 _STYLE = """body{font-family:system-ui,sans-serif;margin:2em auto;max-width:1100px;color:#222}
@@ -52,6 +53,7 @@ def _timeline(split: Split) -> str:
         for r, again in zip(a.steps, a.done_again, strict=True):  # not known: drawn as training (an upper bound)
             bars.append((r.start, r.end, Category.LOST_PROGRESS if again else Category.TRAINING))
         bars += [(r.start, r.end, Category.CHECKPOINT_SAVE) for r in a.saves]
+        bars += [(lost, back, Category.LIVE_HEAL) for lost, back in a.heals]
         tail_from = max([r.end for r in a.steps] + [r.end for r in a.saves] + [head_end])
         tail = Category.FAILURE if a.seconds[Category.FAILURE] > 0 else Category.TEARDOWN
         bars.append((min(tail_from, a.end), a.end, tail))

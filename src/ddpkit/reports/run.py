@@ -10,7 +10,7 @@ from ddpkit.base.errors import ConfigError
 from ddpkit.goodput.accounting import AttemptSpan, Split, account
 from ddpkit.goodput.records import GoodputRecord, RankStarted, Steps, read_goodput
 from ddpkit.rundir import RunDir
-from ddpkit.rundir.ledger import AttemptEnded, AttemptStarted, Record, SupervisorStarted, read_records
+from ddpkit.rundir.ledger import AttemptEnded, AttemptStarted, RankReplaced, Record, SupervisorStarted, read_records
 from ddpkit.rundir.verdict import FailureClass
 
 __all__ = ["HostAtFault", "RunView", "is_run_dir", "load_run"]
@@ -47,13 +47,18 @@ def is_run_dir(path: Path) -> bool:
 def attempt_spans(ledger: list[Record]) -> list[AttemptSpan]:
     """Each attempt of the heal ledger: its start, its end (None where none was recorded) and its cause."""
     ended = {r.attempt: r for r in ledger if isinstance(r, AttemptEnded)}
+    heals: dict[int, list[tuple[float, float]]] = {}
+    for r in ledger:
+        if isinstance(r, RankReplaced):
+            heals.setdefault(r.attempt, []).append((r.lost_at, r.first_step_at or r.joined_at or r.lost_at))
     spans = []
     for start in (r for r in ledger if isinstance(r, AttemptStarted)):
         end = ended.get(start.attempt)
         found = end.classification if end is not None else None
         spans.append(AttemptSpan(attempt=start.attempt, start=start.time, end=end.time if end else None,
                                  exit_code=end.exit_code if end else None, cause=found.reason if found else "",
-                                 failure_class=found.kind.value if found else None, hosts=start.hosts))
+                                 failure_class=found.kind.value if found else None, hosts=start.hosts,
+                                 heals=tuple(heals.get(start.attempt, ()))))
     return spans
 
 

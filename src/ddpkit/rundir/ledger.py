@@ -140,6 +140,7 @@ class RankReplaced:
     why: str
     """``SIGKILL``, ``stopped (SIGSTOP)``: how the rank was lost."""
     lost_at: float
+    """The first sign the agent saw: the process gone, or stopped (the kernel's state T)."""
     lost_pid: int
     replacement_pid: int
     kept: tuple[int, ...] = ()
@@ -152,14 +153,16 @@ class RankReplaced:
     """The rank whose memory the replacement took its state from."""
     step: int | None = None
     """The global step the group went on from."""
+    decided_at: float | None = None
+    """When the agent took it for lost (a stopped rank: ``STOPPED_S`` later, when it was ended)."""
     joined_at: float | None = None
     first_step_at: float | None = None
 
     def sentence(self) -> str:
         """The line a person reads, once the replacement applied its first step."""
-        took = "" if self.joined_at is None else f" in {self.joined_at - self.lost_at:.2f} s"
-        first = "" if self.first_step_at is None else \
-            f"; its first step {self.first_step_at - self.lost_at:.2f} s after the loss"
+        found = self.decided_at or self.lost_at
+        took = "" if self.joined_at is None else f" {self.joined_at - found:.2f} s after the loss was found"
+        first = "" if self.first_step_at is None else f"; its first step {self.first_step_at - found:.2f} s after"
         return (f"ddpkit heal: rank {self.rank} on {self.host} lost ({self.why}); a replacement (pid "
                 f"{self.replacement_pid}) took its state from rank {self.source} at step {self.step}{took}{first}; "
                 f"rank(s) {', '.join(map(str, self.kept))} kept their processes; no step lost")

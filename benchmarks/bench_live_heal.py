@@ -1,0 +1,318 @@
+"""Live healing under ``-n`` (issue 46): a lost rank rejoins from a live peer's memory; against today's restart heal.
+
+    python -m benchmarks.bench_live_heal                 # every part, ~20 minutes on 2 cores
+    BENCH_LIVE_PARTS=drills,clean python -m benchmarks.bench_live_heal
+    python -m benchmarks.bench_live_heal --render        # results/bench_live_heal.md again from its .json
+
+Parts (each on this machine, 3 local ranks, gloo on CPU):
+
+- ``drills``: ``train -n 3 --heal live``, rank 1 SIGKILLed or SIGSTOPped from outside after epoch 3 (10 each). From
+  the run's ledger (``RankReplaced``) on this machine's one clock: detection (the fault -> the agent saw the rank
+  lost: a dead process at once, a stopped one after ``STOPPED_S``), the state taken (-> every rank held the
+  source's state), the replacement's first applied step (the survivors' stall ends with it: their next all-reduce
+  is the replacement's first); steps lost (the run's step count against an uninterrupted run's) and snapshots loaded.
+  The same kill under ``--heal`` (restart) with a snapshot every epoch, 3 drills: the fault -> the next attempt's
+  first step, and the steps done again.
+- ``clean``: 20 fault-free ``--heal live`` runs: exit 0, no replacement.
+- ``cost``: a fault-free run's step time, ``--heal live`` against ``--heal restart``, alternating, 5 pairs each for the
+  reference job and ``--model mlp`` (the median of each run's step p50).
+- ``goodput``: ``BENCH_LIVE_DURATION`` seconds of ``train`` (default 120) with rank 1 killed every
+  ``BENCH_LIVE_EVERY`` seconds (default 20): the wall-clock of ``--heal live``, ``--heal`` (restart, a snapshot every
+  epoch) and torch elastic's ``--max-restarts`` against the fault-free run, in one run. Scaled down from the issue's
+  10 minutes with a kill every 60 s (the same 10 faults an hour x 6); the ratio is what it measures.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from tests.helpers import ddpkit_env
+
+from ddpkit.rundir.ledger import AttemptStarted, RankReplaced, read_records
+
+RESULTS = Path(__file__).parent / "results"
+PARTS = tuple(os.environ.get("BENCH_LIVE_PARTS", "drills,clean,cost,goodput").split(","))
+DRILLS = int(os.environ.get("BENCH_LIVE_DRILLS", "10"))
+DURATION = float(os.environ.get("BENCH_LIVE_DURATION", "120"))
+EVERY = float(os.environ.get("BENCH_LIVE_EVERY", "20"))
+JOB = ("--samples", "1536", "--model", "toy")
+
+
+def _ddpkit(cwd: Path, *args: str) -> subprocess.Popen[bytes]:
+    out = open(cwd / "out.txt", "ab")  # noqa: SIM115 - the child holds it
+    return subprocess.Popen([sys.executable, "-m", "ddpkit", *args], cwd=cwd, env=ddpkit_env(), stdout=out,
+                            stderr=subprocess.STDOUT)
+
+
+def _text(cwd: Path) -> str:
+    return (cwd / "out.txt").read_text(errors="replace")
+
+
+def _live_pids(run: Path) -> dict[int, int]:
+    try:
+        return {int(k): v for k, v in json.loads((run / "attempt-1" / "pids.json").read_text()).items()}
+    except (OSError, ValueError):
+        return {}
+
+
+def _workers(agent: int) -> list[int]:
+    """torch's agent's forked workers (its children with its command line), oldest first: local ranks in order."""
+    def cmdline(pid: int) -> bytes:
+        try:
+            return Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            return b""
+
+    try:
+        children = Path(f"/proc/{agent}/task/{agent}/children").read_text().split()
+    except OSError:
+        return []
+    return sorted(int(c) for c in children if cmdline(int(c)) == cmdline(agent))
+
+
+def _wait_for(cwd: Path, agent: subprocess.Popen[bytes], line: str, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while line not in _text(cwd):
+        if agent.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError(f"never saw {line!r}:\n{_text(cwd)[-2000:]}")
+        time.sleep(0.02)
+
+
+def _summary(cwd: Path) -> dict[str, Any]:
+    data: dict[str, Any] = json.loads((cwd / "summary.json").read_text())
+    return data
+
+
+# ---- drills ---------------------------------------------------------------------------------------------------
+def _live_drill(sig: signal.Signals, expected_steps: int) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory() as tmp:
+        cwd = Path(tmp)
+        agent = _ddpkit(cwd, "train", "-n", "3", *JOB, "--epochs", "60", "--heal", "live", "--run-dir", "run",
+                        "--json", "summary.json")
+        _wait_for(cwd, agent, "[RANK 0] Epoch 3 ")
+        before = _live_pids(cwd / "run")
+        fault = time.time()
+        os.kill(before[1], sig)
+        code = agent.wait(timeout=300)
+        heals = [r for r in read_records(cwd / "run" / "ledger.jsonl") if isinstance(r, RankReplaced)]
+        summary = _summary(cwd) if code == 0 else {}
+        after = _live_pids(cwd / "run")
+        heal = heals[0] if len(heals) == 1 else None
+        return {"fault": sig.name, "exit_code": code, "heals": len(heals),
+                "detect_s": heal.lost_at - fault if heal else None,
+                "state_s": (heal.joined_at - heal.lost_at) if heal and heal.joined_at else None,
+                "first_step_after_detect_s": (heal.first_step_at - heal.lost_at) if heal and heal.first_step_at
+                else None,
+                "fault_to_first_step_s": (heal.first_step_at - fault) if heal and heal.first_step_at else None,
+                "steps_lost": expected_steps - summary["global_step"] if summary else None,
+                "snapshots_loaded": summary.get("snapshots_loaded"),
+                "survivors_kept": after.get(0) == before[0] and after.get(2) == before[2],
+                "replicas_equal": len(set(summary.get("replica_digests") or ["a", "b"])) == 1}
+
+
+def _restart_drill(expected_steps: int) -> dict[str, Any]:
+    """The same kill under today's restart heal, a snapshot every epoch: the fault -> the next attempt's first step
+    (its first goodput ``Steps`` window's first step start), and the steps done again."""
+    from ddpkit.goodput.records import Steps, read_goodput
+
+    with tempfile.TemporaryDirectory() as tmp:
+        cwd = Path(tmp)
+        agent = _ddpkit(cwd, "train", "-n", "3", *JOB, "--epochs", "60", "--heal", "--run-dir", "run",
+                        "--snapshot-path", "snaps/", "--json", "summary.json")
+        _wait_for(cwd, agent, "[RANK 0] Epoch 3 ")
+        fault = time.time()
+        os.kill(_workers(agent.pid)[1], signal.SIGKILL)
+        code = agent.wait(timeout=300)
+        starts = [r.time for r in read_records(cwd / "run" / "ledger.jsonl") if isinstance(r, AttemptStarted)]
+        second = [r for r in read_goodput(cwd / "run") if isinstance(r, Steps) and getattr(r, "attempt", 2) == 2
+                  and getattr(r, "rank", 0) == 0]
+        summary = _summary(cwd) if code == 0 else {}
+        resumed = (summary.get("resumed_from") or {}).get("global_step")
+        first = min((s.start for s in second), default=None) if second else None
+        return {"fault": "SIGKILL", "exit_code": code, "attempts": len(starts),
+                "fault_to_first_step_s": first - fault if first else None,
+                "snapshots_loaded": summary.get("snapshots_loaded"), "resumed_at_step": resumed,
+                "steps_total": summary.get("global_step"), "expected_steps": expected_steps}
+
+
+def drills() -> dict[str, Any]:
+    with tempfile.TemporaryDirectory() as tmp:
+        agent = _ddpkit(Path(tmp), "train", "-n", "3", *JOB, "--epochs", "60", "--json", "summary.json")
+        agent.wait(timeout=300)
+        expected = _summary(Path(tmp))["global_step"]
+    runs = [_live_drill(sig, expected) for _ in range(DRILLS) for sig in (signal.SIGKILL, signal.SIGSTOP)]
+    restarts = [_restart_drill(expected) for _ in range(3)]
+    return {"expected_steps": expected, "live": runs, "restart": restarts}
+
+
+def clean() -> dict[str, Any]:
+    runs = []
+    for _ in range(20):
+        with tempfile.TemporaryDirectory() as tmp:
+            agent = _ddpkit(Path(tmp), "train", "-n", "3", *JOB, "--epochs", "20", "--heal", "live", "--run-dir",
+                            "run", "--json", "summary.json")
+            code = agent.wait(timeout=300)
+            summary = _summary(Path(tmp)) if code == 0 else {}
+            runs.append({"exit_code": code, "live_heals": summary.get("live_heals")})
+    return {"runs": runs}
+
+
+def cost() -> dict[str, Any]:
+    found: dict[str, dict[str, list[float]]] = {}
+    for job, args in (("reference (linear)", ("--epochs", "40")),
+                      ("mlp (4.7M)", ("--model", "mlp", "--epochs", "2", "--samples", "1024"))):
+        found[job] = {"live": [], "restart": []}
+        for _ in range(5):
+            for mode in ("live", "restart"):
+                with tempfile.TemporaryDirectory() as tmp:
+                    agent = _ddpkit(Path(tmp), "train", "-n", "3", *args, "--heal", mode, "--run-dir", "run",
+                                    "--json", "summary.json")
+                    if agent.wait(timeout=600) == 0:
+                        found[job][mode].append(_summary(Path(tmp))["step_ms_p50"])
+    return found
+
+
+# ---- goodput under faults ----------------------------------------------------------------------------------------
+def _killer(stop: threading.Event, find: Any, kills: list[float]) -> None:
+    while not stop.wait(EVERY):
+        pid = find()
+        if pid:
+            try:
+                os.kill(pid, signal.SIGKILL)
+                kills.append(time.time())
+            except ProcessLookupError:
+                pass
+
+
+def _timed(mode: str, epochs: int, faults: bool) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory() as tmp:
+        cwd = Path(tmp)
+        args = ["train", "-n", "3", *JOB, "--epochs", str(epochs), "--json", "summary.json"]
+        if mode == "live":
+            args += ["--heal", "live", "--run-dir", "run"]
+        elif mode == "restart":
+            args += ["--heal", "--max-attempts", "100", "--run-dir", "run", "--snapshot-path", "snaps/"]
+        elif mode == "torchrun":
+            args += ["--max-restarts", "100", "--snapshot-path", "snaps/"]
+        began = time.monotonic()
+        agent = _ddpkit(cwd, *args)
+        kills: list[float] = []
+        stop = threading.Event()
+
+        def find() -> int | None:
+            if mode == "live":
+                return _live_pids(cwd / "run").get(1)
+            workers = _workers(agent.pid)
+            return workers[1] if len(workers) == 3 else None
+
+        thread = threading.Thread(target=_killer, args=(stop, find, kills), daemon=True)
+        if faults:
+            thread.start()
+        code = agent.wait(timeout=DURATION * 10)
+        stop.set()
+        wall = time.monotonic() - began
+        summary = _summary(cwd) if code == 0 else {}
+        return {"mode": mode, "faults": len(kills), "exit_code": code, "wall_s": wall,
+                "global_step": summary.get("global_step")}
+
+
+def goodput() -> dict[str, Any]:
+    probe = _timed("live", 20, faults=False)  # how long an epoch takes here, to size the run to DURATION
+    epochs = max(20, int(20 * DURATION / max(1.0, probe["wall_s"])))
+    runs = [_timed("plain", epochs, faults=False)]
+    for mode in ("live", "restart", "torchrun"):
+        runs.append(_timed(mode, epochs, faults=True))
+    return {"epochs": epochs, "runs": runs}
+
+
+# ---- the page --------------------------------------------------------------------------------------------------------
+def _median(values: list[Any]) -> str:
+    got = [v for v in values if isinstance(v, int | float)]
+    return f"{statistics.median(got):.2f}" if got else "-"
+
+
+def render(data: dict[str, Any]) -> str:
+    lines = ["# Live healing under -n (issue 46)", "", f"Measured {data.get('when', '')} on this machine (2 cores, "
+             "3 local ranks, gloo on CPU); `python -m benchmarks.bench_live_heal`. Times on one clock: the bench's "
+             "signal and the run's ledger.", ""]
+    d = data.get("drills")
+    if d:
+        lines += ["## A rank lost mid-run: `train -n 3 --heal live`, rank 1 signalled after epoch 3", "",
+                  "| fault | drills | exit 0 | detection s (median, max) | state taken s after detection | "
+                  "first step s after detection (median, max) | fault -> first step s | steps lost | loaded | "
+                  "survivors kept | replicas equal |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+        for fault in ("SIGKILL", "SIGSTOP"):
+            runs = [r for r in d["live"] if r["fault"] == fault]
+            det = [r["detect_s"] for r in runs if r["detect_s"] is not None]
+            first = [r["first_step_after_detect_s"] for r in runs if r["first_step_after_detect_s"] is not None]
+            lines.append(
+                f"| {fault} | {len(runs)} | {sum(r['exit_code'] == 0 for r in runs)} | {_median(det)}, "
+                f"{max(det, default=0):.2f} | {_median([r['state_s'] for r in runs])} | {_median(first)}, "
+                f"{max(first, default=0):.2f} | {_median([r['fault_to_first_step_s'] for r in runs])} | "
+                f"{sorted({r['steps_lost'] for r in runs}, key=str)} | "
+                f"{sorted({r['snapshots_loaded'] for r in runs}, key=str)} | "
+                f"{sum(bool(r['survivors_kept']) for r in runs)} | {sum(bool(r['replicas_equal']) for r in runs)} |")
+        lines += ["", "The survivors' stall is the fault -> first step column: their next all-reduce is the "
+                  "replacement's first step.", "", "Today's restart heal, the same kill, a snapshot every epoch:", "",
+                  "| drills | exit 0 | fault -> next attempt's first step s (median) | steps done again |",
+                  "|---|---|---|---|"]
+        r = d["restart"]
+        again = [x["steps_total"] - x["expected_steps"] for x in r if x["steps_total"] is not None]
+        lines.append(f"| {len(r)} | {sum(x['exit_code'] == 0 for x in r)} | "
+                     f"{_median([x['fault_to_first_step_s'] for x in r])} | "
+                     f"{sorted(set(again))} (the run's steps beyond an uninterrupted run's: 0 by construction, "
+                     f"resumed at {[x['resumed_at_step'] for x in r]}) |")
+    c = data.get("clean")
+    if c:
+        runs = c["runs"]
+        lines += ["", f"## Clean runs: {len(runs)} fault-free `--heal live` runs", "",
+                  f"exit 0: {sum(r['exit_code'] == 0 for r in runs)}; with a replacement: "
+                  f"{sum(bool(r['live_heals']) for r in runs)}"]
+    k = data.get("cost")
+    if k:
+        lines += ["", "## Cost on a fault-free run (step p50, ms; the median of 5 alternating runs each)", "",
+                  "| job | --heal live | --heal restart | live / restart |", "|---|---|---|---|"]
+        for job, modes in k.items():
+            live, restart = statistics.median(modes["live"]), statistics.median(modes["restart"])
+            lines.append(f"| {job} | {live:.3f} | {restart:.3f} | {live / restart:.3f} |")
+    g = data.get("goodput")
+    if g:
+        runs = g["runs"]
+        plain = next(r for r in runs if r["mode"] == "plain")["wall_s"]
+        lines += ["", f"## Goodput under faults: {g['epochs']} epochs (~{DURATION:.0f} s fault-free), rank 1 killed "
+                  f"every {EVERY:.0f} s", "", "| mode | faults | exit | wall s | against fault-free |",
+                  "|---|---|---|---|---|"]
+        for r in runs:
+            lines.append(f"| {r['mode']} | {r['faults']} | {r['exit_code']} | {r['wall_s']:.1f} | "
+                         f"{r['wall_s'] / plain:.3f} |")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    path = RESULTS / "bench_live_heal.json"
+    if "--render" in sys.argv:
+        data = json.loads(path.read_text())
+    else:
+        data = json.loads(path.read_text()) if path.exists() else {}
+        data["when"] = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+        for part in PARTS:
+            print(f"== {part}", flush=True)
+            data[part] = globals()[part]()
+            path.write_text(json.dumps(data, indent=1) + "\n")
+    text = render(data)
+    (RESULTS / "bench_live_heal.md").write_text(text)
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
