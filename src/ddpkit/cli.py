@@ -74,6 +74,7 @@ COMMANDS: tuple[Command, ...] = (
             "check and bench JSON -> one Markdown report with plots; a run directory -> HTML, trace, Prometheus"),
     Command("train", "ddpkit.train.cli",
             "the reference DDP job: trains, snapshots safely, resumes exactly, survives faults", worker=True,
+            checks_first=True,
             preload=("torch.nn.parallel", "torch._dynamo", "ddpkit.runtime", "ddpkit.train.jobs",
                      "ddpkit.train.trainer", "ddpkit.watch.hooks", "ddpkit.watch.monitor")),
     Command("run", "ddpkit.run", "run your own DDP script, unchanged, under any launcher (or start -n ranks)",

@@ -56,7 +56,8 @@ PAGES_NOT_RUN: dict[str, str] = {
     "docs/gpu.md": "a GPU machine's commands and output (CUDA, NCCL): scripts/gpu_check.sh runs them on one",
 }
 #: Output lines a page shows that its command must print (ddpkit's verdicts, decisions and files written).
-KEY = re.compile(r"(ddpkit heal: attempt \d+ of|ddpkit: error:|ddpkit env: a world|run: \d+ attempt|#? ?wrote |"
+KEY = re.compile(r"(ddpkit heal: attempt \d+ of|ddpkit heal: rank \d+ on|ddpkit: error:|ddpkit env: a world|"
+                 r"\w+: \d+ attempt|#? ?wrote |"
                  r"#? ?verdict:|(PASS|FAIL) +\S|Training (finished|already)|Snapshots: |Loading snapshot |"
                  r"Resuming training|Epoch \d+ \| Training snapshot saved|[Dd]rill |exit \d+$|ddpkit_\w+\{|"
                  r"backend \w+: all_reduce)")

@@ -45,7 +45,7 @@ if TYPE_CHECKING:
     from ddpkit.train.trainer import Trainer
     from ddpkit.watch.records import AbortOrder
 
-__all__ = ["add_arguments", "config_from_args", "run"]
+__all__ = ["add_arguments", "check_arguments", "config_from_args", "run"]
 
 log = get_logger(__name__)
 
@@ -124,6 +124,12 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
                        drills=tuple(args.drill), job=args.make_job, json_path=args.json_path,
                        deterministic=args.deterministic, progress=args.progress,
                        collective_timeout=args.collective_timeout)
+
+
+def check_arguments(args: argparse.Namespace) -> None:
+    """Every option checked once where the command starts, before any rank does: otherwise each rank said it, and a
+    ``--heal`` supervisor took the error for a failed attempt and started the ranks again."""
+    config_from_args(args)
 
 
 #: The process group's own timeout trails --collective-timeout by this much: the watch names the lost peer first.

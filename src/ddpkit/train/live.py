@@ -144,6 +144,8 @@ class LiveGroup:
             elif done == best - 1 and trainer.pending_loss is not None:  # the step in flight, applied elsewhere
                 losses.append(float(trainer.pending_loss))
         self.heals += 1
+        if self.rank == 0:  # a drill that killed a rank is followed by this resume, at the source's step
+            trainer.drills.resumed(best)
         epoch, batch = divmod(best, trainer.steps_per_epoch)
         if batch == 0 and epoch > 0 and (epoch - 1) not in trainer.summary.loss_history and losses:
             trainer.summary.loss_history[epoch - 1] = float(torch.tensor(losses).mean())  # lost after its last step
