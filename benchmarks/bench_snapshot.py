@@ -35,8 +35,8 @@ from typing import Any
 
 import torch
 
+from ddpkit.comm.rng import capture_rng
 from ddpkit.train.data import make_model
-from ddpkit.train.rng import capture_rng
 from ddpkit.train.snapshot import MAGIC, _fsync_dir, write_snapshot
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -136,9 +136,9 @@ def add_worker_arguments(p: argparse.ArgumentParser) -> None:
                         "record it in the run's ledger and relaunch where another attempt can help; a failure of "
                         "the program itself twice in a row ends with exit 93 (do not requeue). -n N on one host; "
                         "-j MIN:MAXxP on every host (a host at fault is excluded from later rounds; its agent "
-                        "exits 95). --heal live (train -n N): a lost rank is replaced while the others keep their "
-                        "processes, taking its state from a live peer: no snapshot read, no step lost "
-                        "(docs/heal.md)")
+                        "exits 95). --heal live (-n N; run: a script using ddpkit.run.live): a lost rank is "
+                        "replaced while the others keep their processes, taking its state from a live peer: no "
+                        "snapshot read, no step lost (docs/heal.md)")
     g.add_argument("--max-attempts", type=int, default=3, metavar="N",
                    help="with --heal: attempts at most, the first included (default 3)")
     g.add_argument("--run-dir", default=None, metavar="PATH",

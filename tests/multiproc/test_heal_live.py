@@ -92,3 +92,33 @@ def test_a_clean_live_run_replaces_nobody(tmp_path: Path, uninterrupted: dict[st
     assert summary["live_heals"] == 0 and len(set(summary["replica_digests"])) == 1
     assert summary["loss_history"] == uninterrupted["loss_history"]
     assert not [r for r in read_records(tmp_path / "run" / "ledger.jsonl") if isinstance(r, RankReplaced)]
+
+
+def test_the_seeds_ddp_py_with_the_documented_change_rejoins_a_killed_rank_from_a_peer(tmp_path: Path) -> None:
+    """The seeds' ``ddp.py`` with docs/heal.md's few lines, under ``ddpkit run -n 3 --heal live``: rank 1 SIGKILLed
+    mid-run; its replacement takes its state from a peer, the job ends with exit 0 and the replicas' weights equal."""
+    script = tmp_path / "ddp.py"
+    script.write_text((Path(__file__).parent / "seeds_ddp_live.py").read_text())
+    with open(tmp_path / "out.txt", "wb") as out:
+        agent = subprocess.Popen([sys.executable, "-m", "ddpkit", "run", "-n", "3", "--heal", "live", "--run-dir",
+                                  "run", "--", "ddp.py", "60", "50"], cwd=tmp_path, env=ddpkit_env(), stdout=out,
+                                 stderr=subprocess.STDOUT)
+        try:
+            deadline = time.monotonic() + 120
+            while "[RANK 0] Epoch 3 " not in (tmp_path / "out.txt").read_text() or len(_pids(tmp_path / "run")) != 3:
+                assert agent.poll() is None and time.monotonic() < deadline, (tmp_path / "out.txt").read_text()
+                time.sleep(0.05)
+            before = _pids(tmp_path / "run")
+            os.kill(before[1], signal.SIGKILL)
+            code = agent.wait(timeout=240)
+        finally:
+            if agent.poll() is None:
+                agent.kill()
+    text = (tmp_path / "out.txt").read_text()
+    assert code == 0, text
+    after = _pids(tmp_path / "run")
+    assert after[0] == before[0] and after[2] == before[2] and after[1] != before[1], (before, after)
+    assert re.search(rf"ddpkit heal: rank 1 on \S+ lost \(SIGKILL\); a replacement \(pid {after[1]}\) took its state "
+                     r"from rank [02] at step \d+ .*no step lost", text), text
+    digests = re.findall(r"done: weights ([0-9a-f]+)", text)
+    assert len(digests) == 3 and len(set(digests)) == 1, text

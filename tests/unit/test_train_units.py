@@ -13,10 +13,10 @@ import torch
 from torch.utils.data import DistributedSampler
 
 from ddpkit.base.errors import ConfigError
+from ddpkit.comm.rng import capture_rng, restore_rng
 from ddpkit.train.config import TrainConfig, parse_drill, snapshot_location
 from ddpkit.train.data import Batches, make_dataset
 from ddpkit.train.faults import DrillBook
-from ddpkit.train.rng import capture_rng, restore_rng
 from ddpkit.train.snapshot import SnapshotDir, read_snapshot, write_snapshot
 from ddpkit.train.staging import AsyncWriter
 from ddpkit.train.timeline import MARKS, phases

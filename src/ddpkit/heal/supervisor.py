@@ -62,7 +62,7 @@ def supervise(world: WorldInfo, request: HealRequest, options_for: Callable[[], 
     the run's exit code. ``options_for`` builds the agent's options (after the refusals: it checks -n/-j)."""
     _refuse_unless_one_host(world, request)
     options = options_for()
-    _refuse_live_unless_train_on_one_host(request, options)
+    _refuse_live_unless_one_host(request, options)
     if options.shape.max_nodes > 1:  # -j MIN:MAXxP on every host: the hosts that are left go on (heal.elastic)
         from ddpkit.heal.elastic import supervise_across_hosts
 
@@ -225,13 +225,8 @@ def _refuse_unless_one_host(world: WorldInfo, request: HealRequest) -> None:
         raise ConfigError(f"--max-attempts {request.max_attempts}", "1 or more", "pass --max-attempts 3 (the default)")
 
 
-def _refuse_live_unless_train_on_one_host(request: HealRequest, options: LaunchOptions) -> None:
-    if not request.live:
-        return
-    if request.command != "train":
-        raise ConfigError(f"--heal live with ddpkit {request.command}", "--heal live with ddpkit train -n N (the "
-                          "trainer hands its state to a replacement)", "use --heal (a restart heal)")
-    if options.shape.max_nodes > 1:
+def _refuse_live_unless_one_host(request: HealRequest, options: LaunchOptions) -> None:
+    if request.live and options.shape.max_nodes > 1:
         raise ConfigError(f"--heal live with -j {options.shape}", "--heal live with -n N on one host",
                           "use -n N, or --heal (the restart heal across hosts)")
 

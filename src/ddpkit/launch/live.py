@@ -8,9 +8,9 @@ and the trainer once), so one rank's end ends no other. The agent hosts the work
 - a rank killed by a signal, or stopped (``SIGSTOP``, the kernel's state ``T``) for ``STOPPED_S`` while the others
   run (it is then ended with SIGKILL, so that the others' collectives fail at once instead of waiting for it), is
   lost: a replacement is forked for the same rank, then the plan of the next generation is written
-  (``ddpkit.process.live``). The survivors, whose collective failed, re-form the group in that generation and hand
-  the replacement the state of the most advanced of them (``ddpkit.train.live``); the agent prints one line once the
-  replacement has applied its first step.
+  (``ddpkit.process.live``), with a store of the generation's own. The survivors, whose collective failed, re-form
+  the group in that generation and hand the replacement the state of the most advanced of them
+  (``ddpkit.comm.live``); the agent prints one line once the replacement has applied its first step.
 - anything else (a rank that raised or exited non-zero, a second loss while a heal is under way, a replacement that
   fails, a loss once a rank has finished) ends every rank: the attempt fails as today's, and the heal supervisor's
   restart heal takes over (``ddpkit.heal.attempts``).
@@ -34,6 +34,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ddpkit.base.errors import EXIT_MISSING
 from ddpkit.base.log import get_logger
 from ddpkit.launch import worker
 from ddpkit.launch.failure import RankFailure, drop_exit_tracebacks, ordered, root_cause_line
@@ -42,7 +43,7 @@ from ddpkit.launch.stops import FORWARDED
 from ddpkit.launcher_output.words import signal_name
 from ddpkit.process import live as protocol
 from ddpkit.process.stopping import mark_outside_signal
-from ddpkit.process.worker_context import LIVE_GEN, PREEMPTED_MARK, STOP_DIR
+from ddpkit.process.worker_context import LIVE_GEN, LIVE_STORE, PREEMPTED_MARK, STOP_DIR
 from ddpkit.rundir.ledger import RankReplaced
 from ddpkit.runtime import share_cores
 
@@ -59,6 +60,9 @@ POLL_S = 0.05
 STOPPED_S = 1.0
 #: A replacement that has not applied its first step this long after its plan: the heal failed (seconds).
 JOIN_DEADLINE_S = 120.0
+#: A rank still running this long after another finished is ended (seconds): its teardown hangs.
+FINISH_GRACE_S = 30.0
+_LINGERED = "still running after the others finished"
 
 
 @dataclass(kw_only=True)
@@ -88,6 +92,9 @@ class _Agent:
     host: str = field(default_factory=lambda: socket.gethostname().split(".", 1)[0])
     logs_dir: str = ""
     pids: dict[int, int] = field(default_factory=dict)
+    group_stores: list[Any] = field(default_factory=list)
+    finished_at: float | None = None
+    """When the first rank finished (exit 0)."""
 
     # ---- starting ranks -----------------------------------------------------------------------------------
     def start(self, rank: int, env: dict[str, str]) -> _Rank:
@@ -120,7 +127,7 @@ class _Agent:
                 "GROUP_RANK": "0", "GROUP_WORLD_SIZE": "1", "ROLE_RANK": str(rank), "ROLE_WORLD_SIZE": str(world),
                 "ROLE_NAME": "default", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
                 "TORCHELASTIC_RUN_ID": run_id, "TORCHELASTIC_RESTART_COUNT": "0", "TORCHELASTIC_MAX_RESTARTS": "0",
-                "TORCHELASTIC_USE_AGENT_STORE": "True", LIVE_GEN: "0"}
+                "TORCHELASTIC_USE_AGENT_STORE": "True", LIVE_GEN: "0", LIVE_STORE: f"127.0.0.1:{port}"}
 
     # ---- watching ---------------------------------------------------------------------------------------------
     def watch(self) -> AttemptResult:
@@ -137,6 +144,9 @@ class _Agent:
                 r.done = True
                 failure = next(iter(result.failures.values()), None) if result.failures else None
                 if failure is None:
+                    self.finished_at = self.finished_at or now
+                    continue
+                if r.ended_by_agent == _LINGERED:  # finished its work, ended by the agent after its teardown hung
                     continue
                 code = int(failure.exitcode)
                 lost = RankFailure(rank=r.rank, pid=r.pid, exit_code=code, timestamp=now)
@@ -149,10 +159,28 @@ class _Agent:
                     continue
                 failures.append(lost)
                 return self._give_up(failures)
-            self._check_healing(now)
+            ended = self._check_healing(now)
+            if ended is not None:
+                return ended
+            self._check_lingering(now)
             if all(r.done for r in self.ranks.values()):
                 return self._finished(failures)
             time.sleep(POLL_S)
+
+    def _check_lingering(self, now: float) -> None:
+        """A rank still running ``FINISH_GRACE_S`` after another finished: it ran every collective the others did
+        (each needs every rank), so its work is done; its teardown hangs (seen in a replacement: torch's
+        ProcessGroupGloo destructor waiting on a lock), and it is ended, said, not failed."""
+        if self.finished_at is None or now - self.finished_at < FINISH_GRACE_S:
+            return
+        for r in self.ranks.values():
+            if not r.done and r.ended_by_agent is None:
+                r.ended_by_agent = _LINGERED
+                log.warning("rank %d (pid %d) was still running %.0f s after another rank finished: its work is "
+                            "done (the others' collectives all needed it), its teardown hangs; ending it", r.rank,
+                            r.pid, now - self.finished_at)
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(r.pid, signal.SIGKILL)
 
     def _may_heal(self, lost: _Rank) -> bool:
         """Whether a lost rank can be replaced live: no heal under way, no rank finished, the others running."""
@@ -182,20 +210,28 @@ class _Agent:
             os.kill(r.pid, signal.SIGKILL)
 
     def _replace(self, lost: _Rank, why: str, seen: float, now: float) -> None:
+        import torch.distributed as dist
+
         self.gen += 1
-        env = {**lost.env, LIVE_GEN: str(self.gen)}
+        # each generation's group in a store of its own: a store keeps a lost group's addresses (the keys a new
+        # group would read again: pytorch/pytorch#135712), and a replacement's init_process_group finds it as given
+        group = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+        self.group_stores.append(group)
+        env = {**lost.env, LIVE_GEN: str(self.gen), "MASTER_PORT": str(group.port)}
         new = self.start(lost.rank, env)
         self.ranks[lost.rank] = new
         kept = tuple(r.rank for r in self.ranks.values() if r.rank != lost.rank)
         self.healing = RankReplaced(gen=self.gen, rank=lost.rank, host=self.host, why=why, lost_pid=lost.pid,
                                     replacement_pid=new.pid, lost_at=seen, decided_at=now, kept=kept)
         self.store.set(protocol.plan_key(self.gen), protocol.Plan(gen=self.gen, rank=lost.rank, why=why,
-                                                                  host=self.host, lost_at=seen).to_json())
+                                                                  host=self.host, lost_at=seen,
+                                                                  port=group.port).to_json())
 
-    def _check_healing(self, now: float) -> None:
+    def _check_healing(self, now: float) -> AttemptResult | None:
+        """The heal under way: its line once the replacement trains; the attempt's end where it never does."""
         heal = self.healing
         if heal is None:
-            return
+            return None
         if heal.joined_at is None and self.store.check([protocol.joined_key(heal.gen)]):
             joined = protocol.Joined.from_json(self.store.get(protocol.joined_key(heal.gen)))
             heal = self.healing = replace(heal, source=joined.source, step=joined.step, joined_at=joined.at)
@@ -204,10 +240,14 @@ class _Agent:
             print(heal.sentence(), file=sys.stderr, flush=True)
             self.healing = None
             self.on_heal(heal)
+            return None
         elif now - (heal.decided_at or heal.lost_at) > JOIN_DEADLINE_S:
-            log.error("rank %d's replacement has not trained within %.0f s: ending the attempt", heal.rank,
-                      JOIN_DEADLINE_S)
-            self._stop_all(signal.SIGKILL)
+            log.error("rank %d's replacement (pid %d) has not trained within %.0f s of the loss (the group was not "
+                      "re-formed%s): ending the attempt", heal.rank, heal.replacement_pid, JOIN_DEADLINE_S,
+                      "" if heal.joined_at is None else " after the state was handed over")
+            return self._give_up([RankFailure(rank=heal.rank, pid=heal.replacement_pid, exit_code=EXIT_MISSING,
+                                              timestamp=now)])
+        return None
 
     # ---- ending -------------------------------------------------------------------------------------------------
     def _give_up(self, failures: list[RankFailure]) -> AttemptResult:

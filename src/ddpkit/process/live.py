@@ -4,8 +4,8 @@ read it here, the agent in ``ddpkit.launch.live``, the workers in ``ddpkit.train
 A generation is one process group. The first is 0; each lost rank makes the next, with a replacement for it:
 
 ================================  ==========================================================================
-``ddpkit-live/plan/G``            the agent, once G's replacement is started: a ``Plan`` (who was lost, why)
-``ddpkit-live/G/pg/...``          the group of generation G (torch's own keys)
+``ddpkit-live/plan/G``            the agent, once G's replacement is started: a ``Plan`` (who was lost, why,
+                                  the port of G's own store, where its group is formed)
 ``ddpkit-live/joined/G``          the rank that gave its state, once every rank holds it: a ``Joined``
 ``ddpkit-live/first/G``           the replacement, after its first applied step: the time (a float)
 ================================  ==========================================================================
@@ -18,17 +18,13 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass
 
-__all__ = ["Joined", "Plan", "first_key", "group_prefix", "joined_key", "plan_key"]
+__all__ = ["Joined", "Plan", "first_key", "joined_key", "plan_key"]
 
 ROOT = "ddpkit-live/"
 
 
 def plan_key(gen: int) -> str:
     return f"{ROOT}plan/{gen}"
-
-
-def group_prefix(gen: int) -> str:
-    return f"{ROOT}{gen}/"
 
 
 def joined_key(gen: int) -> str:
@@ -46,10 +42,12 @@ class Plan:
     gen: int
     rank: int
     why: str
-    """``SIGKILL``, ``stopped (SIGSTOP)``: how the rank was lost."""
+    """``SIGKILL``, ``stopped (SIGSTOP) for 1.0 s``: how the rank was lost."""
     host: str
     lost_at: float
     """When the agent saw it lost (epoch seconds)."""
+    port: int
+    """The generation's own store (on the agent's host): a group's keys are never those of an earlier one."""
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))

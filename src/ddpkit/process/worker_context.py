@@ -22,6 +22,7 @@ __all__ = [
     "LAUNCHED",
     "LAUNCHED_AT",
     "LIVE_GEN",
+    "LIVE_STORE",
     "PREEMPTED_MARK",
     "RESULT_DIR",
     "START_METHOD",
@@ -53,11 +54,19 @@ START_METHOD = "DDPKIT_START_METHOD"
 #: Under ``--heal live`` (ddpkit.launch.live): the generation of the group this worker joins, "0" for the first; a
 #: replacement's is the generation made for it, and it takes its state from a live peer instead of a snapshot.
 LIVE_GEN = "DDPKIT_LIVE_GEN"
+#: Under ``--heal live``: HOST:PORT of the live agent's store, where its plans are (a generation's group has its own
+#: store, at MASTER_ADDR:MASTER_PORT).
+LIVE_STORE = "DDPKIT_LIVE_STORE"
 
 
 def _int(text: str | None, default: int = 0) -> int:
     text = (text or "").strip()
     return int(text) if text.isdigit() else default
+
+
+def _endpoint(text: str | None) -> tuple[str, int] | None:
+    host, _, port = (text or "").rpartition(":")
+    return (host, int(port)) if host and port.isdigit() else None
 
 
 def _seconds(text: str | None) -> float | None:
@@ -129,6 +138,8 @@ class WorkerContext:
     live_gen: int | None = None
     """Under ``--heal live``: the group generation this worker joins (0: the first; more: a replacement); None:
     not live-healed."""
+    live_store: tuple[str, int] | None = None
+    """Under ``--heal live``: (host, port) of the live agent's store (``LIVE_STORE``)."""
 
     @classmethod
     def from_environ(cls, environ: Mapping[str, str] | None = None) -> WorkerContext:
@@ -144,7 +155,8 @@ class WorkerContext:
                    agent_store=env.get("TORCHELASTIC_USE_AGENT_STORE", "").strip().lower() == "true",
                    error_file=env.get("TORCHELASTIC_ERROR_FILE") or None,
                    heal_silent_s=_seconds(env.get(HEAL_SILENT_S)),
-                   live_gen=int(env[LIVE_GEN]) if env.get(LIVE_GEN, "").isdigit() else None)
+                   live_gen=int(env[LIVE_GEN]) if env.get(LIVE_GEN, "").isdigit() else None,
+                   live_store=_endpoint(env.get(LIVE_STORE)))
 
     @property
     def restartable(self) -> bool:

@@ -206,14 +206,14 @@ def _goodput_log(args: argparse.Namespace, rank: int, world_size: int, context: 
 
 
 def _live_group(context: WorkerContext, world: Any, backend: str | None, timeout: Any) -> Any:
-    """This rank's live group under ``--heal live`` (ddpkit.train.live), else None."""
+    """This rank's live group under ``--heal live`` (ddpkit.comm.live), else None."""
     if context.live_gen is None:
         return None
+    from ddpkit.comm.live import LiveGroup
     from ddpkit.runtime import pick_backend
-    from ddpkit.train.live import LiveGroup
 
     return LiveGroup(context, rank=world.rank, world_size=world.world_size, backend=pick_backend(backend),
-                     timeout=timeout)
+                     timeout=timeout, pg_prefix="pg/")  # ddpkit.init's prefix
 
 
 def _deterministic() -> None:

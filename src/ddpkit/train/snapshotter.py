@@ -30,9 +30,9 @@ from torch import nn
 import ddpkit
 from ddpkit.base.errors import ConfigError
 from ddpkit.base.log import get_logger
+from ddpkit.comm.rng import capture_rng, restore_rng, seed_everything
 from ddpkit.train.config import TrainConfig, snapshot_location
 from ddpkit.train.output import say
-from ddpkit.train.rng import capture_rng, restore_rng, seed_everything
 from ddpkit.train.snapshot import SnapshotDir, read_snapshot, write_snapshot
 from ddpkit.train.staging import AsyncWriter, CpuShadow
 from ddpkit.train.stops import LastSnapshot

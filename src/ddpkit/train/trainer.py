@@ -32,10 +32,10 @@ from ddpkit.comm.gradients import GradientAveraging, register_gradient_averaging
 from ddpkit.goodput.records import attempt_from_environ
 from ddpkit.process.stopping import RunOutcome
 from ddpkit.process.worker_context import WorkerContext
+from ddpkit.train import live as healing
 from ddpkit.train.config import TrainConfig
 from ddpkit.train.data import Batches
 from ddpkit.train.faults import DrillBook, DrillTrigger, PreemptionWatch, requeue_slurm_job
-from ddpkit.train.live import peer_lost
 from ddpkit.train.output import say
 from ddpkit.train.progress import Progress, on_terminal
 from ddpkit.train.snapshotter import Snapshotter, StartPoint
@@ -43,9 +43,9 @@ from ddpkit.train.stops import host_table, preemption_outcome
 from ddpkit.train.summary import RunSummary, percentile
 
 if TYPE_CHECKING:
+    from ddpkit.comm.live import LiveGroup
     from ddpkit.goodput.records import GoodputLog
     from ddpkit.runtime import Runtime
-    from ddpkit.train.live import LiveGroup
 
 __all__ = ["TrainJob", "Trainer"]
 
@@ -112,7 +112,7 @@ class Trainer:
         cfg, summary, live = self.cfg, self.summary, self.live
         # before load() seeds the generators: importing rich draws from Python's global RNG (rich.style)
         progress = Progress(self.rank == 0 and cfg.progress is not False and (cfg.progress or on_terminal()))
-        start = live.join(self) if live is not None and live.joining else self._load()
+        start = healing.join(live, self) if live is not None and live.joining else self._load()
         ddp, preemption = self._wrap()
         summary.marks["loop"] = time.time()
         t_start = time.perf_counter()
@@ -124,10 +124,10 @@ class Trainer:
                     ended = self._epochs(ddp, preemption, start, progress, t_start)
                     break
                 except RuntimeError as exc:  # under --heal live, a lost peer: the survivors go on (train/live.py)
-                    if live is None or not peer_lost(exc):
+                    if live is None or not healing.peer_lost(exc):
                         raise
                     preemption.uninstall()
-                    start = live.rejoin(self, exc)
+                    start = healing.rejoin(live, self, exc, ddp)
                     ddp, preemption = self._wrap()
             if isinstance(ended, RunSummary):
                 return ended
