@@ -108,10 +108,11 @@ def _live_drill(sig: signal.Signals, expected_steps: int) -> dict[str, Any]:
         summary = _summary(cwd) if code == 0 else {}
         after = _live_pids(cwd / "run")
         heal = heals[0] if len(heals) == 1 else None
+        found = (heal.decided_at or heal.lost_at) if heal else None
         return {"fault": sig.name, "exit_code": code, "heals": len(heals),
-                "detect_s": heal.lost_at - fault if heal else None,
-                "state_s": (heal.joined_at - heal.lost_at) if heal and heal.joined_at else None,
-                "first_step_after_detect_s": (heal.first_step_at - heal.lost_at) if heal and heal.first_step_at
+                "detect_s": found - fault if found else None,
+                "state_s": (heal.joined_at - found) if heal and found and heal.joined_at else None,
+                "first_step_after_detect_s": (heal.first_step_at - found) if heal and found and heal.first_step_at
                 else None,
                 "fault_to_first_step_s": (heal.first_step_at - fault) if heal and heal.first_step_at else None,
                 "steps_lost": expected_steps - summary["global_step"] if summary else None,
@@ -139,10 +140,13 @@ def _restart_drill(expected_steps: int) -> dict[str, Any]:
         summary = _summary(cwd) if code == 0 else {}
         resumed = (summary.get("resumed_from") or {}).get("global_step")
         first = min((s.start for s in second), default=None) if second else None
+        from ddpkit.reports.run import load_run
+
         return {"fault": "SIGKILL", "exit_code": code, "attempts": len(starts),
                 "fault_to_first_step_s": first - fault if first else None,
                 "snapshots_loaded": summary.get("snapshots_loaded"), "resumed_at_step": resumed,
-                "steps_total": summary.get("global_step"), "expected_steps": expected_steps}
+                "steps_lost": load_run(cwd / "run").split.lost_steps, "steps_total": summary.get("global_step"),
+                "expected_steps": expected_steps}
 
 
 def drills() -> dict[str, Any]:
@@ -227,8 +231,10 @@ def _timed(mode: str, epochs: int, faults: bool) -> dict[str, Any]:
 
 
 def goodput() -> dict[str, Any]:
-    probe = _timed("live", 20, faults=False)  # how long an epoch takes here, to size the run to DURATION
-    epochs = max(20, int(20 * DURATION / max(1.0, probe["wall_s"])))
+    short, long = _timed("plain", 40, faults=False), _timed("plain", 160, faults=False)  # to size the run
+    per_epoch = max(1e-3, (long["wall_s"] - short["wall_s"]) / 120)
+    startup = max(0.0, short["wall_s"] - 40 * per_epoch)
+    epochs = max(40, int((DURATION - startup) / per_epoch))
     runs = [_timed("plain", epochs, faults=False)]
     for mode in ("live", "restart", "torchrun"):
         runs.append(_timed(mode, epochs, faults=True))
@@ -264,14 +270,13 @@ def render(data: dict[str, Any]) -> str:
                 f"{sum(bool(r['survivors_kept']) for r in runs)} | {sum(bool(r['replicas_equal']) for r in runs)} |")
         lines += ["", "The survivors' stall is the fault -> first step column: their next all-reduce is the "
                   "replacement's first step.", "", "Today's restart heal, the same kill, a snapshot every epoch:", "",
-                  "| drills | exit 0 | fault -> next attempt's first step s (median) | steps done again |",
+                  "| drills | exit 0 | fault -> next attempt's first step s (median) | steps lost (done again) |",
                   "|---|---|---|---|"]
         r = d["restart"]
-        again = [x["steps_total"] - x["expected_steps"] for x in r if x["steps_total"] is not None]
         lines.append(f"| {len(r)} | {sum(x['exit_code'] == 0 for x in r)} | "
                      f"{_median([x['fault_to_first_step_s'] for x in r])} | "
-                     f"{sorted(set(again))} (the run's steps beyond an uninterrupted run's: 0 by construction, "
-                     f"resumed at {[x['resumed_at_step'] for x in r]}) |")
+                     f"{[x.get('steps_lost') for x in r]} (resumed at {[x['resumed_at_step'] for x in r]}; the "
+                     "goodput ledger's count) |")
     c = data.get("clean")
     if c:
         runs = c["runs"]
