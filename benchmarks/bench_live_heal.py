@@ -303,6 +303,25 @@ def render(data: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def scale_inputs(data: dict[str, Any]) -> dict[str, Any]:
+    """The drills' medians in ``benchmarks/scale_model.py``'s measured-input form (``results/live_heal.json``)."""
+    d, out = data.get("drills"), {}
+    if not d:
+        return out
+    live: dict[str, Any] = {"source": f"bench_live_heal {data.get('when', '')}, 3 ranks on 2 cores (-n)"}
+    for fault, name in (("SIGKILL", "kill"), ("SIGSTOP", "stop")):
+        runs = [r for r in d["live"] if r["fault"] == fault and r["detect_s"] is not None]
+        if runs:
+            live[name] = {"detect_s_median": statistics.median(r["detect_s"] for r in runs),
+                          "recover_s_median": statistics.median(r["first_step_after_detect_s"] for r in runs)}
+    out["live"] = live
+    restarts = [r["fault_to_first_step_s"] for r in d["restart"] if r.get("fault_to_first_step_s") is not None]
+    if restarts:  # one host: the kill is seen at once, so the whole span is the restart's
+        out["restart"] = {"kill": {"detect_s_median": 0.0, "recover_s_median": statistics.median(restarts)},
+                          "source": f"bench_live_heal {data.get('when', '')}: --heal restart under -n, a kill"}
+    return out
+
+
 def main() -> None:
     path = RESULTS / "bench_live_heal.json"
     if "--render" in sys.argv:
@@ -316,6 +335,9 @@ def main() -> None:
             path.write_text(json.dumps(data, indent=1) + "\n")
     text = render(data)
     (RESULTS / "bench_live_heal.md").write_text(text)
+    scale = scale_inputs(data)
+    if scale:  # what benchmarks/scale_model.py carries to 16,384 GPUs
+        (RESULTS / "live_heal.json").write_text(json.dumps(scale, indent=1) + "\n")
     print(text)
 
 

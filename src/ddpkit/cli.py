@@ -168,11 +168,27 @@ def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
     return parser
 
 
+#: What ``--heal`` may be followed by; alone, it means ``restart``.
+HEAL_MODES = ("restart", "live")
+
+
+def _heal_mode_given(argv: list[str]) -> list[str]:
+    """``argv`` with a bare ``--heal`` written ``--heal=restart``: the word after it, where it is no mode, is the
+    command's own (``ddpkit run -n 2 --heal job.py``: the script), as it was before ``--heal`` took a mode."""
+    out: list[str] = []
+    for i, word in enumerate(argv):
+        if word == "--":
+            return out + argv[i:]
+        bare = word == "--heal" and (i + 1 == len(argv) or argv[i + 1] not in HEAL_MODES)
+        out.append("--heal=restart" if bare else word)
+    return out
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
         parser = build_parser(argv)
-        args = parser.parse_args(argv)
+        args = parser.parse_args(_heal_mode_given(argv))
         configure(args.verbose)
         if args.command is None:
             parser.print_help()

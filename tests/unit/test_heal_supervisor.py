@@ -166,3 +166,32 @@ def test_heal_across_hosts_needs_one_run_id_and_a_dynamic_rendezvous(tmp_path: P
     with pytest.raises(ConfigError, match="--max-restarts 2"):
         supervise(_World(), _args(tmp_path, run_id="r1"), lambda: restarts, never)  # type: ignore[arg-type]
     assert not (tmp_path / "run").exists()
+
+
+def test_heal_takes_a_mode_and_a_bare_heal_leaves_the_next_word_to_the_command() -> None:
+    from ddpkit.cli import _heal_mode_given, build_parser
+
+    def parsed(*argv: str) -> tuple[str | None, list[str] | None]:
+        args = build_parser(argv).parse_args(_heal_mode_given(list(argv)))
+        return args.heal, getattr(args, "target", None)
+
+    assert parsed("run", "-n", "2", "--heal", "job.py") == ("restart", ["job.py"])  # the script, as before modes
+    assert parsed("run", "-n", "2", "--heal", "live", "--", "job.py") == ("live", ["--", "job.py"])
+    assert parsed("train", "-n", "2", "--heal") == ("restart", None)
+    assert parsed("train", "-n", "2", "--heal", "restart") == ("restart", None)
+    assert parsed("train", "-n", "2") == (None, None)
+
+
+def test_live_healing_is_refused_where_it_does_not_run_yet(tmp_path: Path) -> None:
+    from ddpkit.cli import main
+
+    assert main(["submit", "slurm", "-j", "2x1", "--spare-nodes", "1", "--heal", "live", "--dry-run", "--",
+                 "train"]) == 2
+    request = HealRequest(command="train", max_attempts=3, run_dir=str(tmp_path), live=True)
+    across = LaunchOptions(shape=JobShape(min_nodes=2, max_nodes=2, nproc_per_node=1), rdzv_endpoint="h:1")
+    from ddpkit.env import WorldInfo
+
+    world = WorldInfo(launcher="none", rank=0, local_rank=0, world_size=1, local_world_size=1, node_rank=0,
+                      num_nodes=1)
+    with pytest.raises(ConfigError, match="--heal live with -j"):
+        supervise(world, request, lambda: across, lambda options: AttemptResult(exit_code=0))
