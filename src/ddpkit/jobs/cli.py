@@ -129,8 +129,8 @@ def build_spec(args: argparse.Namespace, argv: list[str]) -> JobSpec:
         mpi_flavour=args.mpi_flavour, hosts=tuple(h for h in args.hosts.split(",") if h),
         allow_run_as_root=args.allow_run_as_root, image=args.image, k8s_kind=args.k8s_kind, k8s_rdzv=args.k8s_rdzv,
         namespace=args.namespace, cpu=args.cpu, memory=args.memory, gpus=args.gpus, snapshot_size=args.snapshot_size,
-        exclude=exclude, heal=_restart_heal(args.heal, args.backend), spare_nodes=args.spare_nodes, max_attempts=args.max_attempts,
-        on_fail=args.on_fail, run_dir=args.run_dir, silent_after=args.silent_after,
+        exclude=exclude, heal=_restart_heal(args.heal, args.backend), spare_nodes=args.spare_nodes,
+        max_attempts=args.max_attempts, on_fail=args.on_fail, run_dir=args.run_dir, silent_after=args.silent_after,
     )
 
 
