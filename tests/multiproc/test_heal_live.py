@@ -83,10 +83,14 @@ def test_a_lost_rank_rejoins_from_a_live_peer_and_no_step_is_lost(
     digests = summary["replica_digests"]
     assert summary["live_heals"] == 1 and len(digests) == 3 and len(set(digests)) == 1, digests
     assert summary["loss_history"] == uninterrupted["loss_history"]  # bitwise: the same floats, every epoch
-    report = subprocess.run([sys.executable, "-m", "ddpkit", "report", "run"], cwd=tmp_path, env=ddpkit_env(),
-                            capture_output=True, text=True, timeout=120)
+    report = subprocess.run([sys.executable, "-m", "ddpkit", "report", "run", "--html", "run/report.html", "--trace",
+                             "run.trace.json"],
+                            cwd=tmp_path, env=ddpkit_env(), capture_output=True, text=True, timeout=120)
     assert "1 rank(s) replaced live (" in report.stdout and "0 step(s) lost)" in report.stdout, report.stdout
     assert "live heal (a rank lost to its replacement" in (tmp_path / "run" / "report.html").read_text()
+    events = json.loads((tmp_path / "run.trace.json").read_text())["traceEvents"]
+    assert [e["name"] for e in events if e["name"].startswith("live heal")] == [
+        "live heal (a rank replaced; no step lost)"]
 
 
 def test_a_clean_live_run_replaces_nobody(tmp_path: Path, uninterrupted: dict[str, Any]) -> None:

@@ -83,6 +83,8 @@ def trace_events(view: RunView) -> dict[str, Any]:
                    for r in a.loads]
         events += [_complete(f"checkpoint save (step {r.step})", "phase", r.start, r.end, t0, pid, 0,
                              {"step": r.step}) for r in a.saves]
+        events += [_complete("live heal (a rank replaced; no step lost)", "phase", lost, back, t0, pid, 0)
+                   for lost, back in a.heals]
         tail = max([r.end for r in a.steps] + [r.end for r in a.saves] + [head_end])
         tail_name = "hang until detection, teardown" if a.seconds[Category.FAILURE] > 0 else "teardown"
         events.append(_complete(tail_name, "phase", min(tail, a.end), a.end, t0, pid, 0))
