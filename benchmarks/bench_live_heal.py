@@ -14,8 +14,8 @@ Parts (each on this machine, 3 local ranks, gloo on CPU):
   The same kill under ``--heal`` (restart) with a snapshot every epoch, 3 drills: the fault -> the next attempt's
   first step, and the steps done again.
 - ``clean``: 20 fault-free ``--heal live`` runs: exit 0, no replacement.
-- ``cost``: a fault-free run's step time, ``--heal live`` against ``--heal restart``, alternating, 5 pairs each for the
-  reference job and ``--model mlp`` (the median of each run's step p50).
+- ``cost``: a fault-free run's step time, ``--heal live`` against ``--heal restart``, alternating, ``BENCH_LIVE_PAIRS``
+  (10) pairs each for the reference job and ``--model mlp`` (each run's step p50; the median of the pairs' ratios).
 - ``goodput``: ``BENCH_LIVE_DURATION`` seconds of ``train`` (default 120) with rank 1 killed every
   ``BENCH_LIVE_EVERY`` seconds (default 20): the wall-clock of ``--heal live``, ``--heal`` (restart, a snapshot every
   epoch) and torch elastic's ``--max-restarts`` against the fault-free run, in one run. Scaled down from the issue's
@@ -45,6 +45,7 @@ PARTS = tuple(os.environ.get("BENCH_LIVE_PARTS", "drills,clean,cost,goodput").sp
 DRILLS = int(os.environ.get("BENCH_LIVE_DRILLS", "10"))
 DURATION = float(os.environ.get("BENCH_LIVE_DURATION", "120"))
 EVERY = float(os.environ.get("BENCH_LIVE_EVERY", "20"))
+PAIRS = int(os.environ.get("BENCH_LIVE_PAIRS", "10"))
 JOB = ("--samples", "1536", "--model", "toy")
 
 
@@ -176,7 +177,7 @@ def cost() -> dict[str, Any]:
     for job, args in (("reference (linear)", ("--epochs", "40")),
                       ("mlp (4.7M)", ("--model", "mlp", "--epochs", "2", "--samples", "1024"))):
         found[job] = {"live": [], "restart": []}
-        for _ in range(5):
+        for _ in range(PAIRS):
             for mode in ("live", "restart"):
                 with tempfile.TemporaryDirectory() as tmp:
                     agent = _ddpkit(Path(tmp), "train", "-n", "3", *args, "--heal", mode, "--run-dir", "run",
@@ -285,18 +286,23 @@ def render(data: dict[str, Any]) -> str:
                   f"{sum(bool(r['live_heals']) for r in runs)}"]
     k = data.get("cost")
     if k:
-        lines += ["", "## Cost on a fault-free run (step p50, ms; the median of 5 alternating runs each)", "",
-                  "| job | --heal live | --heal restart | live / restart |", "|---|---|---|---|"]
+        lines += ["", "## Cost on a fault-free run (each run's step p50, ms; alternating runs)", "",
+                  "| job | pairs | --heal live (median) | --heal restart (median) | live / restart: median of the "
+                  "pairs' ratios (min, max) |", "|---|---|---|---|---|"]
         for job, modes in k.items():
             live, restart = statistics.median(modes["live"]), statistics.median(modes["restart"])
-            lines.append(f"| {job} | {live:.3f} | {restart:.3f} | {live / restart:.3f} |")
+            ratios = [a / b for a, b in zip(modes["live"], modes["restart"], strict=False)]
+            lines.append(f"| {job} | {len(ratios)} | {live:.3f} | {restart:.3f} | {statistics.median(ratios):.3f} "
+                         f"({min(ratios):.3f}, {max(ratios):.3f}) |")
     g = data.get("goodput")
     if g:
         runs = g["runs"]
         plain = next(r for r in runs if r["mode"] == "plain")["wall_s"]
         lines += ["", f"## Goodput under faults: {g['epochs']} epochs (~{DURATION:.0f} s fault-free), rank 1 killed "
-                  f"every {EVERY:.0f} s", "", "| mode | faults | exit | wall s | against fault-free |",
-                  "|---|---|---|---|---|"]
+                  f"every {EVERY:.0f} s", "", "`restart`: `--heal` with a snapshot every epoch (a new agent and "
+                  "ranks each attempt); `torchrun`: torch elastic's `--max-restarts` with the same snapshots (the "
+                  "agent restarts the ranks); both resume from the snapshot and do its steps since again.", "",
+                  "| mode | faults | exit | wall s | against fault-free |", "|---|---|---|---|---|"]
         for r in runs:
             lines.append(f"| {r['mode']} | {r['faults']} | {r['exit_code']} | {r['wall_s']:.1f} | "
                          f"{r['wall_s'] / plain:.3f} |")

@@ -82,7 +82,8 @@ def test_default_inputs_rank_live_over_restart_over_torchrun(tmp_path: Path) -> 
     model = defaults(tmp_path)
     live, restart, torchrun = (effective_fraction(model.scenario, s).effective for s in model.strategies)
     assert live > restart > torchrun
-    assert 0.99 < live < 1 and 0.85 < torchrun < restart < 0.95  # restart near Meta's "more than 90%"
+    # live pays a new communicator at scale (150 s) but redoes no progress; restart near Meta's "more than 90%"
+    assert 0.97 < live < 0.99 and 0.85 < torchrun < restart < 0.95
 
 
 def test_every_input_has_a_unit_a_kind_and_a_source(tmp_path: Path) -> None:
