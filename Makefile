@@ -50,6 +50,7 @@ test: $(STAMP) infra-deps lint
 
 bench: $(STAMP)
 	set -e; for b in benchmarks/bench_*.py; do n=$$(basename $$b .py); echo "== $$n"; $(PY) -m benchmarks.$$n; done
+	$(PY) benchmarks/scale_model.py
 
 clean:
 	rm -rf $(VENV) .ddpkit-run .pytest_cache .mypy_cache .ruff_cache
