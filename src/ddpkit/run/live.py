@@ -36,6 +36,10 @@ from ddpkit.process.worker_context import WorkerContext
 __all__ = ["Replica"]
 
 T = TypeVar("T")
+#: The live-healed replicas of this process, held until it ends: after a heal, freeing a script's DDP model when its
+#: function returns has hung in the group's destructor (``~Reducer`` -> ``~ProcessGroupGloo`` joining a thread that
+#: never returns); a rank forked by ddpkit's agent ends with ``os._exit``, which runs no destructor.
+_HELD: list[Replica] = []
 
 
 class Replica:
@@ -58,6 +62,7 @@ class Replica:
             self.group = LiveGroup(context, rank=dist.get_rank(), world_size=dist.get_world_size(),
                                    backend=str(dist.get_backend()), timeout=default_pg_timeout,
                                    pg_prefix="default_pg")  # init_process_group's own prefix for env://
+            _HELD.append(self)
             if self.group.joining:  # a replacement: the most advanced peer's state and place, now
                 self._take(self.group.exchange(-1, self._give), joining=True)
 
