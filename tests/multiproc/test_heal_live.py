@@ -129,4 +129,4 @@ def test_the_seeds_ddp_py_with_the_documented_change_rejoins_a_killed_rank_from_
                      r"from rank [02] at step \d+ .*no step lost", text), text
     digests = re.findall(r"done: weights ([0-9a-f]+)", text)
     assert len(digests) == 3 and len(set(digests)) == 1, text
-    assert "still running" not in text, text  # every rank left by itself (run.live holds its replicas: no hung teardown)
+    assert "still running" not in text, text  # each rank left by itself (run.live holds its replicas: no hung teardown)
