@@ -225,7 +225,12 @@ def test_cpu_limited_host_named_as_the_straggler(two_hosts: Hosts) -> None:
     assert named, output[-6000:]
     # every report points at host 2 (a first one, on few samples, may name one of its ranks); the host is named
     assert all(e["host"] == h2 and (e.get("ranks") == [2, 3] or e.get("rank") in (2, 3)) for e in named), named
-    assert f"host {h2} (ranks 2 and 3) is the slowest: the ranks on other hosts wait" in output
+    # said as the events say it: the host with both its ranks, or (a report on few samples) one of its ranks
+    said = [f"host {h2} (ranks 2 and 3) is the slowest: the ranks on other hosts wait",
+            f"rank 2 on {h2} is the slowest: the others wait", f"rank 3 on {h2} is the slowest: the others wait"]
+    assert any(line in output for line in said), output[-6000:]
+    if any(e.get("ranks") == [2, 3] for e in named):
+        assert said[0] in output, output[-6000:]
     # a report is made only above the 10% bar; how far above depends on the machine's other load (with one busy
     # process CI once saw 16%, against a third of a step in theory; two make it half a step)
     assert all(e["wait_share"] > 0.1 for e in named), named
