@@ -60,8 +60,9 @@ POLL_S = 0.05
 STOPPED_S = 1.0
 #: A replacement that has not applied its first step this long after its plan: the heal failed (seconds).
 JOIN_DEADLINE_S = 120.0
-#: A rank still running this long after another finished is ended (seconds): its teardown hangs.
-FINISH_GRACE_S = 30.0
+#: A rank still running this long after another finished, and idle (no CPU time, no I/O) ``IDLE_S``, is ended: its
+#: teardown hangs (seconds).
+FINISH_GRACE_S, IDLE_S = 30.0, 10.0
 _LINGERED = "still running after the others finished"
 
 
@@ -75,6 +76,9 @@ class _Rank:
     ended_by_agent: str | None = None
     """Why the agent killed it (``stopped (SIGSTOP)``), or None."""
     done: bool = False
+    ticks: int = -1
+    """Its CPU time (clock ticks) when last looked at, once another rank finished."""
+    idle_since: float | None = None
 
 
 @dataclass(kw_only=True)
@@ -168,19 +172,27 @@ class _Agent:
             time.sleep(POLL_S)
 
     def _check_lingering(self, now: float) -> None:
-        """A rank still running ``FINISH_GRACE_S`` after another finished: it ran every collective the others did
-        (each needs every rank), so its work is done; its teardown hangs (seen in a replacement: torch's
-        ProcessGroupGloo destructor waiting on a lock), and it is ended, said, not failed."""
+        """A rank still running ``FINISH_GRACE_S`` after another finished, and idle for ``IDLE_S`` (no CPU time, not
+        in I/O): it ran every collective the others did (each needs every rank), so its work is done and its teardown
+        hangs (seen: ``~ProcessGroupGloo`` joining a thread that never returns); it is ended, said, not failed. A rank
+        still busy (rank 0 writing a last checkpoint) is left to finish."""
         if self.finished_at is None or now - self.finished_at < FINISH_GRACE_S:
             return
         for r in self.ranks.values():
-            if not r.done and r.ended_by_agent is None:
-                r.ended_by_agent = _LINGERED
-                log.warning("rank %d (pid %d) was still running %.0f s after another rank finished: its work is "
-                            "done (the others' collectives all needed it), its teardown hangs; ending it", r.rank,
-                            r.pid, now - self.finished_at)
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(r.pid, signal.SIGKILL)
+            if r.done or r.ended_by_agent is not None:
+                continue
+            ticks, state = _cpu_ticks(r.pid), _state(r.pid)
+            if r.idle_since is None or ticks != r.ticks or state == "D":
+                r.ticks, r.idle_since = ticks, now
+                continue
+            if now - r.idle_since < IDLE_S:
+                continue
+            r.ended_by_agent = _LINGERED
+            log.warning("rank %d (pid %d) was still running %.0f s after another rank finished, idle for %.0f s: its "
+                        "work is done (the others' collectives all needed it), its teardown hangs; ending it", r.rank,
+                        r.pid, now - self.finished_at, now - r.idle_since)
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(r.pid, signal.SIGKILL)
 
     def _may_heal(self, lost: _Rank) -> bool:
         """Whether a lost rank can be replaced live: no heal under way, no rank finished, the others running."""
@@ -286,6 +298,16 @@ class _Agent:
         self.outside = name
         mark_outside_signal(os.environ.get(STOP_DIR), name)
         self._stop_all(signal.Signals(signum))
+
+
+def _cpu_ticks(pid: int) -> int:
+    """The CPU time ``pid`` used, all its threads, in clock ticks (utime + stime), or -1 where it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+        return int(fields[11]) + int(fields[12])
+    except (OSError, IndexError, ValueError):
+        return -1
 
 
 def _state(pid: int) -> str:
