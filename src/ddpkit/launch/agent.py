@@ -34,7 +34,7 @@ if TYPE_CHECKING:
     from ddpkit.launch.ranklogs import RankLogs
     from ddpkit.rundir.ledger import RankReplaced
 
-__all__ = ["Entrypoint", "LaunchOptions", "launch"]
+__all__ = ["Entrypoint", "LaunchOptions", "launch", "preload"]
 
 log = get_logger(__name__)
 
@@ -139,7 +139,7 @@ def launch(options: LaunchOptions, entrypoint: Entrypoint, argv: list[str]) -> A
     conf.setdefault("join_timeout", options.rdzv_timeout)
     if options.store_timeout is not None:
         conf.setdefault("read_timeout", options.store_timeout)
-    forked = _preload(options.preload)
+    forked = preload(options.preload)
     ranks = _rank_logs(options, argv)
     if ranks:  # before ddpkit's own filters: those drop some of the lines that say the attempt is failing
         for name in _TORCH_FAILURE_LOGGERS:
@@ -361,7 +361,7 @@ def _rendezvous_failure(exc: Exception, watch: RendezvousWatch | None, options: 
                            "snapshot named above, or pass --max-restarts N to restart when the link returns")
 
 
-def _preload(modules: tuple[str, ...]) -> bool:
+def preload(modules: tuple[str, ...]) -> bool:
     """Import ``modules`` in the agent so forked workers inherit them; True when the workers will be forked."""
     # Fork is safe where torch has no CUDA (a CPU build) and the preloaded modules start no threads. With a CUDA
     # build, asking the driver anything (torch.cuda.is_available(); on an H100 with torch 2.11, something in torch's

@@ -23,7 +23,9 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
+import shutil
 import signal
 import socket
 import sys
@@ -158,7 +160,7 @@ class _Agent:
                     failures.append(lost)
                     continue
                 why = r.ended_by_agent or (signal_name(-code) if code < 0 else None)
-                if why is not None and self.outside is None and self._may_heal(r):
+                if why is not None and self._may_heal(r):
                     self._replace(r, why, r.stopped_since or now, now)
                     continue
                 failures.append(lost)
@@ -181,7 +183,7 @@ class _Agent:
         for r in self.ranks.values():
             if r.done or r.ended_by_agent is not None:
                 continue
-            ticks, state = _cpu_ticks(r.pid), _state(r.pid)
+            state, ticks = _stat(r.pid)
             if r.idle_since is None or ticks != r.ticks or state == "D":
                 r.ticks, r.idle_since = ticks, now
                 continue
@@ -300,46 +302,40 @@ class _Agent:
         self._stop_all(signal.Signals(signum))
 
 
-def _cpu_ticks(pid: int) -> int:
-    """The CPU time ``pid`` used, all its threads, in clock ticks (utime + stime), or -1 where it is gone."""
+def _stat(pid: int) -> tuple[str, int]:
+    """The kernel's one-letter state of ``pid`` (R, S, D, T...) and the CPU time it used, all its threads, in clock
+    ticks (utime + stime); ("", -1) where it is gone."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
             fields = f.read().rsplit(b")", 1)[1].split()
-        return int(fields[11]) + int(fields[12])
+        return fields[0].decode(), int(fields[11]) + int(fields[12])
     except (OSError, IndexError, ValueError):
-        return -1
+        return "", -1
 
 
 def _state(pid: int) -> str:
-    """The kernel's one-letter state of ``pid`` (R, S, D, T...), or "" where it is gone."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            return f.read().rsplit(b")", 1)[1].split()[0].decode()
-    except (OSError, IndexError):
-        return ""
+    return _stat(pid)[0]
 
 
 def launch_live(options: LaunchOptions, entrypoint: Entrypoint, argv: list[str],
                 on_heal: Callable[[RankReplaced], None]) -> AttemptResult:
     """Run ``argv`` on ``options.shape.nproc_per_node`` local ranks, replacing a lost one live (``on_heal`` is told
     each heal, once the replacement trains); how the attempt ended, as ``launch()`` returns it."""
-    import importlib
-
     import torch.distributed as dist
+
+    from ddpkit.launch.agent import preload
 
     world = options.shape.nproc_per_node
     share_cores(world, announce=True)
-    logging_filter = __import__("logging").getLogger("torch.distributed.elastic.multiprocessing.api")
-    logging_filter.addFilter(drop_exit_tracebacks)
+    torch_log = logging.getLogger("torch.distributed.elastic.multiprocessing.api")
+    torch_log.addFilter(drop_exit_tracebacks)
     marks = tempfile.mkdtemp(prefix="ddpkit-live-")
     os.environ[worker.LAUNCHED] = "1"
     os.environ[worker.LAUNCHED_AT] = str(worker.process_started_at())
     os.environ[STOP_DIR] = os.path.join(marks, "stops")
     os.mkdir(os.environ[STOP_DIR])
     os.environ[PREEMPTED_MARK] = os.path.join(marks, "preempted")
-    forked = os.environ.get(worker.START_METHOD, "fork") == "fork" and not _cuda_build()
-    for name in options.preload if forked else ():
-        importlib.import_module(name)
+    forked = preload(options.preload)
     store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
     agent = _Agent(options=options, entrypoint=entrypoint, argv=argv, on_heal=on_heal, store=store, forked=forked,
                    logs_dir=marks)
@@ -353,12 +349,5 @@ def launch_live(options: LaunchOptions, entrypoint: Entrypoint, argv: list[str],
         for name, handler in before.items():
             signal.signal(getattr(signal, name), handler)
         agent._stop_all(signal.SIGKILL)
-        import shutil
-
+        torch_log.removeFilter(drop_exit_tracebacks)
         shutil.rmtree(marks, ignore_errors=True)
-
-
-def _cuda_build() -> bool:
-    import torch
-
-    return bool(torch.backends.cuda.is_built())

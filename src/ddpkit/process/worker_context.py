@@ -49,7 +49,7 @@ HEAL_SILENT_S = "DDPKIT_HEAL_SILENT_S"
 #: Its default under every --heal backend: a rank silent 10 s is a lost host (a heartbeat is stale after 3 s).
 HEAL_SILENT_DEFAULT_S = 10.0
 #: ``fork`` (default with a CPU build of torch: workers forked from the agent, preloaded modules inherited) or
-#: ``spawn`` (fresh processes; always with a CUDA build, see launch.agent._preload).
+#: ``spawn`` (fresh processes; always with a CUDA build, see launch.agent.preload).
 START_METHOD = "DDPKIT_START_METHOD"
 #: Under ``--heal live`` (ddpkit.launch.live): the generation of the group this worker joins, "0" for the first; a
 #: replacement's is the generation made for it, and it takes its state from a live peer instead of a snapshot.
