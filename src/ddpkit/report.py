@@ -295,7 +295,7 @@ def _run_dir_report(args: argparse.Namespace, run_dir: Path) -> int:
         from ddpkit.goodput.accounting import Category
 
         said = (f"; {heals} rank(s) replaced live ({split.seconds[Category.LIVE_HEAL]:.1f} s waiting for them, "
-                f"{split.lost_steps} step(s) lost)")
+                + (f"{split.lost_steps} step(s) lost)" if split.lost_known else "steps lost not known)"))
     print(f"{run_dir}: {len(split.attempts)} attempt(s), {goodput} of {split.wall_s:.1f} s{said}; wrote "
           f"{', '.join(written)}")
     return EXIT_OK

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 
+from ddpkit.base.errors import first_line
 from ddpkit.base.log import get_logger
 from ddpkit.process import live as protocol
 
@@ -90,22 +91,19 @@ class LiveGroup:
         """After ``exc`` (a peer lost in a collective): the next generation's group, formed with the replacement.
         ``ddp``: the DistributedDataParallel model whose reducer holds the old group (released first)."""
         plan = self._next_plan(exc)
-        said = (str(exc).splitlines() or [type(exc).__name__])[0].rsplit("] ", 1)[-1].split(". This")[0][:160]
+        said = first_line(exc).rsplit("] ", 1)[-1].split(". This")[0][:160]  # gloo's words, without its source path
         log.warning("rank %d: a peer was lost (%s); re-forming the group with rank %d's replacement (generation %d)",
                     self.rank, said, plan.rank, plan.gen)
         self.gen, self.port = plan.gen, plan.port
-        # aborted, not only destroyed: the old group's sockets close now, so a survivor still blocked in a
-        # collective on them (its peers' failure not yet seen: DDP's reducer holds the group) fails at once
+        # the old group aborted and released: gloo's abort leaves its connections open while anything holds the
+        # group (DDP's reducer does), and a survivor blocked on one (its all-reduce waits on this rank) would wait
+        # out the group's timeout; freed, the group closes them and that survivor's collective fails at once
         from torch.distributed.distributed_c10d import _abort_process_group
 
         _abort_process_group()
-        # gloo's abort leaves its connections open while anything holds the group (DDP's reducer does): a survivor
-        # blocked on one (its all-reduce waits on this rank) would wait out the group's timeout. Released, the group
-        # closes them and that survivor's collective fails at once.
         for name in ("logger", "reducer", "process_group"):
             if ddp is not None and hasattr(ddp, name):
                 delattr(ddp, name)
-        del exc
         gc.collect()
         dist.init_process_group(backend=self.backend, store=dist.PrefixStore(self.pg_prefix, self.store()),
                                 rank=self.rank, world_size=self.world, timeout=self.timeout,

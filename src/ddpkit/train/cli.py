@@ -290,10 +290,9 @@ def run(args: argparse.Namespace, start: RankStart) -> int:
     try:
         summary = trainer.fit()
     except RuntimeError as exc:  # torch's DistBackendError and gloo's timeouts are RuntimeErrors
-        import torch.distributed as dist
+        from ddpkit.comm.live import peer_lost
 
-        words = ("gloo", "NCCL", "onnection", "imed out", "timeout", "pair closure")
-        if not isinstance(exc, dist.DistBackendError) and not any(word in str(exc) for word in words):
+        if not peer_lost(exc):
             raise
         # a peer died mid-collective (a killed worker, a lost host): name it; the agent restarts the group or exits 3
         from ddpkit.watch import note_exception
