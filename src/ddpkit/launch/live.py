@@ -60,11 +60,12 @@ log = get_logger(__name__)
 POLL_S = 0.05
 #: A rank stopped this long while another runs is lost (seconds): a debugger's or a shell's stop is shorter.
 STOPPED_S = 1.0
-#: A replacement that has not applied its first step this long after its plan: the heal failed (seconds).
-JOIN_DEADLINE_S = 120.0
+#: A replacement that has not applied its first step this long after its plan: the heal failed (seconds). A backstop:
+#: the survivors' own group timeout ends a heal that cannot form sooner; a script's start-up may take minutes.
+JOIN_DEADLINE_S = 600.0
 #: A rank still running this long after another finished, and idle (no CPU time, no I/O) ``IDLE_S``, is ended: its
-#: teardown hangs (seconds).
-FINISH_GRACE_S, IDLE_S = 30.0, 10.0
+#: teardown hangs (seconds). Long, so that a rank's own pause after training (an upload, an evaluation) is never cut.
+FINISH_GRACE_S, IDLE_S = 900.0, 60.0
 _LINGERED = "still running after the others finished"
 
 
