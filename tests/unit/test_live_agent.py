@@ -3,23 +3,52 @@ once it is idle (its teardown hangs), never while it works (rank 0 writing a las
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from typing import Any
 
 from ddpkit.launch import live
 
 
+@dataclass
+class _Popen:
+    """A plain child process as the agent's ``Proc``."""
+
+    popen: subprocess.Popen[bytes]
+    host: str = "here"
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    def wait(self) -> int | None:
+        return self.popen.poll()
+
+    def look(self) -> tuple[str, int]:
+        return live._stat(self.pid)
+
+    def send(self, sig: signal.Signals) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self.pid, sig)
+
+    def close(self) -> None:
+        self.popen.kill()
+
+
 def _rank(rank: int, proc: subprocess.Popen[bytes]) -> Any:
-    return live._Rank(rank=rank, env={}, context=None, pid=proc.pid)
+    return live._Rank(rank=rank, env={}, proc=_Popen(proc))
 
 
 def test_a_rank_left_running_is_ended_only_once_idle() -> None:
     idle = subprocess.Popen(["sleep", "60"])
     busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
     try:
-        agent = live._Agent(options=None, entrypoint=None, argv=[], on_heal=lambda heal: None)  # type: ignore[arg-type]
+        agent = live.LiveAgent(spawn=lambda rank, env: None, on_heal=lambda heal: None, store=None)
         agent.ranks = {1: _rank(1, idle), 2: _rank(2, busy)}
         now = time.time()
         agent.finished_at = now - live.FINISH_GRACE_S - 1  # rank 0 finished, FINISH_GRACE_S ago

@@ -34,7 +34,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ddpkit.base.errors import EXIT_MISSING
 from ddpkit.base.log import get_logger
@@ -52,7 +52,7 @@ from ddpkit.runtime import share_cores
 if TYPE_CHECKING:
     from ddpkit.launch.agent import Entrypoint, LaunchOptions
 
-__all__ = ["launch_live"]
+__all__ = ["LiveAgent", "Proc", "launch_live"]
 
 log = get_logger(__name__)
 
@@ -69,12 +69,60 @@ FINISH_GRACE_S, IDLE_S = 900.0, 60.0
 _LINGERED = "still running after the others finished"
 
 
+class Proc(Protocol):
+    """One rank's process as the agent sees it: a local process context (``launch_live``), an srun step on another
+    host (``ddpkit.heal.slurm_live``)."""
+
+    host: str
+
+    @property
+    def pid(self) -> int: ...
+
+    def wait(self) -> int | None:
+        """None while it runs; once it ended, its exit code (negative: the signal that killed it)."""
+
+    def look(self) -> tuple[str, int]:
+        """Its state (``T``: stopped) and a count that moves while it works (CPU ticks)."""
+
+    def send(self, sig: signal.Signals) -> None: ...
+
+    def close(self) -> None: ...
+
+
+@dataclass(kw_only=True)
+class _Local:
+    """A rank forked (or started afresh) by torch's ``start_processes``, a context of its own."""
+
+    context: Any
+    host: str
+
+    @property
+    def pid(self) -> int:
+        return int(self.context.pids()[0])
+
+    def wait(self) -> int | None:
+        result = self.context.wait(0)
+        if result is None:
+            return None
+        failure = next(iter(result.failures.values()), None) if result.failures else None
+        return 0 if failure is None else int(failure.exitcode)
+
+    def look(self) -> tuple[str, int]:
+        return _stat(self.pid)
+
+    def send(self, sig: signal.Signals) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self.pid, sig)
+
+    def close(self) -> None:
+        self.context.close()
+
+
 @dataclass(kw_only=True)
 class _Rank:
     rank: int
     env: dict[str, str]
-    context: Any
-    pid: int
+    proc: Proc
     stopped_since: float | None = None
     ended_by_agent: str | None = None
     """Why the agent killed it (``stopped (SIGSTOP)``), or None."""
@@ -83,60 +131,65 @@ class _Rank:
     """Its CPU time (clock ticks) when last looked at, once another rank finished."""
     idle_since: float | None = None
 
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
 
 @dataclass(kw_only=True)
-class _Agent:
-    options: LaunchOptions
-    entrypoint: Entrypoint
-    argv: list[str]
+class LiveAgent:
+    """Starts the ranks (``spawn``), watches them and replaces a lost one (the module's rules); ``launch_live`` is
+    its one-host form, ``ddpkit.heal.slurm_live`` its Slurm one."""
+
+    spawn: Callable[[int, dict[str, str]], Proc | None]
+    """Starts rank R with its environment; None: nothing can take a lost rank's place (no standby left)."""
     on_heal: Callable[[RankReplaced], None]
-    store: Any = None
+    store: Any
+    """The agent's TCPStore (the protocol's keys: ``ddpkit.process.live``)."""
+    address: str = "127.0.0.1"
+    """Where the ranks reach the agent's stores."""
+    log_dir: str | None = None
+    """Where ``pids.json`` is kept (one host), or None."""
+    poll_s: float = POLL_S
     ranks: dict[int, _Rank] = field(default_factory=dict)
     gen: int = 0
     healing: RankReplaced | None = None
-    forked: bool = True
     outside: str | None = None
-    host: str = field(default_factory=lambda: socket.gethostname().split(".", 1)[0])
-    logs_dir: str = ""
     pids: dict[int, int] = field(default_factory=dict)
     group_stores: list[Any] = field(default_factory=list)
     finished_at: float | None = None
     """When the first rank finished (exit 0)."""
 
     # ---- starting ranks -----------------------------------------------------------------------------------
-    def start(self, rank: int, env: dict[str, str]) -> _Rank:
-        from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, start_processes
-
-        specs = DefaultLogsSpecs(log_dir=tempfile.mkdtemp(prefix=f"rank{rank}-", dir=self.logs_dir))
-        if self.forked:
-            context = start_processes(f"rank{rank}", worker.forked_worker(self.entrypoint.main), {0: (self.argv,)},
-                                      {0: env}, specs, start_method="fork")
-        else:
-            context = start_processes(f"rank{rank}", sys.executable, {0: ("-m", self.entrypoint.module, *self.argv)},
-                                      {0: env}, specs)
-        started = _Rank(rank=rank, env=env, context=context, pid=int(context.pids()[0]))
+    def start(self, rank: int, env: dict[str, str]) -> _Rank | None:
+        proc = self.spawn(rank, env)
+        if proc is None:
+            return None
+        started = _Rank(rank=rank, env=env, proc=proc)
         self.pids[rank] = started.pid
         self._write_pids()
         return started
 
     def _write_pids(self) -> None:
         """``LOG_DIR/pids.json``: each rank's process now (rank -> pid), for a person or a drill to find."""
-        if not self.options.log_dir:
+        if not self.log_dir:
             return
-        os.makedirs(self.options.log_dir, exist_ok=True)
-        path = os.path.join(self.options.log_dir, "pids.json")
+        os.makedirs(self.log_dir, exist_ok=True)
+        path = os.path.join(self.log_dir, "pids.json")
         with open(path + ".tmp", "w") as f:
             json.dump({str(rank): pid for rank, pid in sorted(self.pids.items())}, f)
         os.replace(path + ".tmp", path)
 
-    def rank_env(self, rank: int, world: int, port: int, run_id: str) -> dict[str, str]:
-        return {"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_WORLD_SIZE": str(world),
-                "GROUP_RANK": "0", "GROUP_WORLD_SIZE": "1", "ROLE_RANK": str(rank), "ROLE_WORLD_SIZE": str(world),
-                "ROLE_NAME": "default", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
-                "TORCHELASTIC_RUN_ID": run_id, "TORCHELASTIC_RESTART_COUNT": "0", "TORCHELASTIC_MAX_RESTARTS": "0",
-                "TORCHELASTIC_USE_AGENT_STORE": "True", LIVE_GEN: "0", LIVE_STORE: f"127.0.0.1:{port}"}
-
     # ---- watching ---------------------------------------------------------------------------------------------
+    def run(self, envs: dict[int, dict[str, str]]) -> AttemptResult:
+        """Start every rank (rank -> its environment) and watch them to the attempt's end."""
+        for rank, env in envs.items():
+            started = self.start(rank, env)
+            if started is None:
+                return self._give_up([RankFailure(rank=rank, pid=0, exit_code=EXIT_MISSING, timestamp=time.time())])
+            self.ranks[rank] = started
+        return self.watch()
+
     def watch(self) -> AttemptResult:
         failures: list[RankFailure] = []
         while True:
@@ -144,25 +197,22 @@ class _Agent:
             for r in list(self.ranks.values()):
                 if r.done:
                     continue
-                result = r.context.wait(0)
-                if result is None:
+                code = r.proc.wait()
+                if code is None:
                     self._check_stopped(r, now)
                     continue
                 r.done = True
-                failure = next(iter(result.failures.values()), None) if result.failures else None
-                if failure is None:
+                if code == 0:
                     self.finished_at = self.finished_at or now
                     continue
                 if r.ended_by_agent == _LINGERED:  # finished its work, ended by the agent after its teardown hung
                     continue
-                code = int(failure.exitcode)
                 lost = RankFailure(rank=r.rank, pid=r.pid, exit_code=code, timestamp=now)
                 if self.outside is not None:  # stopping as asked from outside: each rank ends as it ends
                     failures.append(lost)
                     continue
                 why = r.ended_by_agent or (signal_name(-code) if code < 0 else None)
-                if why is not None and self._may_heal(r):
-                    self._replace(r, why, r.stopped_since or now, now)
+                if why is not None and self._may_heal(r) and self._replace(r, why, r.stopped_since or now, now):
                     continue
                 failures.append(lost)
                 return self._give_up(failures)
@@ -172,7 +222,7 @@ class _Agent:
             self._check_lingering(now)
             if all(r.done for r in self.ranks.values()):
                 return self._finished(failures)
-            time.sleep(POLL_S)
+            time.sleep(self.poll_s)
 
     def _check_lingering(self, now: float) -> None:
         """A rank still running ``FINISH_GRACE_S`` after another finished, and idle for ``IDLE_S`` (no CPU time, not
@@ -184,7 +234,7 @@ class _Agent:
         for r in self.ranks.values():
             if r.done or r.ended_by_agent is not None:
                 continue
-            state, ticks = _stat(r.pid)
+            state, ticks = r.proc.look()
             if r.idle_since is None or ticks != r.ticks or state == "D":
                 r.ticks, r.idle_since = ticks, now
                 continue
@@ -194,8 +244,7 @@ class _Agent:
             log.warning("rank %d (pid %d) was still running %.0f s after another rank finished, idle for %.0f s: its "
                         "work is done (the others' collectives all needed it), its teardown hangs; ending it", r.rank,
                         r.pid, now - self.finished_at, now - r.idle_since)
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(r.pid, signal.SIGKILL)
+            r.proc.send(signal.SIGKILL)
 
     def _may_heal(self, lost: _Rank) -> bool:
         """Whether a lost rank can be replaced live: no heal under way, no rank finished, the others running."""
@@ -211,36 +260,43 @@ class _Agent:
     def _check_stopped(self, r: _Rank, now: float) -> None:
         if r.ended_by_agent is not None:
             return
-        if _state(r.pid) != "T":
+        if r.proc.look()[0] != "T":
             r.stopped_since = None
             return
         if r.stopped_since is None:
             r.stopped_since = now
             return
-        running = [o for o in self.ranks.values() if o is not r and not o.done and _state(o.pid) != "T"]
+        running = [o for o in self.ranks.values() if o is not r and not o.done and o.proc.look()[0] != "T"]
         if now - r.stopped_since >= STOPPED_S and running:
             r.ended_by_agent = f"stopped (SIGSTOP) for {now - r.stopped_since:.1f} s"
-            log.warning("rank %d (pid %d) has been stopped for %.1f s while the others run: ending it",
-                        r.rank, r.pid, now - r.stopped_since)
-            os.kill(r.pid, signal.SIGKILL)
+            log.warning("rank %d (pid %d on %s) has been stopped for %.1f s while the others run: ending it",
+                        r.rank, r.pid, r.proc.host, now - r.stopped_since)
+            r.proc.send(signal.SIGKILL)
 
-    def _replace(self, lost: _Rank, why: str, seen: float, now: float) -> None:
+    def _replace(self, lost: _Rank, why: str, seen: float, now: float) -> bool:
+        """Start a replacement for ``lost`` and write the next generation's plan; False where none can start."""
         import torch.distributed as dist
 
         self.gen += 1
         # each generation's group in a store of its own: a store keeps a lost group's addresses (the keys a new
         # group would read again: pytorch/pytorch#135712), and a replacement's init_process_group finds it as given
-        group = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+        group = dist.TCPStore(self.address, 0, is_master=True, wait_for_workers=False)
         self.group_stores.append(group)
         env = {**lost.env, LIVE_GEN: str(self.gen), "MASTER_PORT": str(group.port)}
         new = self.start(lost.rank, env)
+        if new is None:
+            log.error("rank %d on %s was lost (%s) and nothing can take its place (no standby left): the heal "
+                      "cannot go on live", lost.rank, lost.proc.host, why)
+            return False
         self.ranks[lost.rank] = new
         kept = tuple(r.rank for r in self.ranks.values() if r.rank != lost.rank)
-        self.healing = RankReplaced(gen=self.gen, rank=lost.rank, host=self.host, why=why, lost_pid=lost.pid,
-                                    replacement_pid=new.pid, lost_at=seen, decided_at=now, kept=kept)
+        self.healing = RankReplaced(gen=self.gen, rank=lost.rank, host=lost.proc.host, why=why, lost_pid=lost.pid,
+                                    replacement_pid=new.pid, lost_at=seen, decided_at=now, kept=kept,
+                                    replacement_host=new.proc.host if new.proc.host != lost.proc.host else None)
         self.store.set(protocol.plan_key(self.gen), protocol.Plan(gen=self.gen, rank=lost.rank, why=why,
-                                                                  host=self.host, lost_at=seen,
+                                                                  host=lost.proc.host, lost_at=seen,
                                                                   port=group.port).to_json())
+        return True
 
     def _check_healing(self, now: float) -> AttemptResult | None:
         """The heal under way: its line once the replacement trains; the attempt's end where it never does."""
@@ -271,12 +327,12 @@ class _Agent:
         deadline = time.monotonic() + 10.0
         while any(not r.done for r in self.ranks.values()) and time.monotonic() < deadline:
             for r in self.ranks.values():
-                if not r.done and r.context.wait(0) is not None:
+                if not r.done and r.proc.wait() is not None:
                     r.done = True
-            time.sleep(POLL_S)
+            time.sleep(self.poll_s)
         self._stop_all(signal.SIGKILL)
         for r in self.ranks.values():
-            r.context.close()
+            r.proc.close()
         typed = ordered(failures)
         level, line, code = root_cause_line(typed)
         log.log(level, "%s", line)
@@ -293,8 +349,7 @@ class _Agent:
     def _stop_all(self, sig: signal.Signals) -> None:
         for r in self.ranks.values():
             if not r.done:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(r.pid, sig)
+                r.proc.send(sig)
 
     def on_outside_signal(self, signum: int, frame: object) -> None:
         name = signal.Signals(signum).name
@@ -314,8 +369,41 @@ def _stat(pid: int) -> tuple[str, int]:
         return "", -1
 
 
-def _state(pid: int) -> str:
-    return _stat(pid)[0]
+def rank_env(rank: int, world: int, *, address: str, port: int, run_id: str, per_host: int | None = None,
+             group_rank: int = 0) -> dict[str, str]:
+    """Rank ``rank``'s variables, as torchrun's agent gives them (``per_host``: ranks on its host, all by default),
+    and live healing's: generation 0, the agent's store at ``address:port``."""
+    local = world if per_host is None else per_host
+    return {"RANK": str(rank), "LOCAL_RANK": str(rank % local), "WORLD_SIZE": str(world),
+            "LOCAL_WORLD_SIZE": str(local), "GROUP_RANK": str(group_rank), "GROUP_WORLD_SIZE": str(world // local),
+            "ROLE_RANK": str(rank), "ROLE_WORLD_SIZE": str(world), "ROLE_NAME": "default", "MASTER_ADDR": address,
+            "MASTER_PORT": str(port), "TORCHELASTIC_RUN_ID": run_id, "TORCHELASTIC_RESTART_COUNT": "0",
+            "TORCHELASTIC_MAX_RESTARTS": "0", "TORCHELASTIC_USE_AGENT_STORE": "True", LIVE_GEN: "0",
+            LIVE_STORE: f"{address}:{port}"}
+
+
+@dataclass(kw_only=True)
+class _Forker:
+    """One host's ranks: each forked from this agent (which imported torch and the trainer) by torch's
+    ``start_processes``, a context of its own; started afresh where forking is not safe."""
+
+    entrypoint: Entrypoint
+    argv: list[str]
+    forked: bool
+    logs_dir: str
+    host: str = field(default_factory=lambda: socket.gethostname().split(".", 1)[0])
+
+    def __call__(self, rank: int, env: dict[str, str]) -> Proc:
+        from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, start_processes
+
+        specs = DefaultLogsSpecs(log_dir=tempfile.mkdtemp(prefix=f"rank{rank}-", dir=self.logs_dir))
+        if self.forked:
+            context = start_processes(f"rank{rank}", worker.forked_worker(self.entrypoint.main), {0: (self.argv,)},
+                                      {0: env}, specs, start_method="fork")
+        else:
+            context = start_processes(f"rank{rank}", sys.executable, {0: ("-m", self.entrypoint.module, *self.argv)},
+                                      {0: env}, specs)
+        return _Local(context=context, host=self.host)
 
 
 def launch_live(options: LaunchOptions, entrypoint: Entrypoint, argv: list[str],
@@ -338,14 +426,13 @@ def launch_live(options: LaunchOptions, entrypoint: Entrypoint, argv: list[str],
     os.environ[PREEMPTED_MARK] = os.path.join(marks, "preempted")
     forked = preload(options.preload)
     store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
-    agent = _Agent(options=options, entrypoint=entrypoint, argv=argv, on_heal=on_heal, store=store, forked=forked,
-                   logs_dir=marks)
+    spawn = _Forker(entrypoint=entrypoint, argv=argv, forked=forked, logs_dir=marks)
+    agent = LiveAgent(spawn=spawn, on_heal=on_heal, store=store, log_dir=options.log_dir)
     before = {name: signal.signal(getattr(signal, name), agent.on_outside_signal) for name in ("SIGINT", *FORWARDED)}
     run_id = options.run_id or f"ddpkit-live-{os.getpid()}"
     try:
-        for rank in range(world):
-            agent.ranks[rank] = agent.start(rank, agent.rank_env(rank, world, store.port, run_id))
-        return agent.watch()
+        return agent.run({rank: rank_env(rank, world, address="127.0.0.1", port=store.port, run_id=run_id)
+                          for rank in range(world)})
     finally:
         for name, handler in before.items():
             signal.signal(getattr(signal, name), handler)

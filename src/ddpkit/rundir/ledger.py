@@ -157,13 +157,16 @@ class RankReplaced:
     """When the agent took it for lost (a stopped rank: ``STOPPED_S`` later, when it was ended)."""
     joined_at: float | None = None
     first_step_at: float | None = None
+    replacement_host: str | None = None
+    """Where the replacement runs, where not on the lost rank's host (a standby spare under Slurm)."""
 
     def sentence(self) -> str:
         """The line a person reads, once the replacement applied its first step."""
         found = self.decided_at or self.lost_at
         took = "" if self.joined_at is None else f" {self.joined_at - found:.2f} s after the loss was found"
         first = "" if self.first_step_at is None else f"; its first step {self.first_step_at - found:.2f} s after"
-        return (f"ddpkit heal: rank {self.rank} on {self.host} lost ({self.why}); a replacement (pid "
+        where = "" if self.replacement_host is None else f" on {self.replacement_host}"
+        return (f"ddpkit heal: rank {self.rank} on {self.host} lost ({self.why}); a replacement{where} (pid "
                 f"{self.replacement_pid}) took its state from rank {self.source} at step {self.step}{took}{first}; "
                 f"rank(s) {', '.join(map(str, self.kept))} kept their processes; no step lost")
 
