@@ -182,11 +182,19 @@ def test_heal_takes_a_mode_and_a_bare_heal_leaves_the_next_word_to_the_command()
     assert parsed("train", "-n", "2") == (None, None)
 
 
-def test_live_healing_is_refused_where_it_does_not_run_yet(tmp_path: Path) -> None:
+def test_live_healing_is_refused_where_it_does_not_run_yet(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from ddpkit.cli import main
 
     assert main(["submit", "slurm", "-j", "2x1", "--spare-nodes", "1", "--heal", "live", "--dry-run", "--",
-                 "train"]) == 2
+                 "train"]) == 0
+    script = capsys.readouterr().out
+    assert "-m ddpkit.heal.slurm_supervisor" in script and " --live " in script and "(--heal live)" in script
+    live = ["--heal", "live", "--dry-run", "--"]
+    for words, expected in ((["mpi", "-j", "2x1", "--hosts", "a,b,c", *live, "train"], "--heal live with submit slurm"),
+                            (["slurm", "-j", "2x2", "--spare-nodes", "1", *live, "train"], "one rank per node"),
+                            (["slurm", "-j", "2x1", "--spare-nodes", "1", *live, "job.py"], "-- train")):
+        assert main(["submit", *words]) == 2, words
+        assert expected in capsys.readouterr().err, words
     request = HealRequest(command="train", max_attempts=3, run_dir=str(tmp_path), live=True)
     across = LaunchOptions(shape=JobShape(min_nodes=2, max_nodes=2, nproc_per_node=1), rdzv_endpoint="h:1")
     from ddpkit.env import WorldInfo

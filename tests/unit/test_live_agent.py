@@ -21,6 +21,8 @@ class _Popen:
 
     popen: subprocess.Popen[bytes]
     host: str = "here"
+    stopped_word: str = "stopped (SIGSTOP)"
+    unseen_s: float = 0.0
 
     @property
     def pid(self) -> int:

@@ -26,6 +26,7 @@ goodput lines), and a ``MASTER_PORT`` of their own per step.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import signal
@@ -54,6 +55,7 @@ from ddpkit.rundir.ledger import (
     HostExcluded,
     Ledger,
     PreflightEnded,
+    RankReplaced,
     SupervisorStarted,
     ranks_command,
 )
@@ -92,6 +94,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--run-dir", default=None)
     p.add_argument("--silent-after", type=float, default=HEAL_SILENT_DEFAULT_S)
     p.add_argument("--requeue", action="store_true", help="the job may requeue itself (#SBATCH --requeue)")
+    p.add_argument("--live", action="store_true", help="a lost rank replaced live by a spare's standby "
+                   "(ddpkit.heal.slurm_live)")
     p.add_argument("program", nargs=argparse.REMAINDER)
     args = p.parse_args(argv)
     args.program = program_words(args.program, ConfigError("no program after --", "the ranks' command line",
@@ -166,6 +170,8 @@ class _StepAttempts(Adapter):
 
     def start(self, attempt: int, of_session: int, hosts: tuple[str, ...]) -> Ended:
         args, run_dir = self.args, self.ledger.run_dir
+        if args.live:
+            return self._live(attempt, hosts)
         self.steps += 1
         env = {"MASTER_PORT": str(step_port(int(self.job), self.steps)), HEAL_SILENT_S: f"{args.silent_after:g}",
                ATTEMPT_VAR: str(attempt), RUN_DIR_VAR: str(run_dir.resolve())}
@@ -178,6 +184,24 @@ class _StepAttempts(Adapter):
         if step.fault_at is not None and step.fault_line is not None:
             self.ledger.append(FaultSeen(attempt=attempt, time=step.fault_at, line=step.fault_line))
         return Ended(exit_code=step.exit_code, evidence=step.evidence)
+
+    def _live(self, attempt: int, hosts: tuple[str, ...]) -> Ended:
+        """The attempt with a standby on each spare node: a lost rank replaced live (``heal.slurm_live``)."""
+        from ddpkit.heal.slurm_live import evidence, run_live_attempt
+
+        def healed(heal: RankReplaced) -> None:
+            self.ledger.append(dataclasses.replace(heal, attempt=attempt))
+            reason = f"rank {heal.rank} lost ({heal.why}); replaced live on {heal.replacement_host}"
+            if self.pool.exclude(heal.host, reason):
+                self.ledger.append(HostExcluded(attempt=attempt, time=time.time(), host=heal.host, reason=reason,
+                                                drained=self.drain(attempt, heal.host, reason)))
+                release(self.pool, self.ledger.run_dir)
+
+        env = {ATTEMPT_VAR: str(attempt), RUN_DIR_VAR: str(self.ledger.run_dir.resolve())}
+        spares = tuple(h for h in self.pool.healthy if h not in hosts)
+        result, where = run_live_attempt(job=self.job, program=tuple(self.args.program), hosts=hosts, spares=spares,
+                                         env=env, on_heal=healed)
+        return Ended(exit_code=result.exit_code, evidence=evidence(result, where) if result.exit_code else None)
 
     def progress(self) -> int | None:
         return program_progress(self.args.program)

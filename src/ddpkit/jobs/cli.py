@@ -73,7 +73,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "of the allocation; mpi: a supervisor runs each attempt as an mpirun on healthy hosts of "
                         "--hosts; a host fault takes that host out for the rest of the job and the next attempt "
                         "starts from the newest snapshot; the program's own failure twice in a row ends with exit 93 "
-                        "(--heal live: one host only today, ddpkit train|run -n N --heal live)")
+                        "(--heal live: submit slurm -j Nx1 --spare-nodes K --heal live -- train: a lost rank is "
+                        "replaced by a standby on a spare node, the others keep their processes)")
     g.add_argument("--spare-nodes", type=int, default=0, metavar="K",
                    help="with --heal: slurm allocates K nodes beyond N, taken when a host is found bad (mpi: the "
                         "--hosts beyond N are the spares)")
@@ -129,7 +130,7 @@ def build_spec(args: argparse.Namespace, argv: list[str]) -> JobSpec:
         mpi_flavour=args.mpi_flavour, hosts=tuple(h for h in args.hosts.split(",") if h),
         allow_run_as_root=args.allow_run_as_root, image=args.image, k8s_kind=args.k8s_kind, k8s_rdzv=args.k8s_rdzv,
         namespace=args.namespace, cpu=args.cpu, memory=args.memory, gpus=args.gpus, snapshot_size=args.snapshot_size,
-        exclude=exclude, heal=_restart_heal(args.heal, args.backend), spare_nodes=args.spare_nodes,
+        exclude=exclude, heal=args.heal is not None, heal_live=args.heal == "live", spare_nodes=args.spare_nodes,
         max_attempts=args.max_attempts, on_fail=args.on_fail, run_dir=args.run_dir, silent_after=args.silent_after,
     )
 
@@ -216,13 +217,3 @@ def _run_here(text: str, path: Path | None) -> int:
         return subprocess.run(["bash", f.name], check=False, env=os.environ.copy()).returncode
     finally:
         os.unlink(f.name)
-
-
-def _restart_heal(heal: str | None, backend: str) -> bool:
-    """``--heal`` (``restart``) as the job spec takes it; ``--heal live`` is refused here: it runs on one host."""
-    if heal == "live":
-        raise ConfigError(f"submit {backend} --heal live", "--heal live under ddpkit's own agent on one host "
-                          "(ddpkit train|run -n N --heal live); across hosts, a standby spare taking a lost rank's "
-                          "state from a live peer is not built yet", "use --heal (the restart heal), or -n N on one "
-                          "host")
-    return heal is not None

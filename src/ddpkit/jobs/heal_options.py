@@ -34,6 +34,8 @@ def check_heal(spec: JobFields) -> None:
     if not (4 <= spec.silent_after <= 3600):
         raise ConfigError(f"--silent-after {spec.silent_after:g}", "4 to 3600 seconds (a heartbeat is stale "
                           "after 3 s)", "leave it at 10")
+    if spec.heal_live:
+        _check_live(spec)
     if spec.max_restarts:
         raise ConfigError(f"--heal with --max-restarts {spec.max_restarts}", "one of them: --heal starts the "
                           "ranks again itself, after classifying each failure", "drop --max-restarts")
@@ -42,6 +44,23 @@ def check_heal(spec: JobFields) -> None:
                           "in the batch script, outside the image", "drop --container-image, or drop --heal")
     if spec.run_dir is not None and (not spec.run_dir.isprintable() or not spec.run_dir.strip()):
         raise ConfigError(f"--run-dir {spec.run_dir!r}", "a path of printable text", "pass --run-dir runs/job")
+
+
+def _check_live(spec: JobFields) -> None:
+    """``--heal live``: Slurm, ``train``, one rank per node (each rank an srun step; a standby per spare node)."""
+    if spec.backend != "slurm":
+        raise ConfigError(f"submit {spec.backend} --heal live", "--heal live with submit slurm (a standby on each "
+                          "spare node takes a lost rank's place); mpirun ends every rank when one fails, so submit "
+                          "mpi heals by restarting; on one host: ddpkit train|run -n N --heal live",
+                          "use submit slurm --heal live, or --heal (the restart heal)")
+    if spec.shape.nproc_per_node != 1:
+        raise ConfigError(f"submit slurm -j {spec.shape} --heal live", "one rank per node (-j Nx1): a standby takes "
+                          "one rank's place", f"use -j {spec.shape.max_nodes * spec.shape.nproc_per_node}x1, or "
+                          "--heal (the restart heal)")
+    if spec.command[:1] != ("train",):
+        raise ConfigError(f"submit slurm --heal live -- {' '.join(spec.command[:2])}", "-- train ... (a user's "
+                          "script heals live under ddpkit run -n N --heal live on one host)",
+                          "use -- train, or --heal (the restart heal)")
 
 
 def check_mpi_heal(spec: JobFields, kept: tuple[str, ...]) -> None:

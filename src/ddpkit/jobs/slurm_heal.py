@@ -38,10 +38,13 @@ def render(spec: JobSpec) -> str:
                   "--silent-after", f"{spec.silent_after:g}", "--requeue"]
     if spec.on_fail == "drain":
         supervisor += ["--on-fail", "drain"]
+    if spec.heal_live:
+        supervisor += ["--live"]
     if spec.run_dir:
         supervisor += ["--run-dir", spec.run_dir]
     lines = preamble(spec, directives(spec))
-    lines += ['echo "ddpkit: job $SLURM_JOB_ID on $SLURM_JOB_NODELIST, healed (--heal), restart '
+    how = "--heal live" if spec.heal_live else "--heal"
+    lines += [f'echo "ddpkit: job $SLURM_JOB_ID on $SLURM_JOB_NODELIST, healed ({how}), restart '
               '${SLURM_RESTART_COUNT:-0}"',
               f"# ddpkit's supervisor: each attempt an srun step, one task per rank, on {s.nodes_text()} healthy "
               f"node(s) of this allocation ({spec.spare_nodes} spare);",

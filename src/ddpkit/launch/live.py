@@ -74,6 +74,10 @@ class Proc(Protocol):
     host (``ddpkit.heal.slurm_live``)."""
 
     host: str
+    stopped_word: str
+    """How a person reads ``look``'s ``T``: ``stopped (SIGSTOP)`` where the kernel says so."""
+    unseen_s: float
+    """How long a rank was stopped before ``look`` can say ``T`` (0 where the kernel says it at once)."""
 
     @property
     def pid(self) -> int: ...
@@ -95,6 +99,8 @@ class _Local:
 
     context: Any
     host: str
+    stopped_word: str = "stopped (SIGSTOP)"
+    unseen_s: float = 0.0
 
     @property
     def pid(self) -> int:
@@ -264,13 +270,13 @@ class LiveAgent:
             r.stopped_since = None
             return
         if r.stopped_since is None:
-            r.stopped_since = now
+            r.stopped_since = now - r.proc.unseen_s
             return
         running = [o for o in self.ranks.values() if o is not r and not o.done and o.proc.look()[0] != "T"]
-        if now - r.stopped_since >= STOPPED_S and running:
-            r.ended_by_agent = f"stopped (SIGSTOP) for {now - r.stopped_since:.1f} s"
-            log.warning("rank %d (pid %d on %s) has been stopped for %.1f s while the others run: ending it",
-                        r.rank, r.pid, r.proc.host, now - r.stopped_since)
+        if now - r.stopped_since >= STOPPED_S + r.proc.unseen_s and running:
+            r.ended_by_agent = f"{r.proc.stopped_word} for {now - r.stopped_since:.1f} s"
+            log.warning("rank %d (pid %d on %s) has been %s for %.1f s while the others run: ending it",
+                        r.rank, r.pid, r.proc.host, r.proc.stopped_word, now - r.stopped_since)
             r.proc.send(signal.SIGKILL)
 
     def _replace(self, lost: _Rank, why: str, seen: float, now: float) -> bool:

@@ -10,6 +10,9 @@ A generation is one process group. The first is 0; each lost rank makes the next
 ``ddpkit-live/first/G``           the replacement, after its first applied step: the time (a float)
 ================================  ==========================================================================
 
+Under Slurm each rank's process (``ddpkit.standby``) has a slot of its own: ``assign/SLOT``, ``proc/SLOT`` and
+``beat/SLOT`` (that module says what they hold).
+
 No torch import: the agent reads the keys with the store it holds.
 """
 
@@ -18,7 +21,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass
 
-__all__ = ["Joined", "Plan", "first_key", "joined_key", "plan_key"]
+__all__ = ["Joined", "Plan", "assign_key", "beat_key", "first_key", "joined_key", "plan_key", "proc_key"]
 
 ROOT = "ddpkit-live/"
 
@@ -33,6 +36,19 @@ def joined_key(gen: int) -> str:
 
 def first_key(gen: int) -> str:
     return f"{ROOT}first/{gen}"
+
+
+def assign_key(slot: str) -> str:
+    """A rank's process under Slurm (``ddpkit.standby``): its variables, once the agent gives it a rank."""
+    return f"{ROOT}assign/{slot}"
+
+
+def proc_key(slot: str) -> str:
+    return f"{ROOT}proc/{slot}"
+
+
+def beat_key(slot: str) -> str:
+    return f"{ROOT}beat/{slot}"
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -1,0 +1,213 @@
+"""Live healing in a Slurm allocation: ``ddpkit submit slurm -j Nx1 --spare-nodes K --heal live -- train ...``.
+
+The batch script's supervisor (``heal.slurm_supervisor --live``) is the live agent (``ddpkit.launch.live``): it hosts
+the stores, and each rank is an srun step of one task of its own (``--overlap``, as one host gives each rank a process
+context of its own: one rank's end ends no other step). Every step runs ``python -m ddpkit.standby``, which imports
+torch and the trainer, then takes its rank from the agent's store; on each spare node a standby step waits the same
+way, already imported, until a rank is lost.
+
+- A rank killed (srun's exit code 128 + the signal) is lost at once. A stopped one (SIGSTOP; another host, so no
+  /proc to read) is seen by its heartbeat (``ddpkit.standby``: a counter it moves every 0.25 s) standing still for
+  ``STALE_S``, then, ``STOPPED_S`` later, ended with ``scancel --signal=KILL JOB.STEP`` so that its peers'
+  collectives fail at once.
+- The replacement is the standby of a spare node: it is given the lost rank's variables and the next generation's
+  store, joins the group the survivors re-form, and takes their state (``ddpkit.comm.live``). The lost host is
+  excluded for the rest of the job (the ledger's ``host-excluded``, given back to Slurm).
+- No standby left, a rank that raised, a second loss during a heal: the attempt ends, and the supervisor's restart
+  heal takes over (``heal.attempts``), as without ``live``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from ddpkit.base.log import get_logger
+from ddpkit.heal.classify import Evidence, RankEvidence
+from ddpkit.launch.live import LiveAgent, Proc, rank_env
+from ddpkit.launch.result import AttemptResult
+from ddpkit.process import live as protocol
+from ddpkit.process.worker_context import LIVE_GEN
+from ddpkit.rundir.ledger import RankReplaced
+
+__all__ = ["LiveSteps", "evidence", "run_live_attempt"]
+
+log = get_logger(__name__)
+
+#: A heartbeat standing still this long is a stopped rank (seconds; it moves every 0.25 s).
+STALE_S = 2.0
+#: How often the agent looks at its steps (seconds): each look reads every rank's heartbeat from the store.
+POLL_S = 0.1
+SCANCEL_S = 30.0
+#: How long a standby that was not needed gets to end on its own before its step is cancelled (seconds).
+STANDBY_END_S = 10.0
+
+
+@dataclass(kw_only=True)
+class _Step:
+    """One rank's srun step (a ``ddpkit.launch.live.Proc``)."""
+
+    popen: subprocess.Popen[bytes]
+    host: str
+    slot: str
+    job: str
+    store: Any
+    stopped_word: str = "silent (its heartbeat stood still)"
+    unseen_s: float = STALE_S
+    remote_pid: int | None = None
+    beats: int = -1
+    moved: float = field(default_factory=time.monotonic)
+    step_id: str | None = None
+
+    @property
+    def pid(self) -> int:
+        """The rank's process on its host, once its standby said it (srun's pid until then)."""
+        if self.remote_pid is None and self.store.check([protocol.proc_key(self.slot)]):
+            self.remote_pid = int(json.loads(self.store.get(protocol.proc_key(self.slot)))["pid"])
+        return self.remote_pid or self.popen.pid
+
+    def wait(self) -> int | None:
+        code = self.popen.poll()
+        if code is None:
+            return None
+        return -(code - 128) if code > 128 else code  # srun: 128 + the signal that killed the task
+
+    def look(self) -> tuple[str, int]:
+        now = time.monotonic()
+        beats = int(self.store.add(protocol.beat_key(self.slot), 0))
+        if beats != self.beats:
+            self.beats, self.moved = beats, now
+        return ("T" if beats > 0 and now - self.moved >= STALE_S else "R"), beats
+
+    def send(self, sig: signal.Signals) -> None:
+        step = self._find_step()
+        if step is None:
+            return
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            subprocess.run(["scancel", f"--signal={sig.name.removeprefix('SIG')}", step], capture_output=True,
+                           timeout=SCANCEL_S, check=False)
+
+    def close(self) -> None:
+        if self.popen.poll() is None:
+            self.popen.send_signal(signal.SIGINT)  # srun's way: twice, then it ends the step
+            self.popen.send_signal(signal.SIGINT)
+            try:
+                self.popen.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                self.popen.kill()
+                self.popen.wait()
+
+    def _find_step(self) -> str | None:
+        """``JOB.STEP`` of this step (squeue names the steps of the job), cached."""
+        if self.step_id is None:
+            res = subprocess.run(["squeue", "-h", "-s", "-j", self.job, "-o", "%i %j"], capture_output=True,
+                                 text=True, timeout=SCANCEL_S, check=False)
+            for line in res.stdout.splitlines():
+                step, _, name = line.strip().partition(" ")
+                if name.strip() == self.slot:
+                    self.step_id = step
+        return self.step_id
+
+
+@dataclass(kw_only=True)
+class LiveSteps:
+    """Starts the ranks' steps (the agent's ``spawn``): a rank of the first group on its node; a replacement, on the
+    standby of a spare node. ``standby(host)`` starts a spare's standby step."""
+
+    job: str
+    python: tuple[str, ...]
+    """The interpreter's argv before ``-m ddpkit`` (``/venv/bin/python``)."""
+    command: tuple[str, ...]
+    """ddpkit's command (``train --epochs 40 ...``)."""
+    store: Any
+    address: str
+    hosts: dict[int, str]
+    """Rank -> its node, for the first group."""
+    env: dict[str, str] = field(default_factory=dict)
+    """Every rank's extra variables (the attempt's)."""
+    standbys: dict[str, _Step] = field(default_factory=dict)
+    """A spare node -> its standby, not yet given a rank."""
+
+    def _step(self, host: str, slot: str) -> _Step:
+        argv = ["srun", f"--nodelist={host}", "--nodes=1", "--ntasks=1", "--overlap", f"--job-name={slot}",
+                *self.python, "-m", "ddpkit.standby", "--store", f"{self.address}:{self.store.port}", "--slot", slot,
+                "--", *self.command]
+        popen = subprocess.Popen(argv, stdin=subprocess.DEVNULL, start_new_session=True)
+        return _Step(popen=popen, host=host, slot=slot, job=self.job, store=self.store)
+
+    def standby(self, host: str) -> None:
+        self.standbys[host] = self._step(host, f"ddpkit-standby-{host}")
+
+    def __call__(self, rank: int, env: dict[str, str]) -> Proc | None:
+        env = {**env, **self.env}
+        if env.get(LIVE_GEN, "0") == "0":
+            slot = f"ddpkit-rank-{rank}"
+            self.store.set(protocol.assign_key(slot), json.dumps(env))
+            return self._step(self.hosts[rank], slot)
+        for host, step in list(self.standbys.items()):
+            if step.wait() is None:
+                del self.standbys[host]
+                self.store.set(protocol.assign_key(step.slot), json.dumps(env))
+                return step
+        return None
+
+    def end_standbys(self) -> None:
+        """The job is over: each standby not needed is told so (it ends with exit 0), else its step is ended."""
+        for step in self.standbys.values():
+            self.store.set(protocol.assign_key(step.slot), "")
+        until = time.monotonic() + STANDBY_END_S
+        for step in self.standbys.values():
+            while step.wait() is None and time.monotonic() < until:
+                time.sleep(0.1)
+            step.close()
+        self.standbys.clear()
+
+
+def run_live_attempt(*, job: str, program: tuple[str, ...], hosts: tuple[str, ...], spares: tuple[str, ...],
+                     env: dict[str, str],
+                     on_heal: Callable[[RankReplaced], None]) -> tuple[AttemptResult, dict[int, str]]:
+    """One attempt: rank R on ``hosts[R]``, a standby on each of ``spares``; how it ended, and each rank's host."""
+    at = program.index("-m")
+    python, command = program[:at], program[at + 2:]
+    import torch.distributed as dist
+
+    address = socket.gethostname().split(".", 1)[0]
+    store = dist.TCPStore(address, 0, is_master=True, wait_for_workers=False)
+    steps = LiveSteps(job=job, python=python, command=command, store=store, address=address,
+                      hosts=dict(enumerate(hosts)), env=env)
+    agent = LiveAgent(spawn=steps, on_heal=on_heal, store=store, address=address, poll_s=POLL_S)
+    before = {sig: signal.signal(sig, agent.on_outside_signal) for sig in (signal.SIGTERM, signal.SIGUSR1)}
+    world = len(hosts)
+    run_id = f"ddpkit-live-{job}"
+    try:
+        for host in spares:
+            steps.standby(host)
+        result = agent.run({rank: rank_env(rank, world, address=address, port=store.port, run_id=run_id,
+                                           per_host=1, group_rank=rank) for rank in range(world)})
+        return result, {rank: r.proc.host for rank, r in agent.ranks.items()}
+    finally:
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
+        steps.end_standbys()
+        for r in agent.ranks.values():
+            r.proc.close()
+        sys.stdout.flush()
+
+
+def evidence(result: AttemptResult, hosts: dict[int, str]) -> Evidence:
+    """A failed live attempt's evidence, each rank on its host (the restart heal classifies it)."""
+    first = result.first
+    ranks = tuple(RankEvidence(rank=f.rank, host=hosts.get(f.rank, ""), signal=f.signal,
+                               exit_code=None if f.signal else f.exit_code, stopped_by_ddpkit=f.stopped_by_ddpkit,
+                               first=f is first) for f in result.failures)
+    return Evidence(exit_code=result.exit_code, ranks=ranks, outside_signal=result.outside_signal,
+                    all_preempted=result.all_preempted)
+
