@@ -1,0 +1,183 @@
+"""Issue 46 on a real Slurm cluster of three namespace nodes: ``ddpkit submit slurm -j 2x1 --spare-nodes 1 --heal live
+--wait -- train ...``; a few seconds in, node2's rank is stopped (SIGSTOP) or killed (SIGKILL). The job ends
+COMPLETED in its one attempt; the standby on node3 took rank 1's place and its state from rank 0, no snapshot was
+loaded; node1's rank is the same process from before the fault to the heal; node2 is excluded and runs nothing
+after the heal; the replicas end equal and the loss history equals an uninterrupted run's, bitwise.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from scripts import slurm_cluster
+
+from ddpkit.rundir.ledger import AttemptEnded, AttemptStarted, HostExcluded, Ledger, RankReplaced
+from tests.helpers import ddpkit_env, require_root, require_tools, run_ddpkit
+
+pytestmark = [pytest.mark.infra, pytest.mark.multiproc]
+ROOT = Path(__file__).resolve().parents[2]
+VENV = str(ROOT / ".venv") if (ROOT / ".venv").exists() else str(Path(sys.executable).parents[1])
+#: ~64 steps an epoch; 100 epochs run about 15 s on two ranks here: long enough for a fault a few seconds in
+TRAIN = ("train", "--epochs", "100", "--samples", "4096")
+JOB_TIMEOUT = 300
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[Any]:
+    require_root("Slurm daemons, munged as user munge, network namespaces")
+    require_tools(*slurm_cluster.TOOLS)
+    c = slurm_cluster.SlurmCluster(Path(tempfile.mkdtemp(prefix="ddpkit-slurm-live-")), nodes_count=3)
+    c.start(timeout=120)
+    try:
+        yield c
+    finally:
+        c.stop()
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """The same training on two local ranks, never interrupted: its summary (loss history)."""
+    where = tmp_path_factory.mktemp("uninterrupted")
+    res = run_ddpkit(*TRAIN[:1], "-n", "2", *TRAIN[1:], "--snapshot-path", str(where / "snap.pt"), "--json",
+                     str(where / "summary.json"), timeout=JOB_TIMEOUT, env=ddpkit_env(OMP_NUM_THREADS="1"))
+    assert res.returncode == 0, res.stderr[-3000:]
+    return dict(json.loads((where / "summary.json").read_text()))
+
+
+def _submit(c: Any, cwd: Path, *job: str) -> subprocess.Popen[str]:
+    argv = [*c.client_prefix(), sys.executable, "-m", "ddpkit", "submit", "slurm", "-j", "2x1", "--spare-nodes", "1",
+            "--heal", "live", "--wait", "--wait-timeout", str(JOB_TIMEOUT), "--venv", VENV, "--", *job]
+    return subprocess.Popen(argv, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env=ddpkit_env(SLURM_CONF=str(c.conf)))
+
+
+def _ranks_on(node: Any) -> list[int]:
+    """The rank processes in a node's namespace (``PYTHON -m ddpkit.standby ... -- train``)."""
+    res = subprocess.run(["ip", "netns", "pids", node.netns], capture_output=True, text=True, check=False)
+    found = []
+    for pid in res.stdout.split():
+        try:
+            words = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if words[1:3] == [b"-m", b"ddpkit.standby"]:
+            found.append(int(pid))
+    return found
+
+
+def _log(cwd: Path) -> str:
+    return "\n".join(p.read_text(errors="replace") for p in sorted((cwd / "logs").glob("*.out")))
+
+
+def _ledger(cwd: Path) -> list[Any]:
+    (run,) = list((cwd / ".ddpkit-runs").glob("slurm-*"))
+    return Ledger(run).records()
+
+
+def _until(what: str, ok: Any, proc: subprocess.Popen[str], timeout: float = 120) -> Any:
+    until = time.monotonic() + timeout
+    while time.monotonic() < until:
+        found = ok()
+        if found:
+            return found
+        if proc.poll() is not None:
+            pytest.fail(f"the job ended before {what}: {proc.communicate()[0]}")
+        time.sleep(0.1)
+    pytest.fail(f"no {what} within {timeout} s")
+
+
+def _idle(c: Any) -> None:
+    """Every node idle in Slurm again before the next test."""
+    until = time.monotonic() + 120
+    while time.monotonic() < until:
+        states = c.client("sinfo", "-h", "-N", "-o", "%T").stdout.split()
+        if states and all(s == "idle" for s in states):
+            return
+        time.sleep(1)
+    pytest.fail("the nodes were not idle again within 120 s")
+
+
+def drill(c: Any, where: Path, fault: str) -> dict[str, Any]:
+    """One drill (also run by benchmarks/bench_live_heal.py --slurm): node2's rank stopped or killed a few
+    seconds in; what it measured and what the job left."""
+    node1, node2, node3 = c.nodes[:3]
+    snaps = where / "snaps"
+    snaps.mkdir()
+    proc = _submit(c, where, *TRAIN, "--snapshot-path", str(snaps / "snap.pt"), "--json", str(where / "summary.json"))
+    try:
+        _until("two snapshots", lambda: len(list(snaps.glob("snap.*.pt"))) >= 2 and _ranks_on(node2), proc)
+        time.sleep(1)
+        kept, victims = _ranks_on(node1), _ranks_on(node2)
+        fault_at = time.time()
+        for pid in victims:
+            os.kill(pid, signal.SIGSTOP if fault == "stop" else signal.SIGKILL)
+        runs = list((where / ".ddpkit-runs").glob("slurm-*"))
+        healed = _until("a rank-replaced record", lambda: [r for r in Ledger(runs[0]).records()
+                                                            if isinstance(r, RankReplaced)], proc)
+        alive = [pid for pid in kept if Path(f"/proc/{pid}").exists()]
+        out, _ = proc.communicate(timeout=JOB_TIMEOUT + 60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        for pid in _ranks_on(node2):
+            os.kill(pid, signal.SIGKILL)
+        _idle(c)
+    return {"out": out, "code": proc.returncode, "log": _log(where), "records": _ledger(where), "kept": kept,
+            "alive": alive, "fault_at": fault_at, "heal": healed[0], "node3": node3.name}
+
+
+def _check(run: dict[str, Any], uninterrupted: dict[str, Any], where: Path, fault: str) -> None:
+    out, log, records, heal = run["out"], run["log"], run["records"], run["heal"]
+    assert run["code"] == 0 and "COMPLETED exit code 0 (restarts 0)" in out, out + log
+    started = [r for r in records if isinstance(r, AttemptStarted)]
+    ended = [r for r in records if isinstance(r, AttemptEnded)]
+    assert [r.hosts for r in started] == [("node1", "node2")] and [r.exit_code for r in ended] == [0], log
+    assert (heal.rank, heal.host, heal.replacement_host, heal.kept, heal.source) == (1, "node2", "node3", (0,), 0)
+    assert heal.why.startswith("SIGKILL" if fault == "kill" else "silent (its heartbeat stood still)"), heal
+    assert run["kept"] and run["alive"] == run["kept"], run  # node1's rank never restarted
+    (excluded,) = [r for r in records if isinstance(r, HostExcluded)]
+    assert excluded.host == "node2" and excluded.attempt == 1
+    line = "ddpkit heal: rank 1 on node2 lost ("
+    assert line in log and "a replacement on node3 (pid " in log and "took its state from rank 0" in log, log
+    assert "[node2:" not in log.split(line, 1)[1], log  # node2 runs nothing after the heal
+    assert "Snapshots: 100 written, 0 loaded" in log and "Live heals: 1; replicas: 2 equal" in log, log
+    summary = json.loads((where / "summary.json").read_text())
+    assert summary["resumed_from"] is None and len(set(summary["replica_digests"])) == 1, summary
+    assert summary["loss_history"] == uninterrupted["loss_history"]  # bitwise: floats compared exactly
+    print(f"{fault}: fault -> decided {heal.decided_at - run['fault_at']:.2f} s, -> first step "
+          f"{heal.first_step_at - run['fault_at']:.2f} s")
+
+
+@pytest.mark.slow
+def test_a_killed_rank_is_replaced_live_by_the_spare_standby(cluster: Any, tmp_path: Path,
+                                                              uninterrupted: dict[str, Any]) -> None:
+    _check(drill(cluster, tmp_path, "kill"), uninterrupted, tmp_path, "kill")
+
+
+@pytest.mark.slow
+def test_a_stopped_rank_is_found_by_its_heartbeat_and_replaced_live(cluster: Any, tmp_path: Path,
+                                                                     uninterrupted: dict[str, Any]) -> None:
+    _check(drill(cluster, tmp_path, "stop"), uninterrupted, tmp_path, "stop")
+
+
+def test_a_clean_live_job_replaces_nobody_and_ends_its_standby(cluster: Any, tmp_path: Path) -> None:
+    proc = _submit(cluster, tmp_path, "train", "--epochs", "3", "--samples", "1024", "--snapshot-path",
+                   str(tmp_path / "snap.pt"))
+    out, _ = proc.communicate(timeout=JOB_TIMEOUT + 60)
+    log = _log(tmp_path)
+    assert proc.returncode == 0 and "COMPLETED exit code 0 (restarts 0)" in out, out + log
+    records = _ledger(tmp_path)
+    assert not [r for r in records if isinstance(r, RankReplaced | HostExcluded)], records
+    assert [(r.exit_code, r.action.value) for r in records if isinstance(r, AttemptEnded)] == [(0, "stop")]
+    assert "Live heals: 0; replicas: 2 equal" in log and "ddpkit standby" not in log, log
+    assert not _ranks_on(cluster.nodes[2]), "the standby on node3 outlived the job"
