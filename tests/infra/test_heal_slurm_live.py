@@ -54,9 +54,9 @@ def uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     return dict(json.loads((where / "summary.json").read_text()))
 
 
-def _submit(c: Any, cwd: Path, *job: str) -> subprocess.Popen[str]:
+def _submit(c: Any, cwd: Path, *job: str, heal: tuple[str, ...] = ("--heal", "live")) -> subprocess.Popen[str]:
     argv = [*c.client_prefix(), sys.executable, "-m", "ddpkit", "submit", "slurm", "-j", "2x1", "--spare-nodes", "1",
-            "--heal", "live", "--wait", "--wait-timeout", str(JOB_TIMEOUT), "--venv", VENV, "--", *job]
+            *heal, "--wait", "--wait-timeout", str(JOB_TIMEOUT), "--venv", VENV, "--", *job]
     return subprocess.Popen(argv, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env=ddpkit_env(SLURM_CONF=str(c.conf)))
 

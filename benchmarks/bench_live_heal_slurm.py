@@ -1,0 +1,137 @@
+"""Live healing under Slurm with a standby spare (issue 46), against today's restart heal, in one run.
+
+    sudo python -m benchmarks.bench_live_heal_slurm     # ~15 minutes on 2 cores; root: Slurm daemons, namespaces
+
+A 3-node namespace Slurm cluster of this machine (``scripts/slurm_cluster.py``), ``submit slurm -j 2x1
+--spare-nodes 1 --heal live -- train --epochs 100 --samples 4096``; a few seconds in, node2's rank is killed
+(SIGKILL) or stopped (SIGSTOP) from outside, ``BENCH_SLURM_DRILLS`` (10) times each (the drill of
+``tests/infra/test_heal_slurm_live.py``). From the ledger's ``rank-replaced`` record on this machine's one clock:
+the fault -> the supervisor took the rank for lost (detection), -> the replacement on node3 applied its first step
+(the survivors' stall ends with it). The same two faults under ``--heal`` (restart), ``BENCH_SLURM_RESTARTS`` (3)
+each: the fault -> the next attempt's first step (the goodput ledger's first ``steps`` window of attempt 2), and the
+steps done again.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from scripts import slurm_cluster
+from tests.infra.test_heal_slurm import _ranks_on as train_ranks_on
+from tests.infra.test_heal_slurm_live import TRAIN, _submit, _until, drill
+
+from ddpkit.goodput.records import GOODPUT, Steps, read_goodput
+from ddpkit.rundir.ledger import AttemptEnded, Ledger
+
+RESULTS = Path(__file__).parent / "results"
+DRILLS = int(os.environ.get("BENCH_SLURM_DRILLS", "10"))
+RESTARTS = int(os.environ.get("BENCH_SLURM_RESTARTS", "3"))
+
+
+def _live(c: Any, fault: str) -> dict[str, Any]:
+    where = Path(tempfile.mkdtemp(prefix=f"live-{fault}-"))
+    run = drill(c, where, fault)
+    heal = run["heal"]
+    summary = json.loads((where / "summary.json").read_text()) if (where / "summary.json").exists() else {}
+    return {"fault": fault, "exit_code": run["code"], "detect_s": heal.decided_at - run["fault_at"],
+            "first_step_s": heal.first_step_at - run["fault_at"],
+            "first_step_after_detect_s": heal.first_step_at - heal.decided_at,
+            "replacement_host": heal.replacement_host, "survivor_kept": run["alive"] == run["kept"],
+            "steps": summary.get("global_step"), "loaded": summary.get("snapshots_loaded"),
+            "replicas_equal": len(set(summary.get("replica_digests", ["a", "b"]))) == 1}
+
+
+def _restart(c: Any, fault: str) -> dict[str, Any]:
+    where = Path(tempfile.mkdtemp(prefix=f"restart-{fault}-"))
+    snaps = where / "snaps"
+    snaps.mkdir()
+    proc = _submit(c, where, *TRAIN, "--snapshot-path", str(snaps / "snap.pt"), heal=("--heal",))
+    try:
+        _until("two snapshots", lambda: len(list(snaps.glob("snap.*.pt"))) >= 2 and train_ranks_on(c.nodes[1]), proc)
+        time.sleep(1)
+        fault_at = time.time()
+        for pid in train_ranks_on(c.nodes[1]):
+            os.kill(pid, signal.SIGSTOP if fault == "stop" else signal.SIGKILL)
+        proc.communicate(timeout=600)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        for pid in train_ranks_on(c.nodes[1]):
+            os.kill(pid, signal.SIGKILL)
+    (run,) = list((where / ".ddpkit-runs").glob("slurm-*"))
+    windows = [r for r in read_goodput(run / GOODPUT) if isinstance(r, Steps) and r.attempt == 2]
+    ended = [r for r in Ledger(run).records() if isinstance(r, AttemptEnded)]
+    lost = [r for r in read_goodput(run / GOODPUT) if isinstance(r, Steps) and r.attempt == 1]
+    last = max((w.last for w in lost), default=None)
+    resumed = ended[0].progress if ended else None
+    return {"fault": fault, "exit_code": proc.returncode,
+            "first_step_s": min(w.start for w in windows) - fault_at if windows else None,
+            "redone": last - resumed if last is not None and resumed is not None else None}
+
+
+def _med(values: list[Any]) -> str:
+    got = [v for v in values if isinstance(v, int | float)]
+    return f"{statistics.median(got):.2f}" if got else "-"
+
+
+def render(data: dict[str, Any]) -> str:
+    lines = ["# Live healing under Slurm with a standby spare (issue 46)", "",
+             f"Measured {data['when']} on this machine (2 cores; a 3-node namespace Slurm cluster, `-j 2x1 "
+             "--spare-nodes 1`, gloo on CPU); `python -m benchmarks.bench_live_heal_slurm`. Times on one clock: the "
+             "bench's signal and the run's ledgers.", "",
+             "| heal | fault | drills | COMPLETED | detection s (median, max) | fault -> first step s (median, max) "
+             "| replacement on | node1's rank kept | steps redone | replicas equal |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for fault in ("kill", "stop"):
+        runs = [r for r in data["live"] if r["fault"] == fault]
+        det, first = [r["detect_s"] for r in runs], [r["first_step_s"] for r in runs]
+        lines.append(f"| live | {fault} | {len(runs)} | {sum(r['exit_code'] == 0 for r in runs)} | {_med(det)}, "
+                     f"{max(det, default=0):.2f} | {_med(first)}, {max(first, default=0):.2f} | "
+                     f"{sorted({str(r['replacement_host']) for r in runs})} | {sum(r['survivor_kept'] for r in runs)} "
+                     f"| 0 (loaded: {sorted({str(r['loaded']) for r in runs})}) | "
+                     f"{sum(r['replicas_equal'] for r in runs)} |")
+    for fault in ("kill", "stop"):
+        runs = [r for r in data["restart"] if r["fault"] == fault]
+        first = [r["first_step_s"] for r in runs if r["first_step_s"] is not None]
+        lines.append(f"| restart | {fault} | {len(runs)} | {sum(r['exit_code'] == 0 for r in runs)} | - | "
+                     f"{_med(first)}, {max(first, default=0):.2f} | node1, node3 (every rank restarted) | 0 | "
+                     f"{[r['redone'] for r in runs]} | - |")
+    lines += ["", "Detection of a stop: the rank's heartbeat (moved every 0.25 s) standing still 2 s, then 1 s more "
+              "before it is ended (`heal/slurm_live.py`). The restart heal finds a stop by the watch's silent rank "
+              "(`--silent-after 10`)."]
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    path = RESULTS / "bench_live_heal_slurm.json"
+    if "--render" in sys.argv:
+        data = json.loads(path.read_text())
+    else:
+        c = slurm_cluster.SlurmCluster(Path(tempfile.mkdtemp(prefix="ddpkit-bench-live-")), nodes_count=3)
+        c.start(timeout=120)
+        try:
+            data = {"when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "live": [], "restart": []}
+            for fault in ("kill", "stop") * DRILLS:
+                data["live"].append(_live(c, fault))
+                print(json.dumps(data["live"][-1]), flush=True)
+            for fault in ("kill", "stop") * RESTARTS:
+                data["restart"].append(_restart(c, fault))
+                print(json.dumps(data["restart"][-1]), flush=True)
+        finally:
+            c.stop()
+        path.write_text(json.dumps(data, indent=1))
+    text = render(data)
+    (RESULTS / "bench_live_heal_slurm.md").write_text(text)
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
