@@ -86,25 +86,29 @@ class EpochBegan:
 
 
 @dataclass(frozen=True, kw_only=True)
-class Loaded:
-    """The snapshot the ranks agreed on was loaded (``step``: its global step; None: none, a fresh start)."""
+class _Span:
+    """What rank 0 of attempt ``attempt`` spent from ``start`` to ``end`` (epoch seconds): the base of the records
+    that take time (a load, steps, a save)."""
 
-    KIND: ClassVar[str] = "loaded"
     attempt: int
     start: float
     end: float
+
+
+@dataclass(frozen=True, kw_only=True)
+class Loaded(_Span):
+    """The snapshot the ranks agreed on was loaded (``step``: its global step; None: none, a fresh start)."""
+
+    KIND: ClassVar[str] = "loaded"
     step: int | None
 
 
 @dataclass(frozen=True, kw_only=True)
-class Steps:
+class Steps(_Span):
     """Training steps ``first``..``last`` (global, 1-based), from the start of the first to the end of the last;
     ``busy_s``: the time inside the steps (the rest of the span is the loop's own: data, epoch ends)."""
 
     KIND: ClassVar[str] = "steps"
-    attempt: int
-    start: float
-    end: float
     first: int
     last: int
     busy_s: float
@@ -136,13 +140,10 @@ class QueueWaited:
 
 
 @dataclass(frozen=True, kw_only=True)
-class Saved:
+class Saved(_Span):
     """A snapshot of ``step``: the time the training thread was held by it (an async one: its in-memory copy)."""
 
     KIND: ClassVar[str] = "saved"
-    attempt: int
-    start: float
-    end: float
     step: int
 
 
