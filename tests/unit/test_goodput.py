@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from ddpkit.goodput import records
 from ddpkit.goodput.accounting import AttemptSpan, Category, account
 from ddpkit.goodput.records import GOODPUT, GoodputLog, RunStarted, Steps, append_line, read_goodput, to_json
 
@@ -99,6 +100,13 @@ def test_a_second_of_steps_is_one_line_not_one_line_per_step(tmp_path: Path) -> 
     assert lines[-1].last == 1000
     assert sum(r.busy_s for r in lines) == pytest.approx(10.0)
     assert lines[0].p50_ms == pytest.approx(10.0)
+
+
+def test_a_line_is_its_kind_and_fields_sorted_and_reads_back() -> None:
+    """The file format other tools read: one JSON object, ``kind`` among the fields, keys sorted."""
+    saved = records.Saved(attempt=2, start=1.0, end=2.5, step=7)
+    assert to_json(saved) == '{"attempt": 2, "end": 2.5, "kind": "saved", "start": 1.0, "step": 7}'
+    assert records.from_json(to_json(saved)) == saved
 
 
 def test_a_torn_last_line_is_skipped_and_the_next_line_starts_its_own(tmp_path: Path) -> None:

@@ -1,11 +1,12 @@
 """Append-only JSON-lines files of typed records: the run's ledgers (``rundir.ledger``, ``goodput.records``).
 
-A record is a frozen dataclass with a ``KIND`` class attribute; its line is ``{"kind": KIND, **fields}``, enums by
-their value, nested dataclasses as objects; ``from_fields`` rebuilds such a record (or any such dataclass) from
-its fields by their annotations. A line is written whole with one ``write()`` on an ``O_APPEND``
-descriptor (two writers never interleave within a line) and fsynced before the writer goes on: a writer killed at
-any moment leaves every line it finished and at most one torn last line, which a later writer starts a new line
-after and reading skips. torch elastic's ``_RoleInstanceInfo`` serialize/deserialize is the model. Pure: no torch.
+A record is a frozen, keyword-only dataclass with a ``KIND`` class attribute (``@record(kind)`` makes one); its line
+is ``{"kind": KIND, **fields}``, enums by their value, nested dataclasses as objects; ``from_fields`` rebuilds such a
+record (or any such dataclass) from its fields by their annotations. A line is written whole with one ``write()`` on
+an ``O_APPEND`` descriptor (two writers never interleave within a line) and fsynced before the writer goes on: a
+writer killed at any moment leaves every line it finished and at most one torn last line, which a later writer
+starts a new line after and reading skips. torch elastic's ``_RoleInstanceInfo`` serialize/deserialize is the model.
+Pure: no torch.
 """
 
 from __future__ import annotations
@@ -22,9 +23,21 @@ from pathlib import Path
 from types import UnionType
 from typing import Any, Generic, TypeVar
 
-__all__ = ["Kinds", "append_line", "append_to", "encode", "from_fields"]
+__all__ = ["Kinds", "append_line", "append_to", "encode", "from_fields", "record"]
 
 R = TypeVar("R")
+
+
+@typing.dataclass_transform(frozen_default=True, kw_only_default=True)
+def record(kind: str) -> Callable[[type[R]], type[R]]:
+    """The class it decorates as a record whose lines are of kind ``kind``: a frozen, keyword-only dataclass with
+    ``KIND``, the one shape every ledger line has."""
+
+    def make(cls: type[R]) -> type[R]:
+        cls.KIND = kind  # type: ignore[attr-defined]
+        return dataclasses.dataclass(frozen=True, kw_only=True)(cls)
+
+    return make
 
 
 def _plain(value: object) -> object:

@@ -28,18 +28,8 @@ from typing import TYPE_CHECKING, Any
 
 from ddpkit.base.fault_injection import fault
 from ddpkit.base.log import get_logger
-from ddpkit.bench.schedules import (
-    Link,
-    Pair,
-    confirm,
-    judge_links,
-    judge_round,
-    named_links,
-    ring_rounds,
-    ring_suspects,
-    round_robin,
-    schedule_cost,
-)
+from ddpkit.bench import schedules
+from ddpkit.bench.schedules import Link, Pair
 
 if TYPE_CHECKING:
     import torch
@@ -116,7 +106,7 @@ class PairsResult:
             "rounds": [{**r, "pairs": [[self.names[a], self.names[b]] for a, b in r["pairs"]],
                         "slow": [[self.names[a], self.names[b]] for a, b in r["slow"]]} for r in self.rounds],
             "cost": {"rounds": len(self.rounds), "pairs_measured": len(self.links), "seconds": self.seconds,
-                     "would_take_rounds": schedule_cost(n)},
+                     "would_take_rounds": schedules.schedule_cost(n)},
             "note": self.note, "budget_s": self.budget_s,
             "cut_short": [[self.names[a], self.names[b]] for a, b in self.cut],
         }
@@ -283,8 +273,8 @@ def _suspects(n: int, plan: Sequence[Sequence[Pair]], ring: Mapping[Pair, Link],
               ) -> tuple[list[int], list[int]]:
     """From the ring pass: the suspects among the endpoints of slow ring links (slow overall and within their
     round; ``ring_suspects``), and up to REFERENCES healthy endpoints (the fastest)."""
-    _, _, overall, _ = judge_links(n, ring, threshold)
-    suspects = ring_suspects(named_links(plan, ring, overall, threshold))
+    _, _, overall, _ = schedules.judge_links(n, ring, threshold)
+    suspects = schedules.ring_suspects(schedules.named_links(plan, ring, overall, threshold))
     if not suspects:
         return [], []
     best = {e: max(bw for p, (bw, _) in ring.items() if e in p) for e in range(n) if e not in suspects}
@@ -304,24 +294,24 @@ def measure_pairs(*, mode: str, size: int, iters: int, threshold: float, rank: i
         plan = [[(i, j)] for i in range(n) for j in range(i + 1, n)]
         links = runner.run(plan)
     elif schedule == "ring":
-        plan = ring_rounds(n)
+        plan = schedules.ring_rounds(n)
         links = runner.run(plan)
         suspects, references = _suspects(n, plan, links, threshold)
         chosen = suspects + references
         second = [sorted((min(chosen[a], chosen[b]), max(chosen[a], chosen[b])) for a, b in r)
-                  for r in round_robin(len(chosen))] if suspects else []
+                  for r in schedules.round_robin(len(chosen))] if suspects else []
         links.update(runner.run(second))
         plan = plan + second
     else:
-        plan = round_robin(n)
+        plan = schedules.round_robin(n)
         links = runner.run(plan)
     runner.round_trips = max(iters, CONFIRM_LATENCY_SAMPLES)
-    again = confirm(n, plan, links, threshold, runner.run, CONFIRM_PASSES)
-    ref_bw, ref_lat, overall, slow = judge_links(n, links, threshold)
-    named = named_links(plan, links, overall, threshold)
+    again = schedules.confirm(n, plan, links, threshold, runner.run, CONFIRM_PASSES)
+    ref_bw, ref_lat, overall, slow = schedules.judge_links(n, links, threshold)
+    named = schedules.named_links(plan, links, overall, threshold)
     rounds = []
     for k, (pairs, took) in enumerate(zip(plan + again, runner.seconds, strict=True)):
-        median, in_round = judge_round(pairs, links, threshold)
+        median, in_round = schedules.judge_round(pairs, links, threshold)
         rounds.append({"pairs": list(pairs), "seconds": round(took, 4), "median_bw": median, "slow": in_round,
                        "confirm": k >= len(plan)})
     return PairsResult(mode=mode, schedule=schedule, names=tuple(names), leaders=tuple(leaders), links=links,

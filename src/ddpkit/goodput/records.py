@@ -20,9 +20,8 @@ import os
 import socket
 from dataclasses import dataclass
 from pathlib import Path
-from typing import ClassVar
 
-from ddpkit.base.jsonlines import Kinds, append_line, encode
+from ddpkit.base.jsonlines import Kinds, append_line, encode, record
 
 __all__ = ["ATTEMPT_VAR", "GOODPUT", "RUN_DIR_VAR", "EpochBegan", "Finished", "GoodputLog", "GoodputRecord",
            "Loaded", "QueueWaited", "RankStarted", "RunStarted", "Saved", "Steps", "append_line",
@@ -41,21 +40,19 @@ RUN_DIR_VAR = "DDPKIT_RUN_DIR"
 ATTEMPT_VAR = "DDPKIT_ATTEMPT"
 
 
-@dataclass(frozen=True, kw_only=True)
+@record("run-started")
 class RunStarted:
     """The supervisor's process began (``time``: the process's start, before its imports)."""
 
-    KIND: ClassVar[str] = "run-started"
     time: float
     pid: int
     host: str
 
 
-@dataclass(frozen=True, kw_only=True)
+@record("rank-started")
 class RankStarted:
     """Rank 0 of an attempt is ready to load its snapshot."""
 
-    KIND: ClassVar[str] = "rank-started"
     attempt: int
     time: float
     """When rank 0 wrote this line (imports, rendezvous and the process group are behind it)."""
@@ -73,12 +70,11 @@ class RankStarted:
     first step; None: not watched (``train``, whose ``Loaded`` says)."""
 
 
-@dataclass(frozen=True, kw_only=True)
+@record("epoch-began")
 class EpochBegan:
     """A user's script began epoch ``epoch`` (it called its sampler's ``set_epoch``) before its step ``step`` of
     this attempt (numbered from 1 in each attempt: ``RankStarted.numbering``)."""
 
-    KIND: ClassVar[str] = "epoch-began"
     attempt: int
     epoch: int
     step: int
@@ -86,25 +82,27 @@ class EpochBegan:
 
 
 @dataclass(frozen=True, kw_only=True)
-class Loaded:
-    """The snapshot the ranks agreed on was loaded (``step``: its global step; None: none, a fresh start)."""
+class _Span:
+    """What rank 0 of attempt ``attempt`` spent from ``start`` to ``end`` (epoch seconds): the base of the records
+    that take time (a load, steps, a save)."""
 
-    KIND: ClassVar[str] = "loaded"
     attempt: int
     start: float
     end: float
+
+
+@record("loaded")
+class Loaded(_Span):
+    """The snapshot the ranks agreed on was loaded (``step``: its global step; None: none, a fresh start)."""
+
     step: int | None
 
 
-@dataclass(frozen=True, kw_only=True)
-class Steps:
+@record("steps")
+class Steps(_Span):
     """Training steps ``first``..``last`` (global, 1-based), from the start of the first to the end of the last;
     ``busy_s``: the time inside the steps (the rest of the span is the loop's own: data, epoch ends)."""
 
-    KIND: ClassVar[str] = "steps"
-    attempt: int
-    start: float
-    end: float
     first: int
     last: int
     busy_s: float
@@ -123,34 +121,28 @@ class Steps:
         return self.last - self.first + 1
 
 
-@dataclass(frozen=True, kw_only=True)
+@record("queue-waited")
 class QueueWaited:
     """The batch scheduler's word on the job's queue wait (``goodput.queue``: Slurm's SubmitTime and StartTime),
     written once per scheduler job by rank 0 of the first attempt that could read it."""
 
-    KIND: ClassVar[str] = "queue-waited"
     scheduler: str
     job_id: str
     submit: float
     start: float
 
 
-@dataclass(frozen=True, kw_only=True)
-class Saved:
+@record("saved")
+class Saved(_Span):
     """A snapshot of ``step``: the time the training thread was held by it (an async one: its in-memory copy)."""
 
-    KIND: ClassVar[str] = "saved"
-    attempt: int
-    start: float
-    end: float
     step: int
 
 
-@dataclass(frozen=True, kw_only=True)
+@record("finished")
 class Finished:
     """Rank 0's loop ended (completed, or stopped by a preemption signal): ``outcome`` as ``RunOutcome.value``."""
 
-    KIND: ClassVar[str] = "finished"
     attempt: int
     time: float
     step: int

@@ -11,11 +11,10 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import field
 from pathlib import Path
-from typing import ClassVar
 
-from ddpkit.base.jsonlines import Kinds, append_to, encode
+from ddpkit.base.jsonlines import Kinds, append_to, encode, record
 from ddpkit.rundir.verdict import Classification
 
 __all__ = ["LEDGER", "Action", "AttemptEnded", "AttemptStarted", "FaultSeen", "HostExcluded", "Ledger",
@@ -35,11 +34,10 @@ class Action(enum.Enum):
     """The run ended because no attempt was left (``--max-attempts``)."""
 
 
-@dataclass(frozen=True, kw_only=True)
+@record("supervisor-started")
 class SupervisorStarted:
     """A supervisor began on this run directory (the first, or one after a rerun or requeue)."""
 
-    KIND: ClassVar[str] = "supervisor-started"
     time: float
     pid: int
     host: str
@@ -59,9 +57,8 @@ def ranks_command(program: tuple[str, ...]) -> tuple[str, ...]:
     return tuple(words)
 
 
-@dataclass(frozen=True, kw_only=True)
+@record("attempt-started")
 class AttemptStarted:
-    KIND: ClassVar[str] = "attempt-started"
     attempt: int
     """1 for the run directory's first attempt; a later supervisor continues the count."""
     time: float
@@ -72,9 +69,8 @@ class AttemptStarted:
     """Where the attempt's per-rank logs are, where they are kept."""
 
 
-@dataclass(frozen=True, kw_only=True)
+@record("attempt-ended")
 class AttemptEnded:
-    KIND: ClassVar[str] = "attempt-ended"
     attempt: int
     time: float
     exit_code: int
@@ -89,22 +85,20 @@ class AttemptEnded:
     """The run's exit code, where the action ended the run."""
 
 
-@dataclass(frozen=True, kw_only=True)
+@record("fault-seen")
 class FaultSeen:
     """The supervisor saw the attempt fail (a backend that watches its attempt live: ``heal.slurm``): the first
     line that said so (a rank that failed, one the watch named silent), when; the attempt's end comes later."""
 
-    KIND: ClassVar[str] = "fault-seen"
     attempt: int
     time: float
     line: str
 
 
-@dataclass(frozen=True, kw_only=True)
+@record("host-excluded")
 class HostExcluded:
     """A host taken out of the run for good (a host fault named it, or a preflight check failed on it)."""
 
-    KIND: ClassVar[str] = "host-excluded"
     attempt: int
     """The attempt whose failure named it."""
     time: float
@@ -114,11 +108,10 @@ class HostExcluded:
     """``--on-fail drain``: the scheduler was told to drain it (``scontrol update ... state=drain``)."""
 
 
-@dataclass(frozen=True, kw_only=True)
+@record("preflight-ended")
 class PreflightEnded:
     """A quick ``ddpkit check`` on the node set of the next attempt, before it starts."""
 
-    KIND: ClassVar[str] = "preflight-ended"
     attempt: int
     """The attempt it cleared the way for."""
     start: float
@@ -128,13 +121,12 @@ class PreflightEnded:
     bad_hosts: tuple[str, ...] = ()
 
 
-@dataclass(frozen=True, kw_only=True)
+@record("rank-replaced")
 class RankReplaced:
     """Under ``--heal live``: a rank lost and replaced within an attempt, the others keeping their processes
     (``ddpkit.launch.live`` makes it, the supervisor records it): when it was lost, when the replacement held the
     state a peer gave it, and when it applied its first step; no step was lost."""
 
-    KIND: ClassVar[str] = "rank-replaced"
     rank: int
     host: str
     why: str
