@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from ddpkit.launch import live
+from ddpkit.launch import live, live_host
 
 
 @dataclass
@@ -32,7 +32,7 @@ class _Popen:
         return self.popen.poll()
 
     def look(self) -> tuple[str, int]:
-        return live._stat(self.pid)
+        return live_host._stat(self.pid)
 
     def send(self, sig: signal.Signals) -> None:
         with contextlib.suppress(ProcessLookupError):

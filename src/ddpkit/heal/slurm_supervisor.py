@@ -45,6 +45,7 @@ from ddpkit.heal.classify import Classification, FailureClass, classify
 from ddpkit.heal.nodepool import NodePool
 from ddpkit.heal.policy import DEFAULT_MAX_ATTEMPTS, HealPolicy
 from ddpkit.heal.progress import program_progress
+from ddpkit.heal.scontrol import SCONTROL_S, drain, hostnames, release
 from ddpkit.heal.slurm_step import StepPlan, StepRun, run_step
 from ddpkit.launch.steplog import full_log_path
 from ddpkit.launch.stepscreen import StepScreen
@@ -66,7 +67,6 @@ __all__ = ["main"]
 TEARDOWN_S = 5.0
 #: The preflight check's deadlines (roll-call and every later phase) and the step's own bound.
 PREFLIGHT_S = 20.0
-SCONTROL_S = 30.0
 
 
 @dataclass
@@ -125,7 +125,7 @@ def supervise(args: argparse.Namespace) -> int:
                           "submit the job with ddpkit submit slurm --heal -- COMMAND")
     signals = _Signals()
     signals.install()
-    allocation = _hostnames(os.environ.get("SLURM_JOB_NODELIST", ""))
+    allocation = hostnames(os.environ.get("SLURM_JOB_NODELIST", ""))
     run_dir = Path(args.run_dir or Path(".ddpkit-runs") / f"slurm-{job}")
     ledger = Ledger(run_dir)
     pool = NodePool(allocation=allocation, want=args.nodes, least=args.min_nodes)
@@ -319,50 +319,9 @@ def _cause_first(step: StepRun) -> None:
     say(step.tracebacks[first])
 
 
-def release(pool: NodePool, run_dir: Path) -> None:
-    """Give the bad hosts back to Slurm (``scontrol update JobId=J NodeList=the rest``): the job can never use them
-    again, and a host cut off from the network no longer holds the job in COMPLETING at its end. The batch host
-    stays in the job (the supervisor runs there): it is only never used again. scontrol writes its resize scripts
-    (``slurm_job_J_resize.sh``) into the run directory."""
-    job = os.environ.get("SLURM_JOB_ID", "")
-    here = socket.gethostname().split(".")[0]
-    keep = [n for n in pool.allocation if n not in pool.bad or n == here]
-    if len(keep) == len(pool.allocation) or not job:
-        return
-    run_dir.mkdir(parents=True, exist_ok=True)
-    res = subprocess.run(["scontrol", "update", f"JobId={job}", f"NodeList={','.join(keep)}"], capture_output=True,
-                         text=True, timeout=SCONTROL_S, check=False, cwd=run_dir)
-    if res.returncode != 0:
-        say(f"ddpkit heal: could not give {', '.join(sorted(set(pool.allocation) - set(keep)))} back to Slurm: "
-            f"{(res.stderr or res.stdout).strip()}")
-        return
-
-
-def drain(host: str, reason: str) -> bool:
-    res = subprocess.run(["scontrol", "update", f"nodename={host}", "state=drain", f"reason={reason[:200]}"],
-                         capture_output=True, text=True, timeout=SCONTROL_S, check=False)
-    if res.returncode != 0:
-        say(f"ddpkit heal: could not drain {host}: {(res.stderr or res.stdout).strip()}")
-    return res.returncode == 0
-
-
 def step_port(job: int, step: int) -> int:
     """A port of its own for each step's store (a new rank 0 never meets the last one's socket)."""
     return 20000 + (job * 10 + step) % 10000
-
-
-
-
-def _hostnames(nodelist: str) -> tuple[str, ...]:
-    if not nodelist:
-        raise ConfigError("SLURM_JOB_NODELIST is empty", "the job's node list", "run inside a Slurm allocation")
-    res = subprocess.run(["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True,
-                         timeout=SCONTROL_S, check=False)
-    names = tuple(res.stdout.split())
-    if res.returncode != 0 or not names:
-        raise ConfigError(f"scontrol show hostnames {nodelist} failed: {res.stderr.strip()}", "the job's hosts",
-                          "check that scontrol works in the batch script")
-    return names
 
 
 class AttemptScreen:

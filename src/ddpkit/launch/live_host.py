@@ -1,0 +1,132 @@
+"""Live healing on one host (``ddpkit train|run -n N --heal live``): each rank a process context of its own, forked by
+torch's ``start_processes`` from this agent (which imported torch and the trainer once), watched by the agent of
+``ddpkit.launch.live``, whose rules say what a lost rank is and how it is replaced."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import shutil
+import signal
+import socket
+import sys
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from ddpkit.launch import worker
+from ddpkit.launch.failure import drop_exit_tracebacks
+from ddpkit.launch.live import LiveAgent, Proc, rank_env
+from ddpkit.launch.result import AttemptResult
+from ddpkit.launch.stops import FORWARDED
+from ddpkit.process.worker_context import PREEMPTED_MARK, STOP_DIR
+from ddpkit.rundir.ledger import RankReplaced
+from ddpkit.runtime import share_cores
+
+if TYPE_CHECKING:
+    from ddpkit.launch.agent import Entrypoint, LaunchOptions
+
+__all__ = ["launch_live"]
+
+
+@dataclass(kw_only=True)
+class _Local:
+    """A rank forked (or started afresh) by torch's ``start_processes``, a context of its own."""
+
+    context: Any
+    host: str
+    stopped_word: str = "stopped (SIGSTOP)"
+    unseen_s: float = 0.0
+
+    @property
+    def pid(self) -> int:
+        return int(self.context.pids()[0])
+
+    def wait(self) -> int | None:
+        result = self.context.wait(0)
+        if result is None:
+            return None
+        failure = next(iter(result.failures.values()), None) if result.failures else None
+        return 0 if failure is None else int(failure.exitcode)
+
+    def look(self) -> tuple[str, int]:
+        return _stat(self.pid)
+
+    def send(self, sig: signal.Signals) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self.pid, sig)
+
+    def close(self) -> None:
+        self.context.close()
+
+
+def _stat(pid: int) -> tuple[str, int]:
+    """The kernel's one-letter state of ``pid`` (R, S, D, T...) and the CPU time it used, all its threads, in clock
+    ticks (utime + stime); ("", -1) where it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+        return fields[0].decode(), int(fields[11]) + int(fields[12])
+    except (OSError, IndexError, ValueError):
+        return "", -1
+
+
+@dataclass(kw_only=True)
+class _Forker:
+    """One host's ranks: each forked from this agent (which imported torch and the trainer) by torch's
+    ``start_processes``, a context of its own; started afresh where forking is not safe."""
+
+    entrypoint: Entrypoint
+    argv: list[str]
+    forked: bool
+    logs_dir: str
+    host: str = field(default_factory=lambda: socket.gethostname().split(".", 1)[0])
+
+    def __call__(self, rank: int, env: dict[str, str]) -> Proc:
+        from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, start_processes
+
+        specs = DefaultLogsSpecs(log_dir=tempfile.mkdtemp(prefix=f"rank{rank}-", dir=self.logs_dir))
+        if self.forked:
+            context = start_processes(f"rank{rank}", worker.forked_worker(self.entrypoint.main), {0: (self.argv,)},
+                                      {0: env}, specs, start_method="fork")
+        else:
+            context = start_processes(f"rank{rank}", sys.executable, {0: ("-m", self.entrypoint.module, *self.argv)},
+                                      {0: env}, specs)
+        return _Local(context=context, host=self.host)
+
+
+def launch_live(options: LaunchOptions, entrypoint: Entrypoint, argv: list[str],
+                on_heal: Callable[[RankReplaced], None]) -> AttemptResult:
+    """Run ``argv`` on ``options.shape.nproc_per_node`` local ranks, replacing a lost one live (``on_heal`` is told
+    each heal, once the replacement trains); how the attempt ended, as ``launch()`` returns it."""
+    import torch.distributed as dist
+
+    from ddpkit.launch.agent import preload
+
+    world = options.shape.nproc_per_node
+    share_cores(world, announce=True)
+    torch_log = logging.getLogger("torch.distributed.elastic.multiprocessing.api")
+    torch_log.addFilter(drop_exit_tracebacks)
+    marks = tempfile.mkdtemp(prefix="ddpkit-live-")
+    os.environ[worker.LAUNCHED] = "1"
+    os.environ[worker.LAUNCHED_AT] = str(worker.process_started_at())
+    os.environ[STOP_DIR] = os.path.join(marks, "stops")
+    os.mkdir(os.environ[STOP_DIR])
+    os.environ[PREEMPTED_MARK] = os.path.join(marks, "preempted")
+    forked = preload(options.preload)
+    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    spawn = _Forker(entrypoint=entrypoint, argv=argv, forked=forked, logs_dir=marks)
+    agent = LiveAgent(spawn=spawn, on_heal=on_heal, store=store, log_dir=options.log_dir)
+    before = {name: signal.signal(getattr(signal, name), agent.on_outside_signal) for name in ("SIGINT", *FORWARDED)}
+    run_id = options.run_id or f"ddpkit-live-{os.getpid()}"
+    try:
+        return agent.run({rank: rank_env(rank, world, address="127.0.0.1", port=store.port, run_id=run_id)
+                          for rank in range(world)})
+    finally:
+        for name, handler in before.items():
+            signal.signal(getattr(signal, name), handler)
+        agent._stop_all(signal.SIGKILL)
+        torch_log.removeFilter(drop_exit_tracebacks)
+        shutil.rmtree(marks, ignore_errors=True)
