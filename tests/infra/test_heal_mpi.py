@@ -45,7 +45,9 @@ def _submit(hosts: Hosts, shape: str, on: list[int], work: Path, *job: str) -> H
 
 
 def _train(work: Path) -> list[str]:
-    return ["train", "--samples", "8192", "--epochs", "4", "--snapshot-path", str(work / "snap.pt"), "--json",
+    # 60 epochs (~3 s here): a fault after the first snapshot lands mid-training (4 epochs ended in 0.2 s, before the
+    # fault, which then stopped a rank in its teardown, where no watch runs: the attempt never ended)
+    return ["train", "--samples", "8192", "--epochs", "60", "--snapshot-path", str(work / "snap.pt"), "--json",
             str(work / "summary.json")]
 
 
@@ -112,7 +114,7 @@ def test_a_stopped_host_is_left_out_and_a_spare_finishes_bitwise(make_hosts: Cal
     summary = json.loads((work / "summary.json").read_text())
     reference = tmp_path / "ref"
     reference.mkdir()
-    done = run_ddpkit("train", "-n", "2", "--samples", "8192", "--epochs", "4", "--snapshot-path",
+    done = run_ddpkit("train", "-n", "2", "--samples", "8192", "--epochs", "60", "--snapshot-path",
                       str(reference / "snap.pt"), "--json", str(reference / "summary.json"),
                       env=ddpkit_env(OMP_NUM_THREADS="1"), timeout=RUN_TIMEOUT)
     assert done.returncode == 0, done.stderr[-3000:]
