@@ -17,7 +17,7 @@ from typing import Any, NoReturn
 
 from ddpkit import __version__
 from ddpkit.base.errors import EXIT_USAGE, ConfigError, DdpkitError
-from ddpkit.base.inputs import endpoint, local_ranks, shape_text
+from ddpkit.base.inputs import HEAL_MODES, add_heal_flag, endpoint, local_ranks, shape_text
 from ddpkit.base.log import configure, get_logger
 from ddpkit.process.exiting import leave
 
@@ -131,14 +131,13 @@ def add_worker_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--local-addr", default=None, help="this node's address as the other nodes reach it")
     g.add_argument("--max-restarts", type=int, default=0, metavar="N",
                    help="restart the local worker group up to N times after a failure")
-    g.add_argument("--heal", nargs="?", const="restart", default=None, choices=("restart", "live"),
-                   help="run, train: after a failed attempt, classify it (host, job, preempted, unknown), "
-                        "record it in the run's ledger and relaunch where another attempt can help; a failure of "
-                        "the program itself twice in a row ends with exit 93 (do not requeue). -n N on one host; "
-                        "-j MIN:MAXxP on every host (a host at fault is excluded from later rounds; its agent "
-                        "exits 95). --heal live (-n N; run: a script using ddpkit.run.live): a lost rank is "
-                        "replaced while the others keep their processes, taking its state from a live peer: no "
-                        "snapshot read, no step lost (docs/heal.md)")
+    add_heal_flag(g, "run, train: after a failed attempt, classify it (host, job, preempted, unknown), "
+                     "record it in the run's ledger and relaunch where another attempt can help; a failure of "
+                     "the program itself twice in a row ends with exit 93 (do not requeue). -n N on one host; "
+                     "-j MIN:MAXxP on every host (a host at fault is excluded from later rounds; its agent "
+                     "exits 95). --heal live (-n N; run: a script using ddpkit.run.live): a lost rank is "
+                     "replaced while the others keep their processes, taking its state from a live peer: no "
+                     "snapshot read, no step lost (docs/heal.md)")
     g.add_argument("--max-attempts", type=int, default=3, metavar="N",
                    help="with --heal: attempts at most, the first included (default 3)")
     g.add_argument("--run-dir", default=None, metavar="PATH",
@@ -169,7 +168,6 @@ def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
 
 
 #: What ``--heal`` may be followed by; alone, it means ``restart``.
-HEAL_MODES = ("restart", "live")
 
 
 def _heal_mode_given(argv: list[str]) -> list[str]:

@@ -32,7 +32,7 @@ import time
 from datetime import timedelta
 
 from ddpkit.cli import COMMANDS, program
-from ddpkit.process.live import assign_key, beat_key, proc_key
+from ddpkit.process.live import slot_key
 
 __all__ = ["main"]
 
@@ -76,10 +76,11 @@ def main(argv: list[str] | None = None) -> int:
         importlib.import_module(name)
     store = dist.TCPStore(host, int(port), is_master=False, timeout=timedelta(seconds=CONNECT_S),
                           wait_for_workers=False)
-    store.set(proc_key(args.slot), json.dumps({"host": socket.gethostname().split(".", 1)[0], "pid": os.getpid()}))
-    threading.Thread(target=_beat, args=(host, int(port), beat_key(args.slot)), name="ddpkit-beat",
+    here = socket.gethostname().split(".", 1)[0]
+    store.set(slot_key("proc", args.slot), json.dumps({"host": here, "pid": os.getpid()}))
+    threading.Thread(target=_beat, args=(host, int(port), slot_key("beat", args.slot)), name="ddpkit-beat",
                      daemon=True).start()
-    key = assign_key(args.slot)
+    key = slot_key("assign", args.slot)
     while True:
         try:
             store.wait([key], timedelta(seconds=WAIT_S))

@@ -12,11 +12,21 @@ import re
 import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 from ddpkit.base.errors import ConfigError
 
-__all__ = ["check_local_ranks", "check_output_path", "endpoint", "local_rank_limit", "local_ranks",
-           "output_path", "program_words", "seconds", "shape_text"]
+__all__ = ["HEAL_MODES", "add_heal_flag", "check_local_ranks", "check_output_path", "endpoint", "local_rank_limit",
+           "local_ranks", "output_path", "program_words", "seconds", "shape_text"]
+
+#: ``--heal MODE``: ``restart`` (a bare ``--heal``) or ``live``.
+HEAL_MODES = ("restart", "live")
+
+
+def add_heal_flag(group: Any, help: str) -> None:
+    """``--heal [restart|live]`` on ``group`` (an argparse group), as every command that heals takes it."""
+    group.add_argument("--heal", nargs="?", const="restart", default=None, choices=HEAL_MODES, help=help)
+
 
 #: Beyond this many digits a count is a typo, and Python's int() refuses 4300 digits with a traceback.
 _MAX_DIGITS = 6

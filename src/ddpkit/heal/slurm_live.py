@@ -70,8 +70,8 @@ class _Step:
     @property
     def pid(self) -> int:
         """The rank's process on its host, once its standby said it (srun's pid until then)."""
-        if self.remote_pid is None and self.store.check([protocol.proc_key(self.slot)]):
-            self.remote_pid = int(json.loads(self.store.get(protocol.proc_key(self.slot)))["pid"])
+        if self.remote_pid is None and self.store.check([protocol.slot_key("proc", self.slot)]):
+            self.remote_pid = int(json.loads(self.store.get(protocol.slot_key("proc", self.slot)))["pid"])
         return self.remote_pid or self.popen.pid
 
     def wait(self) -> int | None:
@@ -82,7 +82,7 @@ class _Step:
 
     def look(self) -> tuple[str, int]:
         now = time.monotonic()
-        beats = int(self.store.add(protocol.beat_key(self.slot), 0))
+        beats = int(self.store.add(protocol.slot_key("beat", self.slot), 0))
         if beats != self.beats:
             self.beats, self.moved = beats, now
         return ("T" if beats > 0 and now - self.moved >= STALE_S else "R"), beats
@@ -150,19 +150,19 @@ class LiveSteps:
         env = {**env, **self.env}
         if env.get(LIVE_GEN, "0") == "0":
             slot = f"ddpkit-rank-{rank}"
-            self.store.set(protocol.assign_key(slot), json.dumps(env))
+            self.store.set(protocol.slot_key("assign", slot), json.dumps(env))
             return self._step(self.hosts[rank], slot)
         for host, step in list(self.standbys.items()):
             if step.wait() is None:
                 del self.standbys[host]
-                self.store.set(protocol.assign_key(step.slot), json.dumps(env))
+                self.store.set(protocol.slot_key("assign", step.slot), json.dumps(env))
                 return step
         return None
 
     def end_standbys(self) -> None:
         """The job is over: each standby not needed is told so (it ends with exit 0), else its step is ended."""
         for step in self.standbys.values():
-            self.store.set(protocol.assign_key(step.slot), "")
+            self.store.set(protocol.slot_key("assign", step.slot), "")
         until = time.monotonic() + STANDBY_END_S
         for step in self.standbys.values():
             while step.wait() is None and time.monotonic() < until:

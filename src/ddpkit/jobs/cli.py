@@ -21,7 +21,7 @@ import uuid
 from pathlib import Path
 
 from ddpkit.base.errors import ConfigError
-from ddpkit.base.inputs import endpoint, output_path, program_words, seconds, shape_text
+from ddpkit.base.inputs import add_heal_flag, endpoint, output_path, program_words, seconds, shape_text
 from ddpkit.base.log import get_logger
 from ddpkit.jobs.spec import JobSpec
 from ddpkit.process.worker_context import HEAL_SILENT_DEFAULT_S
@@ -68,13 +68,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--wait-timeout", type=seconds("--wait-timeout"), default=None, metavar="S",
                    help="give up waiting after S seconds")
     g = p.add_argument_group("heal (slurm, mpi)")
-    g.add_argument("--heal", nargs="?", const="restart", default=None, choices=("restart", "live"),
-                   help="slurm: a supervisor in the batch script runs each attempt as an srun step on healthy nodes "
-                        "of the allocation; mpi: a supervisor runs each attempt as an mpirun on healthy hosts of "
-                        "--hosts; a host fault takes that host out for the rest of the job and the next attempt "
-                        "starts from the newest snapshot; the program's own failure twice in a row ends with exit 93 "
-                        "(--heal live: submit slurm -j Nx1 --spare-nodes K --heal live -- train: a lost rank is "
-                        "replaced by a standby on a spare node, the others keep their processes)")
+    add_heal_flag(g, "slurm: a supervisor in the batch script runs each attempt as an srun step on healthy nodes "
+                     "of the allocation; mpi: a supervisor runs each attempt as an mpirun on healthy hosts of "
+                     "--hosts; a host fault takes that host out for the rest of the job and the next attempt "
+                     "starts from the newest snapshot; the program's own failure twice in a row ends with exit 93 "
+                     "(--heal live: submit slurm -j Nx1 --spare-nodes K --heal live -- train: a lost rank is "
+                     "replaced by a standby on a spare node, the others keep their processes)")
     g.add_argument("--spare-nodes", type=int, default=0, metavar="K",
                    help="with --heal: slurm allocates K nodes beyond N, taken when a host is found bad (mpi: the "
                         "--hosts beyond N are the spares)")

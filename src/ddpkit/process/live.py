@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass
 
-__all__ = ["Joined", "Plan", "assign_key", "beat_key", "first_key", "joined_key", "plan_key", "proc_key"]
+__all__ = ["SLOT_KINDS", "Joined", "Plan", "first_key", "joined_key", "plan_key", "slot_key"]
 
 ROOT = "ddpkit-live/"
 
@@ -38,17 +38,15 @@ def first_key(gen: int) -> str:
     return f"{ROOT}first/{gen}"
 
 
-def assign_key(slot: str) -> str:
-    """A rank's process under Slurm (``ddpkit.standby``): its variables, once the agent gives it a rank."""
-    return f"{ROOT}assign/{slot}"
+#: The keys of a rank's process under Slurm (``ddpkit.standby``, which says what each holds).
+SLOT_KINDS = ("assign", "proc", "beat")
 
 
-def proc_key(slot: str) -> str:
-    return f"{ROOT}proc/{slot}"
-
-
-def beat_key(slot: str) -> str:
-    return f"{ROOT}beat/{slot}"
+def slot_key(kind: str, slot: str) -> str:
+    """``ddpkit-live/KIND/SLOT``: ``kind`` one of ``SLOT_KINDS``."""
+    if kind not in SLOT_KINDS:
+        raise ValueError(f"slot key kind {kind!r}: one of {', '.join(SLOT_KINDS)}")
+    return f"{ROOT}{kind}/{slot}"
 
 
 @dataclass(frozen=True, kw_only=True)
