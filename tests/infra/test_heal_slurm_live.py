@@ -108,7 +108,7 @@ def _idle(c: Any) -> None:
 
 
 def drill(c: Any, where: Path, fault: str) -> dict[str, Any]:
-    """One drill (also run by benchmarks/bench_live_heal.py --slurm): node2's rank stopped or killed a few
+    """One drill (also run by benchmarks/bench_live_heal_slurm.py): node2's rank stopped or killed a few
     seconds in; what it measured and what the job left."""
     node1, node2, node3 = c.nodes[:3]
     snaps = where / "snaps"
