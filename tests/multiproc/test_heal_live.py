@@ -130,3 +130,18 @@ def test_the_seeds_ddp_py_with_the_documented_change_rejoins_a_killed_rank_from_
     digests = re.findall(r"done: weights ([0-9a-f]+)", text)
     assert len(digests) == 3 and len(set(digests)) == 1, text
     assert "still running" not in text, text  # each rank left by itself (run.live holds its replicas: no hung teardown)
+
+
+def test_a_rank_lost_after_an_epochs_last_step_still_gets_that_epochs_snapshot(tmp_path: Path) -> None:
+    """One step an epoch: the drill kills rank 1 right after epoch 2's only step, before the epoch's end (its loss
+    line, its snapshot). The survivors go on at the end of epoch 2, and its snapshot is taken before epoch 3."""
+    res = subprocess.run([sys.executable, "-m", "ddpkit", "train", "-n", "3", "--heal", "live", "--run-dir", "run",
+                          "--epochs", "5", "--samples", "96", "--batch-size", "32", "--snapshot-path", "snaps/",
+                          "--drill", "kill-worker@epoch=2,rank=1", "--json", "summary.json"], cwd=tmp_path,
+                         env=ddpkit_env(), capture_output=True, text=True, timeout=240)
+    out = res.stdout + res.stderr
+    assert res.returncode == 0 and "killing rank 1" in out and "Live heals: 1" in out, out
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["snapshots_written"] == 5 and summary["snapshots_loaded"] == 0, out
+    assert [Path(p).name for p in summary["snapshot_paths"]][2] == "snapshot.000000003.pt", summary["snapshot_paths"]
+    assert sorted(summary["loss_history"]) == ["0", "1", "2", "3", "4"], summary["loss_history"]

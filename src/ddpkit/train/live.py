@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
+import torch.distributed as dist
 
 from ddpkit.comm.live import LiveGroup, peer_lost
 from ddpkit.comm.rng import capture_rng, restore_rng
@@ -36,6 +37,8 @@ class Replica(Protocol):
     """This rank's losses of the epoch under way."""
     pending_loss: Any
     """The loss of the step in flight (its forward ran), or None."""
+    cfg: Any
+    snapshots: Any
 
 
 def join(group: LiveGroup, trainer: Replica) -> StartPoint:
@@ -71,7 +74,18 @@ def _exchange(group: LiveGroup, trainer: Replica, *, done: int) -> StartPoint:
     if batch == 0 and epoch > 0 and (epoch - 1) not in trainer.summary.loss_history and losses:
         trainer.summary.loss_history[epoch - 1] = float(torch.tensor(losses).mean())  # lost after its last step
     return StartPoint(epoch=epoch, batch=batch, step=best, epoch_losses=losses if batch else [],
-                      loss_history=trainer.summary.loss_history)
+                      loss_history=trainer.summary.loss_history, missed_snapshot=_missed(group, trainer, epoch, batch))
+
+
+def _missed(group: LiveGroup, trainer: Replica, epoch: int, batch: int) -> bool:
+    """Whether the group goes on at the end of an epoch whose snapshot was due and never reached rank 0 (rank 0 says;
+    every rank decides the same, as a snapshot is a collective)."""
+    cfg = trainer.cfg
+    if batch or not epoch or not trainer.snapshots.enabled or (epoch % cfg.save_every and epoch != cfg.epochs):
+        return False
+    taken: list[Any] = [trainer.snapshots.taken if group.rank == 0 else None]
+    dist.broadcast_object_list(taken, src=0)
+    return bool(taken[0] != epoch * trainer.steps_per_epoch)
 
 
 def _state(trainer: Replica, step: int) -> dict[str, Any]:

@@ -58,6 +58,9 @@ class StartPoint:
     resumed_from: ResumedFrom | None = None
     skipped: list[str] = field(default_factory=list)
     drills_fired: dict[str, dict[str, Any]] = field(default_factory=dict)
+    missed_snapshot: bool = False
+    """A live heal resumed at the end of an epoch whose snapshot was due and never reached rank 0 (a peer was lost
+    between the epoch's last step and the snapshot): it is taken before training goes on."""
 
 
 @dataclass(kw_only=True)
@@ -86,6 +89,8 @@ class Snapshotter:
         self.shadow = CpuShadow()
         self.last = LastSnapshot(configured=self.dir is not None)
         """The newest snapshot this rank knows to exist (rank 0: written; the others: taken together)."""
+        self.taken: int | None = None
+        """The step of the last snapshot whose state reached rank 0 (being written, or written)."""
         self.stalls: list[float] = []
         """Seconds each save held the training thread (an async one: plus its wait_for_staging)."""
         self.paths: list[str] = []
@@ -184,6 +189,7 @@ class Snapshotter:
         mine = (capture_rng(), torch.stack(list(losses)).tolist() if losses else [])
         parts: list[Any] | None = [None] * self.world if self.rank == 0 else None
         dist.gather_object(mine, parts, dst=0)
+        self.taken = step
         path = self.dir.path_for(step)
         if self.rank != 0:  # rank 0 writes it, synchronously or in the background
             self.last = LastSnapshot(configured=True, step=step, path=f"{path}, written by rank 0")

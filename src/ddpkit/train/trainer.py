@@ -159,6 +159,8 @@ class Trainer:
                 t_start: float) -> int | RunSummary:
         """The epochs from ``start``: the last step done, or the summary of a run stopped by a signal."""
         cfg, goodput, step = self.cfg, self.goodput, start.step
+        if start.missed_snapshot:  # a live heal at an epoch's end, before its snapshot (train/live.py)
+            self._save(ddp, epoch=start.epoch - 1, next_epoch=start.epoch, next_batch=0, step=step, urgent=False)
         for epoch in range(start.epoch, cfg.epochs):
             first = start.batch if epoch == start.epoch else 0
             progress.start(epoch, self.steps_per_epoch - first)
@@ -201,11 +203,10 @@ class Trainer:
         ddp = DDP(model, device_ids=[device.index] if device.type == "cuda" else None, gradient_as_bucket_view=True)
         preemption = PreemptionWatch((signal.SIGTERM, self.cfg.preempt_signum), device, self.world,
                                 stop_dir=self.context.stop_dir).install()
-        # How gradients are averaged (comm/gradients.py): small models through ddpkit's hook (the stop flags riding
-        # on the last bucket); larger ones by DDP's own C++ all-reduce (None), the stop flags voted every few steps.
+        # How gradients are averaged (comm/gradients.py): small models through ddpkit's hook (the stop flags riding on
+        # the last bucket; the sync timed for goodput.straggler); larger ones by DDP's C++ all-reduce (None), untimed.
         averaging = register_gradient_averaging(ddp, world_size=self.world, rider=preemption, transport=self.transport)
         preemption.rides_gradients(averaging is not None)
-        # the gradient sync is timed where ddpkit's hook runs (goodput.straggler): not under DDP's C++ all-reduce
         self.averaging = averaging if averaging is not None and self.world > 1 and self.goodput is not None else None
         self.summary.grad_transport = averaging.transport if averaging is not None else "ddp all-reduce"
         self.summary.stop_flags = ("gradient all-reduce" if preemption.piggyback
@@ -290,8 +291,7 @@ class Trainer:
         s.snapshots_written, s.snapshot_paths, s.snapshot_stall_s = (len(self.snapshots.paths), self.snapshots.paths,
                                                                      self.snapshots.stalls)
         resumed = s.resumed_from.global_step if s.resumed_from else None
-        interval = self.cfg.save_every * self.steps_per_epoch
-        s.drills = self.drills.report(resumed, interval) if self.rank == 0 else []
+        s.drills = self.drills.report(resumed, self.cfg.save_every * self.steps_per_epoch) if self.rank == 0 else []
         if self.live is not None:
             s.replica_digests, s.live_heals = self.live.digests(self.job.model), self.live.heals
         if self.goodput is not None:
