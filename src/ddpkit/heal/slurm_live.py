@@ -65,6 +65,7 @@ class _Step:
     remote_pid: int | None = None
     beats: int = -1
     moved: float = field(default_factory=time.monotonic)
+    looked: float = 0.0
     step_id: str | None = None
 
     @property
@@ -82,10 +83,12 @@ class _Step:
 
     def look(self) -> tuple[str, int]:
         now = time.monotonic()
-        beats = int(self.store.add(protocol.slot_key("beat", self.slot), 0))
-        if beats != self.beats:
-            self.beats, self.moved = beats, now
-        return ("T" if beats > 0 and now - self.moved >= STALE_S else "R"), beats
+        if now - self.looked >= POLL_S / 2:  # the agent looks at every rank for each rank: one store read a poll
+            self.looked = now
+            beats = int(self.store.add(protocol.slot_key("beat", self.slot), 0))
+            if beats != self.beats:
+                self.beats, self.moved = beats, now
+        return ("T" if self.beats > 0 and now - self.moved >= STALE_S else "R"), self.beats
 
     def send(self, sig: signal.Signals) -> None:
         step = self._find_step()
