@@ -15,19 +15,18 @@ import re
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from scripts import slurm_cluster
 
 from ddpkit.heal.classify import FailureClass
 from ddpkit.heal.policy import EXIT_DO_NOT_REQUEUE
-from ddpkit.rundir.ledger import AttemptEnded, AttemptStarted, FaultSeen, HostExcluded, Ledger
-from tests.helpers import ddpkit_env, require_root, require_tools, run_ddpkit
+from ddpkit.rundir.ledger import AttemptEnded, AttemptStarted, FaultSeen, HostExcluded
+from tests.helpers import ddpkit_env
+from tests.infra.slurm_fixture import healing_cluster, job_ledger, job_log, uninterrupted_summary
 
 pytestmark = [pytest.mark.infra, pytest.mark.multiproc]
 ROOT = Path(__file__).resolve().parents[2]
@@ -51,24 +50,13 @@ for step in range(10):
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[Any]:
-    require_root("Slurm daemons, munged as user munge, network namespaces")
-    require_tools(*slurm_cluster.TOOLS)
-    c = slurm_cluster.SlurmCluster(Path(tempfile.mkdtemp(prefix="ddpkit-slurm-heal-")), nodes_count=3)
-    c.start(timeout=120)
-    try:
-        yield c
-    finally:
-        c.stop()
+    yield from healing_cluster("ddpkit-slurm-heal-")
 
 
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """The same training on two local ranks, never interrupted: its summary (loss history)."""
-    where = tmp_path_factory.mktemp("uninterrupted")
-    res = run_ddpkit(*TRAIN[:1], "-n", "2", *TRAIN[1:], "--snapshot-path", str(where / "snap.pt"), "--json",
-                     str(where / "summary.json"), timeout=JOB_TIMEOUT, env=ddpkit_env(OMP_NUM_THREADS="1"))
-    assert res.returncode == 0, res.stderr[-3000:]
-    return dict(json.loads((where / "summary.json").read_text()))
+    return uninterrupted_summary(tmp_path_factory.mktemp("uninterrupted"), TRAIN, JOB_TIMEOUT)
 
 
 def _submit(c: Any, cwd: Path, *job: str) -> subprocess.Popen[str]:
@@ -104,15 +92,6 @@ def _when_training(node: Any, snaps: Path, proc: subprocess.Popen[str], timeout:
             return _ranks_on(node)
         time.sleep(0.2)
     pytest.fail(f"no training on {node.name} within {timeout} s")
-
-
-def _log(cwd: Path) -> str:
-    return "\n".join(p.read_text(errors="replace") for p in sorted((cwd / "logs").glob("*.out")))
-
-
-def _ledger(cwd: Path) -> list[Any]:
-    (run,) = list((cwd / ".ddpkit-runs").glob("slurm-*"))
-    return Ledger(run).records()
 
 
 def _restore(c: Any, node: Any, fault: str) -> None:
@@ -152,11 +131,11 @@ def _drill(c: Any, tmp_path: Path, uninterrupted: dict[str, Any], fault: str, vi
             for pid in _ranks_on(bad):
                 os.kill(pid, signal.SIGKILL)
         _restore(c, bad, fault)
-    log = _log(tmp_path)
+    log = job_log(tmp_path)
     job = re.findall(r"^(\d+)$", out, re.M)[0]
     assert proc.returncode == 0 and f"job {job} COMPLETED exit code 0 (restarts 0)" in out, out + log
 
-    records = _ledger(tmp_path)
+    records = job_ledger(tmp_path)
     ended = [r for r in records if isinstance(r, AttemptEnded)]
     started = [r for r in records if isinstance(r, AttemptStarted)]
     assert len(ended) == 2 and len(started) == 2, log
@@ -209,11 +188,11 @@ def test_an_exception_on_every_rank_stops_after_two_attempts_without_requeue(clu
     script.write_text(RAISES)
     proc = _submit(cluster, tmp_path, str(script))
     out, _ = proc.communicate(timeout=JOB_TIMEOUT + 60)
-    log = _log(tmp_path)
+    log = job_log(tmp_path)
     job = re.findall(r"^(\d+)$", out, re.M)[0]
     assert proc.returncode == EXIT_DO_NOT_REQUEUE == 93, out + log
     assert f"job {job} FAILED exit code 93 (restarts 0)" in out, out  # not requeued
-    ended = [r for r in _ledger(tmp_path) if isinstance(r, AttemptEnded)]
+    ended = [r for r in job_ledger(tmp_path) if isinstance(r, AttemptEnded)]
     assert len(ended) == 2 and all(e.classification is not None and e.classification.kind is FailureClass.JOB
                                    for e in ended), log
     assert [e.action.value for e in ended] == ["retry", "stop"] and ended[1].exit_code == 1
@@ -234,9 +213,9 @@ def test_clean_runs_are_one_attempt_each(cluster: Any, tmp_path: Path) -> None:
         proc = _submit(cluster, where, "train", "--epochs", "3", "--samples", "1024", "--snapshot-path",
                        str(where / "snap.pt"))
         out, _ = proc.communicate(timeout=JOB_TIMEOUT + 60)
-        log = _log(where)
+        log = job_log(where)
         assert proc.returncode == 0 and "COMPLETED exit code 0 (restarts 0)" in out, out + log
-        records = _ledger(where)
+        records = job_ledger(where)
         assert [r.hosts for r in records if isinstance(r, AttemptStarted)] == [("node1", "node2")], log
         assert [(r.exit_code, r.action.value) for r in records if isinstance(r, AttemptEnded)] == [(0, "stop")]
         assert "ddpkit heal: attempt" not in log and "preflight" not in log, log
@@ -259,11 +238,11 @@ def _kill_node2_when_training(c: Any, tmp_path: Path, shape: str) -> tuple[subpr
 def test_with_no_spare_an_elastic_job_shrinks_to_its_minimum(cluster: Any, tmp_path: Path) -> None:
     proc, _ = _kill_node2_when_training(cluster, tmp_path, "1:2x1")
     out, _ = proc.communicate(timeout=JOB_TIMEOUT + 60)
-    log = _log(tmp_path)
+    log = job_log(tmp_path)
     assert proc.returncode == 0 and "COMPLETED exit code 0 (restarts 0)" in out, out + log
     assert "ddpkit heal: attempt 1 of 3: node2 excluded (rank 1 on host node2 was killed by SIGKILL); relaunching " \
            "on node1 (shrunk to 1 of 2 nodes: -j 1:2) from the snapshot of step " in log, log
-    started = [r for r in _ledger(tmp_path) if isinstance(r, AttemptStarted)]
+    started = [r for r in job_ledger(tmp_path) if isinstance(r, AttemptStarted)]
     assert [(a.hosts, a.ranks) for a in started] == [(("node1", "node2"), 2), (("node1",), 1)]
 
 
@@ -282,11 +261,11 @@ def test_with_no_spare_and_no_smaller_shape_the_job_requeues_itself_without_the_
             break
         time.sleep(1)
     out, _ = proc.communicate(timeout=JOB_TIMEOUT + 60)
-    log = _log(tmp_path)
+    log = job_log(tmp_path)
     assert proc.returncode == 0 and "COMPLETED exit code 0 (restarts 1)" in out, out + log
     assert "ddpkit heal: no attempt 2 here: 1 healthy node(s) left of 2 (node2 out), 2 needed: requeuing job " in log
     assert "healed (--heal), restart 1" in log and "Resuming training from snapshot" in log, log
-    records = _ledger(tmp_path)
+    records = job_ledger(tmp_path)
     started = [r for r in records if isinstance(r, AttemptStarted)]
     assert [a.hosts for a in started] == [("node1", "node2"), ("node1", "node3")], started
     assert [r.host for r in records if isinstance(r, HostExcluded)] == ["node2"]

@@ -12,17 +12,16 @@ import os
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from scripts import slurm_cluster
 
 from ddpkit.rundir.ledger import AttemptEnded, AttemptStarted, HostExcluded, Ledger, RankReplaced
-from tests.helpers import ddpkit_env, require_root, require_tools, run_ddpkit
+from tests.helpers import ddpkit_env
+from tests.infra.slurm_fixture import healing_cluster, job_ledger, job_log, uninterrupted_summary
 
 pytestmark = [pytest.mark.infra, pytest.mark.multiproc]
 ROOT = Path(__file__).resolve().parents[2]
@@ -34,24 +33,13 @@ JOB_TIMEOUT = 300
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[Any]:
-    require_root("Slurm daemons, munged as user munge, network namespaces")
-    require_tools(*slurm_cluster.TOOLS)
-    c = slurm_cluster.SlurmCluster(Path(tempfile.mkdtemp(prefix="ddpkit-slurm-live-")), nodes_count=3)
-    c.start(timeout=120)
-    try:
-        yield c
-    finally:
-        c.stop()
+    yield from healing_cluster("ddpkit-slurm-live-")
 
 
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """The same training on two local ranks, never interrupted: its summary (loss history)."""
-    where = tmp_path_factory.mktemp("uninterrupted")
-    res = run_ddpkit(*TRAIN[:1], "-n", "2", *TRAIN[1:], "--snapshot-path", str(where / "snap.pt"), "--json",
-                     str(where / "summary.json"), timeout=JOB_TIMEOUT, env=ddpkit_env(OMP_NUM_THREADS="1"))
-    assert res.returncode == 0, res.stderr[-3000:]
-    return dict(json.loads((where / "summary.json").read_text()))
+    return uninterrupted_summary(tmp_path_factory.mktemp("uninterrupted"), TRAIN, JOB_TIMEOUT)
 
 
 def _submit(c: Any, cwd: Path, *job: str, heal: tuple[str, ...] = ("--heal", "live")) -> subprocess.Popen[str]:
@@ -73,15 +61,6 @@ def _ranks_on(node: Any) -> list[int]:
         if words[1:3] == [b"-m", b"ddpkit.standby"]:
             found.append(int(pid))
     return found
-
-
-def _log(cwd: Path) -> str:
-    return "\n".join(p.read_text(errors="replace") for p in sorted((cwd / "logs").glob("*.out")))
-
-
-def _ledger(cwd: Path) -> list[Any]:
-    (run,) = list((cwd / ".ddpkit-runs").glob("slurm-*"))
-    return Ledger(run).records()
 
 
 def _until(what: str, ok: Any, proc: subprocess.Popen[str], timeout: float = 120) -> Any:
@@ -132,7 +111,7 @@ def drill(c: Any, where: Path, fault: str) -> dict[str, Any]:
         for pid in _ranks_on(node2):
             os.kill(pid, signal.SIGKILL)
         _idle(c)
-    return {"out": out, "code": proc.returncode, "log": _log(where), "records": _ledger(where), "kept": kept,
+    return {"out": out, "code": proc.returncode, "log": job_log(where), "records": job_ledger(where), "kept": kept,
             "alive": alive, "fault_at": fault_at, "heal": healed[0], "node3": node3.name}
 
 
@@ -174,9 +153,9 @@ def test_a_clean_live_job_replaces_nobody_and_ends_its_standby(cluster: Any, tmp
     proc = _submit(cluster, tmp_path, "train", "--epochs", "3", "--samples", "1024", "--snapshot-path",
                    str(tmp_path / "snap.pt"))
     out, _ = proc.communicate(timeout=JOB_TIMEOUT + 60)
-    log = _log(tmp_path)
+    log = job_log(tmp_path)
     assert proc.returncode == 0 and "COMPLETED exit code 0 (restarts 0)" in out, out + log
-    records = _ledger(tmp_path)
+    records = job_ledger(tmp_path)
     assert not [r for r in records if isinstance(r, RankReplaced | HostExcluded)], records
     assert [(r.exit_code, r.action.value) for r in records if isinstance(r, AttemptEnded)] == [(0, "stop")]
     assert "Live heals: 0; replicas: 2 equal" in log and "ddpkit standby" not in log, log
