@@ -88,3 +88,17 @@ def test_the_supervisors_command_is_the_ranks_ddpkit_command_line_for_every_back
     assert ranks_command(("/venv/bin/python", "-m", "ddpkit", "train", "--epochs", "5")) == ("train", "--epochs", "5")
     assert ranks_command(("/venv/bin/ddpkit", "run", "--", "job.py")) == ("run", "--", "job.py")
     assert ranks_command(("./my_launcher.sh", "x")) == ("./my_launcher.sh", "x")  # not ddpkit: said whole
+
+
+def test_store_values_read_back_as_written() -> None:
+    """The values the agents pass through their stores (``base.jsonlines.JsonFields``): enums by value, tuples
+    back as tuples, every field kept."""
+    from ddpkit.heal.elastic_round import Excluded
+    from ddpkit.process.live import Joined, Plan
+
+    for value in (HOST, Excluded(host="node2", reason="rank 1 was killed by SIGKILL", by="node1", time=4.5),
+                  Plan(gen=2, rank=1, why="SIGKILL", host="node2", lost_at=3.25, port=29511),
+                  Joined(gen=2, source=0, step=978, behind=(2,), at=5.5)):
+        assert type(value).from_json(value.to_json()) == value
+    assert json.loads(HOST.to_json())["kind"] == "host"
+    assert Joined.from_json(Joined(gen=1, source=0, step=1, behind=(1, 2)).to_json()).behind == (1, 2)

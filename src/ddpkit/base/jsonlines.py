@@ -23,7 +23,7 @@ from pathlib import Path
 from types import UnionType
 from typing import Any, Generic, TypeVar
 
-__all__ = ["Kinds", "append_line", "append_to", "encode", "from_fields", "record"]
+__all__ = ["JsonFields", "Kinds", "append_line", "append_to", "encode", "from_fields", "record"]
 
 R = TypeVar("R")
 
@@ -49,6 +49,18 @@ def _plain(value: object) -> object:
 def encode(record: Any) -> str:
     """The line of ``record`` (a dataclass with ``KIND``), no newline in it."""
     return json.dumps({"kind": record.KIND, **asdict(record)}, sort_keys=True, default=_plain)
+
+
+class JsonFields:
+    """A dataclass that travels as one JSON object (a store's value, a verdict in a ledger line): its fields by name,
+    enums by their value, keys sorted; ``from_json`` reads it back by ``from_fields``."""
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(typing.cast(Any, self)), sort_keys=True, default=_plain)
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> typing.Self:
+        return from_fields(cls, json.loads(text))
 
 
 def from_fields(cls: type[R], data: Mapping[str, Any]) -> R:

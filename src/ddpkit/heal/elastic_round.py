@@ -4,8 +4,6 @@ and concluded by the one attempt loop (``heal.attempts``), and the run's exclusi
 
 from __future__ import annotations
 
-import dataclasses
-import json
 import logging
 import os
 import sys
@@ -16,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from ddpkit.base.errors import EXIT_MISSING, DdpkitError
-from ddpkit.base.jsonlines import from_fields
+from ddpkit.base.jsonlines import JsonFields
 from ddpkit.base.log import get_logger
 from ddpkit.goodput.records import ATTEMPT_VAR
 from ddpkit.heal.attempts import Adapter, Attempts, Ended, Style
@@ -46,7 +44,7 @@ TORCH_LOGGER = "torch.distributed.elastic.multiprocessing.api"
 
 
 @dataclass(frozen=True, kw_only=True)
-class Excluded:
+class Excluded(JsonFields):
     """A host kept out of the run's later rounds: one record of the exclusion list in the rendezvous store."""
 
     host: str
@@ -55,13 +53,6 @@ class Excluded:
     by: str
     """The host whose agent excluded it."""
     time: float
-
-    def to_json(self) -> str:
-        return json.dumps(dataclasses.asdict(self), sort_keys=True)
-
-    @classmethod
-    def from_json(cls, text: str | bytes) -> Excluded:
-        return from_fields(cls, json.loads(text))
 
 
 class ExcludedFromRun(DdpkitError):

@@ -18,8 +18,9 @@ No torch import: the agent reads the keys with the store it holds.
 
 from __future__ import annotations
 
-import json
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
+
+from ddpkit.base.jsonlines import JsonFields
 
 __all__ = ["SLOT_KINDS", "Joined", "Plan", "first_key", "joined_key", "plan_key", "slot_key"]
 
@@ -50,7 +51,7 @@ def slot_key(kind: str, slot: str) -> str:
 
 
 @dataclass(frozen=True, kw_only=True)
-class Plan:
+class Plan(JsonFields):
     """The agent's word to the survivors: generation ``gen`` replaces ``rank``."""
 
     gen: int
@@ -63,16 +64,9 @@ class Plan:
     port: int
     """The generation's own store (on the agent's host): a group's keys are never those of an earlier one."""
 
-    def to_json(self) -> str:
-        return json.dumps(asdict(self))
-
-    @classmethod
-    def from_json(cls, text: str | bytes) -> Plan:
-        return cls(**json.loads(text))
-
 
 @dataclass(frozen=True, kw_only=True)
-class Joined:
+class Joined(JsonFields):
     """What the rank that gave its state says once the group of ``gen`` holds it."""
 
     gen: int
@@ -84,11 +78,3 @@ class Joined:
     """Survivors that had not applied ``step`` (the step in flight): they took it from the source."""
     at: float = 0.0
     """When every rank held the state (epoch seconds)."""
-
-    def to_json(self) -> str:
-        return json.dumps(asdict(self))
-
-    @classmethod
-    def from_json(cls, text: str | bytes) -> Joined:
-        data = json.loads(text)
-        return cls(**{**data, "behind": tuple(data.get("behind", ()))})

@@ -4,10 +4,9 @@ The rules that reach it are the heal wing's (``heal.classify``); the report read
 from __future__ import annotations
 
 import enum
-import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
-from ddpkit.base.jsonlines import from_fields
+from ddpkit.base.jsonlines import JsonFields
 
 __all__ = ["Classification", "FailureClass"]
 
@@ -26,7 +25,7 @@ class FailureClass(enum.Enum):
 
 
 @dataclass(frozen=True, kw_only=True)
-class Classification:
+class Classification(JsonFields):
     """The verdict on a failed attempt: its class, who is to blame, on what evidence, in one line."""
 
     kind: FailureClass
@@ -35,10 +34,3 @@ class Classification:
     culprit_ranks: tuple[int, ...] = ()
     culprit_hosts: tuple[str, ...] = ()
     evidence: tuple[str, ...] = field(default=())
-
-    def to_json(self) -> str:
-        return json.dumps({**asdict(self), "kind": self.kind.value}, sort_keys=True)
-
-    @classmethod
-    def from_json(cls, text: str) -> Classification:
-        return from_fields(cls, json.loads(text))
