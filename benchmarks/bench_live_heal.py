@@ -229,8 +229,22 @@ def _timed(mode: str, epochs: int, faults: bool) -> dict[str, Any]:
         stop.set()
         wall = time.monotonic() - began
         summary = _summary(cwd) if code == 0 else {}
-        return {"mode": mode, "faults": len(kills), "exit_code": code, "wall_s": wall,
-                "global_step": summary.get("global_step")}
+        found = {"mode": mode, "faults": len(kills), "exit_code": code, "wall_s": wall,
+                 "global_step": summary.get("global_step")}
+        if mode == "live":
+            found["stalls_s"] = _stalls(cwd / "run", kills)
+        return found
+
+
+def _stalls(run: Path, kills: list[float]) -> list[float]:
+    """Each live heal's fault -> the replacement's first applied step (the survivors' stall), from the ledger and
+    the bench's own kill times (one clock)."""
+    stalls = []
+    for heal in (r for r in read_records(run / "ledger.jsonl") if isinstance(r, RankReplaced)):
+        fault = max((k for k in kills if k <= heal.lost_at), default=None)
+        if fault is not None and heal.first_step_at:
+            stalls.append(heal.first_step_at - fault)
+    return stalls
 
 
 def goodput() -> dict[str, Any]:
@@ -241,6 +255,7 @@ def goodput() -> dict[str, Any]:
     runs = [_timed("plain", epochs, faults=False)]
     for mode in ("live", "restart", "torchrun"):
         runs.append(_timed(mode, epochs, faults=True))
+    runs.append(_timed("plain", epochs, faults=False))  # a second fault-free run: the machine's own spread
     return {"epochs": epochs, "runs": runs}
 
 
@@ -259,12 +274,13 @@ def _median(values: list[Any]) -> str:
 
 
 def render(data: dict[str, Any]) -> str:
-    lines = ["# Live healing under -n (issue 46)", "", f"Measured {data.get('when', '')} on this machine (2 cores, "
-             "3 local ranks, gloo on CPU); `python -m benchmarks.bench_live_heal`. Times on one clock: the bench's "
-             "signal and the run's ledger.", ""]
+    lines = ["# Live healing under -n (issue 46)", "", "Measured on this machine (2 cores, 3 local ranks, gloo on "
+             "CPU), each part on the date it names; `python -m benchmarks.bench_live_heal`. Times on one clock: the "
+             "bench's signal and the run's ledger.", ""]
     d = data.get("drills")
     if d:
         lines += ["## A rank lost mid-run: `train -n 3 --heal live`, rank 1 signalled after epoch 3", "",
+                  f"Measured {d.get('when', '')}.", "",
                   "| fault | drills | exit 0 | detection s (median, max) | state taken s after detection | "
                   "first step s after detection (median, max) | fault -> first step s | steps lost | loaded | "
                   "survivors kept | replicas equal |", "|---|---|---|---|---|---|---|---|---|---|---|"]
@@ -291,33 +307,43 @@ def render(data: dict[str, Any]) -> str:
     c = data.get("clean")
     if c:
         runs = c["runs"]
-        lines += ["", f"## Clean runs: {len(runs)} fault-free `--heal live` runs", "",
+        lines += ["", f"## Clean runs: {len(runs)} fault-free `--heal live` runs (measured {c.get('when', '')})", "",
                   f"exit 0: {sum(r['exit_code'] == 0 for r in runs)}; with a replacement: "
                   f"{sum(bool(r['live_heals']) for r in runs)}"]
     k = data.get("cost")
     if k:
-        lines += ["", "## Cost on a fault-free run (each run's step p50, ms; alternating runs)", "",
+        lines += ["", f"## Cost on a fault-free run (each run's step p50, ms; alternating runs; measured "
+                  f"{k.get('when', '')})", "",
                   "| job | pairs | --heal live (median) | --heal restart (median) | live / restart: median of the "
                   "pairs' ratios (min, max) |", "|---|---|---|---|---|"]
-        for job, modes in k.items():
+        for job, modes in ((job, modes) for job, modes in k.items() if job != "when"):
             live, restart = statistics.median(modes["live"]), statistics.median(modes["restart"])
             ratios = [a / b for a, b in zip(modes["live"], modes["restart"], strict=False)]
             lines.append(f"| {job} | {len(ratios)} | {live:.3f} | {restart:.3f} | {statistics.median(ratios):.3f} "
                          f"({min(ratios):.3f}, {max(ratios):.3f}) |")
-    for g in (data.get("goodput"), data.get("goodput_issue")):
+    for g in (data.get("goodput"), data.get("goodput_issue_earlier"), data.get("goodput_issue")):
         if not g:
             continue
         runs = g["runs"]
-        plain = next(r for r in runs if r["mode"] == "plain")["wall_s"]
+        plains = [r["wall_s"] for r in runs if r["mode"] == "plain"]
+        plain = statistics.mean(plains)
         duration, every = g.get("duration", DURATION), g.get("every", EVERY)
         lines += ["", f"## Goodput under faults: {g['epochs']} epochs (~{duration:.0f} s fault-free), rank 1 killed "
-                  f"every {every:.0f} s", "", "`restart`: `--heal` with a snapshot every epoch (a new agent and "
-                  "ranks each attempt); `torchrun`: torch elastic's `--max-restarts` with the same snapshots (the "
-                  "agent restarts the ranks); both resume from the snapshot and do its steps since again.", "",
-                  "| mode | faults | exit | wall s | against fault-free |", "|---|---|---|---|---|"]
+                  f"every {every:.0f} s", "", f"Measured {g.get('when', '')}, the runs in the "
+                  "order shown. `restart`: `--heal` with a snapshot every epoch (a new agent and ranks each "
+                  "attempt); `torchrun`: torch elastic's `--max-restarts` with the same snapshots (the agent restarts "
+                  "the ranks); both resume from the snapshot and do its steps since again. `against fault-free`: "
+                  + (f"the wall clock over the mean of the {len(plains)} fault-free runs ({plain:.1f} s; they differ "
+                     f"by {(max(plains) - min(plains)) / plain:.1%}, the machine's own spread)" if len(plains) > 1
+                     else f"the wall clock over the fault-free run's ({plain:.1f} s)") + ". `stall`: under `live`, each heal's fault -> the "
+                  "replacement's first applied step (the ledger; the survivors wait that long), summed.", "",
+                  "| mode | faults | exit | wall s | against fault-free | stall s (sum; median) |",
+                  "|---|---|---|---|---|---|"]
         for r in runs:
+            stalls = r.get("stalls_s")
+            stall = f"{sum(stalls):.1f}; {statistics.median(stalls):.2f}" if stalls else "-"
             lines.append(f"| {r['mode']} | {r['faults']} | {r['exit_code']} | {r['wall_s']:.1f} | "
-                         f"{r['wall_s'] / plain:.3f} |")
+                         f"{r['wall_s'] / plain:.3f} | {stall} |")
     return "\n".join(lines) + "\n"
 
 
@@ -326,7 +352,7 @@ def scale_inputs(data: dict[str, Any]) -> dict[str, Any]:
     d, out = data.get("drills"), {}
     if not d:
         return out
-    live: dict[str, Any] = {"source": f"bench_live_heal {data.get('when', '')}, 3 ranks on 2 cores (-n)"}
+    live: dict[str, Any] = {"source": f"bench_live_heal {d.get('when', '')}, 3 ranks on 2 cores (-n)"}
     for fault, name in (("SIGKILL", "kill"), ("SIGSTOP", "stop")):
         runs = [r for r in d["live"] if r["fault"] == fault and r["detect_s"] is not None]
         if runs:
@@ -336,7 +362,7 @@ def scale_inputs(data: dict[str, Any]) -> dict[str, Any]:
     restarts = [r["fault_to_first_step_s"] for r in d["restart"] if r.get("fault_to_first_step_s") is not None]
     if restarts:  # one host: the kill is seen at once, so the whole span is the restart's
         out["restart"] = {"kill": {"detect_s_median": 0.0, "recover_s_median": statistics.median(restarts)},
-                          "source": f"bench_live_heal {data.get('when', '')}: --heal restart under -n, a kill"}
+                          "source": f"bench_live_heal {d.get('when', '')}: --heal restart under -n, a kill"}
     return out
 
 
@@ -346,10 +372,9 @@ def main() -> None:
         data = json.loads(path.read_text())
     else:
         data = json.loads(path.read_text()) if path.exists() else {}
-        data["when"] = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
         for part in PARTS:
             print(f"== {part}", flush=True)
-            data[part] = globals()[part]()
+            data[part] = {**globals()[part](), "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
             path.write_text(json.dumps(data, indent=1) + "\n")
     text = render(data)
     (RESULTS / "bench_live_heal.md").write_text(text)
