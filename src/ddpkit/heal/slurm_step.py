@@ -84,8 +84,6 @@ class StepRun:
     fault_at: float | None = None
     """When the first line saying a rank failed or stopped answering arrived (wall clock)."""
     fault_line: str | None = None
-    srun_killed: bool = False
-    """srun did not end the step within the teardown bound and was ended by the supervisor."""
     evidence: Evidence | None = None
     tracebacks: dict[int, str] = field(default_factory=dict)
     """Each rank's last traceback, as it printed it."""
@@ -170,7 +168,6 @@ def run_step(plan: StepPlan, *, teardown_s: float, deadline_s: float | None = No
     proc = subprocess.Popen(srun_argv(plan), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             stdin=subprocess.DEVNULL, env=env)
     reader = _Reader(proc.stdout, say, lambda rank: plan.nodes[min(rank // plan.per_node, len(plan.nodes) - 1)])
-    killed = False
     stage = 0  # 0: running; 1: interrupted (SIGINT twice); 2: killed
     stage_at = 0.0
     while proc.poll() is None:
@@ -180,7 +177,7 @@ def run_step(plan: StepPlan, *, teardown_s: float, deadline_s: float | None = No
             say(f"ddpkit heal: every task of the {plan.name} step on a host that answers has ended; srun waits for "
                 f"{', '.join(sorted(set(reader.stopped.values())))}, which stopped answering: ending srun")
             with_signal(proc, signal.SIGKILL)
-            stage, killed = 2, True
+            stage = 2
             continue
         if reader.task_failed_at is not None and now >= reader.task_failed_at + teardown_s:
             why = f"{now - reader.task_failed_at:.0f} s after a task failed"
@@ -198,7 +195,7 @@ def run_step(plan: StepPlan, *, teardown_s: float, deadline_s: float | None = No
             stage, stage_at = 1, now
         elif stage == 1 and now > stage_at + 5:
             with_signal(proc, signal.SIGKILL)
-            stage, killed = 2, True
+            stage = 2
     code = proc.wait()
     reader.thread.join(timeout=5)
     ended = time.time()
@@ -209,7 +206,7 @@ def run_step(plan: StepPlan, *, teardown_s: float, deadline_s: float | None = No
         code = 128 - code
     evidence, tracebacks = reader.evidence(code, outside())
     return StepRun(exit_code=code, began=began, ended=ended, fault_at=reader.fault_at, fault_line=reader.fault_line,
-                   srun_killed=killed or stage > 0, evidence=evidence, tracebacks=tracebacks)
+                   evidence=evidence, tracebacks=tracebacks)
 
 
 def with_signal(proc: subprocess.Popen[bytes], sig: int) -> None:
