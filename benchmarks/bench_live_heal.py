@@ -256,7 +256,7 @@ def goodput() -> dict[str, Any]:
     for mode in ("live", "restart", "torchrun"):
         runs.append(_timed(mode, epochs, faults=True))
     runs.append(_timed("plain", epochs, faults=False))  # a second fault-free run: the machine's own spread
-    return {"epochs": epochs, "runs": runs}
+    return {"epochs": epochs, "runs": runs, "duration": DURATION, "every": EVERY}
 
 
 def goodput_issue() -> dict[str, Any]:
@@ -264,7 +264,7 @@ def goodput_issue() -> dict[str, Any]:
     ``BENCH_LIVE_PARTS=goodput_issue``)."""
     global DURATION, EVERY
     DURATION, EVERY = 600.0, 60.0
-    return {**goodput(), "duration": DURATION, "every": EVERY}
+    return goodput()
 
 
 # ---- the page --------------------------------------------------------------------------------------------------------
@@ -321,22 +321,25 @@ def render(data: dict[str, Any]) -> str:
             ratios = [a / b for a, b in zip(modes["live"], modes["restart"], strict=False)]
             lines.append(f"| {job} | {len(ratios)} | {live:.3f} | {restart:.3f} | {statistics.median(ratios):.3f} "
                          f"({min(ratios):.3f}, {max(ratios):.3f}) |")
-    for g in (data.get("goodput"), data.get("goodput_issue_earlier"), data.get("goodput_issue")):
+    for key in ("goodput", "goodput_issue_earlier", "goodput_issue"):
+        g = data.get(key)
         if not g:
             continue
+        earlier = " (an earlier run of the next part: one fault-free run, no stall measured)" if "earl" in key else ""
         runs = g["runs"]
         plains = [r["wall_s"] for r in runs if r["mode"] == "plain"]
         plain = statistics.mean(plains)
-        duration, every = g.get("duration", DURATION), g.get("every", EVERY)
+        duration, every = g["duration"], g["every"]
+        against = (f"the wall clock over the mean of the {len(plains)} fault-free runs ({plain:.1f} s; they differ by "
+                   f"{(max(plains) - min(plains)) / plain:.1%}, the machine's own spread)" if len(plains) > 1
+                   else f"the wall clock over the fault-free run's ({plain:.1f} s)")
         lines += ["", f"## Goodput under faults: {g['epochs']} epochs (~{duration:.0f} s fault-free), rank 1 killed "
-                  f"every {every:.0f} s", "", f"Measured {g.get('when', '')}, the runs in the "
+                  f"every {every:.0f} s{earlier}", "", f"Measured {g.get('when', '')}, the runs in the "
                   "order shown. `restart`: `--heal` with a snapshot every epoch (a new agent and ranks each "
                   "attempt); `torchrun`: torch elastic's `--max-restarts` with the same snapshots (the agent restarts "
                   "the ranks); both resume from the snapshot and do its steps since again. `against fault-free`: "
-                  + (f"the wall clock over the mean of the {len(plains)} fault-free runs ({plain:.1f} s; they differ "
-                     f"by {(max(plains) - min(plains)) / plain:.1%}, the machine's own spread)" if len(plains) > 1
-                     else f"the wall clock over the fault-free run's ({plain:.1f} s)") + ". `stall`: under `live`, each heal's fault -> the "
-                  "replacement's first applied step (the ledger; the survivors wait that long), summed.", "",
+                  f"{against}. `stall`: under `live`, each heal's fault -> the replacement's first applied step (the "
+                  "ledger; the survivors wait that long), summed.", "",
                   "| mode | faults | exit | wall s | against fault-free | stall s (sum; median) |",
                   "|---|---|---|---|---|---|"]
         for r in runs:
@@ -349,7 +352,7 @@ def render(data: dict[str, Any]) -> str:
 
 def scale_inputs(data: dict[str, Any]) -> dict[str, Any]:
     """The drills' medians in ``benchmarks/scale_model.py``'s measured-input form (``results/live_heal.json``)."""
-    d, out = data.get("drills"), {}
+    d, out = data.get("drills"), dict[str, Any]()
     if not d:
         return out
     live: dict[str, Any] = {"source": f"bench_live_heal {d.get('when', '')}, 3 ranks on 2 cores (-n)"}
