@@ -25,13 +25,13 @@ from ddpkit.env.master import resolve_master
 from ddpkit.env.record import (
     PORT_RANGE,
     AgentPlan,
+    RankAndSize,
     VarReader,
     WorldInfo,
     derive_port,
     expand_nodelist,
     is_ip_address,
     present,
-    rank_and_size_set,
 )
 
 __all__ = [
@@ -66,8 +66,7 @@ ENV_TABLE = {
 }
 
 
-def _env_activated(environ: Mapping[str, str]) -> tuple[bool, str]:
-    return rank_and_size_set(environ, "RANK", "WORLD_SIZE", "torch's env:// convention", verb="exported by hand")
+_env_activated = RankAndSize("RANK", "WORLD_SIZE", "torch's env:// convention", verb="exported by hand")
 
 
 def _env_read(environ: Mapping[str, str]) -> WorldInfo:

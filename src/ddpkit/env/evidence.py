@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from ddpkit.base.errors import EnvConflict
-from ddpkit.env import flux, lsf, pals, slurm
+from ddpkit.env import flux, lsf, mpi, pals, slurm
 from ddpkit.env.record import WorldInfo, parse_count, present
 
 __all__ = ["FAMILIES", "Family", "lone_world_evidence", "refuse_hidden_world", "visible_families"]
@@ -36,20 +36,20 @@ class Family:
 
 
 FAMILIES: tuple[Family, ...] = (
-    Family("lsf", lsf.FAMILY, ("JSM_NAMESPACE_RANK", "JSM_NAMESPACE_SIZE"),
+    Family("lsf", lsf.FAMILY, lsf.activated.names,
            ("JSM_NAMESPACE_SIZE", "JSM_NAMESPACE_LOCAL_SIZE"), ("JSM_NAMESPACE_RANK", "JSM_NAMESPACE_LOCAL_RANK")),
     Family("pals", pals.FAMILY, ("PALS_RANKID", "PMI_SIZE"), ("PALS_LOCAL_SIZE",),
            ("PALS_RANKID", "PALS_LOCAL_RANKID", "PALS_NODEID")),
-    Family("flux", flux.FAMILY, ("FLUX_TASK_RANK", "FLUX_JOB_SIZE"), ("FLUX_JOB_SIZE", "FLUX_JOB_NNODES"),
+    Family("flux", flux.FAMILY, flux.activated.names, ("FLUX_JOB_SIZE", "FLUX_JOB_NNODES"),
            ("FLUX_TASK_RANK", "FLUX_TASK_LOCAL_ID")),
     Family("mvapich2", ("MV2_COMM_WORLD_RANK", "MV2_COMM_WORLD_SIZE", "MV2_COMM_WORLD_LOCAL_RANK",
-                        "MV2_COMM_WORLD_LOCAL_SIZE"), ("MV2_COMM_WORLD_RANK", "MV2_COMM_WORLD_SIZE"),
+                        "MV2_COMM_WORLD_LOCAL_SIZE"), mpi.mvapich_activated.names,
            ("MV2_COMM_WORLD_SIZE", "MV2_COMM_WORLD_LOCAL_SIZE"), ("MV2_COMM_WORLD_RANK", "MV2_COMM_WORLD_LOCAL_RANK")),
     Family("openmpi", ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
-                       "OMPI_COMM_WORLD_LOCAL_SIZE"), ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"),
+                       "OMPI_COMM_WORLD_LOCAL_SIZE"), mpi.openmpi_activated.names,
            ("OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE"),
            ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_NODE_RANK")),
-    Family("mpich", ("PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS"), ("PMI_RANK", "PMI_SIZE"),
+    Family("mpich", ("PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS"), mpi.mpich_activated.names,
            ("PMI_SIZE", "MPI_LOCALNRANKS"), ("PMI_RANK", "MPI_LOCALRANKID")),
     # inside a step (only there do Slurm's variables count: see visible_families) the job's task and node counts
     # describe the step's world too: a step without SLURM_PROCID that shows them is a task set that does not add up

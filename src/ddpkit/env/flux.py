@@ -13,7 +13,7 @@ from collections.abc import Mapping
 
 from ddpkit.base.errors import EnvConflict
 from ddpkit.env.master import resolve_master
-from ddpkit.env.record import VarReader, WorldInfo, rank_and_size_set
+from ddpkit.env.record import RankAndSize, VarReader, WorldInfo
 
 NAME = "flux"
 TABLE = {
@@ -27,10 +27,7 @@ TABLE = {
     "run_id": "FLUX_JOB_ID",
 }
 FAMILY = ("FLUX_TASK_RANK", "FLUX_TASK_LOCAL_ID", "FLUX_JOB_SIZE", "FLUX_JOB_NNODES")
-
-
-def activated(environ: Mapping[str, str]) -> tuple[bool, str]:
-    return rank_and_size_set(environ, "FLUX_TASK_RANK", "FLUX_JOB_SIZE", "a Flux job's task")
+activated = RankAndSize("FLUX_TASK_RANK", "FLUX_JOB_SIZE", "a Flux job's task")
 
 
 def read(environ: Mapping[str, str]) -> WorldInfo:

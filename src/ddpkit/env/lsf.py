@@ -13,7 +13,7 @@ from collections.abc import Mapping
 
 from ddpkit.env.hostfile import read_hostfile
 from ddpkit.env.master import resolve_master
-from ddpkit.env.record import VarReader, WorldInfo, rank_and_size_set
+from ddpkit.env.record import RankAndSize, VarReader, WorldInfo
 
 NAME = "lsf"
 TABLE = {
@@ -27,10 +27,7 @@ TABLE = {
     "run_id": "LSB_JOBID",
 }
 FAMILY = ("JSM_NAMESPACE_RANK", "JSM_NAMESPACE_SIZE", "JSM_NAMESPACE_LOCAL_RANK", "JSM_NAMESPACE_LOCAL_SIZE")
-
-
-def activated(environ: Mapping[str, str]) -> tuple[bool, str]:
-    return rank_and_size_set(environ, "JSM_NAMESPACE_RANK", "JSM_NAMESPACE_SIZE", "started by LSF's jsrun")
+activated = RankAndSize("JSM_NAMESPACE_RANK", "JSM_NAMESPACE_SIZE", "started by LSF's jsrun")
 
 
 def read(environ: Mapping[str, str]) -> WorldInfo:

@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from ddpkit.base.errors import EnvConflict
 from ddpkit.env import slurm
 from ddpkit.env.master import resolve_master
-from ddpkit.env.record import VarReader, WorldInfo, expand_nodelist, present, rank_and_size_set
+from ddpkit.env.record import RankAndSize, VarReader, WorldInfo, expand_nodelist, present
 
 OPENMPI_TABLE = {
     "rank": "OMPI_COMM_WORLD_RANK",
@@ -51,16 +51,9 @@ _JOB_ID_VARS = ("OMPI_MCA_ess_base_jobid", "OMPI_MCA_orte_ess_jobid", "PMIX_NAME
                 "SLURM_JOB_ID")
 
 
-def openmpi_activated(environ: Mapping[str, str]) -> tuple[bool, str]:
-    return rank_and_size_set(environ, "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "started by Open MPI's mpirun")
-
-
-def mvapich_activated(environ: Mapping[str, str]) -> tuple[bool, str]:
-    return rank_and_size_set(environ, "MV2_COMM_WORLD_RANK", "MV2_COMM_WORLD_SIZE", "started by MVAPICH2")
-
-
-def mpich_activated(environ: Mapping[str, str]) -> tuple[bool, str]:
-    return rank_and_size_set(environ, "PMI_RANK", "PMI_SIZE", "started by MPICH / Intel MPI Hydra")
+openmpi_activated = RankAndSize("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "started by Open MPI's mpirun")
+mvapich_activated = RankAndSize("MV2_COMM_WORLD_RANK", "MV2_COMM_WORLD_SIZE", "started by MVAPICH2")
+mpich_activated = RankAndSize("PMI_RANK", "PMI_SIZE", "started by MPICH / Intel MPI Hydra")
 
 
 def read_openmpi(environ: Mapping[str, str]) -> WorldInfo:

@@ -12,8 +12,8 @@ import hostlist
 from ddpkit.base.errors import EnvConflict
 from ddpkit.base.ports import PORT_RANGE, derive_port  # defined once, shared with the job renderers
 
-__all__ = ["PORT_RANGE", "AgentPlan", "VarReader", "WorldInfo", "derive_port", "expand_nodelist", "is_ip_address",
-           "parse_count", "present", "rank_and_size_set"]
+__all__ = ["PORT_RANGE", "AgentPlan", "RankAndSize", "VarReader", "WorldInfo", "derive_port", "expand_nodelist",
+           "is_ip_address", "parse_count", "present"]
 
 # One rule for every number a launcher sets: ASCII digits only, nothing around them, and few enough of them. A
 # launcher writes "4", never "+4", " 4", "4.0", "1e3" or "²" (str.isdigit() accepts superscripts; int() accepts
@@ -27,13 +27,24 @@ def present(environ: Mapping[str, str], name: str) -> bool:
     return value is not None and value.strip() != ""
 
 
-def rank_and_size_set(environ: Mapping[str, str], rank: str, size: str, why: str, *,
-                      verb: str = "set") -> tuple[bool, str]:
-    """The ``activated()`` test of most launchers: both their rank and their size variable are set (``why``: who
-    sets them, said in the positive answer)."""
-    if present(environ, rank) and present(environ, size):
-        return True, f"{rank} and {size} are {verb} ({why})"
-    return False, f"{rank} and {size} are not both set"
+@dataclass(frozen=True)
+class RankAndSize:
+    """The ``activated()`` test of most launchers, declared: both their rank and their size variable are set
+    (``why``: who sets them, said in the positive answer)."""
+
+    rank: str
+    size: str
+    why: str
+    verb: str = "set"
+
+    @property
+    def names(self) -> tuple[str, str]:
+        return self.rank, self.size
+
+    def __call__(self, environ: Mapping[str, str]) -> tuple[bool, str]:
+        if present(environ, self.rank) and present(environ, self.size):
+            return True, f"{self.rank} and {self.size} are {self.verb} ({self.why})"
+        return False, f"{self.rank} and {self.size} are not both set"
 
 
 def parse_count(raw: str) -> int | None:
