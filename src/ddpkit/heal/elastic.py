@@ -42,7 +42,6 @@ from ddpkit.base.errors import ConfigError, DdpkitError
 from ddpkit.base.log import get_logger
 from ddpkit.heal.elastic_round import (
     EXIT_HOST_EXCLUDED,
-    TORCH_LOGGER,
     ExcludedFromRun,
     ExclusionList,
     HealRun,
@@ -50,6 +49,7 @@ from ddpkit.heal.elastic_round import (
 )
 from ddpkit.heal.policy import HealPolicy
 from ddpkit.heal.request import HealRequest
+from ddpkit.launch.failure import TORCH_WORKER_LOGGER
 from ddpkit.process.worker_context import HEAL_SILENT_DEFAULT_S, HEAL_SILENT_S
 from ddpkit.rundir.ledger import SupervisorStarted
 
@@ -230,7 +230,7 @@ def supervise_across_hosts(request: HealRequest, options: LaunchOptions,
                                         max_attempts=policy.max_attempts,
                                         command=request.argv))
     start_goodput(run_dir, host)
-    torch_log = logging.getLogger(TORCH_LOGGER)
+    torch_log = logging.getLogger(TORCH_WORKER_LOGGER)
     torch_log.filters.insert(0, run.failures)  # before the agent's filter that drops these lines
     try:
         code = launch_attempt(options).exit_code

@@ -30,7 +30,7 @@ from ddpkit.process.stopping import take_abort_orders
 from ddpkit.process.worker_context import STOP_DIR
 from ddpkit.rundir.ledger import Action, AttemptEnded, AttemptStarted, HostExcluded, Ledger
 
-__all__ = ["EXIT_HOST_EXCLUDED", "TORCH_LOGGER", "Excluded", "ExcludedFromRun", "ExclusionList", "HealRun",
+__all__ = ["EXIT_HOST_EXCLUDED", "Excluded", "ExcludedFromRun", "ExclusionList", "HealRun",
            "HealStopped"]
 
 log = get_logger(__name__)
@@ -39,8 +39,6 @@ log = get_logger(__name__)
 #: on this host for this run (README's exit code table).
 EXIT_HOST_EXCLUDED = 95
 _KEY = "ddpkit-heal/excluded"
-#: The logger of torch's agent whose records name the failed workers (``_TorchFailures``).
-TORCH_LOGGER = "torch.distributed.elastic.multiprocessing.api"
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -24,7 +24,13 @@ from ddpkit.base.log import get_logger
 from ddpkit.base.shape import JobShape
 from ddpkit.launch import worker
 from ddpkit.launch.addresses import hosts_endpoint, local_addr_towards
-from ddpkit.launch.failure import drop_exit_tracebacks, quiet_late_rendezvous_close, rank_failures, root_cause_line
+from ddpkit.launch.failure import (
+    TORCH_WORKER_LOGGER,
+    drop_exit_tracebacks,
+    quiet_late_rendezvous_close,
+    rank_failures,
+    root_cause_line,
+)
 from ddpkit.launch.rendezvous import RendezvousWatch, describe_missing
 from ddpkit.launch.result import AttemptResult, abort_orders
 from ddpkit.launch.stops import FORWARDED, LostPeerBackstop, handle_outside_signals, lost_reports
@@ -144,7 +150,7 @@ def launch(options: LaunchOptions, entrypoint: Entrypoint, argv: list[str]) -> A
     if ranks:  # before ddpkit's own filters: those drop some of the lines that say the attempt is failing
         for name in _TORCH_FAILURE_LOGGERS:
             logging.getLogger(name).addFilter(ranks.failure_seen)
-    logging.getLogger("torch.distributed.elastic.multiprocessing.api").addFilter(drop_exit_tracebacks)
+    logging.getLogger(TORCH_WORKER_LOGGER).addFilter(drop_exit_tracebacks)
     logging.getLogger("torch.distributed.elastic.rendezvous.dynamic_rendezvous").addFilter(quiet_late_rendezvous_close)
     config = LaunchConfig(
         min_nodes=shape.min_nodes,
@@ -208,7 +214,7 @@ def launch(options: LaunchOptions, entrypoint: Entrypoint, argv: list[str]) -> A
 
 
 #: torch's loggers whose lines say that a worker failed and the others are being ended
-_TORCH_FAILURE_LOGGERS = ("torch.multiprocessing.spawn", "torch.distributed.elastic.multiprocessing.api")
+_TORCH_FAILURE_LOGGERS = ("torch.multiprocessing.spawn", TORCH_WORKER_LOGGER)
 
 
 def _rank_logs(options: LaunchOptions, argv: list[str]) -> RankLogs | None:

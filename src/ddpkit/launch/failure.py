@@ -18,13 +18,15 @@ from ddpkit.base.errors import EXIT_MISSING, EXIT_PREEMPTED, EXIT_PREEMPTED_UNSA
 from ddpkit.base.log import get_logger
 from ddpkit.launcher_output.words import signal_name
 
-__all__ = ["RankFailure", "all_preempted", "drop_exit_tracebacks", "failure_order", "first_failure", "first_of",
-           "logged_failure", "ordered", "quiet_late_rendezvous_close", "rank_failures", "root_cause", "root_cause_line",
-           "signal_name"]
+__all__ = ["TORCH_WORKER_LOGGER", "RankFailure", "all_preempted", "drop_exit_tracebacks", "failure_order",
+           "first_failure", "first_of", "logged_failure", "ordered", "quiet_late_rendezvous_close", "rank_failures",
+           "root_cause", "root_cause_line", "signal_name"]
 
 log = get_logger(__name__)
 
 _PREEMPTED = (EXIT_PREEMPTED, EXIT_PREEMPTED_UNSAVED)
+#: The logger of torch's agent whose records name the failed workers (and print their exit tracebacks)
+TORCH_WORKER_LOGGER = "torch.distributed.elastic.multiprocessing.api"
 #: torch's line for a failed worker, forked or started afresh (torch/distributed/elastic/multiprocessing/api.py,
 #: ``_poll``): its first three arguments are the exit code, the local rank and the pid
 _TORCH_FAILED = "failed (exitcode"

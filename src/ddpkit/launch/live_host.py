@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ddpkit.launch import worker
-from ddpkit.launch.failure import drop_exit_tracebacks
+from ddpkit.launch.failure import TORCH_WORKER_LOGGER, drop_exit_tracebacks
 from ddpkit.launch.live import LiveAgent, Proc, rank_env
 from ddpkit.launch.result import AttemptResult
 from ddpkit.launch.stops import FORWARDED
@@ -107,7 +107,7 @@ def launch_live(options: LaunchOptions, entrypoint: Entrypoint, argv: list[str],
 
     world = options.shape.nproc_per_node
     share_cores(world, announce=True)
-    torch_log = logging.getLogger("torch.distributed.elastic.multiprocessing.api")
+    torch_log = logging.getLogger(TORCH_WORKER_LOGGER)
     torch_log.addFilter(drop_exit_tracebacks)
     marks = tempfile.mkdtemp(prefix="ddpkit-live-")
     os.environ[worker.LAUNCHED] = "1"
