@@ -18,8 +18,10 @@ Parts (each on this machine, 3 local ranks, gloo on CPU):
   (10) pairs each for the reference job and ``--model mlp`` (each run's step p50; the median of the pairs' ratios).
 - ``goodput``: ``BENCH_LIVE_DURATION`` seconds of ``train`` (default 120) with rank 1 killed every
   ``BENCH_LIVE_EVERY`` seconds (default 20): the wall-clock of ``--heal live``, ``--heal`` (restart, a snapshot every
-  epoch) and torch elastic's ``--max-restarts`` against the fault-free run, in one run. Scaled down from the issue's
-  10 minutes with a kill every 60 s (the same 10 faults an hour x 6); the ratio is what it measures.
+  epoch) and torch elastic's ``--max-restarts`` against the fault-free run, run first and last (their mean; their
+  difference is the machine's own spread), in one run; under ``--heal live`` each heal's stall from the ledger. Scaled
+  down from the issue's 10 minutes with a kill every 60 s (the same 10 faults an hour x 6); the ratio is what it
+  measures.
 - ``goodput_issue``: the same at the issue's size, 600 s with a kill every 60 s (~45 minutes; not in the default
   parts).
 """
