@@ -195,3 +195,10 @@ def test_phases_from_marks_and_none_where_no_step_ran() -> None:
     out = phases(marks)
     assert out["phases_s"]["first_step"] is None and out["phases_s"]["training"] is None
     assert "first_step_at" not in out and out["startup_s"] == 4.0
+
+
+def test_a_snapshot_is_due_every_save_every_epochs_and_after_the_last() -> None:
+    """One rule for the epoch loop and for a live heal that lands between an epoch's last step and its snapshot."""
+    cfg = TrainConfig(epochs=7, save_every=3)
+    assert [done for done in range(8) if cfg.snapshot_due(done)] == [3, 6, 7]
+    assert [done for done in range(4) if TrainConfig(epochs=3).snapshot_due(done)] == [1, 2, 3]

@@ -187,6 +187,10 @@ class TrainConfig:
     def preempt_signum(self) -> signal.Signals:
         return PREEMPT_SIGNALS[self.preempt_signal]
 
+    def snapshot_due(self, done: int) -> bool:
+        """Whether a snapshot is due once ``done`` epochs are done: every ``save_every``, and after the last."""
+        return done > 0 and (done % self.save_every == 0 or done == self.epochs)
+
     def fingerprint(self) -> dict[str, object]:
         """The settings a snapshot must share with the run that resumes it (epochs may grow; faults may change)."""
         keys = ("model", "samples", "batch_size", "lr", "seed", "job")

@@ -80,8 +80,7 @@ def _exchange(group: LiveGroup, trainer: Replica, *, done: int) -> StartPoint:
 def _missed(group: LiveGroup, trainer: Replica, epoch: int, batch: int) -> bool:
     """Whether the group goes on at the end of an epoch whose snapshot was due and never reached rank 0 (rank 0 says;
     every rank decides the same, as a snapshot is a collective)."""
-    cfg = trainer.cfg
-    if batch or not epoch or not trainer.snapshots.enabled or (epoch % cfg.save_every and epoch != cfg.epochs):
+    if batch or not trainer.snapshots.enabled or not trainer.cfg.snapshot_due(epoch):
         return False
     taken: list[Any] = [trainer.snapshots.taken if group.rank == 0 else None]
     dist.broadcast_object_list(taken, src=0)

@@ -235,7 +235,7 @@ class Trainer:
             line += (f" | loss {self.summary.loss_history[epoch]:.4f} | {rate:,.0f} samples/s | step p50 "
                      f"{percentile(times, 50) * 1e3:.2f} ms p95 {percentile(times, 95) * 1e3:.2f} ms")
         say(line)
-        if self.snapshots.enabled and ((epoch + 1) % self.cfg.save_every == 0 or epoch + 1 == self.cfg.epochs):
+        if self.snapshots.enabled and self.cfg.snapshot_due(epoch + 1):
             self._save(ddp, epoch=epoch, next_epoch=epoch + 1, next_batch=0, step=step, urgent=False)
 
     def _save(self, ddp: DDP, *, epoch: int, next_epoch: int, next_batch: int, step: int, urgent: bool,
