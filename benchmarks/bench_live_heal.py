@@ -22,7 +22,7 @@ Parts (each on this machine, 3 local ranks, gloo on CPU):
   difference is the machine's own spread), in one run; under ``--heal live`` each heal's stall from the ledger. Scaled
   down from the issue's 10 minutes with a kill every 60 s (the same 10 faults an hour x 6); the ratio is what it
   measures.
-- ``goodput_issue``: the same at the issue's size, 600 s with a kill every 60 s (~45 minutes; not in the default
+- ``goodput_issue``: the same at the issue's size, 600 s with a kill every 60 s (~65 minutes; not in the default
   parts).
 """
 
@@ -188,7 +188,7 @@ def cost() -> dict[str, Any]:
                                     "--json", "summary.json")
                     if agent.wait(timeout=600) == 0:
                         found[job][mode].append(_summary(Path(tmp))["step_ms_p50"])
-    return found
+    return {"jobs": found}
 
 
 # ---- goodput under faults ----------------------------------------------------------------------------------------
@@ -262,7 +262,7 @@ def goodput() -> dict[str, Any]:
 
 
 def goodput_issue() -> dict[str, Any]:
-    """``goodput`` at the issue's own size: 600 s of ``train``, rank 1 killed every 60 s (~45 minutes on 2 cores;
+    """``goodput`` at the issue's own size: 600 s of ``train``, rank 1 killed every 60 s (~65 minutes on 2 cores;
     ``BENCH_LIVE_PARTS=goodput_issue``)."""
     global DURATION, EVERY
     DURATION, EVERY = 600.0, 60.0
@@ -318,7 +318,7 @@ def render(data: dict[str, Any]) -> str:
                   f"{k.get('when', '')})", "",
                   "| job | pairs | --heal live (median) | --heal restart (median) | live / restart: median of the "
                   "pairs' ratios (min, max) |", "|---|---|---|---|---|"]
-        for job, modes in ((job, modes) for job, modes in k.items() if job != "when"):
+        for job, modes in k["jobs"].items():
             live, restart = statistics.median(modes["live"]), statistics.median(modes["restart"])
             ratios = [a / b for a, b in zip(modes["live"], modes["restart"], strict=False)]
             lines.append(f"| {job} | {len(ratios)} | {live:.3f} | {restart:.3f} | {statistics.median(ratios):.3f} "
