@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import json
 import os
 import socket
 import sys
@@ -32,7 +31,7 @@ import time
 from datetime import timedelta
 
 from ddpkit.cli import COMMANDS, program
-from ddpkit.process.live import slot_key
+from ddpkit.process.live import LiveStore
 
 __all__ = ["main"]
 
@@ -45,13 +44,14 @@ WAIT_S = 30.0
 CONNECT_S = 60.0
 
 
-def _beat(host: str, port: int, key: str) -> None:
+def _beat(host: str, port: int, slot: str) -> None:
     import torch.distributed as dist
 
-    store = dist.TCPStore(host, port, is_master=False, timeout=timedelta(seconds=CONNECT_S), wait_for_workers=False)
+    store = LiveStore(dist.TCPStore(host, port, is_master=False, timeout=timedelta(seconds=CONNECT_S),
+                                    wait_for_workers=False))
     while True:
         try:
-            store.add(key, 1)
+            store.beat(slot)
         except (RuntimeError, dist.DistError):
             return  # the agent's store is gone: the job is ending
         time.sleep(BEAT_S)
@@ -74,16 +74,14 @@ def main(argv: list[str] | None = None) -> int:
 
     for name in known[words[0]].preload:
         importlib.import_module(name)
-    store = dist.TCPStore(host, int(port), is_master=False, timeout=timedelta(seconds=CONNECT_S),
-                          wait_for_workers=False)
-    here = socket.gethostname().split(".", 1)[0]
-    store.set(slot_key("proc", args.slot), json.dumps({"host": here, "pid": os.getpid()}))
-    threading.Thread(target=_beat, args=(host, int(port), slot_key("beat", args.slot)), name="ddpkit-beat",
-                     daemon=True).start()
-    key = slot_key("assign", args.slot)
+    store = LiveStore(dist.TCPStore(host, int(port), is_master=False, timeout=timedelta(seconds=CONNECT_S),
+                                    wait_for_workers=False))
+    store.say_proc(args.slot, socket.gethostname().split(".", 1)[0], os.getpid())
+    threading.Thread(target=_beat, args=(host, int(port), args.slot), name="ddpkit-beat", daemon=True).start()
+    key = store.assign_key(args.slot)
     while True:
         try:
-            store.wait([key], timedelta(seconds=WAIT_S))
+            store.store.wait([key], timedelta(seconds=WAIT_S))
             break
         except dist.DistNetworkError as exc:
             print(f"ddpkit standby: the live agent's store at {args.store} is gone ({str(exc)[:160]}): ending",
@@ -91,10 +89,10 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         except dist.DistStoreError:
             continue  # WAIT_S went by: ask again
-    text = store.get(key).decode()
-    if not text:
+    assigned = store.assignment(args.slot)
+    if assigned is None:
         return 0  # not needed: the job ended without a lost rank
-    os.environ.update(json.loads(text))
+    os.environ.update(assigned)
     del store
     program(words)
 

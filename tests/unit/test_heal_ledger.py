@@ -97,7 +97,7 @@ def test_store_values_read_back_as_written() -> None:
     from ddpkit.process.live import Joined, Plan
 
     for value in (HOST, Excluded(host="node2", reason="rank 1 was killed by SIGKILL", by="node1", time=4.5),
-                  Plan(gen=2, rank=1, why="SIGKILL", host="node2", lost_at=3.25, port=29511),
+                  Plan(gen=2, ranks=(1, 3), why="SIGKILL", hosts=("node2", "node2"), lost_at=3.25, port=29511),
                   Joined(gen=2, source=0, step=978, behind=(2,), at=5.5)):
         assert type(value).from_json(value.to_json()) == value
     assert json.loads(HOST.to_json())["kind"] == "host"

@@ -20,7 +20,7 @@ from __future__ import annotations
 import gc
 import hashlib
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
@@ -30,32 +30,66 @@ import torch.distributed as dist
 
 from ddpkit.base.errors import first_line
 from ddpkit.base.log import get_logger
-from ddpkit.process import live as protocol
+from ddpkit.process.live import NO_LOSS, Diverged, Joined, LiveStore, Plan
 
 if TYPE_CHECKING:
     from ddpkit.process.worker_context import WorkerContext
 
-__all__ = ["Exchanged", "LiveGroup", "peer_lost"]
+__all__ = ["Exchanged", "LiveGroup", "ReplicasDiverged", "equal_line", "state_digest"]
 
 log = get_logger(__name__)
 
-#: How long a survivor waits for the agent's plan after a peer was lost (seconds): the agent decides in well under
-#: one; a plan that does not come means the agent is ending the attempt (the restart heal takes over).
+#: How long a rank whose collective failed waits for the agent's word (seconds): the agent answers within a poll or
+#: two (a plan where a rank is lost, "no loss" where none is); no word means the agent is ending the attempt.
 PLAN_WAIT_S = 30.0
-#: Words of the errors torch raises in a collective whose peer is gone (gloo's and NCCL's).
-_LOST_WORDS = ("gloo", "NCCL", "onnection", "imed out", "timeout", "pair closure")
+#: How often that wait looks at the store (seconds).
+ASK_POLL_S = 0.01
+#: What a collective whose peer is gone raises: gloo a RuntimeError, NCCL and the store torch's DistError. Its text is
+#: never read: the agent, which sees every rank's process, says whether a peer was lost.
+_COLLECTIVE_ERRORS = (RuntimeError, dist.DistError)
 
 
-def peer_lost(exc: BaseException) -> bool:
-    """Whether ``exc`` is a collective failing because a peer is gone (torch's DistBackendError, gloo's errors)."""
-    return isinstance(exc, dist.DistBackendError) or (isinstance(exc, RuntimeError)
-                                                      and any(word in str(exc) for word in _LOST_WORDS))
+class ReplicasDiverged(Exception):
+    """The replicas' digests disagreed after a live heal or at the end of the run (``Diverged`` says which)."""
+
+    def __init__(self, verdict: Diverged) -> None:
+        super().__init__(verdict.sentence())
+        self.verdict = verdict
+
+
+def state_digest(model: torch.nn.Module, optimizer: Any = None) -> str:
+    """SHA-256 of a replica: its parameters and buffers, and its optimizer's state and hyperparameters (the learning
+    rate an LR scheduler set is one), in a fixed order; equal replicas have equal digests."""
+    h = hashlib.sha256()
+    for name, tensor in sorted(model.state_dict().items()):
+        h.update(name.encode())
+        h.update(tensor.detach().cpu().contiguous().numpy().tobytes())
+    if optimizer is not None:
+        _hash_value(h, optimizer.state_dict())
+    return h.hexdigest()
+
+
+def _hash_value(h: Any, value: Any) -> None:
+    if isinstance(value, torch.Tensor):
+        h.update(b"T")
+        h.update(value.detach().cpu().contiguous().numpy().tobytes())
+    elif isinstance(value, dict):
+        for key in sorted(value, key=repr):
+            h.update(repr(key).encode())
+            _hash_value(h, value[key])
+    elif isinstance(value, list | tuple):
+        h.update(b"[")
+        for item in value:
+            _hash_value(h, item)
+        h.update(b"]")
+    else:
+        h.update(repr(value).encode())
 
 
 @dataclass(frozen=True, kw_only=True)
 class Exchanged:
     """What ``exchange`` agreed: the step the group goes on from, the source, and its state where this rank lacked
-    it (the replacement, a rank behind), else None."""
+    it (a replacement, a rank behind), else None."""
 
     step: int
     source: int
@@ -75,6 +109,7 @@ class LiveGroup:
             raise RuntimeError("--heal live needs ddpkit's live agent (MASTER_ADDR, MASTER_PORT, DDPKIT_LIVE_STORE, "
                                "DDPKIT_LIVE_GEN)")
         self.base = dist.TCPStore(agent[0], agent[1], is_master=False, timeout=timeout, wait_for_workers=False)
+        self.keys = LiveStore(self.base)
         self.host, self.port = master
         self.rank, self.world, self.backend, self.timeout = rank, world_size, backend, timeout
         self.pg_prefix = pg_prefix
@@ -82,18 +117,40 @@ class LiveGroup:
         self.joining = self.gen > 0
         """A replacement, until its first step: it joins generation ``gen`` and takes its state from a peer."""
         self.heals = 0
+        self.verify_at: int | None = None
+        """The step after which the replicas are compared: one step after a heal, so that what a step changes (a
+        scheduler's learning rate) has acted."""
+        self.keys.register(rank)  # the agent heals a loss live only where every survivor can re-form
 
     def store(self) -> dist.Store:
         """The store of this generation's group, where ``init_process_group`` makes it."""
         return dist.TCPStore(self.host, self.port, is_master=False, timeout=self.timeout, wait_for_workers=False)
 
-    def reform(self, exc: BaseException, device: torch.device, ddp: Any = None) -> protocol.Plan:
-        """After ``exc`` (a peer lost in a collective): the next generation's group, formed with the replacement.
+    def lost_peer(self, exc: BaseException) -> Plan | None:
+        """After ``exc`` ended this rank's step: the agent's plan where a peer was lost, None where none was (the
+        exception is the program's own: raise it). Only a collective's error types are asked about."""
+        if not isinstance(exc, _COLLECTIVE_ERRORS):
+            return None
+        self.keys.ask(self.gen, self.rank, type(exc).__name__)
+        deadline = time.monotonic() + PLAN_WAIT_S
+        while time.monotonic() < deadline:
+            plan = self.keys.plan(self.gen + 1)
+            if plan is not None:
+                while (later := self.keys.plan(plan.gen + 1)) is not None:  # lost again before this rank noticed
+                    plan = later
+                return plan
+            if self.keys.answer(self.gen, self.rank) == NO_LOSS:
+                return None
+            time.sleep(ASK_POLL_S)
+        raise RuntimeError(f"a collective failed ({first_line(exc)[:200]}) and ddpkit's live agent said nothing "
+                           f"within {PLAN_WAIT_S:.0f} s: the restart heal takes over") from exc
+
+    def reform(self, plan: Plan, exc: BaseException, device: torch.device, ddp: Any = None) -> None:
+        """After ``exc`` (``plan``: the peers lost): the next generation's group, formed with the replacements.
         ``ddp``: the DistributedDataParallel model whose reducer holds the old group (released first)."""
-        plan = self._next_plan(exc)
         said = first_line(exc).rsplit("] ", 1)[-1].split(". This")[0][:160]  # gloo's words, without its source path
-        log.warning("rank %d: a peer was lost (%s); re-forming the group with rank %d's replacement (generation %d)",
-                    self.rank, said, plan.rank, plan.gen)
+        log.warning("rank %d: rank(s) %s lost (%s); re-forming the group with their replacements (generation %d)",
+                    self.rank, ", ".join(map(str, plan.ranks)), said, plan.gen)
         self.gen, self.port = plan.gen, plan.port
         # the old group aborted and released: gloo's abort leaves its connections open while anything holds the
         # group (DDP's reducer does), and a survivor blocked on one (its all-reduce waits on this rank) would wait
@@ -108,19 +165,6 @@ class LiveGroup:
         dist.init_process_group(backend=self.backend, store=dist.PrefixStore(self.pg_prefix, self.store()),
                                 rank=self.rank, world_size=self.world, timeout=self.timeout,
                                 device_id=device if device.type == "cuda" else None)
-        return plan
-
-    def _next_plan(self, exc: BaseException) -> protocol.Plan:
-        key = protocol.plan_key(self.gen + 1)
-        try:
-            self.base.wait([key], timedelta(seconds=PLAN_WAIT_S))
-        except (RuntimeError, dist.DistError) as waited:
-            raise RuntimeError(f"a peer was lost ({str(exc)[:200]}) and ddpkit's live agent made no plan to replace "
-                               f"it within {PLAN_WAIT_S:.0f} s ({waited}): the restart heal takes over") from exc
-        plan = protocol.Plan.from_json(self.base.get(key))
-        while self.base.check([protocol.plan_key(plan.gen + 1)]):  # lost again before this rank noticed
-            plan = protocol.Plan.from_json(self.base.get(protocol.plan_key(plan.gen + 1)))
-        return plan
 
     def exchange(self, done: int, give: Callable[[int], dict[str, Any]]) -> Exchanged:
         """Agree on the source (``done``: the steps this rank applied; -1 for a replacement); the source's
@@ -133,22 +177,42 @@ class LiveGroup:
         state: list[Any] = [give(best) if self.rank == source else None]
         dist.broadcast_object_list(state, src=source)
         self.heals += 1
+        self.verify_at = best + 1
         if self.rank == source:
-            self.base.set(protocol.joined_key(self.gen), protocol.Joined(
-                gen=self.gen, source=source, step=best, behind=behind, at=time.time()).to_json())
+            self.keys.joined(Joined(gen=self.gen, source=source, step=best, behind=behind, at=time.time()))
         return Exchanged(step=best, source=source, behind=behind, state=state[0] if self.rank in behind else None)
 
-    def first_step(self) -> None:
-        """In a replacement, after its first applied step: the agent's line can be written."""
-        self.base.set(protocol.first_key(self.gen), repr(time.time()))
-        self.joining = False
+    def applied(self, step: int, model: torch.nn.Module, optimizer: Any) -> None:
+        """After this rank applied ``step``: the replicas compared where a heal is one step old (``verify``); a
+        replacement's first step told to the agent, once they agree (its line can be written)."""
+        if step == self.verify_at:
+            self.verify_at = None
+            self.verify(model, optimizer, step=step, where="one step after a live heal")
+        if self.joining:
+            self.keys.first_step(self.gen)
+            self.joining = False
 
-    def digests(self, model: torch.nn.Module) -> list[str]:
-        """Every rank's SHA-256 of its parameters and buffers (equal replicas: equal digests)."""
-        h = hashlib.sha256()
-        for name, tensor in sorted(model.state_dict().items()):
-            h.update(name.encode())
-            h.update(tensor.detach().cpu().contiguous().numpy().tobytes())
+    def digests(self, model: torch.nn.Module, optimizer: Any = None) -> list[str]:
+        """Every rank's ``state_digest`` (equal replicas: equal digests)."""
         table: list[Any] = [None] * self.world
-        dist.all_gather_object(table, h.hexdigest())
+        dist.all_gather_object(table, state_digest(model, optimizer))
         return [str(d) for d in table]
+
+    def verify(self, model: torch.nn.Module, optimizer: Any, *, step: int, where: str) -> list[str]:
+        """Every rank's digest compared: the digests where they agree; where they do not, rank 0 leaves the verdict
+        for the agent and every rank raises ``ReplicasDiverged`` (the attempt ends; the restart heal follows)."""
+        digests = self.digests(model, optimizer)
+        if len(set(digests)) == 1:
+            return digests
+        verdict = Diverged(gen=self.gen, step=step, digests=tuple(digests), where=where)
+        if self.rank == 0:
+            self.keys.diverged(verdict)
+        raise ReplicasDiverged(verdict)
+
+
+def equal_line(digests: Iterable[str]) -> str:
+    """``3 equal (sha256 923565ef8fba)``, or the groups that differ."""
+    table = list(digests)
+    if len(set(table)) == 1:
+        return f"{len(table)} equal (sha256 {table[0][:12]})"
+    return "DIFFER: " + ", ".join(f"rank {r} {d[:12]}" for r, d in enumerate(table))

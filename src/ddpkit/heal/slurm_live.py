@@ -20,7 +20,6 @@ way, already imported, until a rank is lost.
 from __future__ import annotations
 
 import contextlib
-import json
 import signal
 import socket
 import subprocess
@@ -34,9 +33,9 @@ from ddpkit.base.log import get_logger
 from ddpkit.heal.classify import Evidence, RankEvidence
 from ddpkit.launch.live import LiveAgent, Proc, rank_env
 from ddpkit.launch.result import AttemptResult
-from ddpkit.process import live as protocol
+from ddpkit.process.live import LiveStore
 from ddpkit.process.worker_context import LIVE_GEN
-from ddpkit.rundir.ledger import RankReplaced
+from ddpkit.rundir.ledger import RankReplaced, ReplicasDiverged
 
 __all__ = ["LiveSteps", "evidence", "run_live_attempt"]
 
@@ -71,8 +70,8 @@ class _Step:
     @property
     def pid(self) -> int:
         """The rank's process on its host, once its standby said it (srun's pid until then)."""
-        if self.remote_pid is None and self.store.check([protocol.slot_key("proc", self.slot)]):
-            self.remote_pid = int(json.loads(self.store.get(protocol.slot_key("proc", self.slot)))["pid"])
+        if self.remote_pid is None:
+            self.remote_pid = LiveStore(self.store).proc_pid(self.slot)
         return self.remote_pid or self.popen.pid
 
     def wait(self) -> int | None:
@@ -85,7 +84,7 @@ class _Step:
         now = time.monotonic()
         if now - self.looked >= POLL_S / 2:  # the agent looks at every rank for each rank: one store read a poll
             self.looked = now
-            beats = int(self.store.add(protocol.slot_key("beat", self.slot), 0))
+            beats = LiveStore(self.store).beat(self.slot, 0)
             if beats != self.beats:
                 self.beats, self.moved = beats, now
         return ("T" if self.beats > 0 and now - self.moved >= STALE_S else "R"), self.beats
@@ -153,19 +152,19 @@ class LiveSteps:
         env = {**env, **self.env}
         if env.get(LIVE_GEN, "0") == "0":
             slot = f"ddpkit-rank-{rank}"
-            self.store.set(protocol.slot_key("assign", slot), json.dumps(env))
+            LiveStore(self.store).assign(slot, env)
             return self._step(self.hosts[rank], slot)
         for host, step in list(self.standbys.items()):
             if step.wait() is None:
                 del self.standbys[host]
-                self.store.set(protocol.slot_key("assign", step.slot), json.dumps(env))
+                LiveStore(self.store).assign(step.slot, env)
                 return step
         return None
 
     def end_standbys(self) -> None:
         """The job is over: each standby not needed is told so (it ends with exit 0), else its step is ended."""
         for step in self.standbys.values():
-            self.store.set(protocol.slot_key("assign", step.slot), "")
+            LiveStore(self.store).assign(step.slot, None)
         until = time.monotonic() + STANDBY_END_S
         for step in self.standbys.values():
             while step.wait() is None and time.monotonic() < until:
@@ -175,8 +174,8 @@ class LiveSteps:
 
 
 def run_live_attempt(*, job: str, program: tuple[str, ...], hosts: tuple[str, ...], spares: tuple[str, ...],
-                     env: dict[str, str],
-                     on_heal: Callable[[RankReplaced], None]) -> tuple[AttemptResult, dict[int, str]]:
+                     env: dict[str, str], on_heal: Callable[[RankReplaced | ReplicasDiverged], None],
+                     ) -> tuple[AttemptResult, dict[int, str]]:
     """One attempt: rank R on ``hosts[R]``, a standby on each of ``spares``; how it ended, and each rank's host."""
     at = program.index("-m")
     python, command = program[:at], program[at + 2:]

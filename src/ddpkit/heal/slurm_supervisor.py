@@ -57,6 +57,7 @@ from ddpkit.rundir.ledger import (
     Ledger,
     PreflightEnded,
     RankReplaced,
+    ReplicasDiverged,
     SupervisorStarted,
     ranks_command,
 )
@@ -189,8 +190,10 @@ class _StepAttempts(Adapter):
         """The attempt with a standby on each spare node: a lost rank replaced live (``heal.slurm_live``)."""
         from ddpkit.heal.slurm_live import evidence, run_live_attempt
 
-        def healed(heal: RankReplaced) -> None:
+        def healed(heal: RankReplaced | ReplicasDiverged) -> None:
             self.ledger.append(dataclasses.replace(heal, attempt=attempt))
+            if not isinstance(heal, RankReplaced):
+                return
             reason = f"rank {heal.rank} lost ({heal.why}); replaced live on {heal.replacement_host}"
             if self.pool.exclude(heal.host, reason):
                 self.ledger.append(HostExcluded(attempt=attempt, time=time.time(), host=heal.host, reason=reason,

@@ -6,16 +6,26 @@ a ``Proc`` of its own, so one rank's end ends no other: on one host a process co
 Slurm an srun step (``ddpkit.heal.slurm_live``). The agent hosts the workers' TCPStore
 (``TORCHELASTIC_USE_AGENT_STORE``, as torchrun's agent does) and watches its ranks every ``POLL_S``:
 
-- a rank killed by a signal, or stopped (``SIGSTOP``: the kernel's state ``T``; a heartbeat standing still, under
-  Slurm) for ``STOPPED_S`` while the others
-  run (it is then ended with SIGKILL, so that the others' collectives fail at once instead of waiting for it), is
-  lost: a replacement is forked for the same rank, then the plan of the next generation is written
-  (``ddpkit.process.live``), with a store of the generation's own. The survivors, whose collective failed, re-form
-  the group in that generation and hand the replacement the state of the most advanced of them
-  (``ddpkit.comm.live``); the agent prints one line once the replacement has applied its first step.
-- anything else (a rank that raised or exited non-zero, a second loss while a heal is under way, a replacement that
-  fails, a loss once a rank has finished) ends every rank: the attempt fails as today's, and the heal supervisor's
-  restart heal takes over (``ddpkit.heal.attempts``).
+The rules, in order, for the ranks found ended in one poll (and those that end within ``SETTLE_S`` of it: a node's
+ranks, killed at once, are replaced together)::
+
+    a signal from outside reached the agent                          -> each rank ends as it ends (stopping)
+    every lost rank killed by a signal, or stopped ``STOPPED_S``
+      (the kernel's ``T``; a heartbeat standing still, under Slurm)
+      while others run (it is then ended with SIGKILL, so that the
+      others' collectives fail at once), no heal under way, no rank
+      finished, every survivor holding a live group (its ``Replica``),
+      a replacement for each                                         -> replaced live, in one generation
+    anything else (a rank that raised or exited non-zero, a loss
+      while replacements join, an unchanged script, no standby left) -> every rank ended: the attempt fails with
+                                                                        the lost ranks named, and the supervisor's
+                                                                        restart heal takes over
+
+A rank whose collective failed asks the agent whether a peer was lost (``ddpkit.process.live``): the plan where one
+was, "none" (two polls after the question, no rank lost) where the error is the program's own. The survivors
+re-form the group in the plan's generation and hand the replacements the state of the most advanced of them
+(``ddpkit.comm.live``); the agent prints one line once the replacements have applied their first step, the
+replicas compared. Replicas that differ (``diverged``) are said, recorded, and end the attempt.
 
 A signal from outside (SIGTERM, SIGINT, Slurm's USR1) is marked and forwarded to every rank, which stop as they do
 under torch's agent (``ddpkit.process.stopping``).
@@ -31,20 +41,17 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 from ddpkit.base.errors import EXIT_MISSING
 from ddpkit.base.log import get_logger
 from ddpkit.launch.failure import RankFailure, ordered, root_cause_line
 from ddpkit.launch.result import AttemptResult
 from ddpkit.launcher_output.words import signal_name
-from ddpkit.process import live as protocol
+from ddpkit.process.live import LiveStore, Plan
 from ddpkit.process.stopping import mark_outside_signal
 from ddpkit.process.worker_context import LIVE_GEN, LIVE_STORE, PREEMPTED_MARK, STOP_DIR
-from ddpkit.rundir.ledger import RankReplaced
-
-if TYPE_CHECKING:
-    pass
+from ddpkit.rundir.ledger import RankReplaced, ReplicasDiverged, heal_sentence
 
 __all__ = ["LiveAgent", "Proc", "rank_env"]
 
@@ -60,6 +67,9 @@ JOIN_DEADLINE_S = 600.0
 #: A rank still running this long after another finished, and idle (no CPU time, no I/O) ``IDLE_S``, is ended: its
 #: teardown hangs (seconds). Long, so that a rank's own pause after training (an upload, an evaluation) is never cut.
 FINISH_GRACE_S, IDLE_S = 900.0, 60.0
+#: After a loss, how long the agent looks for others before it decides (seconds): the ranks of a node killed at once
+#: end within milliseconds of each other, and are replaced in one generation.
+SETTLE_S = 0.2
 _LINGERED = "still running after the others finished"
 
 
@@ -107,14 +117,15 @@ class _Rank:
 
 @dataclass(kw_only=True)
 class LiveAgent:
-    """Starts the ranks (``spawn``), watches them and replaces a lost one (the module's rules); ``launch_live`` is
+    """Starts the ranks (``spawn``), watches them and replaces lost ones (the module's rules); ``launch_live`` is
     its one-host form, ``ddpkit.heal.slurm_live`` its Slurm one."""
 
     spawn: Callable[[int, dict[str, str]], Proc | None]
     """Starts rank R with its environment; None: nothing can take a lost rank's place (no standby left)."""
-    on_heal: Callable[[RankReplaced], None]
+    on_heal: Callable[[RankReplaced | ReplicasDiverged], None]
+    """The attempt's ledger: told each live heal once its replacements train, and replicas found to differ."""
     store: Any
-    """The agent's TCPStore (the protocol's keys: ``ddpkit.process.live``)."""
+    """The agent's TCPStore (read through ``ddpkit.process.live.LiveStore``)."""
     address: str = "127.0.0.1"
     """Where the ranks reach the agent's stores."""
     log_dir: str | None = None
@@ -122,12 +133,19 @@ class LiveAgent:
     poll_s: float = POLL_S
     ranks: dict[int, _Rank] = field(default_factory=dict)
     gen: int = 0
-    healing: RankReplaced | None = None
+    healing: list[RankReplaced] = field(default_factory=list)
+    """The heals of the generation under way (one per lost rank), until their replacements train."""
     outside: str | None = None
     pids: dict[int, int] = field(default_factory=dict)
     group_stores: list[Any] = field(default_factory=list)
     finished_at: float | None = None
     """When the first rank finished (exit 0)."""
+    asked: set[tuple[int, int]] = field(default_factory=set)
+    """(generation, rank) of the questions seen in an earlier poll and not yet answered."""
+
+    @property
+    def keys(self) -> LiveStore:
+        return LiveStore(self.store)
 
     # ---- starting ranks -----------------------------------------------------------------------------------
     def start(self, rank: int, env: dict[str, str]) -> _Rank | None:
@@ -163,35 +181,151 @@ class LiveAgent:
         failures: list[RankFailure] = []
         while True:
             now = time.time()
-            for r in list(self.ranks.values()):
-                if r.done:
-                    continue
-                code = r.proc.wait()
-                if code is None:
-                    self._check_stopped(r, now)
-                    continue
-                r.done = True
-                if code == 0:
-                    self.finished_at = self.finished_at or now
-                    continue
-                if r.ended_by_agent == _LINGERED:  # finished its work, ended by the agent after its teardown hung
-                    continue
-                lost = RankFailure(rank=r.rank, pid=r.pid, exit_code=code, timestamp=now)
-                if self.outside is not None:  # stopping as asked from outside: each rank ends as it ends
-                    failures.append(lost)
-                    continue
-                why = r.ended_by_agent or (signal_name(-code) if code < 0 else None)
-                if why is not None and self._may_heal(r) and self._replace(r, why, r.stopped_since or now, now):
-                    continue
-                failures.append(lost)
-                return self._give_up(failures)
+            lost = self._ended(now)
+            if lost and self.outside is not None:  # stopping as asked from outside: each rank ends as it ends
+                failures.extend(RankFailure(rank=r.rank, pid=r.pid, exit_code=code, timestamp=now) for r, code in lost)
+            elif lost:
+                time.sleep(SETTLE_S)  # the rest of a node lost at once
+                lost += self._ended(time.time())
+                if not self._heal_live(lost, now):
+                    return self._give_up([RankFailure(rank=r.rank, pid=r.pid, exit_code=code, timestamp=now)
+                                          for r, code in lost])
             ended = self._check_healing(now)
             if ended is not None:
                 return ended
+            self._answer_questions()
             self._check_lingering(now)
             if all(r.done for r in self.ranks.values()):
                 return self._finished(failures)
             time.sleep(self.poll_s)
+
+    def _ended(self, now: float) -> list[tuple[_Rank, int]]:
+        """The ranks found ended since the last look that failed (rank, exit code; negative: a signal)."""
+        lost = []
+        for r in list(self.ranks.values()):
+            if r.done:
+                continue
+            code = r.proc.wait()
+            if code is None:
+                self._check_stopped(r, now)
+                continue
+            r.done = True
+            if code == 0:
+                self.finished_at = self.finished_at or now
+            elif r.ended_by_agent != _LINGERED:  # one that finished its work, its teardown hung, is not lost
+                lost.append((r, code))
+        return lost
+
+    def _heal_live(self, lost: list[tuple[_Rank, int]], now: float) -> bool:
+        """Replace ``lost`` in one generation where the rules allow it (the module's table); False: they do not."""
+        whys = [r.ended_by_agent or (signal_name(-code) if code < 0 else None) for r, code in lost]
+        if any(why is None for why in whys):
+            return False  # a rank that exited with a code: the program's own failure
+        gone = {r.rank for r, _ in lost}
+        others = [r for r in self.ranks.values() if r.rank not in gone]
+        lost_ranks = ", ".join(str(r.rank) for r, _ in lost)
+        if self.healing:
+            log.error("rank(s) %s lost while rank(s) %s's replacements were joining: the heal cannot go on live",
+                      lost_ranks, ", ".join(str(h.rank) for h in self.healing))
+            return False
+        if not others or any(r.done for r in others):
+            return False
+        unready = [r.rank for r in others if not self.keys.registered(r.rank)]
+        if unready:
+            log.warning("rank(s) %s lost; rank(s) %s hold no live group (a script without live.Replica, or one "
+                        "still starting): the restart heal takes over", lost_ranks, ", ".join(map(str, unready)))
+            return False
+        return self._replace([r for r, _ in lost], [str(w) for w in whys], now)
+
+    def _check_stopped(self, r: _Rank, now: float) -> None:
+        if r.ended_by_agent is not None:
+            return
+        if r.proc.look()[0] != "T":
+            r.stopped_since = None
+            return
+        if r.stopped_since is None:
+            r.stopped_since = now - r.proc.unseen_s
+            return
+        running = [o for o in self.ranks.values() if o is not r and not o.done and o.proc.look()[0] != "T"]
+        if now - r.stopped_since >= STOPPED_S + r.proc.unseen_s and running:
+            r.ended_by_agent = f"{r.proc.stopped_word} for {now - r.stopped_since:.1f} s"
+            log.warning("rank %d (pid %d on %s) has been %s for %.1f s while the others run: ending it",
+                        r.rank, r.pid, r.proc.host, r.proc.stopped_word, now - r.stopped_since)
+            r.proc.send(signal.SIGKILL)
+
+    def _replace(self, lost: list[_Rank], whys: list[str], now: float) -> bool:
+        """Start a replacement for each of ``lost`` and write the next generation's plan; False where one cannot
+        start (those started are ended)."""
+        import torch.distributed as dist
+
+        self.gen += 1
+        # each generation's group in a store of its own: a store keeps a lost group's addresses (the keys a new
+        # group would read again: pytorch/pytorch#135712), and a replacement's init_process_group finds it as given
+        group = dist.TCPStore(self.address, 0, is_master=True, wait_for_workers=False)
+        self.group_stores.append(group)
+        started: list[tuple[_Rank, _Rank]] = []
+        for old in lost:
+            new = self.start(old.rank, {**old.env, LIVE_GEN: str(self.gen), "MASTER_PORT": str(group.port)})
+            if new is None:
+                log.error("rank %d on %s was lost and nothing can take its place (no standby left): the heal cannot "
+                          "go on live", old.rank, old.proc.host)
+                for _, begun in started:
+                    begun.proc.send(signal.SIGKILL)
+                    begun.proc.close()
+                return False
+            started.append((old, new))
+        for old, new in started:
+            self.ranks[old.rank] = new
+        kept = tuple(sorted(r.rank for r in self.ranks.values() if r.rank not in {o.rank for o in lost}))
+        self.healing = [RankReplaced(gen=self.gen, rank=old.rank, host=old.proc.host, why=why, lost_pid=old.pid,
+                                     replacement_pid=new.pid, lost_at=old.stopped_since or now, decided_at=now,
+                                     kept=kept, together=tuple(o.rank for o in lost),
+                                     replacement_host=new.proc.host if new.proc.host != old.proc.host else None)
+                        for (old, new), why in zip(started, whys, strict=True)]
+        self.keys.put_plan(Plan(gen=self.gen, ranks=tuple(o.rank for o in lost), why=whys[0],
+                                hosts=tuple(o.proc.host for o in lost),
+                                lost_at=min(h.lost_at for h in self.healing), port=group.port))
+        return True
+
+    def _answer_questions(self) -> None:
+        """A rank whose collective failed while no rank is lost: "none", once the question has stood a whole poll
+        (a killed peer's socket closes a moment before the kernel reports its exit)."""
+        for r in self.ranks.values():
+            if r.done:
+                continue
+            question = (self.gen, r.rank)
+            if not self.keys.asked(*question):
+                self.asked.discard(question)
+            elif question in self.asked:
+                self.keys.say_no_loss(*question)
+                self.asked.discard(question)
+            else:
+                self.asked.add(question)
+
+    def _check_healing(self, now: float) -> AttemptResult | None:
+        """The heal under way: its line once the replacements train; the attempt's end where they never do."""
+        if not self.healing:
+            return None
+        gen = self.healing[0].gen
+        if self.healing[0].joined_at is None and (joined := self.keys.joined_of(gen)) is not None:
+            self.healing = [replace(h, source=joined.source, step=joined.step, joined_at=joined.at)
+                            for h in self.healing]
+        first = self.keys.first_step_of(gen) if self.healing[0].joined_at is not None else None
+        if first is not None:
+            heals = [replace(h, first_step_at=first) for h in self.healing]
+            print(heal_sentence(heals), file=sys.stderr, flush=True)
+            self.healing = []
+            for heal in heals:
+                self.on_heal(heal)
+            return None
+        heal = self.healing[0]
+        if now - (heal.decided_at or heal.lost_at) > JOIN_DEADLINE_S:
+            log.error("rank(s) %s's replacements have not trained within %.0f s of the loss (the group was not "
+                      "re-formed%s): ending the attempt", ", ".join(str(h.rank) for h in self.healing),
+                      JOIN_DEADLINE_S, "" if heal.joined_at is None else " after the state was handed over")
+            return self._give_up([RankFailure(rank=h.rank, pid=h.replacement_pid, exit_code=EXIT_MISSING,
+                                              timestamp=now) for h in self.healing])
+        return None
 
     def _check_lingering(self, now: float) -> None:
         """A rank still running ``FINISH_GRACE_S`` after another finished, and idle for ``IDLE_S`` (no CPU time, not
@@ -215,83 +349,15 @@ class LiveAgent:
                         r.pid, now - self.finished_at, now - r.idle_since)
             r.proc.send(signal.SIGKILL)
 
-    def _may_heal(self, lost: _Rank) -> bool:
-        """Whether a lost rank can be replaced live: no heal under way, no rank finished, the others running."""
-        others = [r for r in self.ranks.values() if r is not lost]
-        if self.healing is not None:
-            log.error("rank %d was lost while rank %d's replacement was joining: the heal cannot go on live",
-                      lost.rank, self.healing.rank)
-            return False
-        if any(r.done for r in others):
-            return False
-        return bool(others)
-
-    def _check_stopped(self, r: _Rank, now: float) -> None:
-        if r.ended_by_agent is not None:
-            return
-        if r.proc.look()[0] != "T":
-            r.stopped_since = None
-            return
-        if r.stopped_since is None:
-            r.stopped_since = now - r.proc.unseen_s
-            return
-        running = [o for o in self.ranks.values() if o is not r and not o.done and o.proc.look()[0] != "T"]
-        if now - r.stopped_since >= STOPPED_S + r.proc.unseen_s and running:
-            r.ended_by_agent = f"{r.proc.stopped_word} for {now - r.stopped_since:.1f} s"
-            log.warning("rank %d (pid %d on %s) has been %s for %.1f s while the others run: ending it",
-                        r.rank, r.pid, r.proc.host, r.proc.stopped_word, now - r.stopped_since)
-            r.proc.send(signal.SIGKILL)
-
-    def _replace(self, lost: _Rank, why: str, seen: float, now: float) -> bool:
-        """Start a replacement for ``lost`` and write the next generation's plan; False where none can start."""
-        import torch.distributed as dist
-
-        self.gen += 1
-        # each generation's group in a store of its own: a store keeps a lost group's addresses (the keys a new
-        # group would read again: pytorch/pytorch#135712), and a replacement's init_process_group finds it as given
-        group = dist.TCPStore(self.address, 0, is_master=True, wait_for_workers=False)
-        self.group_stores.append(group)
-        env = {**lost.env, LIVE_GEN: str(self.gen), "MASTER_PORT": str(group.port)}
-        new = self.start(lost.rank, env)
-        if new is None:
-            log.error("rank %d on %s was lost (%s) and nothing can take its place (no standby left): the heal "
-                      "cannot go on live", lost.rank, lost.proc.host, why)
-            return False
-        self.ranks[lost.rank] = new
-        kept = tuple(r.rank for r in self.ranks.values() if r.rank != lost.rank)
-        self.healing = RankReplaced(gen=self.gen, rank=lost.rank, host=lost.proc.host, why=why, lost_pid=lost.pid,
-                                    replacement_pid=new.pid, lost_at=seen, decided_at=now, kept=kept,
-                                    replacement_host=new.proc.host if new.proc.host != lost.proc.host else None)
-        self.store.set(protocol.plan_key(self.gen), protocol.Plan(gen=self.gen, rank=lost.rank, why=why,
-                                                                  host=lost.proc.host, lost_at=seen,
-                                                                  port=group.port).to_json())
-        return True
-
-    def _check_healing(self, now: float) -> AttemptResult | None:
-        """The heal under way: its line once the replacement trains; the attempt's end where it never does."""
-        heal = self.healing
-        if heal is None:
-            return None
-        if heal.joined_at is None and self.store.check([protocol.joined_key(heal.gen)]):
-            joined = protocol.Joined.from_json(self.store.get(protocol.joined_key(heal.gen)))
-            heal = self.healing = replace(heal, source=joined.source, step=joined.step, joined_at=joined.at)
-        if heal.joined_at is not None and self.store.check([protocol.first_key(heal.gen)]):
-            heal = replace(heal, first_step_at=float(self.store.get(protocol.first_key(heal.gen))))
-            print(heal.sentence(), file=sys.stderr, flush=True)
-            self.healing = None
-            self.on_heal(heal)
-            return None
-        elif now - (heal.decided_at or heal.lost_at) > JOIN_DEADLINE_S:
-            log.error("rank %d's replacement (pid %d) has not trained within %.0f s of the loss (the group was not "
-                      "re-formed%s): ending the attempt", heal.rank, heal.replacement_pid, JOIN_DEADLINE_S,
-                      "" if heal.joined_at is None else " after the state was handed over")
-            return self._give_up([RankFailure(rank=heal.rank, pid=heal.replacement_pid, exit_code=EXIT_MISSING,
-                                              timestamp=now)])
-        return None
-
     # ---- ending -------------------------------------------------------------------------------------------------
     def _give_up(self, failures: list[RankFailure]) -> AttemptResult:
-        """End every rank still running; the attempt fails as under torch's agent (the supervisor classifies it)."""
+        """End every rank still running; the attempt fails as under torch's agent (the supervisor classifies it).
+        Replicas found to differ are said first, and recorded."""
+        verdict = self.keys.diverged_of(self.gen)
+        if verdict is not None:
+            print(verdict.sentence(), file=sys.stderr, flush=True)
+            self.on_heal(ReplicasDiverged(gen=verdict.gen, step=verdict.step, digests=verdict.digests,
+                                          where=verdict.where, at=time.time()))
         self._stop_all(signal.SIGTERM)
         deadline = time.monotonic() + 10.0
         while any(not r.done for r in self.ranks.values()) and time.monotonic() < deadline:

@@ -22,7 +22,7 @@ from ddpkit.launch.live import LiveAgent, Proc, rank_env
 from ddpkit.launch.result import AttemptResult
 from ddpkit.launch.stops import FORWARDED
 from ddpkit.process.worker_context import PREEMPTED_MARK, STOP_DIR
-from ddpkit.rundir.ledger import RankReplaced
+from ddpkit.rundir.ledger import RankReplaced, ReplicasDiverged
 from ddpkit.runtime import share_cores
 
 if TYPE_CHECKING:
@@ -98,7 +98,7 @@ class _Forker:
 
 
 def launch_live(options: LaunchOptions, entrypoint: Entrypoint, argv: list[str],
-                on_heal: Callable[[RankReplaced], None]) -> AttemptResult:
+                on_heal: Callable[[RankReplaced | ReplicasDiverged], None]) -> AttemptResult:
     """Run ``argv`` on ``options.shape.nproc_per_node`` local ranks, replacing a lost one live (``on_heal`` is told
     each heal, once the replacement trains); how the attempt ended, as ``launch()`` returns it."""
     import torch.distributed as dist

@@ -31,10 +31,12 @@ import threading
 from typing import NoReturn
 
 __all__ = [
+    "COLLECTIVE_WORDS",
     "PEER_GONE",
     "YIELD_S",
     "caused_by_peer",
     "close_files",
+    "collective_failed",
     "flush_files",
     "leave",
     "sys_exit_code",
@@ -48,6 +50,10 @@ __all__ = [
 PEER_GONE = ("Connection closed by peer", "Connection reset by peer", "Broken pipe", "Connection refused",
              "remote process exited", "NCCL communicator was aborted", "NCCL communicator encountered an error",
              "ProcessGroupNCCL is aborted", "Connection was likely closed")
+#: What else a collective that failed says (gloo's and NCCL's own words, their timeouts): with ``PEER_GONE``, how a
+#: rank that is not live-healed names a lost peer after the fact (``ddpkit train``'s exit 3). Live healing never
+#: reads an exception's text: its agent, which sees every rank's process, says whether a peer was lost.
+COLLECTIVE_WORDS = ("gloo", "NCCL", "imed out", "timeout", "pair closure")
 #: How long a rank whose failure is a peer's doing waits before it leaves, so that its launcher sees the rank that
 #: failed first exit first (torchrun and ddpkit's agent poll every 0.05-0.1 s and then end the others with SIGTERM;
 #: mpirun reports the first rank to exit non-zero): without it both exits fell in the same second and torch's root
@@ -77,6 +83,14 @@ def caused_by_peer(exc: BaseException) -> bool:
             return True
         cause = cause.__cause__ or cause.__context__
     return False
+
+
+def collective_failed(exc: BaseException) -> bool:
+    """Whether ``exc`` reads as a collective's failure (torch's DistBackendError, or gloo's and NCCL's words)."""
+    from torch.distributed import DistBackendError
+
+    return isinstance(exc, DistBackendError) or (isinstance(exc, RuntimeError) and any(
+        words in str(exc) for words in (*PEER_GONE, *COLLECTIVE_WORDS)))
 
 
 def yield_to_first_failure(grace: float = YIELD_S) -> None:

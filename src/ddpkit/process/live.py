@@ -1,66 +1,57 @@
-"""Live healing's protocol between the agent and its workers (``--heal live``), in the agent's TCPStore: both halves
-read it here, the agent in ``ddpkit.launch.live``, the workers in ``ddpkit.train.live``.
+"""Live healing's protocol between the agent and its workers (``--heal live``), in the agent's TCPStore: one typed
+object, ``LiveStore``, that both halves hold (the agent in ``ddpkit.launch.live``, the workers in
+``ddpkit.comm.live``, a standby in ``ddpkit.standby``), one method a message, and this one key table.
 
-A generation is one process group. The first is 0; each lost rank makes the next, with a replacement for it:
+A generation is one process group. The first is 0; each loss (one rank, or several in the same poll) makes the next,
+with a replacement for each lost rank:
 
-================================  ==========================================================================
-``ddpkit-live/plan/G``            the agent, once G's replacement is started: a ``Plan`` (who was lost, why,
-                                  the port of G's own store, where its group is formed)
-``ddpkit-live/joined/G``          the rank that gave its state, once every rank holds it: a ``Joined``
-``ddpkit-live/first/G``           the replacement, after its first applied step: the time (a float)
-================================  ==========================================================================
+================================  ============  ============================================================
+key                               written by    what it holds
+================================  ============  ============================================================
+``ddpkit-live/replica/R``         rank R        "1" once it holds a live group: a loss is healed live only
+                                                where every survivor does (an unchanged script does not)
+``ddpkit-live/ask/G/R``           rank R        its collective failed in generation G: the exception's type
+``ddpkit-live/answer/G/R``        the agent     "none": no rank of G is lost (the rank's own error: raise it)
+``ddpkit-live/plan/G``            the agent     once G's replacements are started: a ``Plan``
+``ddpkit-live/joined/G``          the source    once every rank of G holds the state: a ``Joined``
+``ddpkit-live/first/G``           replacement   after its first applied step (the replicas verified): the time
+``ddpkit-live/diverged/G``        rank 0        the replicas' digests disagreed: a ``Diverged``
+``ddpkit-live/assign/SLOT``       the agent     under Slurm: a standby's variables (JSON), or "" (unused)
+``ddpkit-live/proc/SLOT``         a standby     under Slurm: ``{"host": H, "pid": P}``
+``ddpkit-live/beat/SLOT``         a standby     under Slurm: a counter moved every 0.25 s while it runs
+================================  ============  ============================================================
 
-Under Slurm each rank's process (``ddpkit.standby``) has a slot of its own: ``assign/SLOT``, ``proc/SLOT`` and
-``beat/SLOT`` (that module says what they hold).
-
-No torch import: the agent reads the keys with the store it holds.
+No torch import: the store is whatever ``torch.distributed.Store`` the caller holds.
 """
 
 from __future__ import annotations
 
+import json
+import time
 from dataclasses import dataclass
+from typing import Any
 
 from ddpkit.base.jsonlines import JsonFields
 
-__all__ = ["SLOT_KINDS", "Joined", "Plan", "first_key", "joined_key", "plan_key", "slot_key"]
+__all__ = ["NO_LOSS", "Diverged", "Joined", "LiveStore", "Plan"]
 
 ROOT = "ddpkit-live/"
-
-
-def plan_key(gen: int) -> str:
-    return f"{ROOT}plan/{gen}"
-
-
-def joined_key(gen: int) -> str:
-    return f"{ROOT}joined/{gen}"
-
-
-def first_key(gen: int) -> str:
-    return f"{ROOT}first/{gen}"
-
-
-#: The keys of a rank's process under Slurm (``ddpkit.standby``, which says what each holds).
-SLOT_KINDS = ("assign", "proc", "beat")
-
-
-def slot_key(kind: str, slot: str) -> str:
-    """``ddpkit-live/KIND/SLOT``: ``kind`` one of ``SLOT_KINDS``."""
-    if kind not in SLOT_KINDS:
-        raise ValueError(f"slot key kind {kind!r}: one of {', '.join(SLOT_KINDS)}")
-    return f"{ROOT}{kind}/{slot}"
+#: The agent's answer to a rank whose collective failed while no rank was lost.
+NO_LOSS = "none"
 
 
 @dataclass(frozen=True, kw_only=True)
 class Plan(JsonFields):
-    """The agent's word to the survivors: generation ``gen`` replaces ``rank``."""
+    """The agent's word to the survivors: generation ``gen`` replaces ``ranks`` (lost in the same poll)."""
 
     gen: int
-    rank: int
+    ranks: tuple[int, ...]
     why: str
-    """``SIGKILL``, ``stopped (SIGSTOP) for 1.0 s``: how the rank was lost."""
-    host: str
+    """``SIGKILL``, ``stopped (SIGSTOP) for 1.0 s``: how the (first) rank was lost."""
+    hosts: tuple[str, ...]
+    """Each lost rank's host, in the order of ``ranks``."""
     lost_at: float
-    """When the agent saw it lost (epoch seconds)."""
+    """When the agent saw the first of them lost (epoch seconds)."""
     port: int
     """The generation's own store (on the agent's host): a group's keys are never those of an earlier one."""
 
@@ -78,3 +69,124 @@ class Joined(JsonFields):
     """Survivors that had not applied ``step`` (the step in flight): they took it from the source."""
     at: float = 0.0
     """When every rank held the state (epoch seconds)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Diverged(JsonFields):
+    """The replicas disagreed after a live heal (or at the end of a run that had one): their digests at ``step``."""
+
+    gen: int
+    step: int
+    digests: tuple[str, ...]
+    """Each rank's digest of its weights and optimizer state (rank -> hex)."""
+    where: str
+    """``after the heal`` or ``at the end``."""
+
+    def groups(self) -> list[tuple[int, ...]]:
+        """The ranks that agree, grouped, the largest group first."""
+        by: dict[str, list[int]] = {}
+        for rank, digest in enumerate(self.digests):
+            by.setdefault(digest, []).append(rank)
+        return sorted((tuple(r) for r in by.values()), key=lambda g: (-len(g), g))
+
+    def sentence(self) -> str:
+        groups = self.groups()
+        said = "; ".join(f"rank(s) {', '.join(map(str, g))}: {self.digests[g[0]][:12]}" for g in groups)
+        return (f"ddpkit heal: the replicas differ {self.where} (generation {self.gen}, step {self.step}): {said}. "
+                "A live heal handed over less than the ranks' loops carry: pass every object with state "
+                "(LR scheduler, GradScaler, EMA model, sampler, counters) to live.Replica(model, optimizer, ...)")
+
+
+class LiveStore:
+    """The agent's TCPStore, read and written through the protocol's messages (the module's table)."""
+
+    def __init__(self, store: Any) -> None:
+        self.store = store
+
+    @property
+    def port(self) -> int:
+        return int(self.store.port)
+
+    def _has(self, key: str) -> bool:
+        return bool(self.store.check([key]))
+
+    # ---- a rank's side ----------------------------------------------------------------------------------------
+    def register(self, rank: int) -> None:
+        self.store.set(f"{ROOT}replica/{rank}", "1")
+
+    def ask(self, gen: int, rank: int, kind: str) -> None:
+        self.store.set(f"{ROOT}ask/{gen}/{rank}", kind)
+
+    def answer(self, gen: int, rank: int) -> str | None:
+        """The agent's answer to this rank's question in ``gen`` (read once: both keys are then removed)."""
+        key = f"{ROOT}answer/{gen}/{rank}"
+        if not self._has(key):
+            return None
+        said = self.store.get(key).decode()
+        self.store.delete_key(key)
+        self.store.delete_key(f"{ROOT}ask/{gen}/{rank}")
+        return str(said)
+
+    def joined(self, joined: Joined) -> None:
+        self.store.set(f"{ROOT}joined/{joined.gen}", joined.to_json())
+
+    def first_step(self, gen: int) -> None:
+        self.store.set(f"{ROOT}first/{gen}", repr(time.time()))
+
+    def diverged(self, verdict: Diverged) -> None:
+        self.store.set(f"{ROOT}diverged/{verdict.gen}", verdict.to_json())
+
+    # ---- the agent's side -------------------------------------------------------------------------------------
+    def registered(self, rank: int) -> bool:
+        return self._has(f"{ROOT}replica/{rank}")
+
+    def asked(self, gen: int, rank: int) -> bool:
+        return self._has(f"{ROOT}ask/{gen}/{rank}")
+
+    def say_no_loss(self, gen: int, rank: int) -> None:
+        self.store.set(f"{ROOT}answer/{gen}/{rank}", NO_LOSS)
+
+    def put_plan(self, plan: Plan) -> None:
+        self.store.set(f"{ROOT}plan/{plan.gen}", plan.to_json())
+
+    def plan(self, gen: int) -> Plan | None:
+        key = f"{ROOT}plan/{gen}"
+        return Plan.from_json(self.store.get(key)) if self._has(key) else None
+
+    def joined_of(self, gen: int) -> Joined | None:
+        key = f"{ROOT}joined/{gen}"
+        return Joined.from_json(self.store.get(key)) if self._has(key) else None
+
+    def first_step_of(self, gen: int) -> float | None:
+        key = f"{ROOT}first/{gen}"
+        return float(self.store.get(key)) if self._has(key) else None
+
+    def diverged_of(self, gen: int) -> Diverged | None:
+        key = f"{ROOT}diverged/{gen}"
+        return Diverged.from_json(self.store.get(key)) if self._has(key) else None
+
+    # ---- a standby's slot (Slurm) -----------------------------------------------------------------------------
+    def assign(self, slot: str, env: dict[str, str] | None) -> None:
+        """Give the standby of ``slot`` its rank's variables; None: it is not needed (it ends)."""
+        self.store.set(f"{ROOT}assign/{slot}", "" if env is None else json.dumps(env))
+
+    def assign_key(self, slot: str) -> str:
+        return f"{ROOT}assign/{slot}"
+
+    def assignment(self, slot: str) -> dict[str, str] | None:
+        text = self.store.get(self.assign_key(slot)).decode()
+        return dict(json.loads(text)) if text else None
+
+    def say_proc(self, slot: str, host: str, pid: int) -> None:
+        self.store.set(f"{ROOT}proc/{slot}", json.dumps({"host": host, "pid": pid}))
+
+    def proc_pid(self, slot: str) -> int | None:
+        key = f"{ROOT}proc/{slot}"
+        return int(json.loads(self.store.get(key))["pid"]) if self._has(key) else None
+
+    def beat_key(self, slot: str) -> str:
+        return f"{ROOT}beat/{slot}"
+
+    def beat(self, slot: str, by: int = 1) -> int:
+        """Move the heartbeat of ``slot`` by ``by`` (0: read it)."""
+        return int(self.store.add(self.beat_key(slot), by))

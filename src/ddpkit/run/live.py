@@ -3,18 +3,26 @@ of a live peer, and the others keep their processes. The change to a torchrun-st
 
     from ddpkit.run import live
 
-    replica = live.Replica(ddp_model, optimizer)             # after DDP(...): what a replacement takes from a peer
+    replica = live.Replica(ddp_model, optimizer, scheduler)  # after DDP(...): everything the loop carries
     for epoch in replica.epochs(first_epoch, max_epochs):     # a replacement starts at its peer's epoch,
         sampler.set_epoch(epoch)
         for x, y in replica.batches(loader):                  # skips the batches done in it,
             replica.step(train_step, x, y)                    # and a lost peer re-forms the group, the step settled
 
-``step(fn, *args)`` runs one training step (zero_grad, forward, backward, optimizer.step). When its collective fails
-because a peer is gone, the survivors re-form the group with the replacement (``ddpkit.comm.live``), wrap the same
-DDP object over it again, and agree on the most advanced rank: the ranks behind it (the step in flight applied
-elsewhere) and the replacement take its model, optimizer and position (the replacement its RNG state too); the
-step is then done once, wherever it was not. Between ``init_process_group`` and ``Replica`` the script may run no
-collective but DDP's constructor (the replacement runs the script's start-up while the survivors wait).
+``Replica(model, optimizer, *stateful)``: after the model and the optimizer, every object the training loop carries
+whose state changes as it trains, each with ``state_dict``/``load_state_dict`` (an LR scheduler, a ``GradScaler``,
+an EMA model, a sampler or loader with state, a counter of the script's own): a replacement takes them all from its
+peer. What is left out diverges, and is found: one step after every heal and at the end of the run the ranks
+compare a digest of their weights and optimizer state (its learning rate included); a difference ends the attempt
+with one line naming the ranks that differ (``ReplicasDiverged``), and the restart heal follows.
+
+``step(fn, *args)`` runs one training step (zero_grad, forward, backward, optimizer.step). When it raises a
+collective's error, the agent says whether a peer was lost (it sees every rank's process): if so, the survivors
+re-form the group with the replacements (``ddpkit.comm.live``), wrap the same DDP object over it again, and agree on
+the most advanced rank: the ranks behind it (the step in flight applied elsewhere) and the replacements take its
+state and position (the replacements its RNG state too); the step is then done once, wherever it was not. Any other
+exception is the script's own and is raised at once. Between ``init_process_group`` and ``Replica`` the script may
+run no collective but DDP's constructor (the replacement runs the script's start-up while the survivors wait).
 
 Under any other launcher (torchrun, srun, mpirun, ``ddpkit run`` without ``--heal live``) the three are what they
 replace: ``range``, the loader itself, and a plain call. The script runs unchanged there.
@@ -23,17 +31,17 @@ replace: ``range``, the loader itself, and a plain call. The script runs unchang
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from ddpkit.comm.live import Exchanged, LiveGroup, peer_lost
+from ddpkit.comm.live import Exchanged, LiveGroup, ReplicasDiverged, equal_line
 from ddpkit.comm.rng import capture_rng, restore_rng
 from ddpkit.process.worker_context import WorkerContext
 
-__all__ = ["Replica"]
+__all__ = ["Replica", "ReplicasDiverged", "Stateful"]
 
 T = TypeVar("T")
 #: The live-healed replicas of this process, held until it ends: after a heal, freeing a script's DDP model when its
@@ -42,14 +50,28 @@ T = TypeVar("T")
 _HELD: list[Replica] = []
 
 
-class Replica:
-    """This rank's model and optimizer, as live healing hands them from a live peer to a replacement."""
+class Stateful(Protocol):
+    """What ``Replica`` carries beside the model and the optimizer (torch's ``Stateful``)."""
 
-    def __init__(self, model: DDP, optimizer: Any) -> None:
+    def state_dict(self) -> Any: ...
+
+    def load_state_dict(self, state: Any, /) -> Any: ...
+
+
+class Replica:
+    """This rank's model, optimizer and every other object with state, as live healing hands them from a live peer
+    to a replacement."""
+
+    def __init__(self, model: DDP, optimizer: Any, *stateful: Stateful) -> None:
         if not isinstance(model, DDP):
             raise TypeError(f"live.Replica takes the DistributedDataParallel model, not {type(model).__name__}: "
                             "wrap it first, model = DDP(model)")
-        self.model, self.optimizer = model, optimizer
+        for index, thing in enumerate((optimizer, *stateful)):
+            if not (callable(getattr(thing, "state_dict", None)) and callable(getattr(thing, "load_state_dict", None))):
+                raise TypeError(f"live.Replica's argument {index + 2} ({type(thing).__name__}) has no "
+                                "state_dict/load_state_dict: pass the optimizer, then objects with state (an LR "
+                                "scheduler, a GradScaler, an EMA model...)")
+        self.model, self.optimizer, self.stateful = model, optimizer, tuple(stateful)
         self.epoch, self.batch, self.done = 0, 0, 0
         """The epoch and batch under way, and the steps this rank applied."""
         self._first_epoch: int | None = None
@@ -67,11 +89,16 @@ class Replica:
                 self._take(self.group.exchange(-1, self._give), joining=True)
 
     def epochs(self, start: int, stop: int) -> Iterator[int]:
-        """``range(start, stop)``; a replacement's starts at its peer's epoch."""
+        """``range(start, stop)``; a replacement's starts at its peer's epoch. At the end under ``--heal live`` the
+        replicas are compared, and rank 0 says so."""
         first = self._first_epoch if self._first_epoch is not None else start
         for epoch in range(first, stop):
             self.epoch, self.batch = epoch, 0
             yield epoch
+        if self.group is not None:
+            digests = self.group.verify(self.model.module, self.optimizer, step=self.done, where="at the end")
+            if self.group.rank == 0:
+                print(f"Live heals: {self.group.heals}; replicas: {equal_line(digests)}", flush=True)
 
     def batches(self, loader: Iterable[T]) -> Iterator[T]:
         """The loader's batches; in a replacement's first epoch, from its peer's batch on."""
@@ -88,25 +115,29 @@ class Replica:
         while True:
             try:
                 out = fn(*args, **kwargs)
-            except RuntimeError as exc:
-                if self.group is None or not peer_lost(exc):
+            except Exception as exc:
+                plan = None if self.group is None else self.group.lost_peer(exc)
+                if plan is None:
                     raise
-                agreed = self._heal(exc)
+                agreed = self._heal(plan, exc)
                 if agreed.step > self.done:  # the step in flight was applied elsewhere: taken with the state
                     self.done = agreed.step
                     return None
                 continue  # applied nowhere: done now, in the new group
             self.done += 1
-            if self.group is not None and self.group.joining:
-                self.group.first_step()  # the agent's line
+            self._applied()
             return out
 
+    def _applied(self) -> None:
+        if self.group is not None:  # one step after a heal, the replicas compared; a replacement's first step said
+            self.group.applied(self.done, self.model.module, self.optimizer)
+
     # ---- healing ---------------------------------------------------------------------------------------------
-    def _heal(self, exc: BaseException) -> Exchanged:
+    def _heal(self, plan: Any, exc: BaseException) -> Exchanged:
         assert self.group is not None
         module: nn.Module = self.model.module
         device = next(module.parameters()).device
-        self.group.reform(exc, device, self.model)
+        self.group.reform(plan, exc, device, self.model)
         # the same DDP object over the new group, so the script's references to it hold (its constructor's
         # collectives meet the replacement's own DDP(...))
         DDP.__init__(self.model, module, device_ids=self.model.device_ids)
@@ -116,7 +147,8 @@ class Replica:
 
     def _give(self, step: int) -> dict[str, Any]:
         return {"step": step, "epoch": self.epoch, "batch": self.batch, "model": self.model.module.state_dict(),
-                "optimizer": self.optimizer.state_dict(), "rng": capture_rng()}
+                "optimizer": self.optimizer.state_dict(), "stateful": [s.state_dict() for s in self.stateful],
+                "rng": capture_rng()}
 
     def _take(self, agreed: Exchanged, *, joining: bool) -> None:
         given = agreed.state
@@ -124,6 +156,8 @@ class Replica:
             return
         self.model.module.load_state_dict(given["model"])
         self.optimizer.load_state_dict(given["optimizer"])
+        for thing, state in zip(self.stateful, given["stateful"], strict=True):
+            thing.load_state_dict(state)
         if joining:
             restore_rng(given["rng"])
             self.done = agreed.step

@@ -10,7 +10,7 @@ a requeued job) appends: attempt numbers continue. Pure: no torch, no processes.
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import field
 from pathlib import Path
 
@@ -18,7 +18,8 @@ from ddpkit.base.jsonlines import Kinds, append_to, encode, record
 from ddpkit.rundir.verdict import Classification
 
 __all__ = ["LEDGER", "Action", "AttemptEnded", "AttemptStarted", "FaultSeen", "HostExcluded", "Ledger",
-           "PreflightEnded", "RankReplaced", "Record", "SupervisorStarted", "ranks_command", "read_records"]
+           "PreflightEnded", "RankReplaced", "Record", "ReplicasDiverged", "SupervisorStarted", "heal_sentence",
+           "ranks_command", "read_records"]
 
 LEDGER = "ledger.jsonl"
 
@@ -151,21 +152,47 @@ class RankReplaced:
     first_step_at: float | None = None
     replacement_host: str | None = None
     """Where the replacement runs, where not on the lost rank's host (a standby spare under Slurm)."""
+    together: tuple[int, ...] = ()
+    """Every rank lost with it and replaced in the same generation (itself included)."""
 
     def sentence(self) -> str:
         """The line a person reads, once the replacement applied its first step."""
-        found = self.decided_at or self.lost_at
-        took = "" if self.joined_at is None else f" {self.joined_at - found:.2f} s after the loss was found"
-        first = "" if self.first_step_at is None else f"; its first step {self.first_step_at - found:.2f} s after"
-        where = "" if self.replacement_host is None else f" on {self.replacement_host}"
-        return (f"ddpkit heal: rank {self.rank} on {self.host} lost ({self.why}); a replacement{where} (pid "
-                f"{self.replacement_pid}) took its state from rank {self.source} at step {self.step}{took}{first}; "
-                f"rank(s) {', '.join(map(str, self.kept))} kept their processes; no step lost")
+        return heal_sentence([self])
 
 
-Record = SupervisorStarted | AttemptStarted | AttemptEnded | FaultSeen | HostExcluded | PreflightEnded | RankReplaced
+def heal_sentence(heals: Sequence[RankReplaced]) -> str:
+    """One line for the ranks one generation replaced, once their replacements applied their first step (by then
+    the replicas were compared, one step after the heal: equal, or the attempt would have ended)."""
+    head = heals[0]
+    found = head.decided_at or head.lost_at
+    took = "" if head.joined_at is None else f" {head.joined_at - found:.2f} s after the loss was found"
+    first = "" if head.first_step_at is None else f"; the first step {head.first_step_at - found:.2f} s after"
+    lost = ", ".join(f"rank {h.rank} on {h.host} ({h.why})" for h in heals)
+    went = ", ".join(f"{'' if len(heals) == 1 else f'rank {h.rank} '}pid {h.replacement_pid}"
+                     f"{'' if h.replacement_host is None else f' on {h.replacement_host}'}" for h in heals)
+    return (f"ddpkit heal: {lost} lost; {'a replacement' if len(heals) == 1 else 'replacements'} ({went}) took "
+            f"{'its' if len(heals) == 1 else 'their'} state from rank {head.source} at step {head.step}{took}{first}; "
+            f"rank(s) {', '.join(map(str, head.kept))} kept their processes; replicas equal after it; no step lost")
+
+
+@record("replicas-diverged")
+class ReplicasDiverged:
+    """Under ``--heal live``: the replicas' digests (weights and optimizer state) disagreed one step after a heal or
+    at the end of the run; the attempt was ended (``ddpkit.comm.live``)."""
+
+    gen: int
+    step: int
+    digests: tuple[str, ...]
+    """Each rank's digest (rank -> hex)."""
+    where: str
+    at: float
+    attempt: int = 0
+
+
+Record = (SupervisorStarted | AttemptStarted | AttemptEnded | FaultSeen | HostExcluded | PreflightEnded | RankReplaced
+          | ReplicasDiverged)
 _KINDS: Kinds[Record] = Kinds("ledger", (SupervisorStarted, AttemptStarted, AttemptEnded, FaultSeen, HostExcluded,
-                                         PreflightEnded, RankReplaced))
+                                         PreflightEnded, RankReplaced, ReplicasDiverged))
 
 
 def to_json(record: Record) -> str:

@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ddpkit.base.errors import ConfigError
+from ddpkit.base.errors import EXIT_CHECK_FAILED, ConfigError
 from ddpkit.base.inputs import check_output_path, output_path, seconds
 from ddpkit.base.log import get_logger
 from ddpkit.comm import GRAD_TRANSPORTS
@@ -262,6 +262,7 @@ def run(args: argparse.Namespace, start: RankStart) -> int:
 
     import ddpkit
     from ddpkit.comm.gradients import plan_transport
+    from ddpkit.comm.live import ReplicasDiverged
     from ddpkit.runtime import pick_backend
     from ddpkit.train.jobs import load_job
     from ddpkit.train.stops import LostPeerReport
@@ -289,10 +290,13 @@ def run(args: argparse.Namespace, start: RankStart) -> int:
     _on_watch_abort(trainer, lost)
     try:
         summary = trainer.fit()
+    except ReplicasDiverged as exc:  # under --heal live: said by the agent, recorded; the attempt ends
+        log.error("%s", exc)
+        return EXIT_CHECK_FAILED
     except RuntimeError as exc:  # torch's DistBackendError and gloo's timeouts are RuntimeErrors
-        from ddpkit.comm.live import peer_lost
+        from ddpkit.process.exiting import collective_failed
 
-        if not peer_lost(exc):
+        if not collective_failed(exc):
             raise
         # a peer died mid-collective (a killed worker, a lost host): name it; the agent restarts the group or exits 3
         from ddpkit.watch import note_exception

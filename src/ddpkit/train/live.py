@@ -10,16 +10,17 @@ from typing import TYPE_CHECKING, Any, Protocol
 import torch
 import torch.distributed as dist
 
-from ddpkit.comm.live import LiveGroup, peer_lost
+from ddpkit.comm.live import LiveGroup
 from ddpkit.comm.rng import capture_rng, restore_rng
 from ddpkit.train.snapshotter import StartPoint
 
 if TYPE_CHECKING:
+    from ddpkit.process.live import Plan
     from ddpkit.runtime import Runtime
     from ddpkit.train.faults import DrillBook
     from ddpkit.train.summary import RunSummary
 
-__all__ = ["LiveGroup", "Replica", "join", "peer_lost", "rejoin"]
+__all__ = ["LiveGroup", "Replica", "join", "rejoin"]
 
 
 class Replica(Protocol):
@@ -46,10 +47,10 @@ def join(group: LiveGroup, trainer: Replica) -> StartPoint:
     return _exchange(group, trainer, done=-1)
 
 
-def rejoin(group: LiveGroup, trainer: Replica, exc: BaseException, ddp: Any) -> StartPoint:
-    """After ``exc`` (a peer lost in a collective; ``ddp`` the model wrapped over the old group): the next
-    generation's group, and where training goes on."""
-    group.reform(exc, trainer.rt.device, ddp)
+def rejoin(group: LiveGroup, trainer: Replica, plan: Plan, exc: BaseException, ddp: Any) -> StartPoint:
+    """After ``exc`` (``plan``: the peers lost; ``ddp`` the model wrapped over the old group): the next generation's
+    group, and where training goes on."""
+    group.reform(plan, exc, trainer.rt.device, ddp)
     return _exchange(group, trainer, done=trainer.done_step)
 
 

@@ -123,11 +123,12 @@ class Trainer:
                 try:
                     ended = self._epochs(ddp, preemption, start, progress, t_start)
                     break
-                except RuntimeError as exc:  # under --heal live, a lost peer: the survivors go on (train/live.py)
-                    if live is None or not healing.peer_lost(exc):
+                except Exception as exc:  # under --heal live, a lost peer: the survivors go on (train/live.py)
+                    plan = None if live is None else live.lost_peer(exc)
+                    if live is None or plan is None:
                         raise
                     preemption.uninstall()
-                    start = healing.rejoin(live, self, exc, ddp)
+                    start = healing.rejoin(live, self, plan, exc, ddp)
                     ddp, preemption = self._wrap()
             if isinstance(ended, RunSummary):
                 return ended
@@ -182,8 +183,8 @@ class Trainer:
                     goodput.step(w0, time.time(), step, self.sync_s)
                 progress.advance(loss)
                 self.summary.marks.setdefault("first_step", time.time())  # a restart: kill -> first resumed step
-                if self.live is not None and self.live.joining:
-                    self.live.first_step()  # a replacement's first step: the agent's heal line
+                if self.live is not None:  # one step after a heal the replicas compared; a replacement's first step
+                    self.live.applied(step, self.job.model, self.job.optimizer)
                 self.drill_trigger.fire_due(epoch, batch, step)
                 self.phase = f"the stop-flag vote after step {step} (epoch {epoch})"
                 if preemption.should_stop(step):  # a stop signal reached some rank: all stop after this step
@@ -293,7 +294,8 @@ class Trainer:
         resumed = s.resumed_from.global_step if s.resumed_from else None
         s.drills = self.drills.report(resumed, self.cfg.save_every * self.steps_per_epoch) if self.rank == 0 else []
         if self.live is not None:
-            s.replica_digests, s.live_heals = self.live.digests(self.job.model), self.live.heals
+            s.replica_digests = self.live.verify(self.job.model, self.job.optimizer, step=step, where="at the end")
+            s.live_heals = self.live.heals
         if self.goodput is not None:
             self.goodput.finished(s.marks["loop_end"], step, s.outcome.value)
         return s
