@@ -63,3 +63,58 @@ def test_a_rank_left_running_is_ended_only_once_idle() -> None:
         for proc in (idle, busy):
             proc.kill()
             proc.wait()
+
+
+def _store() -> Any:
+    import torch.distributed as dist
+
+    return dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+
+
+def test_a_rank_s_question_is_answered_no_loss_only_after_a_whole_poll() -> None:
+    """A rank whose collective failed asks; with every rank running the agent says "none", one poll later (a killed
+    peer's socket closes a moment before the kernel reports its exit)."""
+    from ddpkit.process.live import NO_LOSS, LiveStore
+
+    procs = [subprocess.Popen(["sleep", "60"]) for _ in range(2)]
+    try:
+        store = _store()
+        agent = live.LiveAgent(spawn=lambda rank, env: None, on_heal=lambda heal: None, store=store)
+        agent.ranks = {r: _rank(r, p) for r, p in enumerate(procs)}
+        rank_side = LiveStore(store)
+        rank_side.ask(0, 1, "RuntimeError")
+        agent._answer_questions()
+        assert rank_side.answer(0, 1) is None  # seen once: not yet
+        agent._answer_questions()
+        assert rank_side.answer(0, 1) == NO_LOSS
+        assert not agent.keys.asked(0, 1)  # read once: the question is gone
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.wait()
+
+
+def test_a_loss_is_healed_live_only_where_every_survivor_holds_a_live_group() -> None:
+    """Rank 1 killed; rank 0 never registered (a script without live.Replica): no replacement is started."""
+    procs = [subprocess.Popen(["sleep", "60"]) for _ in range(2)]
+    started: list[int] = []
+
+    def spawn(rank: int, env: dict[str, str]) -> _Popen:
+        started.append(rank)
+        procs.append(subprocess.Popen(["sleep", "60"]))
+        return _Popen(procs[-1])
+
+    try:
+        agent = live.LiveAgent(spawn=spawn, on_heal=lambda heal: None, store=_store())
+        agent.ranks = {r: _rank(r, p) for r, p in enumerate(procs)}
+        procs[1].kill()
+        procs[1].wait()
+        lost = agent._ended(time.time())
+        assert [(r.rank, code) for r, code in lost] == [(1, -9)]
+        assert agent._heal_live(lost, time.time()) is False and started == []
+        agent.keys.register(0)
+        assert agent._heal_live(lost, time.time()) is True and started == [1]
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.wait()

@@ -21,7 +21,7 @@ from ddpkit.launch.failure import TORCH_WORKER_LOGGER, drop_exit_tracebacks
 from ddpkit.launch.live import LiveAgent, Proc, rank_env
 from ddpkit.launch.result import AttemptResult
 from ddpkit.launch.stops import FORWARDED
-from ddpkit.process.worker_context import PREEMPTED_MARK, STOP_DIR
+from ddpkit.process.worker_context import LIVE_GEN, PREEMPTED_MARK, STOP_DIR
 from ddpkit.rundir.ledger import RankReplaced, ReplicasDiverged
 from ddpkit.runtime import share_cores
 
@@ -73,6 +73,27 @@ def _stat(pid: int) -> tuple[str, int]:
         return "", -1
 
 
+def _stderr_kept(directory: str, rank: int, gen: str) -> Any:
+    """torch's hook for where a rank's streams go: stdout to the terminal as it is; stderr to the terminal and to
+    ``DIR/attempt-GEN/rank-R.stderr.log`` (one folder a generation: a replacement keeps its lost rank's log), where
+    the supervisor reads a failed attempt's tracebacks (``ddpkit.heal.supervisor.gather``)."""
+    from torch.distributed.elastic.multiprocessing.api import LogsDest, LogsSpecs
+
+    class _Specs(LogsSpecs):
+        @property
+        def root_log_dir(self) -> str:
+            return directory
+
+        def reify(self, envs: dict[int, dict[str, str]]) -> LogsDest:
+            folder = os.path.join(directory, f"attempt-{gen}")
+            os.makedirs(folder, exist_ok=True)
+            path = os.path.join(folder, f"rank-{rank}.stderr.log")
+            return LogsDest(stdouts={0: ""}, stderrs={0: path}, tee_stderrs={0: path},
+                            error_files={0: os.path.join(folder, f"rank-{rank}.error.json")})
+
+    return _Specs(log_dir=directory)
+
+
 @dataclass(kw_only=True)
 class _Forker:
     """One host's ranks: each forked from this agent (which imported torch and the trainer) by torch's
@@ -82,18 +103,20 @@ class _Forker:
     argv: list[str]
     forked: bool
     logs_dir: str
+    """Where each rank's stderr is kept (the attempt's directory, or a temporary one)."""
     host: str = field(default_factory=lambda: socket.gethostname().split(".", 1)[0])
 
     def __call__(self, rank: int, env: dict[str, str]) -> Proc:
-        from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, start_processes
+        from torch.distributed.elastic.multiprocessing import start_processes
 
-        specs = DefaultLogsSpecs(log_dir=tempfile.mkdtemp(prefix=f"rank{rank}-", dir=self.logs_dir))
+        specs = _stderr_kept(self.logs_dir, rank, env.get(LIVE_GEN, "0"))
+        prefix = {0: ""}  # the rank's lines as it wrote them (torch's tee would add "[rankR0]:")
         if self.forked:
             context = start_processes(f"rank{rank}", worker.forked_worker(self.entrypoint.main), {0: (self.argv,)},
-                                      {0: env}, specs, start_method="fork")
+                                      {0: env}, specs, log_line_prefixes=prefix, start_method="fork")
         else:
             context = start_processes(f"rank{rank}", sys.executable, {0: ("-m", self.entrypoint.module, *self.argv)},
-                                      {0: env}, specs)
+                                      {0: env}, specs, log_line_prefixes=prefix)
         return _Local(context=context, host=self.host)
 
 
@@ -117,7 +140,7 @@ def launch_live(options: LaunchOptions, entrypoint: Entrypoint, argv: list[str],
     os.environ[PREEMPTED_MARK] = os.path.join(marks, "preempted")
     forked = preload(options.preload)
     store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
-    spawn = _Forker(entrypoint=entrypoint, argv=argv, forked=forked, logs_dir=marks)
+    spawn = _Forker(entrypoint=entrypoint, argv=argv, forked=forked, logs_dir=options.log_dir or marks)
     agent = LiveAgent(spawn=spawn, on_heal=on_heal, store=store, log_dir=options.log_dir)
     before = {name: signal.signal(getattr(signal, name), agent.on_outside_signal) for name in ("SIGINT", *FORWARDED)}
     run_id = options.run_id or f"ddpkit-live-{os.getpid()}"

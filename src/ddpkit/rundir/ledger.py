@@ -163,15 +163,20 @@ class RankReplaced:
 def heal_sentence(heals: Sequence[RankReplaced]) -> str:
     """One line for the ranks one generation replaced, once their replacements applied their first step (by then
     the replicas were compared, one step after the heal: equal, or the attempt would have ended)."""
-    head = heals[0]
+    head, one = heals[0], len(heals) == 1
     found = head.decided_at or head.lost_at
     took = "" if head.joined_at is None else f" {head.joined_at - found:.2f} s after the loss was found"
-    first = "" if head.first_step_at is None else f"; the first step {head.first_step_at - found:.2f} s after"
-    lost = ", ".join(f"rank {h.rank} on {h.host} ({h.why})" for h in heals)
-    went = ", ".join(f"{'' if len(heals) == 1 else f'rank {h.rank} '}pid {h.replacement_pid}"
+    first = "" if head.first_step_at is None else \
+        f"; {'its' if one else 'their'} first step {head.first_step_at - found:.2f} s after"
+    if one:
+        lost = f"rank {head.rank} on {head.host} lost ({head.why})"
+    else:
+        lost = (f"ranks {', '.join(str(h.rank) for h in heals)} lost together ("
+                + "; ".join(f"rank {h.rank} on {h.host}: {h.why}" for h in heals) + ")")
+    went = ", ".join(f"{'' if one else f'rank {h.rank} '}pid {h.replacement_pid}"
                      f"{'' if h.replacement_host is None else f' on {h.replacement_host}'}" for h in heals)
-    return (f"ddpkit heal: {lost} lost; {'a replacement' if len(heals) == 1 else 'replacements'} ({went}) took "
-            f"{'its' if len(heals) == 1 else 'their'} state from rank {head.source} at step {head.step}{took}{first}; "
+    return (f"ddpkit heal: {lost}; {'a replacement' if one else 'replacements'} ({went}) took "
+            f"{'its' if one else 'their'} state from rank {head.source} at step {head.step}{took}{first}; "
             f"rank(s) {', '.join(map(str, head.kept))} kept their processes; replicas equal after it; no step lost")
 
 
