@@ -17,7 +17,7 @@ from typing import Any, NoReturn
 
 from ddpkit import __version__
 from ddpkit.base.errors import EXIT_USAGE, ConfigError, DdpkitError
-from ddpkit.base.inputs import HEAL_MODES, add_heal_flag, endpoint, local_ranks, shape_text
+from ddpkit.base.inputs import HEAL_MODES, add_heal_flag, endpoint, local_ranks, run_directory, shape_text
 from ddpkit.base.log import configure, get_logger
 from ddpkit.process.exiting import leave
 
@@ -140,7 +140,7 @@ def add_worker_arguments(p: argparse.ArgumentParser) -> None:
                      "snapshot read, no step lost (docs/heal.md)")
     g.add_argument("--max-attempts", type=int, default=3, metavar="N",
                    help="with --heal: attempts at most, the first included (default 3)")
-    g.add_argument("--run-dir", default=None, metavar="PATH",
+    g.add_argument("--run-dir", type=run_directory("--run-dir"), default=None, metavar="PATH",
                    help="the run directory: the heal ledger and each attempt's rank logs (with --heal), train's "
                         "goodput ledger (goodput.jsonl; ddpkit report RUN_DIR renders it); default with --heal: a new "
                         ".ddpkit-runs/RUN_ID under the current directory; reuse one to continue its ledgers")

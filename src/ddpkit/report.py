@@ -290,11 +290,15 @@ def _run_dir_report(args: argparse.Namespace, run_dir: Path) -> int:
     split = view.split
     goodput = f"goodput {100 * split.goodput:.1f}%" if split.lost_known else \
         f"goodput at most {100 * split.goodput:.1f}% (steps done again not known)"
+    if not split.measured:
+        goodput = "goodput not known (no rank recorded its steps)"
     heals, said = sum(len(a.heals) for a in split.attempts), ""
     if heals:
         from ddpkit.goodput.accounting import Category
 
-        said = (f"; {heals} rank(s) replaced live ({split.seconds[Category.LIVE_HEAL]:.1f} s waiting for them, "
+        waited = f"{split.seconds[Category.LIVE_HEAL]:.1f} s waiting for them" if split.measured else \
+            "the time waiting for them not known"
+        said = (f"; {heals} rank(s) replaced live ({waited}, "
                 + (f"{split.lost_steps} step(s) lost)" if split.lost_known else "steps lost not known)"))
     print(f"{run_dir}: {len(split.attempts)} attempt(s), {goodput} of {split.wall_s:.1f} s{said}; wrote "
           f"{', '.join(written)}")

@@ -94,6 +94,18 @@ def test_carried_state_travels_and_the_replicas_agree(tmp_path: Path, uninterrup
     assert {e[2] for e in ends} == {e[2] for e in _done(uninterrupted["text"])}  # the schedule's own end
     heals = [r for r in read_records(tmp_path / "run" / "ledger.jsonl") if isinstance(r, RankReplaced)]
     assert [(h.rank, h.kept) for h in heals] == [(1, (0, 2))]
+    # the report of a live run of a user's script: the heal named; the goodput not known (no rank recorded its
+    # steps: the watch is off under --heal live), never 0.0% "exact"
+    report = subprocess.run([sys.executable, "-m", "ddpkit", "report", "run", "--html", "run/report.html", "--trace",
+                             "trace.json", "--prometheus", "run.prom"], cwd=tmp_path, env=ddpkit_env(),
+                            capture_output=True, text=True, timeout=120)
+    assert report.returncode == 0, report.stdout + report.stderr
+    assert "goodput not known (no rank recorded its steps)" in report.stdout, report.stdout
+    assert "1 rank(s) replaced live" in report.stdout, report.stdout
+    other = json.loads((tmp_path / "trace.json").read_text())["otherData"]
+    assert other["goodput_is"].startswith("not known") and other["live_heals"] == 1, other
+    prom = (tmp_path / "run.prom").read_text()
+    assert 'ddpkit_live_heals_total{run="run"} 1.0' in prom and "\nddpkit_goodput_ratio{" not in prom, prom
 
 
 def test_state_left_out_of_the_replica_is_named_one_step_after_the_heal(tmp_path: Path) -> None:

@@ -16,8 +16,9 @@ from typing import Any
 
 from ddpkit.base.errors import ConfigError
 
-__all__ = ["HEAL_MODES", "add_heal_flag", "check_local_ranks", "check_output_path", "endpoint", "local_rank_limit",
-           "local_ranks", "output_path", "program_words", "seconds", "shape_text"]
+__all__ = ["HEAL_MODES", "add_heal_flag", "check_local_ranks", "check_output_path", "check_run_directory", "endpoint",
+           "local_rank_limit", "local_ranks", "output_path", "program_words", "run_directory", "seconds",
+           "shape_text"]
 
 #: ``--heal MODE``: ``restart`` (a bare ``--heal``) or ``live``.
 HEAL_MODES = ("restart", "live")
@@ -147,8 +148,7 @@ def check_output_path(text: str, option: str, *, directory_ok: bool = False) -> 
     a real file, since permissions say nothing of /proc or a read-only mount). Missing parent directories are
     fine where the nearest existing one is writable (the commands create them)."""
     def refuse(found: str, expected: str, fix: str = f"choose another {option}") -> ConfigError:
-        shown = repr(text) if len(text) <= 80 else repr(text[:60]) + f"... ({len(text)} characters)"
-        return ConfigError(f"{option} {shown}: {found}", expected, fix)
+        return ConfigError(f"{option} {_shown(text)}: {found}", expected, fix)
 
     if not text or not text.isprintable():
         raise refuse("not a usable path", "a file name without line breaks or control characters")
@@ -177,6 +177,32 @@ def check_output_path(text: str, option: str, *, directory_ok: bool = False) -> 
     os.close(fd)
     os.unlink(probe)
     return path
+
+
+def run_directory(option: str) -> Callable[[str], str]:
+    """A directory ddpkit will create (or reuse) and write in: see check_run_directory. Returns the path with
+    ``~`` expanded (the run directory is opened as a path, never through a shell)."""
+    def parse(text: str) -> str:
+        return str(check_run_directory(text, option))
+
+    return parse
+
+
+def check_run_directory(text: str, option: str) -> Path:
+    """Refuse, before the run, a directory ddpkit cannot create or write in: everything check_output_path refuses
+    (an unknown ``~user``, an over-long name, a place this user cannot create files in such as /proc), and an
+    existing file that is not a directory. A missing directory is fine where its nearest existing parent is
+    writable (the run creates it)."""
+    path = check_output_path(text, option, directory_ok=True)
+    if path.exists() and not path.is_dir():
+        raise ConfigError(f"{option} {_shown(text)}: an existing file, not a directory",
+                          "a directory, existing or to be created", f"choose another {option}, or move the file away")
+    return path
+
+
+def _shown(text: str) -> str:
+    """``text`` as a message quotes it: whole up to 80 characters, else its start and its length."""
+    return repr(text) if len(text) <= 80 else repr(text[:60]) + f"... ({len(text)} characters)"
 
 
 def _name_max(directory: Path) -> int:

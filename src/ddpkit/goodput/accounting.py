@@ -170,6 +170,17 @@ class Split:
         return self.lost_steps is not None
 
     @property
+    def measured(self) -> bool:
+        """Whether any rank recorded its steps: a run whose ranks wrote none (a user's script with the watch off,
+        as under ``run --heal live``) has a goodput that is not known, never 0."""
+        return any(a.last_step is not None for a in self.attempts)
+
+    @property
+    def live_heals(self) -> int:
+        """Ranks replaced live over the run."""
+        return sum(len(a.heals) for a in self.attempts)
+
+    @property
     def goodput(self) -> float:
         return self.seconds[Category.TRAINING] / self.wall_s if self.wall_s > 0 else 0.0
 
@@ -271,7 +282,8 @@ def _attempt(span: AttemptSpan, end: float, recs: list[GoodputRecord], furthest:
     if not recs:
         seconds[Category.UNMEASURED] = max(0.0, end - span.start)
         return AttemptAccount(attempt=span.attempt, start=span.start, end=end, exit_code=span.exit_code,
-                              cause=span.cause, failure_class=span.failure_class, seconds=seconds)
+                              cause=span.cause, failure_class=span.failure_class, seconds=seconds,
+                              heals=span.heals)  # its heals known from the ledger, their time inside UNMEASURED
     load = sum(r.end - r.start for r in loads)
     save = sum(r.end - r.start for r in saves)
     busy = sum(r.busy_s for r in steps)

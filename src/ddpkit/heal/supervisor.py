@@ -236,8 +236,9 @@ def _refuse_live_unless_one_host(request: HealRequest, options: LaunchOptions) -
 def _refuse_unless_local(options: LaunchOptions) -> None:
     shape = options.shape
     if shape.nproc_per_node < 2:
-        raise ConfigError("--heal with one rank (no -n)", "-n 2 or more: ddpkit's agent starts the ranks",
-                          "add -n N")
+        raise ConfigError(f"--heal with one rank on this host (-n 1, -j {shape}, or neither -n nor -j given)",
+                          "-n 2 or more: --heal on one host relaunches a group of 2 or more ranks started by "
+                          "ddpkit's agent", "pass -n 2 or more, or drop --heal")
     _refuse_restarts(options)
 
 

@@ -158,8 +158,10 @@ def render_html(view: RunView, *, title: str = "ddpkit run") -> str:
     stamp = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     failed = [a for a in split.attempts if a.exit_code not in (0, None)]
     headline = _rows(["figure", "value"], [
-        ["goodput (training / wall clock)", f"{100 * split.goodput:.1f} %" if split.lost_known else
+        ["goodput (training / wall clock)", "not known (no rank recorded its steps)" if not split.measured else
+         f"{100 * split.goodput:.1f} %" if split.lost_known else
          f"at most {100 * split.goodput:.1f} % (the steps done again are not known)"],
+        ["ranks replaced live", split.live_heals],
         ["wall clock", f"{wall:.1f} s"], ["attempts", len(split.attempts)], ["failed attempts", len(failed)],
         ["queue wait (the scheduler's)", f"{split.seconds[Category.QUEUE_WAIT]:.1f} s (job {split.queue.job_id})"
          if split.queue is not None else "not recorded (no scheduler said)"],

@@ -32,8 +32,11 @@ class _RunFigures(Collector):
             return metric
 
         failed = sum(1 for a in split.attempts if a.exit_code not in (0, None))
-        yield one(GaugeMetricFamily, "ddpkit_goodput_ratio", "Training time over wall-clock time of the run (0..1).",
-                  split.goodput)
+        if split.measured:  # a goodput no rank measured is left out, never written as 0
+            yield one(GaugeMetricFamily, "ddpkit_goodput_ratio", "Training time over wall-clock time of the run "
+                      "(0..1).", split.goodput)
+        yield one(CounterMetricFamily, "ddpkit_live_heals", "Ranks replaced live (--heal live) over the run.",
+                  split.live_heals)
         yield one(GaugeMetricFamily, "ddpkit_wall_seconds",
                   "Wall-clock seconds from the run's start to its last attempt's end.", split.wall_s)
         yield one(CounterMetricFamily, "ddpkit_attempts", "Attempts the run started.", len(split.attempts))

@@ -101,6 +101,9 @@ def trace_events(view: RunView) -> dict[str, Any]:
         events += _sync_counters(view, a.attempt, t0, pid)
     return {"traceEvents": events, "displayTimeUnit": "ms",
             "otherData": {"run_dir": str(view.run_dir), "goodput": round(split.goodput, 6),
-                          "goodput_is": "exact" if split.lost_known else "an upper bound (steps done again not known)",
+                          "goodput_is": ("not known (no rank recorded its steps)" if not split.measured
+                                         else "exact" if split.lost_known
+                                         else "an upper bound (steps done again not known)"),
+                          "live_heals": split.live_heals,
                           "lost_steps": split.lost_steps, "wall_s": round(split.wall_s, 6)}}
 
