@@ -14,6 +14,9 @@ Parts (each on this machine, 3 local ranks, gloo on CPU):
   The same kill under ``--heal`` (restart) with a snapshot every epoch, 3 drills: the fault -> the next attempt's
   first step, and the steps done again.
 - ``clean``: 20 fault-free ``--heal live`` runs: exit 0, no replacement.
+- ``hung``: ``train -n 3 --heal live --collective-timeout 10`` (the watch's deadline), rank 1 sleeping before step 200
+  (a test fault, running, not stopped), ``BENCH_LIVE_DRILLS`` (10) drills: the fault (the rank's own line) -> the
+  watch named it and the agent ended it, and -> the replacement's first applied step, against the deadline.
 - ``cost``: a fault-free run's step time, ``--heal live`` against ``--heal restart``, alternating, ``BENCH_LIVE_PAIRS``
   (10) pairs each for the reference job and ``--model mlp`` (each run's step p50; the median of the pairs' ratios).
 - ``goodput``: ``BENCH_LIVE_DURATION`` seconds of ``train`` (default 120) with rank 1 killed every
@@ -45,7 +48,8 @@ from tests.helpers import ddpkit_env
 from ddpkit.rundir.ledger import AttemptStarted, RankReplaced, read_records
 
 RESULTS = Path(__file__).parent / "results"
-PARTS = tuple(os.environ.get("BENCH_LIVE_PARTS", "drills,clean,cost,goodput").split(","))
+PARTS = tuple(os.environ.get("BENCH_LIVE_PARTS", "drills,clean,cost,hung,goodput").split(","))
+HANG_DEADLINE_S = 10.0
 DRILLS = int(os.environ.get("BENCH_LIVE_DRILLS", "10"))
 DURATION = float(os.environ.get("BENCH_LIVE_DURATION", "120"))
 EVERY = float(os.environ.get("BENCH_LIVE_EVERY", "20"))
@@ -174,6 +178,33 @@ def clean() -> dict[str, Any]:
             summary = _summary(Path(tmp)) if code == 0 else {}
             runs.append({"exit_code": code, "live_heals": summary.get("live_heals")})
     return {"runs": runs}
+
+
+def _hung_drill() -> dict[str, Any]:
+    import re
+
+    with tempfile.TemporaryDirectory() as tmp:
+        cwd = Path(tmp)
+        with open(cwd / "out.txt", "wb") as out:
+            code = subprocess.run([sys.executable, "-m", "ddpkit", "train", "-n", "3", *JOB, "--epochs", "20", "--heal",
+                                   "live", "--run-dir", "run", "--collective-timeout", f"{HANG_DEADLINE_S:g}",
+                                   "--json", "summary.json"], cwd=cwd, stdout=out, stderr=subprocess.STDOUT,
+                                  env=ddpkit_env(DDPKIT_FAULTS="hang:phase=step:rank=1:step=200:gen=0"),
+                                  timeout=600).returncode
+        said = re.search(r"test fault: rank 1 sleeps before step 200 \(at ([\d.]+)\)", _text(cwd))
+        heals = [r for r in read_records(cwd / "run" / "ledger.jsonl") if isinstance(r, RankReplaced)]
+        fault = float(said[1]) if said else None
+        heal = heals[0] if len(heals) == 1 else None
+        summary = _summary(cwd) if code == 0 else {}
+        return {"exit_code": code, "heals": len(heals), "why": heal.why if heal else None,
+                "named_s": (heal.decided_at or heal.lost_at) - fault if heal and fault else None,
+                "fault_to_first_step_s": heal.first_step_at - fault if heal and fault and heal.first_step_at
+                else None, "snapshots_loaded": summary.get("snapshots_loaded"),
+                "replicas_equal": len(set(summary.get("replica_digests") or ["a", "b"])) == 1}
+
+
+def hung() -> dict[str, Any]:
+    return {"deadline_s": HANG_DEADLINE_S, "runs": [_hung_drill() for _ in range(DRILLS)]}
 
 
 def cost() -> dict[str, Any]:
@@ -312,6 +343,23 @@ def render(data: dict[str, Any]) -> str:
         lines += ["", f"## Clean runs: {len(runs)} fault-free `--heal live` runs (measured {c.get('when', '')})", "",
                   f"exit 0: {sum(r['exit_code'] == 0 for r in runs)}; with a replacement: "
                   f"{sum(bool(r['live_heals']) for r in runs)}"]
+    h = data.get("hung")
+    if h:
+        runs = h["runs"]
+        named = [r["named_s"] for r in runs if r["named_s"] is not None]
+        first = [r["fault_to_first_step_s"] for r in runs if r["fault_to_first_step_s"] is not None]
+        lines += ["", f"## A hung rank: `train -n 3 --heal live --collective-timeout {h['deadline_s']:g}`, rank 1 "
+                  f"sleeping before step 200 (measured {h.get('when', '')})", "",
+                  "The fault: the rank's own line as it began to sleep (running, not stopped). Named: the watch's "
+                  "report named it and the agent ended it. First step: the replacement's first applied step.", "",
+                  "| drills | exit 0 | replaced (hung, named by the watch) | named s after the fault (median, max) | "
+                  "fault -> first step s (median, max) | the watch's deadline s | loaded | replicas equal |",
+                  "|---|---|---|---|---|---|---|---|",
+                  f"| {len(runs)} | {sum(r['exit_code'] == 0 for r in runs)} | "
+                  f"{sum(r['why'] == 'hung, named by the watch' for r in runs)} | {_median(named)}, "
+                  f"{max(named, default=0):.2f} | {_median(first)}, {max(first, default=0):.2f} | "
+                  f"{h['deadline_s']:g} | {sorted({r['snapshots_loaded'] for r in runs}, key=str)} | "
+                  f"{sum(bool(r['replicas_equal']) for r in runs)} |"]
     k = data.get("cost")
     if k:
         lines += ["", f"## Cost on a fault-free run (each run's step p50, ms; alternating runs; measured "

@@ -15,6 +15,7 @@ import argparse
 import hashlib
 import json
 import os
+import time
 
 import torch
 import torch.distributed as dist
@@ -73,6 +74,9 @@ def main() -> None:
     p.add_argument("--scheduler", choices=("onecycle", "step"), default="onecycle")
     p.add_argument("--leave-out", action="store_true")
     p.add_argument("--raise-at", type=int, default=None, help="rank 1 raises its own RuntimeError at this step")
+    p.add_argument("--hang-at", type=int, default=None, help="rank 1 of the first generation sleeps at this step")
+    p.add_argument("--pause-at", type=int, default=None, help="rank 0 pauses --pause-s at this step (a checkpoint)")
+    p.add_argument("--pause-s", type=float, default=150.0)
     p.add_argument("--plain", action="store_true", help="no live.Replica: the script as torchrun runs it")
     p.add_argument("--out", default=None)
     args = p.parse_args()
@@ -100,6 +104,11 @@ def main() -> None:
     def train_step(x: torch.Tensor, y: torch.Tensor) -> None:
         if args.raise_at is not None and rank == 1 and replica is not None and replica.done == args.raise_at:
             raise RuntimeError("timeout talking to my database")
+        done = -1 if replica is None else replica.done
+        if done == args.hang_at and rank == 1 and os.environ.get("DDPKIT_LIVE_GEN") == "0":
+            time.sleep(3600)  # running, no progress: the watch names it, the agent replaces it
+        if done == args.pause_at and rank == 0:
+            time.sleep(args.pause_s)  # a healthy pause (rank 0 writing a checkpoint): never replaced
         optimizer.zero_grad()
         (F.mse_loss(ddp(x), y) * scaler.scale).backward()
         for param in ddp.parameters():

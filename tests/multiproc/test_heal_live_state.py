@@ -34,14 +34,16 @@ JOB = Path(__file__).parent / "live_stateful_job.py"
 BOUND = 1e-5
 
 
-def _run(cwd: Path, *args: str, n: int = 3, kill: tuple[int, ...] = (), attempts: int = 3) -> tuple[int, str]:
-    """``ddpkit run -n N --heal live`` of the job; ``kill``: ranks SIGKILLed together once rank 0 ended epoch 5."""
+def _run(cwd: Path, *args: str, n: int = 3, kill: tuple[int, ...] = (), attempts: int = 3,
+         watch: tuple[str, ...] = (), epochs: int = 60) -> tuple[int, str]:
+    """``ddpkit run -n N --heal live`` of the job; ``kill``: ranks SIGKILLed together once rank 0 ended epoch 5;
+    ``watch``: the watch's options."""
     (cwd / "job.py").write_text(JOB.read_text())
     out = cwd / "out.txt"
     with open(out, "wb") as f:
         agent = subprocess.Popen([sys.executable, "-m", "ddpkit", "run", "-n", str(n), "--heal", "live", "--run-dir",
-                                  "run", "--max-attempts", str(attempts), "--", "job.py", "--epochs", "60", *args],
-                                 cwd=cwd, env=ddpkit_env(), stdout=f, stderr=subprocess.STDOUT)
+                                  "run", "--max-attempts", str(attempts), *watch, "--", "job.py", "--epochs",
+                                  str(epochs), *args], cwd=cwd, env=ddpkit_env(), stdout=f, stderr=subprocess.STDOUT)
     try:
         if kill:
             deadline = time.monotonic() + 120
@@ -158,3 +160,53 @@ def test_a_rank_s_own_runtime_error_ends_the_attempt_as_the_program_s_failure(tm
     found = ended[-1].classification
     assert found is not None and found.kind.value == "job" and found.culprit_ranks == (1,), ended
     assert "RuntimeError: timeout talking to my database" in found.reason, found
+
+
+def _hung_rank_replaced(text: str, records: list[Any]) -> None:
+    """The watch named rank 1 (with its stack), the agent replaced it live; ranks 0 and 2 kept their processes."""
+    assert re.search(r"ddpkit watch: ranks 0 and 2 on host \S+ have waited \d+ s in the group's collective #\d+ for "
+                     r"rank 1 on host \S+, which is alive and busy outside any collective \(its stack below\); "
+                     r"rank\(s\) 1 replaced live \(--heal live\), the others keep their processes", text), text
+    assert re.search(r"--- rank 1 on host \S+ \(pid \d+\): Python stacks", text), text
+    assert re.search(r"ddpkit heal: rank 1 on \S+ lost \(hung, named by the watch\); a replacement .* rank\(s\) 0, 2 "
+                     r"kept their processes; replicas equal after it; no step lost", text), text
+    heals = [r for r in records if isinstance(r, RankReplaced)]
+    assert [(h.rank, h.kept, h.why) for h in heals] == [(1, (0, 2), "hung, named by the watch")], heals
+    assert not [r for r in records if isinstance(r, AttemptEnded) and r.exit_code != 0], records
+
+
+def test_a_hung_rank_of_a_script_is_named_by_the_watch_and_replaced_live(tmp_path: Path) -> None:
+    """Rank 1 sleeps in its step (running, not stopped); ``--hang-after 10``: the watch names it with its stack, the
+    agent replaces it, exit 0 in one attempt."""
+    code, text = _run(tmp_path, "--hang-at", "30", watch=("--hang-after", "10"), epochs=30)
+    assert code == 0, text
+    _hung_rank_replaced(text, read_records(tmp_path / "run" / "ledger.jsonl"))
+    ends = _done(text)
+    assert len(ends) == 3 and len({e[:3] for e in ends}) == 1 and ends[0][3] > 0.1, ends
+
+
+def test_a_hung_rank_of_train_is_named_by_the_watch_and_replaced_live(tmp_path: Path) -> None:
+    """``ddpkit train``'s rank 1 sleeps before step 200 (a test fault of the first generation only); the watch's
+    deadline is ``--collective-timeout 10``."""
+    res = subprocess.run([sys.executable, "-m", "ddpkit", "train", "-n", "3", "--heal", "live", "--run-dir", "run",
+                          "--epochs", "20", "--samples", "1536", "--model", "toy", "--collective-timeout", "10",
+                          "--json", "summary.json"], cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                         env=ddpkit_env(DDPKIT_FAULTS="hang:phase=step:rank=1:step=200:gen=0"))
+    text = res.stdout + res.stderr
+    assert res.returncode == 0, text
+    _hung_rank_replaced(text, read_records(tmp_path / "run" / "ledger.jsonl"))
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["global_step"] == 20 * 16 and summary["snapshots_loaded"] == 0, summary
+    assert summary["live_heals"] == 1 and len(set(summary["replica_digests"])) == 1, summary
+
+
+@pytest.mark.slow
+def test_a_healthy_150_s_pause_is_never_replaced(tmp_path: Path) -> None:
+    """Rank 0 pauses 150 s in a step (a checkpoint), the watch's default deadlines: the watch may report it, and
+    no rank is replaced; the run ends in one attempt, exit 0."""
+    code, text = _run(tmp_path, "--pause-at", "12", "--pause-s", "150", epochs=6)
+    assert code == 0, text
+    records = read_records(tmp_path / "run" / "ledger.jsonl")
+    assert not [r for r in records if isinstance(r, RankReplaced)], text
+    assert "replaced live" not in text and "Live heals: 0; replicas: 3 equal" in text, text
+    assert len([r for r in records if isinstance(r, AttemptEnded)]) == 1, records

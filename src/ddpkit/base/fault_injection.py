@@ -29,6 +29,11 @@ Kind consulted by every verdict command (check, bench, env) under ddpkit's launc
 
 - ``linger:rank=R:ms=N``: rank R exits N ms after its command finished (a rank on a slower node).
 
+Kind consulted by ``ddpkit train``:
+
+- ``hang:phase=step:rank=R:step=N[:gen=G][:s=S]``: rank R sleeps S seconds (default 3600) before step N, running
+  and making no progress (under ``--heal live``, ``gen=0``: only the first generation's process).
+
 Kind consulted by the watch (``ddpkit run``, ``train``, ``check``):
 
 - ``abort-late:rank=R:ms=N``: under a hang abort, rank R's watch ends the rank N ms after every rank's abort

@@ -12,7 +12,9 @@ ranks, killed at once, are replaced together)::
     a signal from outside reached the agent                          -> each rank ends as it ends (stopping)
     every lost rank killed by a signal, or stopped ``STOPPED_S``
       (the kernel's ``T``; a heartbeat standing still, under Slurm)
-      while others run (it is then ended with SIGKILL, so that the
+      while others run, or named hung by the watch (running, no
+      progress past the watch's deadline: ``ddpkit.watch.actions``;
+      it is then ended with SIGKILL, so that the
       others' collectives fail at once), no heal under way, no rank
       finished, every survivor holding a live group (its ``Replica``),
       a replacement for each                                         -> replaced live, in one generation
@@ -69,7 +71,7 @@ JOIN_DEADLINE_S = 600.0
 FINISH_GRACE_S, IDLE_S = 900.0, 60.0
 #: After a loss, how long the agent looks for others before it decides (seconds): the ranks of a node killed at once
 #: end within milliseconds of each other, and are replaced in one generation.
-SETTLE_S = 0.2
+SETTLE_S = 0.05
 _LINGERED = "still running after the others finished"
 
 
@@ -208,6 +210,7 @@ class LiveAgent:
             code = r.proc.wait()
             if code is None:
                 self._check_stopped(r, now)
+                self._check_hung(r)
                 continue
             r.done = True
             if code == 0:
@@ -252,6 +255,18 @@ class LiveAgent:
             log.warning("rank %d (pid %d on %s) has been %s for %.1f s while the others run: ending it",
                         r.rank, r.pid, r.proc.host, r.proc.stopped_word, now - r.stopped_since)
             r.proc.send(signal.SIGKILL)
+
+    def _check_hung(self, r: _Rank) -> None:
+        """A rank the watch named hung (running, no progress past its deadline): ended with SIGKILL, so that the
+        others' collectives fail at once and it is replaced as a killed one."""
+        if r.ended_by_agent is not None or self.store is None:
+            return
+        said = self.keys.hung(r.pid)
+        if said is None:
+            return
+        r.ended_by_agent = "hung, named by the watch"
+        log.warning("rank %d (pid %d on %s) is hung (%s): ending it", r.rank, r.pid, r.proc.host, said[:300])
+        r.proc.send(signal.SIGKILL)
 
     def _replace(self, lost: list[_Rank], whys: list[str], now: float) -> bool:
         """Start a replacement for each of ``lost`` and write the next generation's plan; False where one cannot

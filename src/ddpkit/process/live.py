@@ -16,6 +16,8 @@ key                               written by    what it holds
 ``ddpkit-live/joined/G``          the source    once every rank of G holds the state: a ``Joined``
 ``ddpkit-live/first/G``           replacement   after its first applied step (the replicas verified): the time
 ``ddpkit-live/diverged/G``        rank 0        the replicas' digests disagreed: a ``Diverged``
+``ddpkit-live/hung/PID``          the watch     the rank of process PID makes no progress while it runs: the
+                                                watch's headline (the agent ends it, and replaces it)
 ``ddpkit-live/assign/SLOT``       the agent     under Slurm: a standby's variables (JSON), or "" (unused)
 ``ddpkit-live/proc/SLOT``         a standby     under Slurm: ``{"host": H, "pid": P}``
 ``ddpkit-live/beat/SLOT``         a standby     under Slurm: a counter moved every 0.25 s while it runs
@@ -136,7 +138,16 @@ class LiveStore:
     def diverged(self, verdict: Diverged) -> None:
         self.store.set(f"{ROOT}diverged/{verdict.gen}", verdict.to_json())
 
+    def name_hung(self, pid: int, headline: str) -> None:
+        """The watch's word: the rank of process ``pid`` stopped making progress (its report said why)."""
+        self.store.set(f"{ROOT}hung/{pid}", headline)
+
     # ---- the agent's side -------------------------------------------------------------------------------------
+    def hung(self, pid: int) -> str | None:
+        """The watch's headline where it named the rank of process ``pid`` hung, else None."""
+        key = f"{ROOT}hung/{pid}"
+        return self.store.get(key).decode() if self._has(key) else None
+
     def registered(self, rank: int) -> bool:
         return self._has(f"{ROOT}replica/{rank}")
 

@@ -89,9 +89,9 @@ def check_arguments(args: argparse.Namespace) -> None:
 
 def watch_options(args: argparse.Namespace) -> WatchOptions | None:
     """How the watch runs on each rank (``ddpkit.lifecycle`` installs it before ``run``): on by default, off with
-    ``--no-watch`` and under ``--heal live`` (the live agent names a lost rank, and the group is re-formed in the
-    same processes: ``ddpkit.run.live``)."""
-    if args.no_watch or getattr(args, "heal", None) == "live":
+    ``--no-watch``. Under ``--heal live`` it watches across the group's generations (on the live agent's store) and
+    names a hung rank to the agent, which replaces it (``ddpkit.watch.actions``)."""
+    if args.no_watch:
         return None
     from ddpkit.watch.options import options_from_args
 

@@ -280,8 +280,8 @@ def run(args: argparse.Namespace, start: RankStart) -> int:
     options = WatchOptions(hang_after=config.collective_timeout, on_hang="abort", summary=False)
     timeout = timedelta(seconds=config.collective_timeout + BACKSTOP_S)
     live = _live_group(context, world, args.backend, timeout)
-    # under --heal live the agent names a lost rank and the group is re-formed in the same processes: no watch
-    rt = ddpkit.init(backend=args.backend, timeout=timeout, world=world, watch=options if live is None else False,
+    # under --heal live the group is re-formed in the same processes; the watch goes on across it, on the agent's store
+    rt = ddpkit.init(backend=args.backend, timeout=timeout, world=world, watch=options,
                      store=None if live is None else live.store())
     marks["group"] = time.time()
     goodput = _goodput_log(args, rt.rank, rt.world_size, context)

@@ -27,6 +27,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import Dataset
 
+from ddpkit.base.fault_injection import fault
 from ddpkit.base.log import get_logger
 from ddpkit.comm.gradients import GradientAveraging, register_gradient_averaging
 from ddpkit.goodput.records import attempt_from_environ
@@ -174,6 +175,11 @@ class Trainer:
                 t0 = time.perf_counter()
                 w0 = time.time() if goodput is not None else 0.0
                 self.phase = f"the gradient all-reduce of step {step + 1} (epoch {epoch}, batch {batch})"
+                hung = fault("hang", phase="step", rank=self.rank, step=step + 1,
+                             gen=None if self.live is None else self.live.gen)
+                if hung is not None:  # test hook: this rank sleeps in its step, running, making no progress
+                    log.warning("test fault: rank %d sleeps before step %d (at %.3f)", self.rank, step + 1, time.time())
+                    time.sleep(float(hung.get("s", 3600)))
                 loss = self._train_step(ddp, x, y)
                 step = self.done_step = step + 1
                 losses.append(loss)  # on the device: read back once per epoch (or by the progress bar)

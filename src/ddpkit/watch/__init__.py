@@ -62,8 +62,11 @@ class Session:
     def __init__(self, options: WatchOptions) -> None:
         from ddpkit.watch.hooks import Hooks
 
-        silent = WorkerContext.from_environ().heal_silent_s
-        if options.silent_stop is None and silent is not None:  # a heal supervisor started this rank
+        context = WorkerContext.from_environ()
+        silent = context.heal_silent_s
+        if context.live_gen is not None:  # --heal live: the agent sees a silent rank's process itself (killed, stopped)
+            options = dataclasses.replace(options, silent_stop=None)
+        elif options.silent_stop is None and silent is not None:  # a heal supervisor started this rank
             options = dataclasses.replace(options, silent_stop=max(silent, MIN_SILENT_S))
         self.options = options
         self.recorder: Recorder | None = None
@@ -144,6 +147,10 @@ def _watch_store(init_args: dict[str, Any]) -> dist.Store:
     method = str(init_args.get("init_method") or "")
     context = WorkerContext.from_environ()
     host, port = context.master_addr, str(context.master_port) if context.master_port is not None else None
+    if context.live_store is not None:  # --heal live: the agent's store, the same for every generation's group
+        (host, live_port), method = context.live_store, ""
+        port = str(live_port)
+        init_args = {**init_args, "store": None}
     if method.startswith("tcp://"):
         host, _, port = method[len("tcp://"):].split("?")[0].rpartition(":")
     prefix = _prefix()

@@ -1,6 +1,8 @@
 """What a rank's watch does once its loop (``monitor.py``) decided: report a hang or a passed phase deadline (first
 rank to claim it) with every live rank's stacks, say once that progress resumed, and stop the job (every rank exits
-3, the ranks that stopped answering ended by a live rank on their host).
+3, the ranks that stopped answering ended by a live rank on their host). Under ``--heal live``, where the watch would
+stop the job over ranks the others wait for, it names those ranks to the live agent instead
+(``ddpkit.process.live``), which ends and replaces them while the others keep their processes.
 
 Store keys (under the watch's prefix, ``monitor.py`` names them all): ``claim``, ``stacks/<claim>/<rank>``,
 ``abort``, ``abort/seen`` (the live ranks that saw the order), ``abort/handled`` (those whose abort handlers ran).
@@ -18,6 +20,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Protocol
 
 from ddpkit.base.errors import EXIT_MISSING
@@ -86,6 +89,11 @@ class Reported:
     since: float
     hang: bool
     busy_at: dict[int, str] = field(default_factory=dict)
+    waited_for: tuple[int, ...] = ()
+    """The live ranks the others wait for (the report's ``behind``, else its ``busy``): under ``--heal live``, the
+    ranks replaced where the watch would stop the job."""
+    replaced: bool = False
+    """Under ``--heal live``: ``waited_for`` was named to the live agent (once a report)."""
 
 
 class MonitorView(Protocol):
@@ -148,13 +156,18 @@ class Actions:
             where = {r: p.where for r, p in posted.items() if p.where is not None}
             hang = describe(m.read(), where)
             self.reported.busy_at = {r: where[r] for r in hang.busy if r in where}
+            self.reported.waited_for = tuple(sorted(r for r in (hang.behind or hang.busy) if r not in stale))
         except Exception as exc:  # a report without its diagnosis beats silence (the loop takes errors for the store's)
             log.error("watch: the hang report could not be worded (%r)", exc)
             hang = Hang(lines=[f"ddpkit watch: HANG: no rank has made progress (claim {mine}); the diagnosis failed: "
                                f"{exc!r}; the stacks follow"], event={"event": "hang", "reporter": m.rank,
                                                                      "diagnosis_error": repr(exc)})
         lines = list(hang.lines)
-        if m.options.on_hang == "report":
+        replace = self._replaceable(stop_at)
+        if replace:
+            lines[0] += (f"; rank(s) {', '.join(map(str, replace))} replaced live (--heal live), the others keep "
+                         "their processes")
+        elif m.options.on_hang == "report":
             lines[0] += "; the watch does not stop the job (--on-hang report)"
         elif stop_at is not None:
             lines[0] += f"; every rank stops at {time.strftime('%H:%M:%S', time.localtime(stop_at))} unless " \
@@ -173,7 +186,9 @@ class Actions:
         hang.event["stacks"] = {str(r): s for r, s in stacks.items()}
         hang.event["on_hang"] = m.options.on_hang
         m.emit(lines, hang.event)
-        if m.options.on_hang == "abort" and stop_at is None:
+        if replace:
+            self._name_hung(records, replace, lines[0])
+        elif m.options.on_hang == "abort" and stop_at is None:
             order = self._order(records, stale, lines[0], hang.event.get("text"))
             m.aborting = True
             m.store.set("abort", order.to_json())
@@ -200,6 +215,14 @@ class Actions:
                  stop: float) -> None:
         """No progress for ``stop`` s since a hang was reported: every rank stops (exit 3); one order per job."""
         m = self.monitor
+        replace = self._replaceable(None)
+        if replace:
+            line = (f"ddpkit watch: no rank has made progress for {idle:.0f} s (stop after {stop:g} s): rank(s) "
+                    f"{', '.join(map(str, replace))} replaced live (--heal live), the others keep their processes")
+            m.emit([line], {"event": "replace", "reporter": m.rank, "idle_s": round(idle, 1),
+                            "stop_after_s": stop, "ranks": list(replace)})
+            self._name_hung(records, replace, line)
+            return
         line = (f"ddpkit watch: no rank has made progress for {idle:.0f} s (stop after {stop:g} s): every rank "
                 f"stops (exit {EXIT_MISSING})")
         order = self._order(records, stale, line, None)
@@ -232,6 +255,33 @@ class Actions:
                         "hosts": {str(r): rec["host"] if (rec := records[r]) else None for r in lost}})
         m.store.set("abort", order.to_json())
         self._stop_every_rank(order)
+
+    def _replaceable(self, stop_at: float | None) -> tuple[int, ...]:
+        """Under ``--heal live`` where the watch would stop the job now (``--on-hang abort``, no later stop): the
+        ranks this rank's report found the others waiting for, to be replaced live; () where there are none, where
+        every rank is one (no live rank would hold the state) or outside ``--heal live``."""
+        m, reported = self.monitor, self.reported
+        if m.options.on_hang != "abort" or stop_at is not None or reported is None or reported.replaced:
+            return ()
+        if WorkerContext.from_environ().live_store is None or len(reported.waited_for) >= m.world:
+            return ()
+        return reported.waited_for
+
+    def _name_hung(self, records: dict[int, Heartbeat | None], ranks: tuple[int, ...], headline: str) -> None:
+        """Tell the live agent the processes of ``ranks`` are hung; it ends and replaces them."""
+        import torch.distributed as dist
+
+        from ddpkit.process.live import LiveStore
+
+        where = WorkerContext.from_environ().live_store
+        assert where is not None and self.reported is not None
+        self.reported.replaced = True
+        store = LiveStore(dist.TCPStore(where[0], where[1], is_master=False, timeout=timedelta(seconds=STACK_WAIT_S),
+                                        wait_for_workers=False))
+        for rank in ranks:
+            rec = records.get(rank)
+            if rec is not None:
+                store.name_hung(int(rec["pid"]), headline)
 
     def _order(self, records: dict[int, Heartbeat | None], stale: dict[int, float], headline: str,
                text: str | None) -> AbortOrder:
