@@ -147,3 +147,19 @@ def test_a_rank_lost_after_an_epochs_last_step_still_gets_that_epochs_snapshot(t
     assert summary["snapshots_written"] == 5 and summary["snapshots_loaded"] == 0, out
     assert [Path(p).name for p in summary["snapshot_paths"]][2] == "snapshot.000000003.pt", summary["snapshot_paths"]
     assert sorted(summary["loss_history"]) == ["0", "1", "2", "3", "4"], summary["loss_history"]
+
+
+def test_a_replaced_rank_0_counts_the_run_s_snapshots_and_drills(tmp_path: Path) -> None:
+    """The drill kills rank 0 itself: its replacement's summary counts the five snapshots the run wrote (three by the
+    lost rank 0) and says the drill line, as rank 0 of an uninterrupted run would."""
+    res = subprocess.run([sys.executable, "-m", "ddpkit", "train", "-n", "3", "--heal", "live", "--run-dir", "run",
+                          "--epochs", "5", "--samples", "96", "--batch-size", "32", "--snapshot-path", "snaps/",
+                          "--drill", "kill-worker@epoch=2,rank=0", "--json", "summary.json"], cwd=tmp_path,
+                         env=ddpkit_env(), capture_output=True, text=True, timeout=240)
+    out = res.stdout + res.stderr
+    assert res.returncode == 0 and "killing rank 0" in out and "Live heals: 1" in out, out
+    assert "Snapshots: 5 written, 0 loaded" in out, out
+    assert re.search(r"Drill kill-worker@epoch=2,rank=0: injected kill-worker of rank 0 at epoch 2 \(global step \d+\); "
+                     r"resumed at step \d+; lost 0 steps", out), out
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["snapshots_written"] == 5 and len(summary["snapshot_paths"]) == 5, summary

@@ -5,6 +5,7 @@ on at the source's step's epoch and batch."""
 
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
@@ -64,7 +65,12 @@ def _exchange(group: LiveGroup, trainer: Replica, *, done: int) -> StartPoint:
         trainer.job.optimizer.load_state_dict(given["optimizer"])
         if done < 0:  # the replacement
             restore_rng(given["rng"])
-            trainer.hosts, trainer.drills.fired = list(given["hosts"]), dict(given["drills"])
+            # the drills and snapshots of the run, not only this process's part: a drill that fired on the lost rank 0
+            # is in its drill book on disk (read at start), a snapshot it wrote is on disk
+            trainer.hosts, trainer.drills.fired = list(given["hosts"]), {**given["drills"], **trainer.drills.fired}
+            trainer.snapshots.group_paths = list(given["snapshots"])
+            if group.rank == 0:
+                trainer.snapshots.paths = [p for p in given["snapshots"] if os.path.exists(p)]
             trainer.summary.loss_history = dict(given["loss_history"])
             losses = list(given["epoch_losses"])
         elif done == best - 1 and trainer.pending_loss is not None:  # the step in flight, applied elsewhere
@@ -92,5 +98,5 @@ def _state(trainer: Replica, step: int) -> dict[str, Any]:
     """What the source hands over: everything a replica holds that the others may lack."""
     return {"step": step, "model": trainer.job.model.state_dict(), "optimizer": trainer.job.optimizer.state_dict(),
             "rng": capture_rng(), "hosts": list(trainer.hosts), "drills": dict(trainer.drills.fired),
-            "loss_history": dict(trainer.summary.loss_history),
+            "loss_history": dict(trainer.summary.loss_history), "snapshots": list(trainer.snapshots.group_paths),
             "epoch_losses": [float(x) for x in trainer.epoch_losses]}

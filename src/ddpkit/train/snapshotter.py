@@ -94,6 +94,9 @@ class Snapshotter:
         self.stalls: list[float] = []
         """Seconds each save held the training thread (an async one: plus its wait_for_staging)."""
         self.paths: list[str] = []
+        self.group_paths: list[str] = []
+        """Every snapshot the group took, on every rank (rank 0 writes them): what a replaced rank 0 counts as its
+        run's, where they are on disk (``train.live``)."""
 
     @property
     def enabled(self) -> bool:
@@ -191,6 +194,7 @@ class Snapshotter:
         dist.gather_object(mine, parts, dst=0)
         self.taken = step
         path = self.dir.path_for(step)
+        self.group_paths.append(str(path))
         if self.rank != 0:  # rank 0 writes it, synchronously or in the background
             self.last = LastSnapshot(configured=True, step=step, path=f"{path}, written by rank 0")
             return
