@@ -159,7 +159,7 @@ def test_a_replaced_rank_0_counts_the_run_s_snapshots_and_drills(tmp_path: Path)
     out = res.stdout + res.stderr
     assert res.returncode == 0 and "killing rank 0" in out and "Live heals: 1" in out, out
     assert "Snapshots: 5 written, 0 loaded" in out, out
-    assert re.search(r"Drill kill-worker@epoch=2,rank=0: injected kill-worker of rank 0 at epoch 2 \(global step \d+\); "
-                     r"resumed at step \d+; lost 0 steps", out), out
+    assert re.search(r"Drill kill-worker@epoch=2,rank=0: injected kill-worker of rank 0 at epoch 2 "
+                     r"\(global step \d+\); resumed at step \d+; lost 0 steps", out), out
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["snapshots_written"] == 5 and len(summary["snapshot_paths"]) == 5, summary
