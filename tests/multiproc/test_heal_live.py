@@ -134,16 +134,22 @@ def test_the_seeds_ddp_py_with_the_documented_change_rejoins_a_killed_rank_from_
     assert "still running" not in text, text  # each rank left by itself (run.live holds its replicas: no hung teardown)
 
 
+def _one_step_epochs_with_a_drill(cwd: Path, rank: int) -> tuple[str, dict[str, Any]]:
+    """``train -n 3 --heal live``, one step an epoch, five epochs, a snapshot each; the drill kills ``rank`` in
+    epoch 2. The output (exit 0, one live heal asserted) and the summary."""
+    res = subprocess.run([sys.executable, "-m", "ddpkit", "train", "-n", "3", "--heal", "live", "--run-dir", "run",
+                          "--epochs", "5", "--samples", "96", "--batch-size", "32", "--snapshot-path", "snaps/",
+                          "--drill", f"kill-worker@epoch=2,rank={rank}", "--json", "summary.json"], cwd=cwd,
+                         env=ddpkit_env(), capture_output=True, text=True, timeout=240)
+    out = res.stdout + res.stderr
+    assert res.returncode == 0 and f"killing rank {rank}" in out and "Live heals: 1" in out, out
+    return out, json.loads((cwd / "summary.json").read_text())
+
+
 def test_a_rank_lost_after_an_epochs_last_step_still_gets_that_epochs_snapshot(tmp_path: Path) -> None:
     """One step an epoch: the drill kills rank 1 right after epoch 2's only step, before the epoch's end (its loss
     line, its snapshot). The survivors go on at the end of epoch 2, and its snapshot is taken before epoch 3."""
-    res = subprocess.run([sys.executable, "-m", "ddpkit", "train", "-n", "3", "--heal", "live", "--run-dir", "run",
-                          "--epochs", "5", "--samples", "96", "--batch-size", "32", "--snapshot-path", "snaps/",
-                          "--drill", "kill-worker@epoch=2,rank=1", "--json", "summary.json"], cwd=tmp_path,
-                         env=ddpkit_env(), capture_output=True, text=True, timeout=240)
-    out = res.stdout + res.stderr
-    assert res.returncode == 0 and "killing rank 1" in out and "Live heals: 1" in out, out
-    summary = json.loads((tmp_path / "summary.json").read_text())
+    out, summary = _one_step_epochs_with_a_drill(tmp_path, 1)
     assert summary["snapshots_written"] == 5 and summary["snapshots_loaded"] == 0, out
     assert [Path(p).name for p in summary["snapshot_paths"]][2] == "snapshot.000000003.pt", summary["snapshot_paths"]
     assert sorted(summary["loss_history"]) == ["0", "1", "2", "3", "4"], summary["loss_history"]
@@ -152,14 +158,8 @@ def test_a_rank_lost_after_an_epochs_last_step_still_gets_that_epochs_snapshot(t
 def test_a_replaced_rank_0_counts_the_run_s_snapshots_and_drills(tmp_path: Path) -> None:
     """The drill kills rank 0 itself: its replacement's summary counts the five snapshots the run wrote (three by the
     lost rank 0) and says the drill line, as rank 0 of an uninterrupted run would."""
-    res = subprocess.run([sys.executable, "-m", "ddpkit", "train", "-n", "3", "--heal", "live", "--run-dir", "run",
-                          "--epochs", "5", "--samples", "96", "--batch-size", "32", "--snapshot-path", "snaps/",
-                          "--drill", "kill-worker@epoch=2,rank=0", "--json", "summary.json"], cwd=tmp_path,
-                         env=ddpkit_env(), capture_output=True, text=True, timeout=240)
-    out = res.stdout + res.stderr
-    assert res.returncode == 0 and "killing rank 0" in out and "Live heals: 1" in out, out
+    out, summary = _one_step_epochs_with_a_drill(tmp_path, 0)
     assert "Snapshots: 5 written, 0 loaded" in out, out
     assert re.search(r"Drill kill-worker@epoch=2,rank=0: injected kill-worker of rank 0 at epoch 2 "
                      r"\(global step \d+\); resumed at step \d+; lost 0 steps", out), out
-    summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["snapshots_written"] == 5 and len(summary["snapshot_paths"]) == 5, summary
