@@ -1,0 +1,46 @@
+"""Live healing's words, pure: the verdict on replicas that differ, the line of a heal of several ranks, and the
+digest that compares replicas (weights and optimizer state, the learning rate a scheduler set included)."""
+
+from __future__ import annotations
+
+import torch
+
+from ddpkit.comm.live import state_digest
+from ddpkit.process.live import Diverged, Plan
+from ddpkit.rundir.ledger import RankReplaced, heal_sentence
+
+
+def test_a_divergence_names_the_ranks_that_differ_the_largest_group_first() -> None:
+    verdict = Diverged(gen=1, step=62, digests=("aa" * 32, "bb" * 32, "aa" * 32), where="one step after a live heal")
+    assert verdict.groups() == [(0, 2), (1,)]
+    assert verdict.sentence().startswith("ddpkit heal: the replicas differ one step after a live heal (generation 1, "
+                                         f"step 62): rank(s) 0, 2: {'aa' * 6}; rank(s) 1: {'bb' * 6}.")
+    assert Diverged.from_json(verdict.to_json()) == verdict
+    plan = Plan(gen=2, ranks=(1, 2), why="SIGKILL", hosts=("n2", "n2"), lost_at=1.0, port=5)
+    assert Plan.from_json(plan.to_json()) == plan
+
+
+def test_one_line_names_every_rank_a_generation_replaced() -> None:
+    heals = [RankReplaced(rank=r, host="n2", why="SIGKILL", lost_at=10.0, lost_pid=100 + r, replacement_pid=200 + r,
+                          kept=(0, 3), gen=1, source=0, step=48, decided_at=10.0, joined_at=10.5, first_step_at=10.6,
+                          replacement_host="n3", together=(1, 2)) for r in (1, 2)]
+    assert heal_sentence(heals) == (
+        "ddpkit heal: ranks 1, 2 lost together (rank 1 on n2: SIGKILL; rank 2 on n2: SIGKILL); replacements (rank 1 "
+        "pid 201 on n3, rank 2 pid 202 on n3) took their state from rank 0 at step 48 0.50 s after the loss was found; "
+        "their first step 0.60 s after; rank(s) 0, 3 kept their processes; replicas equal after it; no step lost")
+    assert heal_sentence(heals[:1]).startswith("ddpkit heal: rank 1 on n2 lost (SIGKILL); a replacement (pid 201 on "
+                                               "n3) took its state from rank 0 at step 48")
+
+
+def test_the_digest_sees_weights_and_the_learning_rate() -> None:
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    same = state_digest(model, optimizer)
+    assert state_digest(model, optimizer) == same
+    optimizer.param_groups[0]["lr"] = 0.05  # a scheduler's step that one replica missed
+    assert state_digest(model, optimizer) != same
+    optimizer.param_groups[0]["lr"] = 0.1
+    with torch.no_grad():
+        model.weight[0, 0] += 1e-7
+    assert state_digest(model, optimizer) != same
