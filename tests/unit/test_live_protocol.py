@@ -28,8 +28,8 @@ def test_one_line_names_every_rank_a_generation_replaced() -> None:
         "ddpkit heal: ranks 1, 2 lost together (rank 1 on n2: SIGKILL; rank 2 on n2: SIGKILL); replacements (rank 1 "
         "pid 201 on n3, rank 2 pid 202 on n3) took their state from rank 0 at step 48 0.50 s after the loss was found; "
         "their first step 0.60 s after; rank(s) 0, 3 kept their processes; replicas equal after it; no step lost")
-    assert heal_sentence(heals[:1]).startswith("ddpkit heal: rank 1 on n2 lost (SIGKILL); a replacement (pid 201 on "
-                                               "n3) took its state from rank 0 at step 48")
+    assert heal_sentence(heals[:1]).startswith("ddpkit heal: rank 1 on n2 lost (SIGKILL); a replacement on n3 (pid "
+                                               "201) took its state from rank 0 at step 48")
 
 
 def test_the_digest_sees_weights_and_the_learning_rate() -> None:

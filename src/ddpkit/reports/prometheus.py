@@ -35,13 +35,13 @@ class _RunFigures(Collector):
         if split.measured:  # a goodput no rank measured is left out, never written as 0
             yield one(GaugeMetricFamily, "ddpkit_goodput_ratio", "Training time over wall-clock time of the run "
                       "(0..1).", split.goodput)
-        yield one(CounterMetricFamily, "ddpkit_live_heals", "Ranks replaced live (--heal live) over the run.",
-                  split.live_heals)
         yield one(GaugeMetricFamily, "ddpkit_wall_seconds",
                   "Wall-clock seconds from the run's start to its last attempt's end.", split.wall_s)
         yield one(CounterMetricFamily, "ddpkit_attempts", "Attempts the run started.", len(split.attempts))
         yield one(CounterMetricFamily, "ddpkit_failed_attempts", "Attempts that ended with a non-zero exit code.",
                   failed)
+        yield one(CounterMetricFamily, "ddpkit_live_heals", "Ranks replaced live (--heal live) over the run.",
+                  split.live_heals)
         # a figure ddpkit does not know is left out, never written as 0: a user's script that showed no epoch
         yield one(GaugeMetricFamily, "ddpkit_lost_steps_known", "1 where the steps done again after a resume are "
                   "known, else 0 (ddpkit_lost_steps_total is then absent and ddpkit_goodput_ratio an upper bound).",

@@ -173,9 +173,13 @@ def heal_sentence(heals: Sequence[RankReplaced]) -> str:
     else:
         lost = (f"ranks {', '.join(str(h.rank) for h in heals)} lost together ("
                 + "; ".join(f"rank {h.rank} on {h.host}: {h.why}" for h in heals) + ")")
-    went = ", ".join(f"{'' if one else f'rank {h.rank} '}pid {h.replacement_pid}"
-                     f"{'' if h.replacement_host is None else f' on {h.replacement_host}'}" for h in heals)
-    return (f"ddpkit heal: {lost}; {'a replacement' if one else 'replacements'} ({went}) took "
+    if one:
+        went = f"a replacement{'' if head.replacement_host is None else f' on {head.replacement_host}'} (pid " \
+               f"{head.replacement_pid})"
+    else:
+        went = "replacements (" + ", ".join(f"rank {h.rank} pid {h.replacement_pid}" + (
+            "" if h.replacement_host is None else f" on {h.replacement_host}") for h in heals) + ")"
+    return (f"ddpkit heal: {lost}; {went} took "
             f"{'its' if one else 'their'} state from rank {head.source} at step {head.step}{took}{first}; "
             f"rank(s) {', '.join(map(str, head.kept))} kept their processes; replicas equal after it; no step lost")
 
