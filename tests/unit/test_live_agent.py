@@ -118,3 +118,38 @@ def test_a_loss_is_healed_live_only_where_every_survivor_holds_a_live_group() ->
         for proc in procs:
             proc.kill()
             proc.wait()
+
+
+def test_a_rank_lost_while_a_replacement_joins_is_replaced_with_it_in_one_generation() -> None:
+    """Rank 1 lost, its replacement started (generation 1); rank 2 lost before the hand-over: generation 2 replaces
+    both (rank 1's first replacement ended), its plan names both, and the ledger keeps rank 1's first loss."""
+    procs = [subprocess.Popen(["sleep", "60"]) for _ in range(4)]
+
+    def spawn(rank: int, env: dict[str, str]) -> _Popen:
+        procs.append(subprocess.Popen(["sleep", "60"]))
+        return _Popen(procs[-1])
+
+    try:
+        agent = live.LiveAgent(spawn=spawn, on_heal=lambda heal: None, store=_store())
+        agent.ranks = {r: _rank(r, p) for r, p in enumerate(procs[:4])}
+        for rank in range(4):
+            agent.keys.register(rank)
+        first_lost = procs[1].pid
+        procs[1].kill()
+        procs[1].wait()
+        assert agent._heal_live(agent._ended(time.time()), time.time())
+        first_replacement = agent.ranks[1].proc
+        assert agent.keys.plan(1) is not None and agent.keys.plan(1).ranks == (1,)  # type: ignore[union-attr]
+        procs[2].kill()
+        procs[2].wait()
+        assert agent._heal_live(agent._ended(time.time()), time.time())
+        plan = agent.keys.plan(2)
+        assert plan is not None and plan.ranks == (1, 2) and agent.gen == 2
+        assert [(h.rank, h.gen, h.lost_pid, h.together, h.kept) for h in agent.healing] == [
+            (1, 2, first_lost, (1, 2), (0, 3)), (2, 2, procs[2].pid, (1, 2), (0, 3))]
+        assert first_replacement.wait() is not None  # ended: it held no state yet
+        assert agent.ranks[1].proc is not first_replacement and agent.ranks[1].proc.wait() is None
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.wait()

@@ -44,6 +44,9 @@ log = get_logger(__name__)
 PLAN_WAIT_S = 30.0
 #: How often that wait looks at the store (seconds).
 ASK_POLL_S = 0.01
+#: In a generation's own store: how many of its survivors have left the old group (the replacements join by
+#: ``init_process_group`` alone).
+_ARRIVED = "ddpkit-live-arrived"
 #: What a collective whose peer is gone raises: gloo a RuntimeError, NCCL and the store torch's DistError. Its text is
 #: never read: the agent, which sees every rank's process, says whether a peer was lost.
 _COLLECTIVE_ERRORS = (RuntimeError, dist.DistError)
@@ -151,20 +154,49 @@ class LiveGroup:
         said = first_line(exc).rsplit("] ", 1)[-1].split(". This")[0][:160]  # gloo's words, without its source path
         log.warning("rank %d: rank(s) %s lost (%s); re-forming the group with their replacements (generation %d)",
                     self.rank, ", ".join(map(str, plan.ranks)), said, plan.gen)
-        self.gen, self.port = plan.gen, plan.port
         # the old group aborted and released: gloo's abort leaves its connections open while anything holds the
         # group (DDP's reducer does), and a survivor blocked on one (its all-reduce waits on this rank) would wait
         # out the group's timeout; freed, the group closes them and that survivor's collective fails at once
         from torch.distributed.distributed_c10d import _abort_process_group
 
+        from ddpkit.watch import regroup
+
+        regroup(ddp)  # the watch's references to the old group let go too
         _abort_process_group()
         for name in ("logger", "reducer", "process_group"):
             if ddp is not None and hasattr(ddp, name):
                 delattr(ddp, name)
         gc.collect()
+        plan = self._arrive(plan)
         dist.init_process_group(backend=self.backend, store=dist.PrefixStore(self.pg_prefix, self.store()),
                                 rank=self.rank, world_size=self.world, timeout=self.timeout,
                                 device_id=device if device.type == "cuda" else None)
+
+    def _arrive(self, plan: Plan) -> Plan:
+        """Every survivor of ``plan`` at its generation's store before any forms the group; where a newer plan comes
+        first (a rank lost while this one's replacements were joining: the agent replaces them all in the next
+        generation), its generation instead. The plan the group is formed in."""
+        deadline = time.monotonic() + self.timeout.total_seconds()
+        while True:
+            self.gen, self.port = plan.gen, plan.port
+            arrived = self.store()
+            arrived.add(_ARRIVED, 1)
+            while int(arrived.add(_ARRIVED, 0)) < self.world - len(plan.ranks):
+                newer = self.keys.plan(plan.gen + 1)
+                if newer is not None:
+                    break
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"the survivors of generation {plan.gen} did not all arrive within "
+                                       f"{self.timeout.total_seconds():.0f} s: the restart heal takes over")
+                time.sleep(ASK_POLL_S)
+            else:
+                return plan
+            while (later := self.keys.plan(newer.gen + 1)) is not None:
+                newer = later
+            log.warning("rank %d: another rank was lost while the replacements joined; re-forming the group with "
+                        "rank(s) %s's replacements in generation %d instead", self.rank,
+                        ", ".join(map(str, newer.ranks)), newer.gen)
+            plan = newer
 
     def exchange(self, done: int, give: Callable[[int], dict[str, Any]]) -> Exchanged:
         """Agree on the source (``done``: the steps this rank applied; -1 for a replacement); the source's

@@ -224,12 +224,13 @@ class LiveAgent:
         whys = [r.ended_by_agent or (signal_name(-code) if code < 0 else None) for r, code in lost]
         if any(why is None for why in whys):
             return False  # a rank that exited with a code: the program's own failure
-        gone = {r.rank for r, _ in lost}
+        earlier = self.healing
+        gone = {r.rank for r, _ in lost} | {h.rank for h in earlier}
         others = [r for r in self.ranks.values() if r.rank not in gone]
         lost_ranks = ", ".join(str(r.rank) for r, _ in lost)
-        if self.healing:
-            log.error("rank(s) %s lost while rank(s) %s's replacements were joining: the heal cannot go on live",
-                      lost_ranks, ", ".join(str(h.rank) for h in self.healing))
+        if earlier and earlier[0].joined_at is not None:
+            log.error("rank(s) %s lost after rank(s) %s's replacements took their state: the heal cannot go on live",
+                      lost_ranks, ", ".join(str(h.rank) for h in earlier))
             return False
         if not others or any(r.done for r in others):
             return False
@@ -238,6 +239,9 @@ class LiveAgent:
             log.warning("rank(s) %s lost; rank(s) %s hold no live group (a script without live.Replica, or one "
                         "still starting): the restart heal takes over", lost_ranks, ", ".join(map(str, unready)))
             return False
+        if earlier:  # before the hand-over: one generation replaces them all, the survivors switch to its plan
+            log.warning("rank(s) %s lost while rank(s) %s's replacements were joining: replacing them together",
+                        lost_ranks, ", ".join(str(h.rank) for h in earlier))
         return self._replace([r for r, _ in lost], [str(w) for w in whys], now)
 
     def _check_stopped(self, r: _Rank, now: float) -> None:
@@ -269,8 +273,9 @@ class LiveAgent:
         r.proc.send(signal.SIGKILL)
 
     def _replace(self, lost: list[_Rank], whys: list[str], now: float) -> bool:
-        """Start a replacement for each of ``lost`` and write the next generation's plan; False where one cannot
-        start (those started are ended)."""
+        """Start a replacement for each of ``lost`` (and, where a heal is under way and its replacements have not
+        taken their state, for each of its ranks again: their replacements are ended) and write the next
+        generation's plan; False where one cannot start (those started are ended)."""
         import torch.distributed as dist
 
         self.gen += 1
@@ -278,27 +283,39 @@ class LiveAgent:
         # group would read again: pytorch/pytorch#135712), and a replacement's init_process_group finds it as given
         group = dist.TCPStore(self.address, 0, is_master=True, wait_for_workers=False)
         self.group_stores.append(group)
-        started: list[tuple[_Rank, _Rank]] = []
-        for old in lost:
-            new = self.start(old.rank, {**old.env, LIVE_GEN: str(self.gen), "MASTER_PORT": str(group.port)})
+        earlier = {h.rank: h for h in self.healing}
+        for heal in earlier.values():  # their replacements hold nothing yet: started again in this generation
+            pending = self.ranks[heal.rank]
+            pending.ended_by_agent = "superseded"
+            pending.proc.send(signal.SIGKILL)
+        lost_now = [(old, why) for old, why in zip(lost, whys, strict=True) if old.rank not in earlier]
+        targets = [(self.ranks[r].env, h.host, h.why, h.lost_pid, h.lost_at, h.decided_at or now, r)
+                   for r, h in earlier.items()]
+        targets += [(old.env, old.proc.host, why, old.pid, old.stopped_since or now, now, old.rank)
+                    for old, why in lost_now]
+        started: list[tuple[_Rank, RankReplaced]] = []
+        for env, host, why, lost_pid, lost_at, decided_at, rank in targets:
+            new = self.start(rank, {**env, LIVE_GEN: str(self.gen), "MASTER_PORT": str(group.port)})
             if new is None:
                 log.error("rank %d on %s was lost and nothing can take its place (no standby left): the heal cannot "
-                          "go on live", old.rank, old.proc.host)
-                for _, begun in started:
+                          "go on live", rank, host)
+                for begun, _ in started:
                     begun.proc.send(signal.SIGKILL)
                     begun.proc.close()
                 return False
-            started.append((old, new))
-        for old, new in started:
-            self.ranks[old.rank] = new
-        kept = tuple(sorted(r.rank for r in self.ranks.values() if r.rank not in {o.rank for o in lost}))
-        self.healing = [RankReplaced(gen=self.gen, rank=old.rank, host=old.proc.host, why=why, lost_pid=old.pid,
-                                     replacement_pid=new.pid, lost_at=old.stopped_since or now, decided_at=now,
-                                     kept=kept, together=tuple(o.rank for o in lost),
-                                     replacement_host=new.proc.host if new.proc.host != old.proc.host else None)
-                        for (old, new), why in zip(started, whys, strict=True)]
-        self.keys.put_plan(Plan(gen=self.gen, ranks=tuple(o.rank for o in lost), why=whys[0],
-                                hosts=tuple(o.proc.host for o in lost),
+            started.append((new, RankReplaced(gen=self.gen, rank=rank, host=host, why=why, lost_pid=lost_pid,
+                                              replacement_pid=new.pid, lost_at=lost_at, decided_at=decided_at,
+                                              replacement_host=new.proc.host if new.proc.host != host else None)))
+        for rank in earlier:
+            self.ranks[rank].proc.close()
+        together = tuple(sorted(heal.rank for _, heal in started))
+        for new, heal in started:
+            self.ranks[heal.rank] = new
+        kept = tuple(sorted(r for r in self.ranks if r not in together))
+        self.healing = sorted((replace(heal, kept=kept, together=together) for _, heal in started),
+                              key=lambda h: h.rank)
+        self.keys.put_plan(Plan(gen=self.gen, ranks=together, why=self.healing[0].why,
+                                hosts=tuple(h.host for h in self.healing),
                                 lost_at=min(h.lost_at for h in self.healing), port=group.port))
         return True
 

@@ -50,7 +50,8 @@ if TYPE_CHECKING:
     from ddpkit.watch.records import AbortOrder
     from ddpkit.watch.steplines import StepLines
 
-__all__ = ["Session", "WatchOptions", "active", "ended", "install", "note_exception", "phase", "uninstall", "watch"]
+__all__ = ["Session", "WatchOptions", "active", "ended", "install", "note_exception", "phase", "regroup", "uninstall",
+           "watch"]
 
 log = get_logger(__name__)
 STORE_TIMEOUT = timedelta(seconds=10)
@@ -162,6 +163,18 @@ def _watch_store(init_args: dict[str, Any]) -> dist.Store:
         except (RuntimeError, ValueError) as exc:
             log.info("watch: no own connection to %s:%s (%s); sharing the group's store", host, port, exc)
     return dist.PrefixStore(prefix, c10d._get_default_store())
+
+
+def regroup(model: Any = None) -> None:
+    """The default group is being re-formed in this process (``--heal live``, ``ddpkit.comm.live``): the watch lets
+    go of the old group, and counts ``model`` (the DDP object wrapped again over the new one) from its next forward.
+    Its heartbeats, records and reports go on: a re-formed group is the same job."""
+    session = _session
+    if session is not None and session.recorder is not None:
+        session.recorder.forget_group()
+    if model is not None:
+        for key in ("_ddpkit_seen", "_ddpkit_watched"):
+            model.__dict__.pop(key, None)
 
 
 def _prefix() -> str:

@@ -120,6 +120,13 @@ class Recorder(Calls):
             self._counter = counter if counter.bypasses_group else None
             self.counted_as = counter.about
 
+    def forget_group(self) -> None:
+        """The default group is being re-formed in this process (``--heal live``): no reference to it is kept (one
+        would keep gloo's connections open, and a peer blocked on one would wait out the group's timeout); the
+        model re-wrapped over the new group is counted again from its next forward (``watch.regroup``)."""
+        self._group, self._ddp, self._counter = None, None, None
+        self.p2p.world = None
+
     def group_seq(self) -> int | None:
         """The process group's count of collectives issued on this rank (C++ ones included), plus the calls of a
         hook that bypass the group; None: not counted."""
