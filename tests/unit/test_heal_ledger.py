@@ -94,7 +94,7 @@ def test_store_values_read_back_as_written() -> None:
     """The values the agents pass through their stores (``base.jsonlines.JsonFields``): enums by value, tuples
     back as tuples, every field kept."""
     from ddpkit.heal.elastic_round import Excluded
-    from ddpkit.process.live import Joined, Plan
+    from ddpkit.live.protocol import Joined, Plan
 
     for value in (HOST, Excluded(host="node2", reason="rank 1 was killed by SIGKILL", by="node1", time=4.5),
                   Plan(gen=2, ranks=(1, 3), why="SIGKILL", hosts=("node2", "node2"), lost_at=3.25, port=29511),

@@ -20,17 +20,20 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     # 1: a process's start and end protocol (what the agent tells its workers, why a run stopped, how a process
     #    leaves) and judging what was measured; the goodput ledger's records and accounting; what launchers print,
     #    read into typed events for the digest and heal alike; no torch at module level
-    ("ddpkit.process", "ddpkit.verdicts", "ddpkit.goodput", "ddpkit.rundir", "ddpkit.launcher_output"),
+    #    live healing's protocol (the wing's package; its rank side and agent side sit in layers 3 and 5)
+    ("ddpkit.process", "ddpkit.verdicts", "ddpkit.goodput", "ddpkit.rundir", "ddpkit.launcher_output", "ddpkit.live"),
     # 2: who am I in which world
     ("ddpkit.env",),
     # 3: the process group, and the collectives that check, bench and train share; the watch over them
-    ("ddpkit.runtime", "ddpkit.comm", "ddpkit.watch"),
+    #    live healing's rank side: the group re-formed, the state handed over, the user's Replica
+    ("ddpkit.runtime", "ddpkit.comm", "ddpkit.watch", "ddpkit.live.rank"),
     # 4: the commands and the launcher, side by side
     ("ddpkit.check", "ddpkit.bench", "ddpkit.train", "ddpkit.run", "ddpkit.whoami", "ddpkit.jobs", "ddpkit.launch"),
     # 5: what check and bench wrote -> one report; a rank's start (the agent, or the command in this rank), and the
     #    supervisor that heals a job by starting it again (its pure rules, heal.classify, ledger and policy, with it)
     #    a run directory's ledgers -> an HTML page, a trace, a Prometheus textfile (reports)
-    ("ddpkit.report", "ddpkit.reports", "ddpkit.lifecycle", "ddpkit.heal"),
+    #    live healing's agent: its rules, one host's and Slurm's spawners, the standby
+    ("ddpkit.report", "ddpkit.reports", "ddpkit.lifecycle", "ddpkit.heal", "ddpkit.live.agent"),
     # 6: argv -> a command (and the package's entry points: ``import ddpkit`` loads lazily, ``python -m ddpkit``
     #    is ``ddpkit``; ``python -m ddpkit.watch`` execs ``python -m ddpkit run``, importing nothing above the watch;
     #    ``python -m ddpkit.standby`` is a rank's process under Slurm's --heal live, which runs ``ddpkit`` once given

@@ -1,4 +1,4 @@
-"""ddpkit.launch.live's rules without torch's processes: a rank still running after another finished is ended only
+"""ddpkit.live.agent.rules's rules without torch's processes: a rank still running after another finished is ended only
 once it is idle (its teardown hangs), never while it works (rank 0 writing a last checkpoint)."""
 
 from __future__ import annotations
@@ -12,7 +12,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from ddpkit.launch import live, live_host
+from ddpkit.live.agent import host as live_host
+from ddpkit.live.agent import rules as live
 
 
 @dataclass
@@ -43,7 +44,7 @@ class _Popen:
 
 
 def _rank(rank: int, proc: subprocess.Popen[bytes]) -> Any:
-    return live._Rank(rank=rank, env={}, proc=_Popen(proc))
+    return live.Rank(rank=rank, env={}, proc=_Popen(proc))
 
 
 def test_a_rank_left_running_is_ended_only_once_idle() -> None:
@@ -74,7 +75,7 @@ def _store() -> Any:
 def test_a_rank_s_question_is_answered_no_loss_only_after_a_whole_poll() -> None:
     """A rank whose collective failed asks; with every rank running the agent says "none", one poll later (a killed
     peer's socket closes a moment before the kernel reports its exit)."""
-    from ddpkit.process.live import NO_LOSS, LiveStore
+    from ddpkit.live.protocol import NO_LOSS, LiveStore
 
     procs = [subprocess.Popen(["sleep", "60"]) for _ in range(2)]
     try:

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import torch
 
-from ddpkit.comm.live import state_digest
-from ddpkit.process.live import Diverged, Plan
+from ddpkit.live.protocol import Diverged, Plan
+from ddpkit.live.rank.group import state_digest
 from ddpkit.rundir.ledger import RankReplaced, heal_sentence
 
 

@@ -23,7 +23,7 @@ class HealRequest:
     """ddpkit's command line, as given (the ledger's ``SupervisorStarted.command``)."""
     live: bool = False
     """``--heal live``: a lost rank is replaced within the attempt, the others keeping their processes
-    (``ddpkit.launch.live``); an attempt that cannot go on live fails, and is healed by a restart."""
+    (``ddpkit.live.agent.rules``); an attempt that cannot go on live fails, and is healed by a restart."""
 
     @property
     def keeps_rank_logs(self) -> bool:

@@ -96,7 +96,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--silent-after", type=float, default=HEAL_SILENT_DEFAULT_S)
     p.add_argument("--requeue", action="store_true", help="the job may requeue itself (#SBATCH --requeue)")
     p.add_argument("--live", action="store_true", help="a lost rank replaced live by a spare's standby "
-                   "(ddpkit.heal.slurm_live)")
+                   "(ddpkit.live.agent.slurm)")
     p.add_argument("program", nargs=argparse.REMAINDER)
     args = p.parse_args(argv)
     args.program = program_words(args.program, ConfigError("no program after --", "the ranks' command line",
@@ -187,8 +187,8 @@ class _StepAttempts(Adapter):
         return Ended(exit_code=step.exit_code, evidence=step.evidence)
 
     def _live(self, attempt: int, hosts: tuple[str, ...]) -> Ended:
-        """The attempt with a standby on each spare node: a lost rank replaced live (``heal.slurm_live``)."""
-        from ddpkit.heal.slurm_live import evidence, run_live_attempt
+        """The attempt with a standby on each spare node: a lost rank replaced live (``ddpkit.live.agent.slurm``)."""
+        from ddpkit.live.agent.slurm import evidence, run_live_attempt
 
         def healed(heal: RankReplaced | ReplicasDiverged) -> None:
             self.ledger.append(dataclasses.replace(heal, attempt=attempt))

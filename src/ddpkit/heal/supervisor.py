@@ -106,7 +106,7 @@ class _AgentAttempts(Adapter):
 
     def start(self, attempt: int, of_session: int, hosts: tuple[str, ...]) -> Ended:
         options = dataclasses.replace(self.options, log_dir=str(self.run_dir.attempt(attempt)))
-        if self.request.live:  # a lost rank is replaced within the attempt (ddpkit.launch.live)
+        if self.request.live:  # a lost rank is replaced within the attempt (ddpkit.live.agent.rules)
             options = dataclasses.replace(options, live_heal=lambda heal: self.ledger.append(
                 dataclasses.replace(heal, attempt=attempt)))
         os.environ[ATTEMPT_VAR] = str(attempt)  # train's rank 0 writes its goodput lines under this attempt

@@ -102,7 +102,7 @@ class JobFields:
     and relaunches after a host fault without the bad host (``ddpkit.heal.slurm_supervisor``)."""
     heal_live: bool = False
     """``--heal live`` (Slurm, one rank per node): a lost rank replaced within the attempt by a standby on a spare
-    node, the others keeping their processes (``ddpkit.heal.slurm_live``); else the restart heal."""
+    node, the others keeping their processes (``ddpkit.live.agent.slurm``); else the restart heal."""
     spare_nodes: int = 0
     """With ``heal``: nodes allocated beyond the job's N, taken when a host is found bad."""
     max_attempts: int = 3

@@ -95,7 +95,7 @@ class LaunchOptions:
     out of later rounds). None: torch's handler as it is."""
     live_heal: Callable[[RankReplaced | ReplicasDiverged], None] | None = None
     """``--heal live`` (one host): ranks started one by one, a lost one replaced while the others keep running
-    (``ddpkit.launch.live``); called with each heal once its replacement trains. None: torch's agent."""
+    (``ddpkit.live.agent.rules``); called with each heal once its replacement trains. None: torch's agent."""
 
 
 def launch(options: LaunchOptions, entrypoint: Entrypoint, argv: list[str]) -> AttemptResult:

@@ -194,7 +194,7 @@ def _attempt(argv: list[str], options: LaunchOptions, main: Callable[[list[str]]
 
     entrypoint = Entrypoint(main=main, module="ddpkit")
     if options.live_heal is not None:  # --heal live: ranks started one by one, a lost one replaced
-        from ddpkit.launch.live_host import launch_live
+        from ddpkit.live.agent.host import launch_live
 
         return launch_live(options, entrypoint, argv, options.live_heal)
     return launch(options, entrypoint, argv)

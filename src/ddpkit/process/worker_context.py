@@ -51,7 +51,7 @@ HEAL_SILENT_DEFAULT_S = 10.0
 #: ``fork`` (default with a CPU build of torch: workers forked from the agent, preloaded modules inherited) or
 #: ``spawn`` (fresh processes; always with a CUDA build, see launch.agent.preload).
 START_METHOD = "DDPKIT_START_METHOD"
-#: Under ``--heal live`` (ddpkit.launch.live): the generation of the group this worker joins, "0" for the first; a
+#: Under ``--heal live`` (ddpkit.live.agent.rules): the generation of the group this worker joins, "0" for the first; a
 #: replacement's is the generation made for it, and it takes its state from a live peer instead of a snapshot.
 LIVE_GEN = "DDPKIT_LIVE_GEN"
 #: Under ``--heal live``: HOST:PORT of the live agent's store, where its plans are (a generation's group has its own

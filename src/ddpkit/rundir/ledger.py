@@ -125,7 +125,7 @@ class PreflightEnded:
 @record("rank-replaced")
 class RankReplaced:
     """Under ``--heal live``: a rank lost and replaced within an attempt, the others keeping their processes
-    (``ddpkit.launch.live`` makes it, the supervisor records it): when it was lost, when the replacement held the
+    (``ddpkit.live.agent.rules`` makes it, the supervisor records it): when it was lost, when the replacement held the
     state a peer gave it, and when it applied its first step; no step was lost."""
 
     rank: int
@@ -141,7 +141,7 @@ class RankReplaced:
     attempt: int = 0
     """The attempt it happened in (the supervisor's number; 0 before it is recorded)."""
     gen: int = 0
-    """The group's generation the replacement joined (``ddpkit.process.live``)."""
+    """The group's generation the replacement joined (``ddpkit.live.protocol``)."""
     source: int | None = None
     """The rank whose memory the replacement took its state from."""
     step: int | None = None
@@ -187,7 +187,7 @@ def heal_sentence(heals: Sequence[RankReplaced]) -> str:
 @record("replicas-diverged")
 class ReplicasDiverged:
     """Under ``--heal live``: the replicas' digests (weights and optimizer state) disagreed one step after a heal or
-    at the end of the run; the attempt was ended (``ddpkit.comm.live``)."""
+    at the end of the run; the attempt was ended (``ddpkit.live.rank.group``)."""
 
     gen: int
     step: int

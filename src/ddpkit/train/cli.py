@@ -206,10 +206,10 @@ def _goodput_log(args: argparse.Namespace, rank: int, world_size: int, context: 
 
 
 def _live_group(context: WorkerContext, world: Any, backend: str | None, timeout: Any) -> Any:
-    """This rank's live group under ``--heal live`` (ddpkit.comm.live), else None."""
+    """This rank's live group under ``--heal live`` (ddpkit.live.rank.group), else None."""
     if context.live_gen is None:
         return None
-    from ddpkit.comm.live import LiveGroup
+    from ddpkit.live.rank.group import LiveGroup
     from ddpkit.runtime import pick_backend
 
     return LiveGroup(context, rank=world.rank, world_size=world.world_size, backend=pick_backend(backend),
@@ -262,7 +262,7 @@ def run(args: argparse.Namespace, start: RankStart) -> int:
 
     import ddpkit
     from ddpkit.comm.gradients import plan_transport
-    from ddpkit.comm.live import ReplicasDiverged
+    from ddpkit.live.rank.group import ReplicasDiverged
     from ddpkit.runtime import pick_backend
     from ddpkit.train.jobs import load_job
     from ddpkit.train.stops import LostPeerReport

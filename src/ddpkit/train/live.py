@@ -1,5 +1,5 @@
 """The trainer's half of live healing (``ddpkit train --heal live``): the group re-formed in the same processes
-(``ddpkit.comm.live``), and what a replica of ``Trainer`` hands a replacement and the ranks behind: model,
+(``ddpkit.live.rank.group``), and what a replica of ``Trainer`` hands a replacement and the ranks behind: model,
 optimizer, RNG state, hosts, drills, loss history and the epoch's losses. The position is the step: training goes
 on at the source's step's epoch and batch."""
 
@@ -11,12 +11,12 @@ from typing import TYPE_CHECKING, Any, Protocol
 import torch
 import torch.distributed as dist
 
-from ddpkit.comm.live import LiveGroup
 from ddpkit.comm.rng import capture_rng, restore_rng
+from ddpkit.live.rank.group import LiveGroup
 from ddpkit.train.snapshotter import StartPoint
 
 if TYPE_CHECKING:
-    from ddpkit.process.live import Plan
+    from ddpkit.live.protocol import Plan
     from ddpkit.runtime import Runtime
     from ddpkit.train.faults import DrillBook
     from ddpkit.train.summary import RunSummary

@@ -44,8 +44,8 @@ from ddpkit.train.stops import host_table, preemption_outcome
 from ddpkit.train.summary import RunSummary, percentile
 
 if TYPE_CHECKING:
-    from ddpkit.comm.live import LiveGroup
     from ddpkit.goodput.records import GoodputLog
+    from ddpkit.live.rank.group import LiveGroup
     from ddpkit.runtime import Runtime
 
 __all__ = ["TrainJob", "Trainer"]

@@ -166,7 +166,7 @@ def _watch_store(init_args: dict[str, Any]) -> dist.Store:
 
 
 def regroup(model: Any = None) -> None:
-    """The default group is being re-formed in this process (``--heal live``, ``ddpkit.comm.live``): the watch lets
+    """The default group is being re-formed in this process (``--heal live``, ``live.rank.group``): the watch lets
     go of the old group, and counts ``model`` (the DDP object wrapped again over the new one) from its next forward.
     Its heartbeats, records and reports go on: a re-formed group is the same job."""
     session = _session

@@ -2,7 +2,7 @@
 rank to claim it) with every live rank's stacks, say once that progress resumed, and stop the job (every rank exits
 3, the ranks that stopped answering ended by a live rank on their host). Under ``--heal live``, where the watch would
 stop the job over ranks the others wait for, it names those ranks to the live agent instead
-(``ddpkit.process.live``), which ends and replaces them while the others keep their processes.
+(``ddpkit.live.protocol``), which ends and replaces them while the others keep their processes.
 
 Store keys (under the watch's prefix, ``monitor.py`` names them all): ``claim``, ``stacks/<claim>/<rank>``,
 ``abort``, ``abort/seen`` (the live ranks that saw the order), ``abort/handled`` (those whose abort handlers ran).
@@ -271,7 +271,7 @@ class Actions:
         """Tell the live agent the processes of ``ranks`` are hung; it ends and replaces them."""
         import torch.distributed as dist
 
-        from ddpkit.process.live import LiveStore
+        from ddpkit.live.protocol import LiveStore
 
         where = WorkerContext.from_environ().live_store
         assert where is not None and self.reported is not None

@@ -1,6 +1,6 @@
 """A rank's half of live healing (``--heal live``), for the trainer (``ddpkit.train.live``) and a user's script
-(``ddpkit.run.live``) alike; the agent's half is ``ddpkit.launch.live``, the protocol between them
-``ddpkit.process.live``.
+(``ddpkit.run.live``) alike; the agent's half is ``ddpkit.live.agent.rules``, the protocol between them
+``ddpkit.live.protocol``.
 
 In DDP every replica holds the whole state, so a lost rank's is in every survivor's memory. When a collective fails
 because a peer is gone, a survivor keeps its process: ``reform`` waits for the agent's plan of the next generation,
@@ -30,7 +30,7 @@ import torch.distributed as dist
 
 from ddpkit.base.errors import first_line
 from ddpkit.base.log import get_logger
-from ddpkit.process.live import NO_LOSS, Diverged, Joined, LiveStore, Plan
+from ddpkit.live.protocol import NO_LOSS, Diverged, Joined, LiveStore, Plan
 
 if TYPE_CHECKING:
     from ddpkit.process.worker_context import WorkerContext

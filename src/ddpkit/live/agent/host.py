@@ -1,6 +1,6 @@
 """Live healing on one host (``ddpkit train|run -n N --heal live``): each rank a process context of its own, forked by
 torch's ``start_processes`` from this agent (which imported torch and the trainer once), watched by the agent of
-``ddpkit.launch.live``, whose rules say what a lost rank is and how it is replaced."""
+``ddpkit.live.agent.rules``, whose rules say what a lost rank is and how it is replaced."""
 
 from __future__ import annotations
 
@@ -18,9 +18,9 @@ from typing import TYPE_CHECKING, Any
 
 from ddpkit.launch import worker
 from ddpkit.launch.failure import TORCH_WORKER_LOGGER, drop_exit_tracebacks
-from ddpkit.launch.live import LiveAgent, Proc, rank_env
 from ddpkit.launch.result import AttemptResult
 from ddpkit.launch.stops import FORWARDED
+from ddpkit.live.agent.rules import LiveAgent, Proc, rank_env
 from ddpkit.process.worker_context import LIVE_GEN, PREEMPTED_MARK, STOP_DIR
 from ddpkit.rundir.ledger import RankReplaced, ReplicasDiverged
 from ddpkit.runtime import share_cores

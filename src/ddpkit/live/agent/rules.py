@@ -2,8 +2,8 @@
 
 torch's agent (``LocalElasticAgent``) and ``ProcessContext.join`` end every worker when one fails; here each rank is
 a ``Proc`` of its own, so one rank's end ends no other: on one host a process context forked by torch's
-``start_processes`` from the agent, which imported torch and the trainer once (``ddpkit.launch.live_host``); under
-Slurm an srun step (``ddpkit.heal.slurm_live``). The agent hosts the workers' TCPStore
+``start_processes`` from the agent, which imported torch and the trainer once (``ddpkit.live.agent.host``); under
+Slurm an srun step (``ddpkit.live.agent.slurm``). The agent hosts the workers' TCPStore
 (``TORCHELASTIC_USE_AGENT_STORE``, as torchrun's agent does) and watches its ranks every ``POLL_S``:
 
 The rules, in order, for the ranks found ended in one poll (and those that end within ``SETTLE_S`` of it: a node's
@@ -23,10 +23,10 @@ ranks, killed at once, are replaced together)::
                                                                         the lost ranks named, and the supervisor's
                                                                         restart heal takes over
 
-A rank whose collective failed asks the agent whether a peer was lost (``ddpkit.process.live``): the plan where one
+A rank whose collective failed asks the agent whether a peer was lost (``ddpkit.live.protocol``): the plan where one
 was, "none" (two polls after the question, no rank lost) where the error is the program's own. The survivors
 re-form the group in the plan's generation and hand the replacements the state of the most advanced of them
-(``ddpkit.comm.live``); the agent prints one line once the replacements have applied their first step, the
+(``ddpkit.live.rank.group``); the agent prints one line once the replacements have applied their first step, the
 replicas compared. Replicas that differ (``diverged``) are said, recorded, and end the attempt.
 
 A signal from outside (SIGTERM, SIGINT, Slurm's USR1) is marked and forwarded to every rank, which stop as they do
@@ -43,19 +43,20 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from ddpkit.base.errors import EXIT_MISSING
 from ddpkit.base.log import get_logger
 from ddpkit.launch.failure import RankFailure, ordered, root_cause_line
 from ddpkit.launch.result import AttemptResult
 from ddpkit.launcher_output.words import signal_name
-from ddpkit.process.live import LiveStore, Plan
+from ddpkit.live.agent.proc import Proc, Rank, rank_env
+from ddpkit.live.protocol import LiveStore, Plan
 from ddpkit.process.stopping import mark_outside_signal
-from ddpkit.process.worker_context import LIVE_GEN, LIVE_STORE, PREEMPTED_MARK, STOP_DIR
+from ddpkit.process.worker_context import LIVE_GEN, PREEMPTED_MARK, STOP_DIR
 from ddpkit.rundir.ledger import RankReplaced, ReplicasDiverged, heal_sentence
 
-__all__ = ["LiveAgent", "Proc", "rank_env"]
+__all__ = ["LiveAgent", "Proc", "Rank", "rank_env"]
 
 log = get_logger(__name__)
 
@@ -75,65 +76,23 @@ SETTLE_S = 0.05
 _LINGERED = "still running after the others finished"
 
 
-class Proc(Protocol):
-    """One rank's process as the agent sees it: a local process context (``launch_live``), an srun step on another
-    host (``ddpkit.heal.slurm_live``)."""
-
-    host: str
-    stopped_word: str
-    """How a person reads ``look``'s ``T``: ``stopped (SIGSTOP)`` where the kernel says so."""
-    unseen_s: float
-    """How long a rank was stopped before ``look`` can say ``T`` (0 where the kernel says it at once)."""
-
-    @property
-    def pid(self) -> int: ...
-
-    def wait(self) -> int | None:
-        """None while it runs; once it ended, its exit code (negative: the signal that killed it)."""
-
-    def look(self) -> tuple[str, int]:
-        """Its state (``T``: stopped) and a count that moves while it works (CPU ticks)."""
-
-    def send(self, sig: signal.Signals) -> None: ...
-
-    def close(self) -> None: ...
-
-
-@dataclass(kw_only=True)
-class _Rank:
-    rank: int
-    env: dict[str, str]
-    proc: Proc
-    stopped_since: float | None = None
-    ended_by_agent: str | None = None
-    """Why the agent killed it (``stopped (SIGSTOP)``), or None."""
-    done: bool = False
-    ticks: int = -1
-    """Its CPU time (clock ticks) when last looked at, once another rank finished."""
-    idle_since: float | None = None
-
-    @property
-    def pid(self) -> int:
-        return self.proc.pid
-
-
 @dataclass(kw_only=True)
 class LiveAgent:
     """Starts the ranks (``spawn``), watches them and replaces lost ones (the module's rules); ``launch_live`` is
-    its one-host form, ``ddpkit.heal.slurm_live`` its Slurm one."""
+    its one-host form, ``ddpkit.live.agent.slurm`` its Slurm one."""
 
     spawn: Callable[[int, dict[str, str]], Proc | None]
     """Starts rank R with its environment; None: nothing can take a lost rank's place (no standby left)."""
     on_heal: Callable[[RankReplaced | ReplicasDiverged], None]
     """The attempt's ledger: told each live heal once its replacements train, and replicas found to differ."""
     store: Any
-    """The agent's TCPStore (read through ``ddpkit.process.live.LiveStore``)."""
+    """The agent's TCPStore (read through ``ddpkit.live.protocol.LiveStore``)."""
     address: str = "127.0.0.1"
     """Where the ranks reach the agent's stores."""
     log_dir: str | None = None
     """Where ``pids.json`` is kept (one host), or None."""
     poll_s: float = POLL_S
-    ranks: dict[int, _Rank] = field(default_factory=dict)
+    ranks: dict[int, Rank] = field(default_factory=dict)
     gen: int = 0
     healing: list[RankReplaced] = field(default_factory=list)
     """The heals of the generation under way (one per lost rank), until their replacements train."""
@@ -150,11 +109,11 @@ class LiveAgent:
         return LiveStore(self.store)
 
     # ---- starting ranks -----------------------------------------------------------------------------------
-    def start(self, rank: int, env: dict[str, str]) -> _Rank | None:
+    def start(self, rank: int, env: dict[str, str]) -> Rank | None:
         proc = self.spawn(rank, env)
         if proc is None:
             return None
-        started = _Rank(rank=rank, env=env, proc=proc)
+        started = Rank(rank=rank, env=env, proc=proc)
         self.pids[rank] = started.pid
         self._write_pids()
         return started
@@ -201,7 +160,7 @@ class LiveAgent:
                 return self._finished(failures)
             time.sleep(self.poll_s)
 
-    def _ended(self, now: float) -> list[tuple[_Rank, int]]:
+    def _ended(self, now: float) -> list[tuple[Rank, int]]:
         """The ranks found ended since the last look that failed (rank, exit code; negative: a signal)."""
         lost = []
         for r in list(self.ranks.values()):
@@ -219,7 +178,7 @@ class LiveAgent:
                 lost.append((r, code))
         return lost
 
-    def _heal_live(self, lost: list[tuple[_Rank, int]], now: float) -> bool:
+    def _heal_live(self, lost: list[tuple[Rank, int]], now: float) -> bool:
         """Replace ``lost`` in one generation where the rules allow it (the module's table); False: they do not."""
         whys = [r.ended_by_agent or (signal_name(-code) if code < 0 else None) for r, code in lost]
         if any(why is None for why in whys):
@@ -244,7 +203,7 @@ class LiveAgent:
                         lost_ranks, ", ".join(str(h.rank) for h in earlier))
         return self._replace([r for r, _ in lost], [str(w) for w in whys], now)
 
-    def _check_stopped(self, r: _Rank, now: float) -> None:
+    def _check_stopped(self, r: Rank, now: float) -> None:
         if r.ended_by_agent is not None:
             return
         if r.proc.look()[0] != "T":
@@ -260,7 +219,7 @@ class LiveAgent:
                         r.rank, r.pid, r.proc.host, r.proc.stopped_word, now - r.stopped_since)
             r.proc.send(signal.SIGKILL)
 
-    def _check_hung(self, r: _Rank) -> None:
+    def _check_hung(self, r: Rank) -> None:
         """A rank the watch named hung (running, no progress past its deadline): ended with SIGKILL, so that the
         others' collectives fail at once and it is replaced as a killed one."""
         if r.ended_by_agent is not None or self.store is None:
@@ -272,7 +231,7 @@ class LiveAgent:
         log.warning("rank %d (pid %d on %s) is hung (%s): ending it", r.rank, r.pid, r.proc.host, said[:300])
         r.proc.send(signal.SIGKILL)
 
-    def _replace(self, lost: list[_Rank], whys: list[str], now: float) -> bool:
+    def _replace(self, lost: list[Rank], whys: list[str], now: float) -> bool:
         """Start a replacement for each of ``lost`` (and, where a heal is under way and its replacements have not
         taken their state, for each of its ranks again: their replacements are ended) and write the next
         generation's plan; False where one cannot start (those started are ended)."""
@@ -293,7 +252,7 @@ class LiveAgent:
                    for r, h in earlier.items()]
         targets += [(old.env, old.proc.host, why, old.pid, old.stopped_since or now, now, old.rank)
                     for old, why in lost_now]
-        started: list[tuple[_Rank, RankReplaced]] = []
+        started: list[tuple[Rank, RankReplaced]] = []
         for env, host, why, lost_pid, lost_at, decided_at, rank in targets:
             new = self.start(rank, {**env, LIVE_GEN: str(self.gen), "MASTER_PORT": str(group.port)})
             if new is None:
@@ -423,16 +382,3 @@ class LiveAgent:
         self.outside = name
         mark_outside_signal(os.environ.get(STOP_DIR), name)
         self._stop_all(signal.Signals(signum))
-
-
-def rank_env(rank: int, world: int, *, address: str, port: int, run_id: str, per_host: int | None = None,
-             group_rank: int = 0) -> dict[str, str]:
-    """Rank ``rank``'s variables, as torchrun's agent gives them (``per_host``: ranks on its host, all by default),
-    and live healing's: generation 0, the agent's store at ``address:port``."""
-    local = world if per_host is None else per_host
-    return {"RANK": str(rank), "LOCAL_RANK": str(rank % local), "WORLD_SIZE": str(world),
-            "LOCAL_WORLD_SIZE": str(local), "GROUP_RANK": str(group_rank), "GROUP_WORLD_SIZE": str(world // local),
-            "ROLE_RANK": str(rank), "ROLE_WORLD_SIZE": str(world), "ROLE_NAME": "default", "MASTER_ADDR": address,
-            "MASTER_PORT": str(port), "TORCHELASTIC_RUN_ID": run_id, "TORCHELASTIC_RESTART_COUNT": "0",
-            "TORCHELASTIC_MAX_RESTARTS": "0", "TORCHELASTIC_USE_AGENT_STORE": "True", LIVE_GEN: "0",
-            LIVE_STORE: f"{address}:{port}"}

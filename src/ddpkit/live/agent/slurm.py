@@ -1,6 +1,6 @@
 """Live healing in a Slurm allocation: ``ddpkit submit slurm -j Nx1 --spare-nodes K --heal live -- train ...``.
 
-The batch script's supervisor (``heal.slurm_supervisor --live``) is the live agent (``ddpkit.launch.live``): it hosts
+The batch script's supervisor (``heal.slurm_supervisor --live``) is the live agent (``live.agent.rules``): it hosts
 the stores, and each rank is an srun step of one task of its own (``--overlap``, as one host gives each rank a process
 context of its own: one rank's end ends no other step). Every step runs ``python -m ddpkit.standby``, which imports
 torch and the trainer, then takes its rank from the agent's store; on each spare node a standby step waits the same
@@ -11,7 +11,7 @@ way, already imported, until a rank is lost.
   ``STALE_S``, then, ``STOPPED_S`` later, ended with ``scancel --signal=KILL JOB.STEP`` so that its peers'
   collectives fail at once.
 - The replacement is the standby of a spare node: it is given the lost rank's variables and the next generation's
-  store, joins the group the survivors re-form, and takes their state (``ddpkit.comm.live``). The lost host is
+  store, joins the group the survivors re-form, and takes their state (``ddpkit.live.rank.group``). The lost host is
   excluded for the rest of the job (the ledger's ``host-excluded``, given back to Slurm).
 - No standby left, a rank that raised, a second loss during a heal: the attempt ends, and the supervisor's restart
   heal takes over (``heal.attempts``), as without ``live``.
@@ -31,9 +31,9 @@ from typing import Any
 
 from ddpkit.base.log import get_logger
 from ddpkit.heal.classify import Evidence, RankEvidence
-from ddpkit.launch.live import LiveAgent, Proc, rank_env
 from ddpkit.launch.result import AttemptResult
-from ddpkit.process.live import LiveStore
+from ddpkit.live.agent.rules import LiveAgent, Proc, rank_env
+from ddpkit.live.protocol import LiveStore
 from ddpkit.process.worker_context import LIVE_GEN
 from ddpkit.rundir.ledger import RankReplaced, ReplicasDiverged
 
@@ -52,7 +52,7 @@ STANDBY_END_S = 10.0
 
 @dataclass(kw_only=True)
 class _Step:
-    """One rank's srun step (a ``ddpkit.launch.live.Proc``)."""
+    """One rank's srun step (a ``ddpkit.live.agent.rules.Proc``)."""
 
     popen: subprocess.Popen[bytes]
     host: str

@@ -1,6 +1,6 @@
 """Live healing's protocol between the agent and its workers (``--heal live``), in the agent's TCPStore: one typed
-object, ``LiveStore``, that both halves hold (the agent in ``ddpkit.launch.live``, the workers in
-``ddpkit.comm.live``, a standby in ``ddpkit.standby``), one method a message, and this one key table.
+object, ``LiveStore``, that both halves hold (the agent in ``ddpkit.live.agent.rules``, the workers in
+``ddpkit.live.rank.group``, a standby in ``ddpkit.standby``), one method a message, and this one key table.
 
 A generation is one process group. The first is 0; each loss (one rank, or several in the same poll) makes the next,
 with a replacement for each lost rank:

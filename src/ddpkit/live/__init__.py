@@ -1,0 +1,32 @@
+"""Live healing (``--heal live``), one wing: a lost rank replaced while the others keep their processes, the state
+taken from a live peer's memory, the replicas verified. Its map, both sides of the process boundary:
+
+===============================  =====  ==============================================================================
+module                           layer  what it holds
+===============================  =====  ==============================================================================
+``live.protocol``                1      the agent's store, read and written as one typed ``LiveStore`` (a method a
+                                        message) and its key table: a rank's registration, its question and the
+                                        agent's answer, the plan of a generation, joined, first step, replicas that
+                                        differ, a rank the watch named hung, a standby's slot
+``live.rank.group``              3      a rank's ``LiveGroup``: ask the agent whether a peer was lost (no exception's
+                                        text is read), meet the other survivors in the generation's store, re-form
+                                        the group, exchange the state, ``verify`` the replicas' digests
+``live.rank.replica``            3      ``Replica(model, optimizer, *stateful)`` for a user's script (imported as
+                                        ``ddpkit.run.live``)
+``live.agent.rules``             5      ``LiveAgent``: its rules as a table (its docstring), one loop for every
+                                        spawner: ranks lost together replaced in one generation, only where every
+                                        survivor holds a live group; questions answered; hung ranks ended; heals and
+                                        divergence handed to the attempt's ledger
+``live.agent.proc``              5      a rank as the agent sees it: its process (``Proc``), its notes, its variables
+``live.agent.host``              5      one host: each rank a process context forked by torch's ``start_processes``
+``live.agent.slurm``             5      Slurm: each rank an srun step, a standby on each spare node
+``live.agent.standby``           5      the standby's wait for its rank (``python -m ddpkit.standby`` runs it)
+===============================  =====  ==============================================================================
+
+Outside the wing, by design: what ``train``'s ``Trainer`` hands over (``ddpkit.train.live``, the trainer's own
+state), the watch's naming of a hung rank (``ddpkit.watch.actions``) and letting go of a re-formed group
+(``ddpkit.watch.regroup``), the ledger's records (``ddpkit.rundir.ledger``: ``RankReplaced``, ``ReplicasDiverged``),
+and the attempt loop that hears of each heal through ``LaunchOptions.live_heal`` (``ddpkit.heal``). The layers are
+the house's (docs/architecture.md): the rank's side sits below the commands that use it, the agent's above the
+launcher it extends.
+"""
