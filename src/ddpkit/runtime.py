@@ -1,4 +1,5 @@
-"""The one place that starts and stops torch.distributed: backend, device, store, process group.
+"""Where a rank starts and stops torch.distributed: backend, device, store, process group. (Live healing re-forms
+the group in the same process: ``ddpkit.live.rank.group``, the one other ``init_process_group``.)
 
     import ddpkit
     rt = ddpkit.init()            # from torchrun, srun, mpirun, Kubeflow, or a single process

@@ -51,6 +51,7 @@ from ddpkit.heal.policy import HealPolicy
 from ddpkit.heal.request import HealRequest
 from ddpkit.launch.failure import TORCH_WORKER_LOGGER
 from ddpkit.process.worker_context import HEAL_SILENT_DEFAULT_S, HEAL_SILENT_S
+from ddpkit.rundir import RunDir
 from ddpkit.rundir.ledger import SupervisorStarted
 
 if TYPE_CHECKING:
@@ -211,7 +212,7 @@ def supervise_across_hosts(request: HealRequest, options: LaunchOptions,
                           "rendezvous and its directory)", "add --run-id NAME on every host")
     host = socket.gethostname().split(".", 1)[0]
     policy = HealPolicy(max_attempts=request.max_attempts)
-    base = Path(request.run_dir) if request.run_dir else Path(".ddpkit-runs") / request.run_id
+    base = Path(request.run_dir) if request.run_dir else RunDir.default(request.run_id).path
     run_dir = base / host  # one ledger per host: the directory may be shared by every host
     log_dir = run_dir / "logs" if request.keeps_rank_logs else None
     run = HealRun(request, host=host, run_dir=run_dir, nproc=shape.nproc_per_node, policy=policy, log_dir=log_dir,

@@ -107,7 +107,7 @@ def supervise(spec: JobSpec, *, run_dir: Path | None = None) -> int:
     """Attempts until one succeeds or the policy stops (the module's docstring); the run's exit code."""
     shape, policy = spec.shape, HealPolicy(max_attempts=spec.max_attempts)
     pool = NodePool(allocation=spec.hosts, want=shape.max_nodes, least=shape.min_nodes)
-    run_dir = run_dir or Path(spec.run_dir or Path(".ddpkit-runs") / f"mpi-{spec.run_id}")
+    run_dir = run_dir or (Path(spec.run_dir) if spec.run_dir else RunDir.default(f"mpi-{spec.run_id}").path)
     ledger = Ledger(run_dir)
     for entry in _excluded_before(ledger):  # a rerun on the same run directory keeps the bad hosts out
         pool.exclude(entry, "excluded by an earlier attempt of this run")

@@ -50,6 +50,7 @@ from ddpkit.heal.slurm_step import StepPlan, StepRun, run_step
 from ddpkit.launch.steplog import full_log_path
 from ddpkit.launch.stepscreen import StepScreen
 from ddpkit.process.worker_context import HEAL_SILENT_DEFAULT_S, HEAL_SILENT_S
+from ddpkit.rundir import RunDir
 from ddpkit.rundir.ledger import (
     Action,
     FaultSeen,
@@ -127,7 +128,7 @@ def supervise(args: argparse.Namespace) -> int:
     signals = _Signals()
     signals.install()
     allocation = hostnames(os.environ.get("SLURM_JOB_NODELIST", ""))
-    run_dir = Path(args.run_dir or Path(".ddpkit-runs") / f"slurm-{job}")
+    run_dir = Path(args.run_dir) if args.run_dir else RunDir.default(f"slurm-{job}").path
     ledger = Ledger(run_dir)
     pool = NodePool(allocation=allocation, want=args.nodes, least=args.min_nodes)
     for record in ledger.records():  # a requeued job: the hosts found bad before stay out

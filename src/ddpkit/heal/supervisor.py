@@ -44,12 +44,11 @@ if TYPE_CHECKING:
     from ddpkit.launch.agent import LaunchOptions
     from ddpkit.launch.result import AttemptResult
 
-__all__ = ["HEALED_COMMANDS", "RUNS_DIR", "supervise"]
+__all__ = ["HEALED_COMMANDS", "supervise"]
 
 log = get_logger(__name__)
 
 #: Where run directories go by default, under the current directory.
-RUNS_DIR = ".ddpkit-runs"
 #: The commands whose ranks a supervisor may start again: ``check`` and ``bench`` report, they do not retry.
 HEALED_COMMANDS = ("run", "train")
 #: Read from the end of each rank's stderr log: the traceback and the watch's report are there.
@@ -207,7 +206,7 @@ def _stderr_tails(logs: str | None) -> Iterator[tuple[int, str]]:
 
 def _new_run_dir() -> Path:
     run_id = time.strftime("%Y%m%d-%H%M%S") + "-" + secrets.token_hex(2)
-    return Path(RUNS_DIR) / run_id
+    return RunDir.default(run_id).path
 
 
 def _refuse_unless_one_host(world: WorldInfo, request: HealRequest) -> None:

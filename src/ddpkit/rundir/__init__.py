@@ -21,12 +21,20 @@ from pathlib import Path
 from ddpkit.goodput.records import GOODPUT, rank_file
 from ddpkit.rundir.ledger import LEDGER
 
-__all__ = ["RunDir"]
+__all__ = ["RUNS_DIR", "RunDir"]
+
+#: Where a run directory is made when none is named: ``.ddpkit-runs/NAME`` in the current directory.
+RUNS_DIR = ".ddpkit-runs"
 
 
 @dataclass(frozen=True)
 class RunDir:
     path: Path
+
+    @classmethod
+    def default(cls, name: str) -> RunDir:
+        """``.ddpkit-runs/NAME`` in the current directory: a run with no ``--run-dir`` (``NAME``: its id)."""
+        return cls(Path(RUNS_DIR) / name)
 
     @property
     def ledger(self) -> Path:
