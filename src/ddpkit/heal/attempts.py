@@ -7,7 +7,8 @@ so that every backend decides, records and speaks alike:
     hosts     the pool's next set (``NodePool.take``), proven by the adapter (``prepare``: Slurm's preflight);
               none left: the adapter's end (``no_hosts``: requeue, or exit 94)
     record    ``AttemptStarted``
-    start     ``adapter.start(attempt, hosts)`` -> ``Ended`` (an exception out of it: ``AttemptEnded`` STOP, raised on)
+    start     ``adapter.start(attempt, hosts, heard)`` -> ``Ended`` (an exception out of it: ``AttemptEnded`` STOP,
+              raised on); ``heard``: the attempt's live heals, each recorded (its lost host out where it moved)
     classify  ``classify(ended.evidence)`` where the attempt failed
     decide    ``policy.decide`` (retry, stop, give up; the run's exit code)
     exclude   on a retry after a host fault: the culprit hosts out (``adapter.exclude``: out of the pool, drained,
@@ -21,18 +22,27 @@ they call ``Attempts.conclude`` when one has ended, the same classify -> decide 
 from __future__ import annotations
 
 import enum
+import functools
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 from ddpkit.heal.classify import Evidence, classify
 from ddpkit.heal.nodepool import NodePool
 from ddpkit.heal.policy import Decision, HealPolicy, Outcome, decide
-from ddpkit.rundir.ledger import Action, AttemptEnded, AttemptStarted, HostExcluded, Ledger
+from ddpkit.rundir.ledger import (
+    Action,
+    AttemptEnded,
+    AttemptStarted,
+    HostExcluded,
+    Ledger,
+    RankReplaced,
+    ReplicasDiverged,
+)
 from ddpkit.rundir.verdict import Classification, FailureClass
 
-__all__ = ["EXIT_NO_HOSTS", "Adapter", "Attempts", "Conclusion", "Ended", "Style", "say", "sentence"]
+__all__ = ["EXIT_NO_HOSTS", "Adapter", "Attempts", "Conclusion", "Ended", "LiveHook", "Style", "say", "sentence"]
 
 #: Fewer healthy hosts are left than the job needs (``-j MIN:N``'s MIN) and the job cannot requeue itself: no
 #: attempt can run. One code for every backend (mpirun's ``--hosts``, Slurm's allocation).
@@ -111,13 +121,21 @@ def sentence(style: Style, head: str, found: Classification, *, excluded: Sequen
     return line
 
 
+#: Where an attempt tells the loop of each live heal within it (``--heal live``), and of replicas found to differ.
+LiveHook = Callable[[RankReplaced | ReplicasDiverged], None]
+
+
 class Adapter:
     """A backend: how it starts an attempt, and what it does around one. ``start`` is its own; the rest are no-ops
     unless the backend needs them."""
 
     style: Style = Style.ONE_HOST
+    live_moves_host: bool = False
+    """Under ``--heal live``, a lost rank's replacement runs on another host (Slurm's standby): the lost host is taken
+    out (``take_out``) as a host fault's culprit is."""
 
-    def start(self, attempt: int, of_session: int, hosts: tuple[str, ...]) -> Ended:
+    def start(self, attempt: int, of_session: int, hosts: tuple[str, ...], heard: LiveHook) -> Ended:
+        """Run the attempt; ``heard``: where its live heals are told, once each (``Attempts.live_healed``)."""
         raise NotImplementedError
 
     def progress(self) -> int | None:
@@ -220,6 +238,19 @@ class Attempts:
             out.append(host)
         return tuple(out), drained
 
+    def live_healed(self, attempt: int, record: RankReplaced | ReplicasDiverged, *, adapter: Adapter) -> None:
+        """A live heal within ``attempt`` (or its replicas found to differ): recorded; where the backend moved the
+        rank to another host, the lost host taken out through ``take_out``, as a host fault's culprit is."""
+        self.ledger.append(replace(record, attempt=attempt))
+        if not isinstance(record, RankReplaced) or not adapter.live_moves_host:
+            return
+        found = Classification(kind=FailureClass.HOST, reason=f"rank {record.rank} lost ({record.why}); replaced "
+                               f"live on {record.replacement_host}", culprit_ranks=(record.rank,),
+                               culprit_hosts=(record.host,))
+        excluded, _ = adapter.take_out(self, attempt, found)
+        if excluded:
+            adapter.excluded(found, True)
+
     def run(self, adapter: Adapter, *, ranks_per_host: int) -> int:
         """Attempts until one succeeds or the policy stops; the run's exit code."""
         for of_session in range(1, self.policy.max_attempts + 1):
@@ -231,7 +262,8 @@ class Attempts:
                 return adapter.no_hosts(of_session)
             self.started(attempt, hosts, len(hosts) * ranks_per_host, logs=adapter.logs(attempt))
             try:
-                ended = adapter.start(attempt, of_session, hosts)
+                ended = adapter.start(attempt, of_session, hosts,
+                                      functools.partial(self.live_healed, attempt, adapter=adapter))
             except BaseException as exc:  # the agent itself failed, or a signal came before it stopped its ranks
                 code = exit_code_of(exc)
                 self.ledger.append(AttemptEnded(attempt=attempt, time=time.time(), exit_code=code,

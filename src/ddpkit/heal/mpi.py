@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING
 from ddpkit.base.errors import DdpkitError
 from ddpkit.base.shape import JobShape
 from ddpkit.goodput.records import ATTEMPT_VAR, RUN_DIR_VAR
-from ddpkit.heal.attempts import EXIT_NO_HOSTS, Adapter, Attempts, Ended, Style, say
+from ddpkit.heal.attempts import EXIT_NO_HOSTS, Adapter, Attempts, Ended, LiveHook, Style, say
 from ddpkit.heal.classify import Evidence, RankEvidence
 from ddpkit.heal.evidence import rank_ended, tracebacks_of, watch_of, with_exceptions
 from ddpkit.heal.nodepool import NodePool
@@ -132,7 +132,7 @@ class _MpirunAttempts(Adapter):
     def logs(self, attempt: int) -> str:
         return str(self.run_dir.attempt(attempt))
 
-    def start(self, attempt: int, of_session: int, hosts: tuple[str, ...]) -> Ended:
+    def start(self, attempt: int, of_session: int, hosts: tuple[str, ...], heard: LiveHook) -> Ended:
         from ddpkit.jobs.mpi import render
 
         spec = self.spec

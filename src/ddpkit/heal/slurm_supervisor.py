@@ -26,7 +26,6 @@ goodput lines), and a ``MASTER_PORT`` of their own per step.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
 import signal
@@ -40,7 +39,7 @@ from pathlib import Path
 from ddpkit.base.errors import ConfigError, DdpkitError
 from ddpkit.base.inputs import program_words
 from ddpkit.goodput.records import ATTEMPT_VAR, RUN_DIR_VAR
-from ddpkit.heal.attempts import EXIT_NO_HOSTS, Adapter, Attempts, Conclusion, Ended, Style, say
+from ddpkit.heal.attempts import EXIT_NO_HOSTS, Adapter, Attempts, Conclusion, Ended, LiveHook, Style, say
 from ddpkit.heal.classify import Classification, FailureClass, classify
 from ddpkit.heal.nodepool import NodePool
 from ddpkit.heal.policy import DEFAULT_MAX_ATTEMPTS, HealPolicy
@@ -57,8 +56,6 @@ from ddpkit.rundir.ledger import (
     HostExcluded,
     Ledger,
     PreflightEnded,
-    RankReplaced,
-    ReplicasDiverged,
     SupervisorStarted,
     ranks_command,
 )
@@ -153,6 +150,7 @@ class _StepAttempts(Adapter):
     (the first attempt runs on what Slurm allocated)."""
 
     style = Style.ALLOCATION
+    live_moves_host = True  # a lost rank's replacement runs on a spare node's standby
 
     def __init__(self, args: argparse.Namespace, job: str, signals: _Signals, ledger: Ledger, pool: NodePool,
                  policy: HealPolicy) -> None:
@@ -170,10 +168,10 @@ class _StepAttempts(Adapter):
             self.proven = True
         return nodes
 
-    def start(self, attempt: int, of_session: int, hosts: tuple[str, ...]) -> Ended:
+    def start(self, attempt: int, of_session: int, hosts: tuple[str, ...], heard: LiveHook) -> Ended:
         args, run_dir = self.args, self.ledger.run_dir
         if args.live:
-            return self._live(attempt, hosts)
+            return self._live(attempt, hosts, heard)
         self.steps += 1
         env = {"MASTER_PORT": str(step_port(int(self.job), self.steps)), HEAL_SILENT_S: f"{args.silent_after:g}",
                ATTEMPT_VAR: str(attempt), RUN_DIR_VAR: str(run_dir.resolve())}
@@ -187,24 +185,15 @@ class _StepAttempts(Adapter):
             self.ledger.append(FaultSeen(attempt=attempt, time=step.fault_at, line=step.fault_line))
         return Ended(exit_code=step.exit_code, evidence=step.evidence)
 
-    def _live(self, attempt: int, hosts: tuple[str, ...]) -> Ended:
-        """The attempt with a standby on each spare node: a lost rank replaced live (``ddpkit.live.agent.slurm``)."""
+    def _live(self, attempt: int, hosts: tuple[str, ...], heard: LiveHook) -> Ended:
+        """The attempt with a standby on each spare node: a lost rank replaced live (``ddpkit.live.agent.slurm``);
+        ``heard`` records each heal and takes its lost host out (``Attempts.live_healed``)."""
         from ddpkit.live.agent.slurm import evidence, run_live_attempt
-
-        def healed(heal: RankReplaced | ReplicasDiverged) -> None:
-            self.ledger.append(dataclasses.replace(heal, attempt=attempt))
-            if not isinstance(heal, RankReplaced):
-                return
-            reason = f"rank {heal.rank} lost ({heal.why}); replaced live on {heal.replacement_host}"
-            if self.pool.exclude(heal.host, reason):
-                self.ledger.append(HostExcluded(attempt=attempt, time=time.time(), host=heal.host, reason=reason,
-                                                drained=self.drain(attempt, heal.host, reason)))
-                release(self.pool, self.ledger.run_dir)
 
         env = {ATTEMPT_VAR: str(attempt), RUN_DIR_VAR: str(self.ledger.run_dir.resolve())}
         spares = tuple(h for h in self.pool.healthy if h not in hosts)
         result, where = run_live_attempt(job=self.job, program=tuple(self.args.program), hosts=hosts, spares=spares,
-                                         env=env, on_heal=healed)
+                                         env=env, on_heal=heard)
         return Ended(exit_code=result.exit_code, evidence=evidence(result, where) if result.exit_code else None)
 
     def progress(self) -> int | None:

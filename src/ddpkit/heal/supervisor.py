@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING
 from ddpkit.base.errors import ConfigError
 from ddpkit.base.log import get_logger
 from ddpkit.goodput.records import ATTEMPT_VAR, RUN_DIR_VAR
-from ddpkit.heal.attempts import Adapter, Attempts, Ended, Style
+from ddpkit.heal.attempts import Adapter, Attempts, Ended, LiveHook, Style
 from ddpkit.heal.classify import Evidence, RankEvidence, WatchReport, exception_line
 from ddpkit.heal.evidence import watch_of
 from ddpkit.heal.policy import HealPolicy
@@ -103,11 +103,10 @@ class _AgentAttempts(Adapter):
     def logs(self, attempt: int) -> str | None:
         return str(self.run_dir.attempt(attempt)) if self.request.keeps_rank_logs else None
 
-    def start(self, attempt: int, of_session: int, hosts: tuple[str, ...]) -> Ended:
+    def start(self, attempt: int, of_session: int, hosts: tuple[str, ...], heard: LiveHook) -> Ended:
         options = dataclasses.replace(self.options, log_dir=str(self.run_dir.attempt(attempt)))
         if self.request.live:  # a lost rank is replaced within the attempt (ddpkit.live.agent.rules)
-            options = dataclasses.replace(options, live_heal=lambda heal: self.ledger.append(
-                dataclasses.replace(heal, attempt=attempt)))
+            options = dataclasses.replace(options, live_heal=heard)
         os.environ[ATTEMPT_VAR] = str(attempt)  # train's rank 0 writes its goodput lines under this attempt
         result = self.launch_attempt(options)
         if not result.exit_code:
