@@ -275,3 +275,21 @@ def test_a_live_heal_is_its_own_category_inside_the_loop_and_loses_no_step(tmp_p
     assert healed.seconds[Category.LOOP_OTHER] == pytest.approx(plain.seconds[Category.LOOP_OTHER] - 1.5)
     assert healed.lost_steps == 0 and healed.seconds[Category.LOST_PROGRESS] == 0
     assert healed.accounted_s == pytest.approx(plain.accounted_s)  # the same wall, split otherwise
+
+
+def test_a_rank_s_steps_count_across_its_processes() -> None:
+    """A rank killed under --heal live loses its last unwritten line; its replacement goes on from the step the
+    group agreed: train's global numbering counts every step from the first to the last; a user's script, whose
+    processes each number their own, counts what its lines say."""
+    from ddpkit.goodput.records import Steps
+    from ddpkit.goodput.straggler import steps_done
+
+    def line(first: int, last: int, at: float, attempt: int = 1) -> Steps:
+        return Steps(attempt=attempt, start=at, end=at + 1, first=first, last=last, busy_s=0.5, p50_ms=1.0, rank=1)
+
+    # train: steps 1-40 written, 41-56 applied and lost with the process, the replacement from 57 on
+    assert steps_done([line(1, 20, 0), line(21, 40, 1), line(57, 110, 3)]) == 110
+    # a second attempt (the restart heal) counts its own steps again
+    assert steps_done([line(1, 40, 0), line(33, 60, 9, attempt=2)]) == 40 + 28
+    # a user's script: the replacement numbers from 1 again; the counts are what is known
+    assert steps_done([line(1, 30, 0), line(1, 25, 3)]) == 55

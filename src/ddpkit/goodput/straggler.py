@@ -20,12 +20,13 @@ lines.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from ddpkit.goodput.records import Steps
 
-__all__ = ["RankWait", "attempt_wait", "mean_sync", "rank_waits", "window_wait"]
+__all__ = ["RankWait", "attempt_wait", "mean_sync", "rank_waits", "steps_done", "window_wait"]
 
 
 def mean_sync(lines: Sequence[Steps], first: int, last: int) -> float | None:
@@ -97,6 +98,21 @@ class RankWait:
         return self.sync_s / self.busy_s if self.sync_s is not None and self.busy_s > 0 else None
 
 
+def steps_done(lines: Sequence[Steps]) -> int:
+    """A rank's steps over the run, across its processes: per attempt, where its lines number the run's steps (one
+    numbering, increasing: ``train``), every step from its first to its last (a process killed under ``--heal live``
+    applied the steps of its last unwritten line, which its replacement took on from); where each process numbers
+    its own (a user's script), the steps its lines count."""
+    total = 0
+    for attempt in sorted({r.attempt for r in lines}):
+        mine = sorted((r for r in lines if r.attempt == attempt), key=lambda r: r.start)
+        if all(b.first > a.last for a, b in itertools.pairwise(mine)):
+            total += mine[-1].last - mine[0].first + 1
+        else:
+            total += sum(r.count for r in mine)
+    return total
+
+
 def rank_waits(rank_steps: Mapping[int, Sequence[Steps]]) -> list[RankWait]:
     """Each rank's figures, by rank: every one of its lines against the least mean sync of any rank (itself
     included) over the line's steps in the same attempt."""
@@ -115,7 +131,7 @@ def rank_waits(rank_steps: Mapping[int, Sequence[Steps]]) -> list[RankWait]:
                 means = [m for m in (mean_sync(peer, r.first, r.last) for peer in peers.values()) if m is not None]
                 wait += max(0.0, (r.sync_s or 0.0) - r.count * min(means))
         p50s = sorted(r.p50_ms for r in lines)
-        out.append(RankWait(rank=rank, steps=sum(r.count for r in lines), busy_s=sum(r.busy_s for r in lines),
+        out.append(RankWait(rank=rank, steps=steps_done(lines), busy_s=sum(r.busy_s for r in lines),
                             p50_ms=p50s[len(p50s) // 2] if p50s else 0.0,
                             sync_s=sum(r.sync_s or 0.0 for r in measured) if measured else None, wait_s=wait))
     return out
