@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import itertools
 import re
 import sys
 from pathlib import Path
@@ -38,3 +39,28 @@ def test_ticks_are_round_and_a_chart_places_data_inside_its_axes() -> None:
     chart.bar(2, 4, 0.2, 0.8, "#123456", "a <bar> & more")
     svg = chart.svg()
     assert svg.startswith("<svg ") and svg.endswith("</svg>") and "a &lt;bar&gt; &amp; more" in svg
+
+
+def test_legend_labels_never_print_over_each_other() -> None:
+    """The live heal's long label takes the columns its words need; the next label starts after it (a new row where
+    the row is full), and the chart grows to hold every row."""
+    from ddpkit.goodput.accounting import Category
+    from ddpkit.reports.svg import CHAR_PX
+
+    chart = Chart(x_range=(0.0, 10.0), y_range=(0.0, 1.0))
+    shown = [Category.TRAINING, Category.LIVE_HEAL, Category.TEARDOWN, *Category]  # a live run's page: the long one
+    chart.legend = [("#111", f"{c.words} 1.0 s") for c in shown]
+    svg = chart.svg()
+    found = re.findall(r'<text x="([\d.]+)" y="([\d.]+)">([^<]*)</text>', svg)
+    texts = [(float(x), float(y), words) for x, y, words in found if words.endswith(" s")]
+    assert len(texts) == len(shown)
+    rows: dict[float, list[tuple[float, str]]] = {}
+    for x, y, words in texts:
+        rows.setdefault(y, []).append((x, words))
+    for row in rows.values():
+        row.sort()
+        for (x, words), (next_x, _) in itertools.pairwise(row):
+            assert x + len(words) * CHAR_PX <= next_x, (words, x, next_x)
+        assert row[-1][0] + len(row[-1][1]) * CHAR_PX <= chart.width, row[-1]
+    height = float(re.search(r'height="(\d+)"', svg)[1])  # type: ignore[index]
+    assert height > max(y for _, y, _ in texts)

@@ -17,6 +17,9 @@ __all__ = ["Chart", "nice_ticks"]
 FONT = 'font-family="system-ui,sans-serif" font-size="11"'
 #: Legend entries per row, and the height of one.
 LEGEND_COLUMNS, LEGEND_ROW = 3, 16
+#: A wide estimate of one character's width at font-size 11 (sans-serif averages ~6 px): a legend label takes as many
+#: columns as its words need, so that two labels never print over each other.
+CHAR_PX = 6.5
 
 
 def nice_ticks(low: float, high: float, most: int = 7) -> list[float]:
@@ -108,12 +111,25 @@ class Chart:
                        f"{html.escape(self.y_label)}</text>")
         return out
 
+    def _legend_places(self) -> list[tuple[int, int]]:
+        """(row, first column) of each legend item: columns of a third of the plot's width, a label taking as many
+        as its words need (a row holds what fits)."""
+        column = (self.width - self.left - self.right) / LEGEND_COLUMNS
+        places, row, col = [], 0, 0
+        for _, words in self.legend:
+            span = min(LEGEND_COLUMNS, max(1, math.ceil((14 + len(words) * CHAR_PX + 8) / column)))
+            if col + span > LEGEND_COLUMNS:
+                row, col = row + 1, 0
+            places.append((row, col))
+            col += span
+        return places
+
     def _legend(self, top: float) -> list[str]:
         column = (self.width - self.left - self.right) / LEGEND_COLUMNS
         out = []
-        for i, (color, words) in enumerate(self.legend):
-            px = self.left + (i % LEGEND_COLUMNS) * column
-            py = top + (i // LEGEND_COLUMNS) * LEGEND_ROW
+        for (color, words), (row, col) in zip(self.legend, self._legend_places(), strict=True):
+            px = self.left + col * column
+            py = top + row * LEGEND_ROW
             out.append(f'<rect x="{px:.1f}" y="{py:.1f}" width="10" height="10" fill="{color}"/>'
                        f'<text x="{px + 14:.1f}" y="{py + 9:.1f}">{html.escape(words)}</text>')
         return out
@@ -121,7 +137,8 @@ class Chart:
     def svg(self) -> str:
         """The chart as one ``<svg>`` element, sized by its content."""
         legend_top = self.top + self.plot_height + (40 if self.x_label else 26)
-        rows = math.ceil(len(self.legend) / LEGEND_COLUMNS)
+        places = self._legend_places()
+        rows = places[-1][0] + 1 if places else 0
         height = legend_top + rows * LEGEND_ROW + 4
         body = "".join(self._items + self._axes() + self._legend(legend_top))
         return (f'<svg xmlns="http://www.w3.org/2000/svg" width="{self.width}" height="{height:.0f}" '
