@@ -40,12 +40,13 @@ from ddpkit.base.errors import ConfigError, DdpkitError
 from ddpkit.base.inputs import program_words
 from ddpkit.goodput.records import ATTEMPT_VAR, RUN_DIR_VAR
 from ddpkit.heal.attempts import EXIT_NO_HOSTS, Adapter, Attempts, Conclusion, Ended, LiveHook, Style, say
-from ddpkit.heal.classify import Classification, FailureClass, classify
+from ddpkit.heal.classify import Classification, Evidence, FailureClass, RankEvidence, classify
 from ddpkit.heal.nodepool import NodePool
 from ddpkit.heal.policy import DEFAULT_MAX_ATTEMPTS, HealPolicy
 from ddpkit.heal.progress import program_progress
 from ddpkit.heal.scontrol import SCONTROL_S, drain, hostnames, release
 from ddpkit.heal.slurm_step import StepPlan, StepRun, run_step
+from ddpkit.launch.result import AttemptResult
 from ddpkit.launch.steplog import full_log_path
 from ddpkit.launch.stepscreen import StepScreen
 from ddpkit.process.worker_context import HEAL_SILENT_DEFAULT_S, HEAL_SILENT_S
@@ -188,13 +189,13 @@ class _StepAttempts(Adapter):
     def _live(self, attempt: int, hosts: tuple[str, ...], heard: LiveHook) -> Ended:
         """The attempt with a standby on each spare node: a lost rank replaced live (``ddpkit.live.agent.slurm``);
         ``heard`` records each heal and takes its lost host out (``Attempts.live_healed``)."""
-        from ddpkit.live.agent.slurm import evidence, run_live_attempt
+        from ddpkit.live.agent.slurm import run_live_attempt
 
         env = {ATTEMPT_VAR: str(attempt), RUN_DIR_VAR: str(self.ledger.run_dir.resolve())}
         spares = tuple(h for h in self.pool.healthy if h not in hosts)
         result, where = run_live_attempt(job=self.job, program=tuple(self.args.program), hosts=hosts, spares=spares,
                                          env=env, on_heal=heard)
-        return Ended(exit_code=result.exit_code, evidence=evidence(result, where) if result.exit_code else None)
+        return Ended(exit_code=result.exit_code, evidence=_live_evidence(result, where) if result.exit_code else None)
 
     def progress(self) -> int | None:
         return program_progress(self.args.program)
@@ -353,3 +354,13 @@ class AttemptScreen:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+def _live_evidence(result: AttemptResult, hosts: dict[int, str]) -> Evidence:
+    """A failed live attempt's evidence, each rank on its host (the restart heal classifies it)."""
+    first = result.first
+    ranks = tuple(RankEvidence(rank=f.rank, host=hosts.get(f.rank, ""), signal=f.signal,
+                               exit_code=None if f.signal else f.exit_code, stopped_by_ddpkit=f.stopped_by_ddpkit,
+                               first=f is first) for f in result.failures)
+    return Evidence(exit_code=result.exit_code, ranks=ranks, outside_signal=result.outside_signal,
+                    all_preempted=result.all_preempted)

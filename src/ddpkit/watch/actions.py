@@ -20,7 +20,6 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Protocol
 
 from ddpkit.base.errors import EXIT_MISSING
@@ -37,11 +36,21 @@ if TYPE_CHECKING:
     from ddpkit.watch.recorder import Recorder
     from ddpkit.watch.steplines import StepLines
 
-__all__ = ["HANDLERS_WAIT_S", "Actions", "RankStacks", "Reported", "where_main_runs"]
+__all__ = ["HANDLERS_WAIT_S", "Actions", "RankStacks", "Reported", "replace_hung_with", "where_main_runs"]
 
 log = get_logger(__name__)
 #: Under an abort, how long a rank waits for every live rank's abort handlers to have run before it exits.
 HANDLERS_WAIT_S = 10.0
+#: Under ``--heal live``: how this rank's watch hands a hung rank to the live agent (its pid, the report's headline);
+#: set by the live wing when this rank joins a live group (``ddpkit.live.rank.group``); None: not healed live.
+_replacer: Callable[[int, str], None] | None = None
+
+
+def replace_hung_with(replacer: Callable[[int, str], None] | None) -> None:
+    """Where the watch would stop the job over ranks the others wait for, it calls ``replacer(pid, headline)`` for
+    each instead (the live agent ends and replaces them); None: stop the job, as without ``--heal live``."""
+    global _replacer
+    _replacer = replacer
 
 
 @dataclass(frozen=True)
@@ -263,25 +272,20 @@ class Actions:
         m, reported = self.monitor, self.reported
         if m.options.on_hang != "abort" or stop_at is not None or reported is None or reported.replaced:
             return ()
-        if WorkerContext.from_environ().live_store is None or len(reported.waited_for) >= m.world:
+        if _replacer is None or len(reported.waited_for) >= m.world:
             return ()
         return reported.waited_for
 
     def _name_hung(self, records: dict[int, Heartbeat | None], ranks: tuple[int, ...], headline: str) -> None:
-        """Tell the live agent the processes of ``ranks`` are hung; it ends and replaces them."""
-        import torch.distributed as dist
-
-        from ddpkit.live.protocol import LiveStore
-
-        where = WorkerContext.from_environ().live_store
-        assert where is not None and self.reported is not None
+        """Hand the processes of ``ranks`` to the live agent as hung (``replace_hung_with``); it ends and replaces
+        them."""
+        replacer = _replacer
+        assert replacer is not None and self.reported is not None
         self.reported.replaced = True
-        store = LiveStore(dist.TCPStore(where[0], where[1], is_master=False, timeout=timedelta(seconds=STACK_WAIT_S),
-                                        wait_for_workers=False))
         for rank in ranks:
             rec = records.get(rank)
             if rec is not None:
-                store.name_hung(int(rec["pid"]), headline)
+                replacer(int(rec["pid"]), headline)
 
     def _order(self, records: dict[int, Heartbeat | None], stale: dict[int, float], headline: str,
                text: str | None) -> AbortOrder:

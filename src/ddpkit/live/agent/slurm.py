@@ -30,14 +30,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ddpkit.base.log import get_logger
-from ddpkit.heal.classify import Evidence, RankEvidence
 from ddpkit.launch.result import AttemptResult
 from ddpkit.live.agent.rules import LiveAgent, Proc, rank_env
 from ddpkit.live.protocol import LiveStore
 from ddpkit.process.worker_context import LIVE_GEN
 from ddpkit.rundir.ledger import RankReplaced, ReplicasDiverged
 
-__all__ = ["LiveSteps", "evidence", "run_live_attempt"]
+__all__ = ["LiveSteps", "run_live_attempt"]
 
 log = get_logger(__name__)
 
@@ -202,14 +201,3 @@ def run_live_attempt(*, job: str, program: tuple[str, ...], hosts: tuple[str, ..
         for r in agent.ranks.values():
             r.proc.close()
         sys.stdout.flush()
-
-
-def evidence(result: AttemptResult, hosts: dict[int, str]) -> Evidence:
-    """A failed live attempt's evidence, each rank on its host (the restart heal classifies it)."""
-    first = result.first
-    ranks = tuple(RankEvidence(rank=f.rank, host=hosts.get(f.rank, ""), signal=f.signal,
-                               exit_code=None if f.signal else f.exit_code, stopped_by_ddpkit=f.stopped_by_ddpkit,
-                               first=f is first) for f in result.failures)
-    return Evidence(exit_code=result.exit_code, ranks=ranks, outside_signal=result.outside_signal,
-                    all_preempted=result.all_preempted)
-

@@ -31,6 +31,7 @@ import torch.distributed as dist
 from ddpkit.base.errors import first_line
 from ddpkit.base.log import get_logger
 from ddpkit.live.protocol import NO_LOSS, Diverged, Joined, LiveStore, Plan
+from ddpkit.watch.actions import replace_hung_with
 
 if TYPE_CHECKING:
     from ddpkit.process.worker_context import WorkerContext
@@ -120,10 +121,17 @@ class LiveGroup:
         self.joining = self.gen > 0
         """A replacement, until its first step: it joins generation ``gen`` and takes its state from a peer."""
         self.heals = 0
+        self.agent = agent
         self.verify_at: int | None = None
         """The step after which the replicas are compared: one step after a heal, so that what a step changes (a
         scheduler's learning rate) has acted."""
         self.keys.register(rank)  # the agent heals a loss live only where every survivor can re-form
+        replace_hung_with(self._name_hung)  # where the watch would stop the job over a hung rank
+
+    def _name_hung(self, pid: int, headline: str) -> None:
+        """The watch's word (on its own thread, so on a connection of its own): the rank of ``pid`` is hung."""
+        LiveStore(dist.TCPStore(self.agent[0], self.agent[1], is_master=False, timeout=timedelta(seconds=10),
+                                wait_for_workers=False)).name_hung(pid, headline)
 
     def store(self) -> dist.Store:
         """The store of this generation's group, where ``init_process_group`` makes it."""
