@@ -104,8 +104,14 @@ def test_carried_state_travels_and_the_replicas_agree(tmp_path: Path, uninterrup
     assert report.returncode == 0, report.stdout + report.stderr
     goodput = re.search(r"goodput ([\d.]+)% of", report.stdout)
     assert goodput and float(goodput[1]) > 0 and "1 rank(s) replaced live" in report.stdout, report.stdout
-    other = json.loads((tmp_path / "trace.json").read_text())["otherData"]
+    trace = json.loads((tmp_path / "trace.json").read_text())
+    other = trace["otherData"]
     assert other["goodput_is"] == "exact" and other["goodput"] > 0 and other["live_heals"] == 1, other
+    named = [e["args"] for e in trace["traceEvents"] if e["name"].startswith("live heal")]
+    assert [(n["rank"], n["step"], n["source"]) for n in named] == [(1, heals[0].step, heals[0].source)], named
+    page = (tmp_path / "run" / "report.html").read_text()
+    assert "<h2>Live heals (--heal live)</h2>" in page and "1 rank(s) replaced live." in page, page[-3000:]
+    assert f"<td>{heals[0].step}</td>" in page and "(pid " in page, page[-3000:]
     prom = (tmp_path / "run.prom").read_text()
     assert 'ddpkit_live_heals_total{run="run"} 1.0' in prom and '\nddpkit_goodput_ratio{run="run"} ' in prom, prom
 

@@ -16,7 +16,7 @@ from ddpkit.goodput.accounting import Category, Split
 from ddpkit.goodput.straggler import rank_waits
 from ddpkit.reports.run import RunView
 from ddpkit.reports.svg import Chart
-from ddpkit.rundir.ledger import AttemptEnded
+from ddpkit.rundir.ledger import AttemptEnded, RankReplaced, ReplicasDiverged
 
 __all__ = ["COLORS", "render_html"]
 
@@ -120,6 +120,25 @@ def _rank_table(view: RunView) -> str:
                   "waiting for a slower rank (% of steps)"], rows)
 
 
+def _live_heals(view: RunView) -> str:
+    """Each rank replaced live (rank, host, why, the step and the rank its state came from, where its replacement
+    ran, fault -> first step), and replicas found to differ, from the ledger."""
+    heals = [r for r in view.ledger if isinstance(r, RankReplaced)]
+    diverged = [r for r in view.ledger if isinstance(r, ReplicasDiverged)]
+    if not heals and not diverged:
+        return '<p class="muted">No rank was replaced live.</p>'
+    rows = [[h.attempt, h.gen, h.rank, h.host, h.why, "" if h.step is None else h.step,
+             "" if h.source is None else h.source, f"{h.replacement_host or h.host} (pid {h.replacement_pid})",
+             ", ".join(map(str, h.together)) or h.rank,
+             "" if h.first_step_at is None else f"{h.first_step_at - h.lost_at:.2f}"] for h in heals]
+    table = _rows(["attempt", "generation", "rank", "host", "lost", "at step", "state from rank", "replacement",
+                   "replaced together", "loss -> first step (s)"], rows) if heals else ""
+    said = "".join(f"<p><strong>Replicas differ</strong> (attempt {d.attempt}, generation {d.gen}, step {d.step}, "
+                   f"{html.escape(d.where)}): " + html.escape("; ".join(
+                       f"rank {r} {digest[:12]}" for r, digest in enumerate(d.digests))) + "</p>" for d in diverged)
+    return f"<p>{len(heals)} rank(s) replaced live.</p>{table}{said}"
+
+
 def _rolling(split: Split) -> str | None:
     if not split.windows:
         return None
@@ -205,6 +224,7 @@ def render_html(view: RunView, *, title: str = "ddpkit run") -> str:
         _figure("Goodput over time", _rolling(split)),
         "<h2>Attempts</h2>", attempts,
         "<h2>Hosts at fault</h2>", faults,
+        "<h2>Live heals (--heal live)</h2>", _live_heals(view),
         "<script>document.documentElement.setAttribute('data-ddpkit-ready',"
         " String(document.querySelectorAll('svg').length));</script>",
         "</body></html>"]

@@ -21,6 +21,7 @@ from typing import Any
 from ddpkit.goodput.accounting import Category
 from ddpkit.goodput.straggler import mean_sync
 from ddpkit.reports.run import RunView
+from ddpkit.rundir.ledger import RankReplaced
 
 __all__ = ["trace_events"]
 
@@ -83,8 +84,12 @@ def trace_events(view: RunView) -> dict[str, Any]:
                    for r in a.loads]
         events += [_complete(f"checkpoint save (step {r.step})", "phase", r.start, r.end, t0, pid, 0,
                              {"step": r.step}) for r in a.saves]
-        events += [_complete("live heal (a rank replaced; no step lost)", "phase", lost, back, t0, pid, 0)
-                   for lost, back in a.heals]
+        heals = [r for r in view.ledger if isinstance(r, RankReplaced) and r.attempt == a.attempt]
+        events += [_complete("live heal (a rank replaced; no step lost)", "phase", h.lost_at,
+                             h.first_step_at or h.joined_at or h.lost_at, t0, pid, 0,
+                             {"rank": h.rank, "host": h.host, "why": h.why, "step": h.step, "source": h.source,
+                              "replacement_host": h.replacement_host or h.host, "together": list(h.together)})
+                   for h in heals]
         tail = max([r.end for r in a.steps] + [r.end for r in a.saves] + [head_end])
         tail_name = "hang until detection, teardown" if a.seconds[Category.FAILURE] > 0 else "teardown"
         events.append(_complete(tail_name, "phase", min(tail, a.end), a.end, t0, pid, 0))
