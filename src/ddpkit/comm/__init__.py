@@ -4,7 +4,6 @@
 - ``mpi_transport``: MPI.Allreduce of gradient buckets, and opening MPI's world (mpi4py, lazily).
 - ``closed_form``: known inputs and the exact result of each collective (check and bench verify with it).
 - ``torch_compat``: collectives whose names changed across torch versions.
-- ``live``: a rank's half of live healing (the group re-formed in the same process, the state from a live peer).
 - ``rng``: every random generator a rank uses, as plain data (snapshots and live healing hand it on).
 
 This ``__init__`` imports nothing (no torch): ``GRAD_TRANSPORTS`` is here for the CLI's option.

@@ -14,17 +14,19 @@ ranks, killed at once, are replaced together)::
       (the kernel's ``T``; a heartbeat standing still, under Slurm)
       while others run, or named hung by the watch (running, no
       progress past the watch's deadline: ``ddpkit.watch.actions``;
-      it is then ended with SIGKILL, so that the
-      others' collectives fail at once), no heal under way, no rank
-      finished, every survivor holding a live group (its ``Replica``),
-      a replacement for each                                         -> replaced live, in one generation
+      it is then ended with SIGKILL, so that the others' collectives
+      fail at once); no rank finished; every survivor holding a live
+      group (its ``Replica``); a replacement for each                -> replaced live, in one generation
+    ... while an earlier heal's replacements have not yet taken
+      their state                                                    -> those replacements ended, and every lost
+                                                                        rank replaced in one new generation
     anything else (a rank that raised or exited non-zero, a loss
-      while replacements join, an unchanged script, no standby left) -> every rank ended: the attempt fails with
+      after the hand-over, an unchanged script, no standby left)     -> every rank ended: the attempt fails with
                                                                         the lost ranks named, and the supervisor's
                                                                         restart heal takes over
 
 A rank whose collective failed asks the agent whether a peer was lost (``ddpkit.live.protocol``): the plan where one
-was, "none" (two polls after the question, no rank lost) where the error is the program's own. The survivors
+was, "none" (a whole poll after the question, no rank lost) where the error is the program's own. The survivors
 re-form the group in the plan's generation and hand the replacements the state of the most advanced of them
 (``ddpkit.live.rank.group``); the agent prints one line once the replacements have applied their first step, the
 replicas compared. Replicas that differ (``diverged``) are said, recorded, and end the attempt.
