@@ -99,3 +99,10 @@ def test_submit_help_loads_few_ddpkit_modules() -> None:
     ours = [m for m in modules if m == "ddpkit" or m.startswith("ddpkit.")]
     assert "ddpkit.cli" in ours and len(ours) <= 15, ours
     assert not [m for m in modules if m == "torch" or m.startswith("torch.")]
+    # counted at exit too (an import-time line is missed for a module imported before -X importtime reports it)
+    code = ("import runpy, sys\nsys.argv = ['ddpkit', 'submit', '--help']\ntry:\n    runpy.run_module('ddpkit', "
+            "run_name='__main__')\nexcept SystemExit:\n    pass\nprint(*sorted(m for m in sys.modules if m == 'ddpkit' "
+            "or m.startswith('ddpkit.')), file=sys.stderr)\n")
+    at_exit = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                             env=ddpkit_env()).stderr.split()
+    assert "ddpkit.cli" in at_exit and len(at_exit) <= 15, at_exit

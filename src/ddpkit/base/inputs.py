@@ -16,12 +16,15 @@ from typing import Any
 
 from ddpkit.base.errors import ConfigError
 
-__all__ = ["HEAL_MODES", "add_heal_flag", "check_local_ranks", "check_output_path", "check_run_directory", "endpoint",
-           "local_rank_limit", "local_ranks", "output_path", "program_words", "run_directory", "seconds",
-           "shape_text"]
+__all__ = ["HEAL_MODES", "HEAL_SILENT_DEFAULT_S", "add_heal_flag", "check_local_ranks", "check_output_path",
+           "check_run_directory", "endpoint", "local_rank_limit", "local_ranks", "output_path", "program_words",
+           "run_directory", "seconds", "shape_text"]
 
 #: ``--heal MODE``: ``restart`` (a bare ``--heal``) or ``live``.
 HEAL_MODES = ("restart", "live")
+#: ``--silent-after``'s default under every --heal backend: a rank silent 10 s is a lost host (a heartbeat is stale
+#: after 3 s); the agent tells its ranks as ``process.worker_context.HEAL_SILENT_S``.
+HEAL_SILENT_DEFAULT_S = 10.0
 
 
 def add_heal_flag(group: Any, help: str) -> None:

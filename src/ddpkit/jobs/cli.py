@@ -21,10 +21,17 @@ import uuid
 from pathlib import Path
 
 from ddpkit.base.errors import ConfigError
-from ddpkit.base.inputs import add_heal_flag, endpoint, output_path, program_words, seconds, shape_text
+from ddpkit.base.inputs import (
+    HEAL_SILENT_DEFAULT_S,
+    add_heal_flag,
+    endpoint,
+    output_path,
+    program_words,
+    seconds,
+    shape_text,
+)
 from ddpkit.base.log import get_logger
 from ddpkit.jobs.spec import JobSpec
-from ddpkit.process.worker_context import HEAL_SILENT_DEFAULT_S
 
 __all__ = ["add_arguments", "build_spec", "render", "run"]
 

@@ -9,8 +9,8 @@ import os
 import sys
 from dataclasses import dataclass, field
 
+from ddpkit.base.inputs import HEAL_SILENT_DEFAULT_S
 from ddpkit.base.shape import JobShape
-from ddpkit.process.worker_context import HEAL_SILENT_DEFAULT_S
 
 __all__ = ["JobFields"]
 

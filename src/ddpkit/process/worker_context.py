@@ -16,6 +16,8 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from ddpkit.base.inputs import HEAL_SILENT_DEFAULT_S  # its default under every --heal backend, read with the option
+
 __all__ = [
     "HEAL_SILENT_DEFAULT_S",
     "HEAL_SILENT_S",
@@ -46,8 +48,6 @@ STOP_DIR = "DDPKIT_STOP_DIR"
 #: Set by a heal supervisor (``ddpkit submit slurm --heal``): seconds after which a rank whose heartbeat stopped is a
 #: lost host and every rank stops at once (the watch's ``WatchOptions.silent_stop``), not at the hang deadline.
 HEAL_SILENT_S = "DDPKIT_HEAL_SILENT_S"
-#: Its default under every --heal backend: a rank silent 10 s is a lost host (a heartbeat is stale after 3 s).
-HEAL_SILENT_DEFAULT_S = 10.0
 #: ``fork`` (default with a CPU build of torch: workers forked from the agent, preloaded modules inherited) or
 #: ``spawn`` (fresh processes; always with a CUDA build, see launch.agent.preload).
 START_METHOD = "DDPKIT_START_METHOD"
