@@ -292,7 +292,7 @@ def _run_dir_report(args: argparse.Namespace, run_dir: Path) -> int:
         f"goodput at most {100 * split.goodput:.1f}% (steps done again not known)"
     if not split.measured:
         goodput = "goodput not known (no rank recorded its steps)"
-    heals, said = sum(len(a.heals) for a in split.attempts), ""
+    heals, said = split.live_heals, ""
     if heals:
         from ddpkit.goodput.accounting import Category
 

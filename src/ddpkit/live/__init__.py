@@ -26,7 +26,8 @@ module                           layer  what it holds
 Outside the wing, by design: what ``train``'s ``Trainer`` hands over (``ddpkit.train.live``, the trainer's own
 state), the watch's naming of a hung rank (``ddpkit.watch.actions``) and letting go of a re-formed group
 (``ddpkit.watch.regroup``), the ledger's records (``ddpkit.rundir.ledger``: ``RankReplaced``, ``ReplicasDiverged``),
-and the attempt loop that hears of each heal through ``LaunchOptions.live_heal`` (``ddpkit.heal``). The layers are
+and the attempt loop that hears of each heal through the hook it hands its backend (``Adapter.start``'s
+``heard``: ``ddpkit.heal.attempts``). The layers are
 the house's (docs/architecture.md): the rank's side sits below the commands that use it, the agent's above the
 launcher it extends.
 """

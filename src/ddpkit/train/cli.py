@@ -238,10 +238,9 @@ def _report(summary: RunSummary) -> None:
         + f"; restarts: {summary.restarts}")
     digests = summary.replica_digests
     if digests is not None:
-        equal = len(set(digests)) == 1
-        say(f"Live heals: {summary.live_heals}; replicas: {len(digests)} "
-            + (f"equal (sha256 {digests[0][:12]})" if equal else "DIFFER: " + ", ".join(
-                f"rank {r} {d[:12]}" for r, d in enumerate(digests))))
+        from ddpkit.live.rank.group import equal_line
+
+        say(f"Live heals: {summary.live_heals}; replicas: {equal_line(digests)}")
     for d in summary.drills:
         if d.resumed_at_step is None:
             say(f"Drill {d.drill}: injected {d.injected}; the run has not resumed since")

@@ -254,8 +254,9 @@ class LiveGroup:
 
 
 def equal_line(digests: Iterable[str]) -> str:
-    """``3 equal (sha256 923565ef8fba)``, or the groups that differ."""
+    """``3 equal (sha256 923565ef8fba)``, or ``3 DIFFER: rank 0 ..., rank 1 ...``: the replicas' line of a live run's
+    summary (``train`` and a script's ``Replica`` alike)."""
     table = list(digests)
     if len(set(table)) == 1:
         return f"{len(table)} equal (sha256 {table[0][:12]})"
-    return "DIFFER: " + ", ".join(f"rank {r} {d[:12]}" for r, d in enumerate(table))
+    return f"{len(table)} DIFFER: " + ", ".join(f"rank {r} {d[:12]}" for r, d in enumerate(table))
