@@ -74,21 +74,36 @@ def _store() -> Any:
 
 def test_a_rank_s_question_is_answered_no_loss_only_after_a_whole_poll() -> None:
     """A rank whose collective failed asks; with every rank running the agent says "none", one poll later (a killed
-    peer's socket closes a moment before the kernel reports its exit)."""
+    peer's socket closes a moment before the kernel reports its exit), or later where a loss takes longer to see."""
     from ddpkit.live.protocol import NO_LOSS, LiveStore
 
     procs = [subprocess.Popen(["sleep", "60"]) for _ in range(2)]
     try:
         store = _store()
-        agent = live.LiveAgent(spawn=lambda rank, env: None, on_heal=lambda heal: None, store=store)
+        agent = live.LiveAgent(spawn=lambda rank, env: None, on_heal=lambda heal: None, store=store,
+                               poll_s=0.25)  # times a float holds exactly
         agent.ranks = {r: _rank(r, p) for r, p in enumerate(procs)}
         rank_side = LiveStore(store)
         rank_side.ask(0, 1, "RuntimeError")
-        agent._answer_questions()
+        agent._answer_questions(100.0)
         assert rank_side.answer(0, 1) is None  # seen once: not yet
-        agent._answer_questions()
+        agent._answer_questions(100.0 + agent.poll_s)
         assert rank_side.answer(0, 1) == NO_LOSS
         assert not agent.keys.asked(0, 1)  # read once: the question is gone
+        # under Slurm a rank cut off is seen only once its heartbeat stood still unseen_s: no "none" before that,
+        # and none while a rank is seen stopped (its loss is being decided)
+        for r in agent.ranks.values():
+            r.proc.unseen_s = 2.0
+        rank_side.ask(0, 1, "RuntimeError")
+        agent._answer_questions(200.0)
+        agent._answer_questions(200.0 + agent.poll_s)
+        assert rank_side.answer(0, 1) is None
+        agent.ranks[0].stopped_since = 201.0
+        agent._answer_questions(200.0 + agent.poll_s + 2.0)
+        assert rank_side.answer(0, 1) is None
+        agent.ranks[0].stopped_since = None
+        agent._answer_questions(200.0 + agent.poll_s + 2.0)
+        assert rank_side.answer(0, 1) == NO_LOSS
     finally:
         for proc in procs:
             proc.kill()

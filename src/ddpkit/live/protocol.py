@@ -11,7 +11,8 @@ key                               written by    what it holds
 ``ddpkit-live/replica/R``         rank R        "1" once it holds a live group: a loss is healed live only
                                                 where every survivor does (an unchanged script does not)
 ``ddpkit-live/ask/G/R``           rank R        its collective failed in generation G: the exception's type
-``ddpkit-live/answer/G/R``        the agent     "none": no rank of G is lost (the rank's own error: raise it)
+``ddpkit-live/answer/G/R``        the agent     "none": no rank of G is lost, as long as the agent needs to see
+                                                one (the rank's own error: raise it)
 ``ddpkit-live/plan/G``            the agent     once G's replacements are started: a ``Plan``
 ``ddpkit-live/joined/G``          the source    once every rank of G holds the state: a ``Joined``
 ``ddpkit-live/first/G``           replacement   after its first applied step (the replicas verified): the time

@@ -103,8 +103,8 @@ class LiveAgent:
     group_stores: list[Any] = field(default_factory=list)
     finished_at: float | None = None
     """When the first rank finished (exit 0)."""
-    asked: set[tuple[int, int]] = field(default_factory=set)
-    """(generation, rank) of the questions seen in an earlier poll and not yet answered."""
+    asked: dict[tuple[int, int], float] = field(default_factory=dict)
+    """(generation, rank) of each question not yet answered -> when the agent first saw it."""
 
     @property
     def keys(self) -> LiveStore:
@@ -156,7 +156,7 @@ class LiveAgent:
             ended = self._check_healing(now)
             if ended is not None:
                 return ended
-            self._answer_questions()
+            self._answer_questions(time.time())
             self._check_lingering(now)
             if all(r.done for r in self.ranks.values()):
                 return self._finished(failures)
@@ -280,20 +280,23 @@ class LiveAgent:
                                 lost_at=min(h.lost_at for h in self.healing), port=group.port))
         return True
 
-    def _answer_questions(self) -> None:
-        """A rank whose collective failed while no rank is lost: "none", once the question has stood a whole poll
-        (a killed peer's socket closes a moment before the kernel reports its exit)."""
-        for r in self.ranks.values():
-            if r.done:
-                continue
+    def _answer_questions(self, now: float) -> None:
+        """A rank whose collective failed while no rank is lost: "none", once the question has stood a poll longer
+        than the agent needs to see a loss (a killed peer's socket closes a moment before the kernel reports its
+        exit; under Slurm a rank cut off is seen only when its heartbeat has stood still ``unseen_s``), and while no
+        rank is seen stopped (its loss is being decided)."""
+        running = [r for r in self.ranks.values() if not r.done]
+        blind_s = self.poll_s + max((r.proc.unseen_s for r in running), default=0.0)
+        pending = any(r.stopped_since is not None for r in running)
+        for r in running:
             question = (self.gen, r.rank)
             if not self.keys.asked(*question):
-                self.asked.discard(question)
-            elif question in self.asked:
+                self.asked.pop(question, None)
+                continue
+            seen = self.asked.setdefault(question, now)
+            if now - seen >= blind_s and not pending:
                 self.keys.say_no_loss(*question)
-                self.asked.discard(question)
-            else:
-                self.asked.add(question)
+                del self.asked[question]
 
     def _check_healing(self, now: float) -> AttemptResult | None:
         """The heal under way: its line once the replacements train; the attempt's end where they never do."""
