@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 from datetime import timedelta
+from pathlib import Path
 
 import pytest
 
@@ -20,6 +21,19 @@ pytestmark = pytest.mark.multiproc
 SERVER = ("import sys, time, torch.distributed as d; "
           "s = d.TCPStore('127.0.0.1', int(sys.argv[1]), is_master=True, wait_for_workers=False); "
           "print('up', flush=True); time.sleep(300)")
+
+
+def stopped(pid: int, limit: float = 5.0) -> None:
+    """Return once every thread of ``pid`` is stopped: kill() returns before a thread busy on another core has
+    taken the SIGSTOP, and that thread answered the first call (CI: "DID NOT RAISE")."""
+    deadline = time.monotonic() + limit
+    while True:
+        states = [Path(f"/proc/{pid}/task/{t}/stat").read_text().rsplit(")", 1)[1].split()[0]
+                  for t in os.listdir(f"/proc/{pid}/task")]
+        if all(s in "Tt" for s in states):
+            return
+        assert time.monotonic() < deadline, f"process {pid} not stopped after {limit} s: {states}"
+        time.sleep(0.01)
 
 
 def test_a_stopped_store_is_reported_within_the_limit_then_used_again() -> None:
@@ -35,6 +49,7 @@ def test_a_stopped_store_is_reported_within_the_limit_then_used_again() -> None:
         store.set("a", "1")
         assert store.check(["a"]) and store.get("a") == b"1"
         os.kill(server.pid, signal.SIGSTOP)
+        stopped(server.pid)
         t = time.monotonic()
         with pytest.raises(StoreUnanswered, match="did not answer within 1 s"):
             store.check(["a"])

@@ -390,3 +390,34 @@ def test_an_events_file_that_cannot_be_written_is_a_warning_not_a_failure(tmp_pa
     gone = SimpleNamespace(options=SimpleNamespace(events=tmp_path / "removed" / "events.jsonl"))
     Monitor.emit(gone, ["ddpkit watch: a report"], {"event": "hang"})  # type: ignore[arg-type]
     assert "ddpkit watch: a report" in capfd.readouterr().err
+
+
+def test_a_claim_whose_reporter_stopped_after_progress_resumed_is_freed_by_another_rank(tmp_path: Path) -> None:
+    """Rank 1 reported a hang; progress resumed, and rank 1 was stopped before its next poll freed the claim (CI:
+    rank 1's SIGSTOP 0.3 s after the pause ended; the later hang was never reported). Rank 0, which saw the progress
+    under rank 1's claim, frees it once rank 1 stopped answering and says progress resumed, once; not before."""
+    import json
+    import time
+
+    import torch.distributed as dist
+
+    from ddpkit.watch.monitor import Monitor
+    from ddpkit.watch.recorder import Recorder
+
+    events = tmp_path / "events.jsonl"
+    store = dist.HashStore()
+    monitor = Monitor(Recorder(0, 2), WatchOptions(summary=False, events=events), store)
+    monitor._publish()
+    store.set("rec/1", json.dumps(rec(1, entered=10)))
+    monitor._poll()  # the job before the pause
+    store.set("claim", "1:1:5")  # rank 1's report of the pause
+    store.set("rec/1", json.dumps({**rec(1, entered=12), "beat": 2}))  # progress resumed
+    monitor._poll()
+    assert store.get("claim") == b"1:1:5"  # rank 1 still answers: it frees its claim itself
+    monitor.seen[1] = (2, time.monotonic() - 10)  # rank 1 stopped answering since (its record unchanged for 10 s)
+    monitor._poll()
+    assert store.get("claim") == b"", "the orphaned claim was left in force: a later hang would never be reported"
+    (resumed,) = [e for e in map(json.loads, events.read_text().splitlines()) if e["event"] == "resumed"]
+    assert resumed["reporter"] == 0 and resumed["freed"] == "1:1:5"
+    monitor._poll()
+    assert len(events.read_text().splitlines()) == 1, "said once"

@@ -219,6 +219,21 @@ class Actions:
                {"event": "resumed", "reporter": m.rank, "paused_s": round(paused, 1),
                 "busy_at": {str(r): w for r, w in reported.busy_at.items()}})
 
+    def resumed_for(self, claim: str, *, since: float, at: float) -> None:
+        """Progress resumed at ``at`` (this rank's clock) after another rank's report ``claim``, and that rank
+        stopped answering before it freed the claim: free it, and say once (first rank to free it) how long the
+        job paused."""
+        m = self.monitor
+        if m.store.add(f"freed/{claim}", 1) != 1:
+            return  # another rank freed it
+        m.store.compare_set("claim", claim, "")
+        if ":phase" in claim:
+            return
+        m.emit([f"ddpkit watch: progress resumed after {at - since:.0f} s (the rank that reported the hang stopped "
+                "answering since)"],
+               {"event": "resumed", "reporter": m.rank, "paused_s": round(at - since, 1), "busy_at": {},
+                "freed": claim})
+
     # -- stopping the job -------------------------------------------------------------------------------------
     def stop_job(self, records: dict[int, Heartbeat | None], stale: dict[int, float], idle: float,
                  stop: float) -> None:

@@ -5,7 +5,8 @@ When progress resumes after a report, the reporter says so once and frees the cl
 
 Store keys (under a prefix per job and restart): ``rec/<rank>`` (this rank's record, every heartbeat),
 ``claim`` (the hang being reported: ``<reporter>:<collective>:<beat>``, first writer wins; empty again once
-progress resumed), ``stacks/<claim>/<rank>`` (each live rank's ``RankStacks``, posted when it sees a claim),
+progress resumed), ``freed/<claim>`` (counts the ranks that freed a claim whose reporter stopped answering),
+``stacks/<claim>/<rank>`` (each live rank's ``RankStacks``, posted when it sees a claim),
 ``abort`` (the ranks to stop, set by the rank that stops the job), ``final/<rank>`` (the last record, for the exit
 summary).
 
@@ -82,6 +83,8 @@ class Monitor:
         self._progress_at = time.monotonic()
         self._slowest_gap = 0.0
         self._overdue: set[int] = set()  # this rank's phases whose passed deadline was claimed
+        self._progressed_under: tuple[str, float, float] | None = None
+        """Another rank's claim under which this rank saw progress: (claim, last progress before, seen at)."""
         self.aborting = False  # a hang report ordered every rank to stop: a collective failing now is the abort
         self._next_straggler = time.monotonic() + options.report_every
         self._store_failed_at: float | None = None
@@ -138,6 +141,7 @@ class Monitor:
                 self.seen[r] = (rec["beat"], now)
         stale = {r: now - at for r, (_, at) in self.seen.items()
                  if now - at > max(STALE_S, 6 * self.options.heartbeat) and not _final(records[r])}
+        claim = self._free_orphaned(claim, stale)
         silent = self.options.silent_stop
         lost = {r: age for r, age in stale.items() if silent is not None and age >= silent}
         if lost and not claim:  # under --heal a silent rank is a lost host now, not at the hang deadline
@@ -164,6 +168,8 @@ class Monitor:
                 self._slowest_gap = max(self._slowest_gap, now - self._progress_at)
             if self.actions.reported is not None:
                 self.actions.resumed(now, said=progress != self._progress)
+            elif claim and progress != self._progress:
+                self._progressed_under = (claim, self._progress_at, now)
             self._progress, self._progress_at = progress, now
             return
         idle = now - self._progress_at
@@ -184,6 +190,20 @@ class Monitor:
             mine = self.actions.reported is not None and self.actions.reported.claim == claim
             if idle > stop + (0 if mine else STOP_GRACE_S):  # the reporter went silent: another rank stops the job
                 self.actions.stop_job(records, stale, idle, stop)
+
+    def _free_orphaned(self, claim: str, stale: dict[int, float]) -> str:
+        """The claim in force: "" where progress resumed under another rank's report and that rank stopped
+        answering before it saw so (it frees its claim at its next poll, a second at most; one stopped in between
+        would keep a later hang from being reported). This rank frees it and says progress resumed."""
+        under = self._progressed_under
+        if not claim or under is None or under[0] != claim:
+            return claim
+        reporter = claim.split(":", 1)[0]
+        if not reporter.isdigit() or int(reporter) not in stale:
+            return claim
+        self._progressed_under = None
+        self.actions.resumed_for(claim, since=under[1], at=under[2])
+        return ""
 
     # -- what the watch says, and this rank's end under an abort (``actions.py`` decides it) -------------------
     def emit(self, lines: list[str], event: dict[str, Any]) -> None:
