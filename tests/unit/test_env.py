@@ -40,6 +40,17 @@ def test_slurm_task_reads_step_and_master_from_nodelist() -> None:
     assert w.run_id == "4242"
 
 
+def test_slurm_tasks_without_a_node_count_or_list_are_refused_not_read_as_one_host() -> None:
+    """Found by test_env_property: SLURM_NTASKS=2 with no SLURM_STEP_NUM_NODES, node list or tasks per node read as
+    one node of 2 ranks, local world size "known", master on loopback; a guess. srun sets them all: refused, exit 2."""
+    env = {"SLURM_JOB_ID": "77", "SLURM_STEP_ID": "0", "SLURM_PROCID": "0", "SLURM_LOCALID": "0", "SLURM_NODEID": "0",
+           "SLURM_NTASKS": "2"}
+    with pytest.raises(EnvConflict, match=r"2 Slurm tasks on an unknown number of nodes") as exc:
+        detect(env)
+    assert exc.value.exit_code == 2
+    assert detect({**env, "SLURM_STEP_NUM_NODES": "1"}).local_world_size == 2  # counted, not guessed: read
+
+
 def test_slurm_uneven_tasks_per_node() -> None:
     env = dict(SRUN, SLURM_STEP_TASKS_PER_NODE="3(x2),1", SLURM_STEP_NUM_TASKS="7", SLURM_NTASKS="7",
                SLURM_STEP_NUM_NODES="3", SLURM_STEP_NODELIST="a[1-3]", SLURM_NODEID="2", SLURM_PROCID="6",

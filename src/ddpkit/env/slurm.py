@@ -91,14 +91,15 @@ def read(environ: Mapping[str, str]) -> WorldInfo:
         hosts = expand_nodelist(environ[nodelist_var], nodelist_var)
         r.derived("hosts", nodelist_var)
     num_nodes = r.integer("num_nodes", "SLURM_STEP_NUM_NODES", "SLURM_JOB_NUM_NODES", "SLURM_NNODES", minimum=1)
+    nodes_known = num_nodes is not None or bool(hosts)
     if num_nodes is None:
         num_nodes = len(hosts) or 1
-        r.derived("num_nodes", "length of the node list")
+        r.derived("num_nodes", "length of the node list" if hosts else "1 (no node count or list: a guess)")
     if world == 1 and (num_nodes > 1 or node_rank > 0):  # one task: one node, whatever the allocation spans
         num_nodes, node_rank = 1, 0
         r.derived("num_nodes", "1: a step of one task")
         r.derived("node_rank", "0: a step of one task")
-    local_world = _local_world_size(r, node_rank, num_nodes, world)
+    local_world = _local_world_size(r, node_rank, num_nodes if nodes_known or world == 1 else None, world)
     if rank >= world:
         raise EnvConflict(f"SLURM_PROCID={rank} is not below the task count {world}",
                           "0 <= SLURM_PROCID < SLURM_NTASKS", "check the srun options (-n, --ntasks-per-node)")
@@ -134,16 +135,20 @@ def _het_world(r: VarReader) -> int:
     return total
 
 
-def _local_world_size(r: VarReader, node_rank: int, num_nodes: int, world: int) -> int:
+def _local_world_size(r: VarReader, node_rank: int, num_nodes: int | None, world: int) -> int:
+    """``num_nodes``: None where no variable gives the node count or list (a guess of one would read every rank
+    as on this host)."""
     var = r.first("SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE")
     if var is None:  # srun always sets it; a hand-made set without it is derived only where it cannot be wrong
         if world == 1:
             r.derived("local_world_size", "1: a step of one task")
             return 1
-        if num_nodes == 1 or world % num_nodes == 0:
+        if num_nodes is not None and (num_nodes == 1 or world % num_nodes == 0):
             r.derived("local_world_size", "SLURM_NTASKS / number of nodes (an even spread)")
             return max(1, world // num_nodes)
-        raise EnvConflict(f"{world} Slurm tasks on {num_nodes} nodes without SLURM_STEP_TASKS_PER_NODE",
+        on = "an unknown number of nodes (no SLURM_STEP_NUM_NODES, no node list)" if num_nodes is None \
+            else f"{num_nodes} nodes"
+        raise EnvConflict(f"{world} Slurm tasks on {on} without SLURM_STEP_TASKS_PER_NODE",
                           "SLURM_STEP_TASKS_PER_NODE (srun sets it), or a task count the node count divides",
                           "run the ranks under srun, which sets every SLURM_STEP_* variable")
     raw = r.environ[var]
