@@ -66,10 +66,10 @@ def test_the_next_attempt_keeps_off_the_node_of_a_host_fault(make_hosts: Callabl
     ends = _ends(first)
     assert next(e for e in ends if e.node == "node-b").exit_code == 137, first.logs()
     progress = max(int(s.name.split(".")[1]) for s in pvc.glob("snapshot.*.pt"))
-    decision, out = record_attempt(Ledger(run_dir), ends, started=started, policy=policy, progress=progress)
-    assert out == ("node-b",), (decision, first.logs())
+    said, out = record_attempt(Ledger(run_dir), ends, started=started, policy=policy, progress=progress)
+    assert out == ("node-b",), (said, first.logs())
     assert f"on host node-b was killed by SIGKILL (host fault); relaunching from the snapshot of step {progress}; " \
-           "node node-b kept out of the next attempt (nodeAffinity NotIn)" in decision.line, decision
+           "node node-b kept out of the next attempt (nodeAffinity NotIn)" in said.line, said
     assert [r.host for r in Ledger(run_dir).records() if isinstance(r, HostExcluded)] == ["node-b"]
 
     objects = _render(run_id, "--exclude-from", str(run_dir))
@@ -87,8 +87,8 @@ def test_the_next_attempt_keeps_off_the_node_of_a_host_fault(make_hosts: Callabl
     if not second.wait(JOB_TIMEOUT):
         pytest.fail(f"attempt 2 did not end within {JOB_TIMEOUT} s\n{second.logs()}")
     assert all(p.succeeded for p in second.job), second.logs()
-    decision, out = record_attempt(Ledger(run_dir), _ends(second), started=started, policy=policy)
-    assert decision.exit_code == 0 and out == ("node-b",), decision
+    said, out = record_attempt(Ledger(run_dir), _ends(second), started=started, policy=policy)
+    assert said.decision.exit_code == 0 and out == ("node-b",), said
     summary = json.loads((pvc / "summary.json").read_text())
     assert summary["resumed_from"] and sorted(int(e) for e in summary["loss_history"]) == list(range(EPOCHS)), summary
     assert hosts.leftover() == {}

@@ -66,14 +66,15 @@ def test_k8s_a_silent_rank_is_named_by_the_node_its_pod_ran_on() -> None:
 def test_k8s_record_attempt_excludes_a_node_once_and_a_job_fault_twice_ends_with_93(tmp_path: Path) -> None:
     ledger, policy = Ledger(tmp_path), HealPolicy()
     killed = [_pod("p0", "node-a", 1), _pod("p1", "node-b", 137)]
-    decision, out = record_attempt(ledger, killed, started=1.0, policy=policy, progress=64)
-    assert decision.action is Action.RETRY and out == ("node-b",)
-    assert "node node-b kept out of the next attempt (nodeAffinity NotIn)" in decision.line
+    said, out = record_attempt(ledger, killed, started=1.0, policy=policy, progress=64)
+    assert said.decision.action is Action.RETRY and out == ("node-b",)
+    assert "node node-b kept out of the next attempt (nodeAffinity NotIn)" in said.line
     raising = [_pod(f"p{i}", n, 1, "\n".join(TRACEBACK)) for i, n in enumerate(("node-a", "node-c"))]
-    decision, out = record_attempt(ledger, raising, started=2.0, policy=policy, progress=64)
-    assert decision.action is Action.RETRY and out == ("node-b",)  # a job fault names no node
-    decision, _ = record_attempt(ledger, raising, started=3.0, policy=policy, progress=64)
-    assert decision.action is Action.STOP and decision.exit_code == EXIT_DO_NOT_REQUEUE
+    said, out = record_attempt(ledger, raising, started=2.0, policy=policy, progress=64)
+    assert said.decision.action is Action.RETRY and out == ("node-b",)  # a job fault names no node
+    said, _ = record_attempt(ledger, raising, started=3.0, policy=policy, progress=64)
+    assert said.decision.action is Action.STOP and said.decision.exit_code == EXIT_DO_NOT_REQUEUE
+    assert "the second in a row: retrying cannot help; stopping with exit 93" in said.line
     assert [r.host for r in ledger.records() if isinstance(r, HostExcluded)] == ["node-b"]
 
 

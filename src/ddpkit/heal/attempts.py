@@ -13,7 +13,7 @@ so that every backend decides, records and speaks alike:
     decide    ``policy.decide`` (retry, stop, give up; the run's exit code)
     exclude   on a retry after a host fault: the culprit hosts out (``adapter.exclude``: out of the pool, drained,
               kept out by the scheduler), each a ``HostExcluded``
-    say       the one line (``sentence``), to stderr; ``AttemptEnded`` with it
+    say       the one line (``heal.lines``: its one author and speaker), to stderr; ``AttemptEnded`` with it
 
 ``ddpkit.heal.k8s`` and ``ddpkit.heal.elastic`` do not start their attempts (the operator and torch's agent do):
 they call ``Attempts.conclude`` when one has ended, the same classify -> decide -> exclude -> say -> record.
@@ -21,14 +21,13 @@ they call ``Attempts.conclude`` when one has ended, the same classify -> decide 
 
 from __future__ import annotations
 
-import enum
 import functools
-import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from ddpkit.heal.classify import Evidence, classify
+from ddpkit.heal.lines import Placement, Style, agent_failed, say, sentence
 from ddpkit.heal.nodepool import NodePool
 from ddpkit.heal.policy import Decision, HealPolicy, Outcome, decide
 from ddpkit.rundir.ledger import (
@@ -42,16 +41,11 @@ from ddpkit.rundir.ledger import (
 )
 from ddpkit.rundir.verdict import Classification, FailureClass
 
-__all__ = ["EXIT_NO_HOSTS", "Adapter", "Attempts", "Conclusion", "Ended", "LiveHook", "Style", "say", "sentence"]
+__all__ = ["EXIT_NO_HOSTS", "Adapter", "Attempts", "Conclusion", "Ended", "LiveHook"]
 
 #: Fewer healthy hosts are left than the job needs (``-j MIN:N``'s MIN) and the job cannot requeue itself: no
 #: attempt can run. One code for every backend (mpirun's ``--hosts``, Slurm's allocation).
 EXIT_NO_HOSTS = 94
-
-
-def say(line: str) -> None:
-    """A supervisor's line for the person watching (stderr, flushed: it goes between the ranks' own lines)."""
-    print(line, file=sys.stderr, flush=True)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -64,61 +58,14 @@ class Ended:
     recorded with its exit code and no classification)."""
 
 
-class Style(enum.Enum):
-    """How a backend keeps a bad host out, and so how the retry line reads (``sentence``)."""
-
-    ONE_HOST = "one-host"
-    """``run|train -n N --heal``: the same host again; nothing to exclude."""
-    HOSTS = "hosts"
-    """mpirun on ``--hosts``: "node2 excluded for the rest of the run; relaunching on node1, node3"."""
-    ALLOCATION = "allocation"
-    """A Slurm allocation: "node2 excluded (its cause); relaunching on node1, node3" (drained with --on-fail)."""
-    AFFINITY = "affinity"
-    """Kubernetes: the next PyTorchJob keeps the node out ("nodeAffinity NotIn")."""
-    RENDEZVOUS = "rendezvous"
-    """torch elastic across hosts: the host leaves the rendezvous; the others meet in the next round."""
-
-
 @dataclass(frozen=True, kw_only=True)
 class Conclusion:
     decision: Decision
-    """The policy's decision, its ``line`` the one said."""
+    line: str
+    """The decision as said (``heal.lines.sentence``), and as the ledger records it."""
     found: Classification | None
     excluded: tuple[str, ...] = ()
     """The hosts this attempt's failure took out."""
-
-
-def sentence(style: Style, head: str, found: Classification, *, excluded: Sequence[str] = (),
-             drained: bool = False, hosts: Sequence[str] | None = (), least: int = 0, want: int = 0,
-             progress: int | None = None, here: str = "") -> str:
-    """The line after a failed attempt that is retried: what failed, what was excluded, where it goes on from.
-    ``hosts``: the next attempt's (None: too few left); ``here``: this host (``RENDEZVOUS``)."""
-    kind = "preempted" if found.kind is FailureClass.PREEMPTED else f"{found.kind.value} fault"
-    what = f"{found.reason} ({kind})"
-    since = "" if progress is None else f" from the snapshot of step {progress}"
-    once = found.kind is FailureClass.JOB
-    again = " (a second such failure stops the job)" if once else ""
-    out = ", ".join(excluded)
-    if style is Style.RENDEZVOUS:
-        return (f"{head}: {what}" + (f"; {out} excluded from later rounds" if out else "")
-                + f"; {here} rejoins the rendezvous" + (f", resuming{since}" if since else ""))
-    if style is Style.ALLOCATION and found.kind is FailureClass.HOST:
-        if not out:
-            return f"{head}: {what}; relaunching on the same nodes{since}"
-        cause = f"{out} excluded{' and drained' if drained else ''} ({found.reason})"
-        if hosts is None:
-            return f"{head}: {cause}; fewer than {least} healthy node(s) left"
-        fewer = f" (shrunk to {len(hosts)} of {want} nodes: -j {least}:{want})" if len(hosts) < want else ""
-        return f"{head}: {cause}; relaunching on {', '.join(hosts)}{fewer}{since}"
-    if style is Style.HOSTS:
-        line = f"{head}: {what}" + (f"; {out} excluded for the rest of the run" if out else "")
-        if hosts is None:
-            return f"{line}; no host set left for the next attempt"
-        return f"{line}; relaunching{' once' if once else ''} on {', '.join(hosts)}{again}{since}"
-    line = f"{head}: {what}; relaunching{' once' + again if once else since}"
-    if style is Style.AFFINITY and out:
-        line += f"; node {out} kept out of the next attempt (nodeAffinity NotIn)"
-    return line
 
 
 #: Where an attempt tells the loop of each live heal within it (``--heal live``), and of replicas found to differ.
@@ -196,31 +143,29 @@ class Attempts:
         found = classify(ended.evidence) if ended.exit_code and ended.evidence is not None else None
         decision = decide(self.policy, self.ledger.ended(), Outcome(attempt=attempt, of_session=of_session,
                                                                     exit_code=ended.exit_code,
-                                                                    classification=found, progress=progress))
+                                                                    classification=found, progress=progress),
+                          last=last)
         excluded: tuple[str, ...] = ()
-        if decision.action is Action.RETRY and last:
-            decision = Decision(action=Action.GIVE_UP, exit_code=ended.exit_code, line=(
-                f"ddpkit heal: {found.reason if found else 'the round failed'}; this agent has no restart left "
-                f"(--max-attempts {self.policy.max_attempts}): stopping with exit {ended.exit_code}"))
-        elif decision.action is Action.RETRY and found is not None:
+        placed = None
+        if decision.action is Action.RETRY and found is not None:
             drained = False
             if found.kind is FailureClass.HOST:
                 excluded, drained = (adapter or Adapter()).take_out(self, attempt, found)
             hosts = self.pool.take() if self.pool is not None else ()
             if adapter is not None and found.kind is FailureClass.HOST:
                 adapter.excluded(found, hosts is not None)
-            head = f"ddpkit heal: attempt {of_session} of {self.policy.max_attempts}"
-            decision = replace(decision, line=sentence(
-                self.style, head, found, excluded=excluded, drained=drained, hosts=hosts, progress=progress,
-                least=self.pool.least if self.pool else 0, want=self.pool.want if self.pool else 0, here=self.here))
+            placed = Placement(excluded=excluded, drained=drained, hosts=hosts, here=self.here,
+                               least=self.pool.least if self.pool else 0, want=self.pool.want if self.pool else 0)
+        line = sentence(self.style, decision, found, of_session=of_session, max_attempts=self.policy.max_attempts,
+                        exit_code=ended.exit_code, progress=progress, placed=placed)
         if not quiet and (found is not None or of_session > 1):  # a first clean attempt needs no word
-            say(decision.line)
+            say(line)
         self.ledger.append(AttemptEnded(attempt=attempt, time=time.time(), exit_code=ended.exit_code,
                                         action=decision.action, classification=found, progress=progress,
-                                        decision=decision.line,
+                                        decision=line,
                                         # the agent that spent its restarts ends with the round's own code
                                         exit_code_of_run=ended.exit_code if last else decision.exit_code))
-        return Conclusion(decision=decision, found=found, excluded=excluded)
+        return Conclusion(decision=decision, line=line, found=found, excluded=excluded)
 
     def take_out(self, attempt: int, found: Classification, adapter: Adapter) -> tuple[tuple[str, ...], bool]:
         """The culprit hosts out (of the pool, where there is one; else those not out already), each recorded."""
@@ -268,15 +213,14 @@ class Attempts:
                 code = exit_code_of(exc)
                 self.ledger.append(AttemptEnded(attempt=attempt, time=time.time(), exit_code=code,
                                                 action=Action.STOP, exit_code_of_run=code,
-                                                decision=f"ddpkit heal: attempt {of_session}: the agent ended with "
-                                                         f"{type(exc).__name__}: {exc}; stopping"))
+                                                decision=agent_failed(of_session, exc)))
                 raise
             conclusion = self.conclude(attempt, of_session, ended, progress=adapter.progress(), adapter=adapter,
                                        quiet=True)
             adapter.ended(conclusion)  # (Slurm: the first failure's traceback, right before the line)
             decision = conclusion.decision
             if conclusion.found is not None or of_session > 1:  # a first clean attempt needs no word
-                say(decision.line)
+                say(conclusion.line)
             if decision.action is not Action.RETRY:
                 return int(decision.exit_code if decision.exit_code is not None else ended.exit_code)
         raise AssertionError("the policy gives up at --max-attempts")  # decide() never retries the last attempt

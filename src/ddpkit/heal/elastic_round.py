@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import logging
 import os
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -17,9 +16,10 @@ from ddpkit.base.errors import EXIT_MISSING, DdpkitError
 from ddpkit.base.jsonlines import JsonFields
 from ddpkit.base.log import get_logger
 from ddpkit.goodput.records import ATTEMPT_VAR
-from ddpkit.heal.attempts import Adapter, Attempts, Ended, Style
+from ddpkit.heal.attempts import Adapter, Attempts, Ended
 from ddpkit.heal.classify import Classification, Evidence, FailureClass, WatchReport
 from ddpkit.heal.evidence import rank_ended
+from ddpkit.heal.lines import Style, say
 from ddpkit.heal.policy import HealPolicy
 from ddpkit.heal.request import HealRequest
 from ddpkit.launch.failure import logged_failure
@@ -138,8 +138,7 @@ class HealRun:
         failed, self.failures.seen = self.failures.seen, []
         orders = _orders()
         if not failed and not orders:  # a membership change (another agent joined or left): not a failure here
-            print(f"ddpkit heal: {self.host}: the hosts in the job changed; joining the next round", file=sys.stderr,
-                  flush=True)
+            say(f"ddpkit heal: {self.host}: the hosts in the job changed; joining the next round")
             return
         self.failed_rounds += 1
         evidence = self._evidence(failed, orders)
@@ -150,9 +149,9 @@ class HealRun:
         self.attempt = None
         decision = conclusion.decision
         if decision.action is not Action.RETRY:
-            raise HealStopped(decision.line, int(decision.exit_code if decision.exit_code is not None
-                                                 else evidence.exit_code))
-        print(decision.line, file=sys.stderr, flush=True)
+            raise HealStopped(conclusion.line, int(decision.exit_code if decision.exit_code is not None
+                                                   else evidence.exit_code))
+        say(conclusion.line)
 
     def round_started(self, rank: int, world_size: int) -> None:
         self.rounds += 1
@@ -163,12 +162,11 @@ class HealRun:
                                               ranks=world_size * self.nproc,
                                               logs=str(self.log_dir) if self.log_dir else None))
         os.environ[ATTEMPT_VAR] = str(self.attempt)  # the workers are started after this: train's goodput lines
-        print(f"ddpkit heal: {self.host} joined as node {rank} of {world_size} ({world_size * self.nproc} ranks): "
-              f"attempt {self.attempt} in its ledger", file=sys.stderr, flush=True)
+        say(f"ddpkit heal: {self.host} joined as node {rank} of {world_size} ({world_size * self.nproc} ranks): "
+            f"attempt {self.attempt} in its ledger")
 
     def released(self) -> None:
-        print(f"ddpkit heal: {self.host} waited as a spare and the run ended without needing it (exit 0)",
-              file=sys.stderr, flush=True)
+        say(f"ddpkit heal: {self.host} waited as a spare and the run ended without needing it (exit 0)")
 
     def leaving(self, entry: Excluded, line: str) -> None:
         """This host was excluded: its open attempt ends in the ledger with the exclusion."""
@@ -188,7 +186,7 @@ class HealRun:
         conclusion = self.attempts.conclude(self.attempt, self.failed_rounds + 1, ended,
                                             progress=self.progress(self.request.progress_path), quiet=True, last=True)
         if code or self.failed_rounds:
-            print(conclusion.decision.line, file=sys.stderr, flush=True)
+            say(conclusion.line)
 
     # -- evidence -------------------------------------------------------------------------------------------------
     def _evidence(self, failed: list[tuple[int, int, int]], orders: list[Any], code: int | None = None) -> Evidence:

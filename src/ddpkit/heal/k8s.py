@@ -19,10 +19,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from ddpkit.heal.attempts import Attempts, Ended, Style
+from ddpkit.heal.attempts import Attempts, Conclusion, Ended
 from ddpkit.heal.classify import Evidence, RankEvidence
 from ddpkit.heal.evidence import rank_ended, watch_of
-from ddpkit.heal.policy import Decision, HealPolicy
+from ddpkit.heal.lines import Style
+from ddpkit.heal.policy import HealPolicy
 from ddpkit.launcher_output import Ending, RankTraceback, SilentRank
 from ddpkit.launcher_output.pods import pod_events
 from ddpkit.rundir.ledger import AttemptStarted, HostExcluded, Ledger
@@ -66,8 +67,8 @@ def evidence_of(pods: Sequence[PodEnd], exit_code: int) -> Evidence:
 
 
 def record_attempt(ledger: Ledger, pods: Sequence[PodEnd], *, started: float, policy: HealPolicy,
-                   progress: int | None = None) -> tuple[Decision, tuple[str, ...]]:
-    """Record one ended attempt of the job (its pods) in ``ledger`` and decide (``heal.attempts``): (the decision,
+                   progress: int | None = None) -> tuple[Conclusion, tuple[str, ...]]:
+    """Record one ended attempt of the job (its pods) in ``ledger`` and decide (``heal.attempts``): (the conclusion,
     every node the run keeps out from now on, this attempt's included). The operator started the attempt; the
     caller says the line."""
     attempts = Attempts(ledger=ledger, policy=policy, style=Style.AFFINITY)
@@ -77,7 +78,7 @@ def record_attempt(ledger: Ledger, pods: Sequence[PodEnd], *, started: float, po
     of_session = sum(1 for r in ledger.records() if isinstance(r, AttemptStarted))
     conclusion = attempts.conclude(attempt, of_session, Ended(exit_code=code, evidence=evidence_of(pods, code)
                                                                if code else None), progress=progress, quiet=True)
-    return conclusion.decision, _excluded(ledger)
+    return conclusion, _excluded(ledger)
 
 
 def _excluded(ledger: Ledger) -> tuple[str, ...]:

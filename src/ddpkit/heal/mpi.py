@@ -37,9 +37,10 @@ from typing import TYPE_CHECKING
 from ddpkit.base.errors import DdpkitError
 from ddpkit.base.shape import JobShape
 from ddpkit.goodput.records import ATTEMPT_VAR, RUN_DIR_VAR
-from ddpkit.heal.attempts import EXIT_NO_HOSTS, Adapter, Attempts, Ended, LiveHook, Style, say
+from ddpkit.heal.attempts import EXIT_NO_HOSTS, Adapter, Attempts, Ended, LiveHook
 from ddpkit.heal.classify import Evidence, RankEvidence
 from ddpkit.heal.evidence import rank_ended, tracebacks_of, watch_of, with_exceptions
+from ddpkit.heal.lines import Style, say
 from ddpkit.heal.nodepool import NodePool
 from ddpkit.heal.policy import HealPolicy
 from ddpkit.heal.progress import program_progress

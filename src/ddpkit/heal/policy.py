@@ -1,4 +1,4 @@
-"""What the supervisor does after an attempt: retry, stop, or give up, and the one line that says so.
+"""What the supervisor does after an attempt: retry, stop, or give up, and why (``Why``); ``heal.lines`` words it.
 
 Pure: the ledger's history and the new attempt's outcome in, a ``Decision`` out. The rules, in order::
 
@@ -8,6 +8,7 @@ Pure: the ledger's history and the new attempt's outcome in, a ``Decision`` out.
     N attempts in a row without a newer snapshot (progress)   -> stop, 93        (do not requeue)
     --max-attempts reached                                    -> give up, the attempt's own code
     otherwise (host, unknown, a first job-class failure)      -> retry
+    a retry where no attempt can follow (``last``)            -> give up, the attempt's own code
 
 A job-class failure is retried once: a failure that looked like the program's own can still be a host's (a
 corrupted page, a flaky file system), and one retry is cheap; a second in a row is not a coincidence. The
@@ -19,6 +20,7 @@ at its next such failure.
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -26,7 +28,7 @@ from ddpkit.heal.classify import Classification, FailureClass
 from ddpkit.rundir.ledger import Action, AttemptEnded
 
 __all__ = ["DEFAULT_MAX_ATTEMPTS", "DEFAULT_NO_PROGRESS_LIMIT", "EXIT_DO_NOT_REQUEUE", "Decision", "HealPolicy",
-           "Outcome", "decide"]
+           "Outcome", "Why", "decide"]
 
 #: The run failed in a way that another attempt cannot mend (its own code twice in a row, or no progress): a
 #: scheduler's requeue, or a script that resubmits on failure, should not start it again. NVIDIA's resiliency
@@ -67,48 +69,52 @@ class Outcome:
     progress: int | None = None
 
 
+class Why(enum.Enum):
+    """Which rule decided (``decide``, in its order); ``heal.lines`` words each."""
+
+    COMPLETED = "completed"
+    PREEMPTED = "preempted"
+    JOB_AGAIN = "job-again"
+    """A job-class failure, the second in a row."""
+    STALLED = "stalled"
+    """``no_progress_limit`` failed attempts in a row without a newer snapshot."""
+    NO_ATTEMPT_LEFT = "no-attempt-left"
+    """``--max-attempts`` reached."""
+    NO_RESTART_LEFT = "no-restart-left"
+    """A retry where no attempt can follow (torch elastic's agent has spent its restarts)."""
+    RETRY = "retry"
+
+
 @dataclass(frozen=True, kw_only=True)
 class Decision:
     action: Action
     exit_code: int | None
     """The run's exit code where the action ends it; None for a retry."""
-    line: str
-    """One line for the person watching."""
+    why: Why
+    stalled: int = 0
+    """``Why.STALLED``: the attempts in a row without a newer snapshot."""
 
 
-def decide(policy: HealPolicy, history: Sequence[AttemptEnded], outcome: Outcome) -> Decision:
-    """The action after ``outcome``; ``history``: the ledger's earlier ended attempts, oldest first."""
-    head = f"ddpkit heal: attempt {outcome.of_session} of {policy.max_attempts}"
+def decide(policy: HealPolicy, history: Sequence[AttemptEnded], outcome: Outcome, *, last: bool = False) -> Decision:
+    """The action after ``outcome``; ``history``: the ledger's earlier ended attempts, oldest first; ``last``: no
+    attempt can follow this one (torch elastic's agent has spent its restarts)."""
     found = outcome.classification
-    if outcome.exit_code == 0 or found is None:
-        return Decision(action=Action.STOP, exit_code=outcome.exit_code,
-                        line=f"{head}: completed (exit {outcome.exit_code})")
-    what = f"{found.reason} ({'preempted' if found.kind is FailureClass.PREEMPTED else f'{found.kind.value} fault'})"
+    code = outcome.exit_code
+    if code == 0 or found is None:
+        return Decision(action=Action.STOP, exit_code=code, why=Why.COMPLETED)
     if found.kind is FailureClass.PREEMPTED:
-        return Decision(action=Action.STOP, exit_code=outcome.exit_code,
-                        line=f"{head}: {what}; stopping with exit {outcome.exit_code} (not relaunched here: the "
-                             "scheduler may requeue it)")
+        return Decision(action=Action.STOP, exit_code=code, why=Why.PREEMPTED)
     if found.kind is FailureClass.JOB and history and history[-1].classification is not None \
             and history[-1].classification.kind is FailureClass.JOB:
-        return Decision(action=Action.STOP, exit_code=EXIT_DO_NOT_REQUEUE,
-                        line=f"{head}: {what}, the second in a row: retrying cannot help; stopping with exit "
-                             f"{EXIT_DO_NOT_REQUEUE} (do not requeue; the job's own exit code was "
-                             f"{outcome.exit_code})")
+        return Decision(action=Action.STOP, exit_code=EXIT_DO_NOT_REQUEUE, why=Why.JOB_AGAIN)
     stalled = attempts_without_progress([*history, outcome])
     if stalled >= policy.no_progress_limit:
-        return Decision(action=Action.STOP, exit_code=EXIT_DO_NOT_REQUEUE,
-                        line=f"{head}: {what}; {stalled} attempts in a row without a newer snapshot: stopping "
-                             f"with exit {EXIT_DO_NOT_REQUEUE} (do not requeue; the job's own exit code was "
-                             f"{outcome.exit_code})")
+        return Decision(action=Action.STOP, exit_code=EXIT_DO_NOT_REQUEUE, why=Why.STALLED, stalled=stalled)
     if outcome.of_session >= policy.max_attempts:
-        return Decision(action=Action.GIVE_UP, exit_code=outcome.exit_code,
-                        line=f"{head}: {what}; no attempt left (--max-attempts {policy.max_attempts}): giving up "
-                             f"with exit {outcome.exit_code}")
-    if found.kind is FailureClass.JOB:
-        return Decision(action=Action.RETRY, exit_code=None,
-                        line=f"{head}: {what}; relaunching once (a second such failure stops the job)")
-    since = "" if outcome.progress is None else f" from the snapshot of step {outcome.progress}"
-    return Decision(action=Action.RETRY, exit_code=None, line=f"{head}: {what}; relaunching{since}")
+        return Decision(action=Action.GIVE_UP, exit_code=code, why=Why.NO_ATTEMPT_LEFT)
+    if last:
+        return Decision(action=Action.GIVE_UP, exit_code=code, why=Why.NO_RESTART_LEFT)
+    return Decision(action=Action.RETRY, exit_code=None, why=Why.RETRY)
 
 
 def attempts_without_progress(attempts: Sequence[AttemptEnded | Outcome]) -> int:

@@ -39,8 +39,9 @@ from pathlib import Path
 from ddpkit.base.errors import ConfigError, DdpkitError
 from ddpkit.base.inputs import program_words
 from ddpkit.goodput.records import ATTEMPT_VAR, RUN_DIR_VAR
-from ddpkit.heal.attempts import EXIT_NO_HOSTS, Adapter, Attempts, Conclusion, Ended, LiveHook, Style, say
+from ddpkit.heal.attempts import EXIT_NO_HOSTS, Adapter, Attempts, Conclusion, Ended, LiveHook
 from ddpkit.heal.classify import Classification, Evidence, FailureClass, RankEvidence, classify
+from ddpkit.heal.lines import Style, say
 from ddpkit.heal.nodepool import NodePool
 from ddpkit.heal.policy import DEFAULT_MAX_ATTEMPTS, HealPolicy
 from ddpkit.heal.progress import program_progress

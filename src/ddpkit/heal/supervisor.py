@@ -28,9 +28,10 @@ from typing import TYPE_CHECKING
 from ddpkit.base.errors import ConfigError
 from ddpkit.base.log import get_logger
 from ddpkit.goodput.records import ATTEMPT_VAR, RUN_DIR_VAR
-from ddpkit.heal.attempts import Adapter, Attempts, Ended, LiveHook, Style
+from ddpkit.heal.attempts import Adapter, Attempts, Ended, LiveHook
 from ddpkit.heal.classify import Evidence, RankEvidence, WatchReport, exception_line
 from ddpkit.heal.evidence import watch_of
+from ddpkit.heal.lines import Style
 from ddpkit.heal.policy import HealPolicy
 from ddpkit.heal.progress import newest_snapshot_step
 from ddpkit.heal.request import HealRequest
