@@ -70,7 +70,7 @@ COMMANDS: tuple[Command, ...] = (
     Command("bench", "ddpkit.bench.cli",
             "benchmark every collective (nccl-tests conventions), verified, gated; --pairs", worker=True,
             verdict=True),
-    Command("report", "ddpkit.report",
+    Command("report", "ddpkit.reports.cli",
             "check and bench JSON -> one Markdown report with plots; a run directory -> HTML, trace, Prometheus"),
     Command("train", "ddpkit.train.cli",
             "the reference DDP job: trains, snapshots safely, resumes exactly, survives faults", worker=True,

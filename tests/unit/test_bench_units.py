@@ -13,7 +13,7 @@ from ddpkit.bench.busbw import OPS, algbw_gbps, busbw_factor, busbw_gbps, elemen
 from ddpkit.bench.results import csv_text, format_table, parse_gate, verdict
 from ddpkit.bench.schedules import judge
 from ddpkit.bench.sizes import format_size, parse_size, size_sweep
-from ddpkit.report import render
+from ddpkit.reports.markdown import render
 from tests.helpers import run_ddpkit
 
 # nccl-tests doc/PERFORMANCE.md: allreduce 2(n-1)/n; reducescatter, allgather, alltoall (n-1)/n;

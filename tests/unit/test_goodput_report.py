@@ -14,8 +14,8 @@ import pytest
 from ddpkit.base.errors import ConfigError
 from ddpkit.goodput.accounting import Category
 from ddpkit.heal.classify import Classification, FailureClass
-from ddpkit.report import add_arguments
-from ddpkit.report import run as report_run
+from ddpkit.reports.cli import add_arguments
+from ddpkit.reports.cli import run as report_run
 from ddpkit.reports.run import load_run
 from ddpkit.rundir.ledger import Action, AttemptEnded, AttemptStarted, Ledger, SupervisorStarted
 from tests.unit.test_goodput import _three_attempts

@@ -33,7 +33,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     #    supervisor that heals a job by starting it again (its pure rules, heal.classify, ledger and policy, with it)
     #    a run directory's ledgers -> an HTML page, a trace, a Prometheus textfile (reports)
     #    live healing's agent: its rules, one host's and Slurm's spawners, the standby
-    ("ddpkit.report", "ddpkit.reports", "ddpkit.lifecycle", "ddpkit.heal", "ddpkit.live.agent"),
+    ("ddpkit.reports", "ddpkit.lifecycle", "ddpkit.heal", "ddpkit.live.agent"),
     # 6: argv -> a command (and the package's entry points: ``import ddpkit`` loads lazily, ``python -m ddpkit``
     #    is ``ddpkit``; ``python -m ddpkit.watch`` execs ``python -m ddpkit run``, importing nothing above the watch;
     #    ``python -m ddpkit.standby`` is a rank's process under Slurm's --heal live, which runs ``ddpkit`` once given

@@ -239,7 +239,7 @@ def test_this_machines_facts_are_read() -> None:
 
 
 def test_report_shows_a_run_beside_its_baseline(tmp_path: Path) -> None:
-    from ddpkit.report import render
+    from ddpkit.reports.markdown import render
 
     base = tmp_path / "base.json"
     baseline.save(base, baseline.from_bench(_bench(1.31, _links()), argv=["bench"], facts={"h1": FACTS}))

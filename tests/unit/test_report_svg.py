@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from ddpkit.report import run as report_run
+from ddpkit.reports.cli import run as report_run
 from ddpkit.reports.svg import Chart, nice_ticks
 from tests.unit.test_goodput_report import _args, _run_dir
 

@@ -1,4 +1,5 @@
-"""A run directory's ledgers rendered for people and tools: ``run`` (the heal ledger and the goodput ledger read
+"""``ddpkit report`` (``cli``): check and bench JSON files rendered into one Markdown report (``markdown``), or a run
+directory's ledgers rendered for people and tools: ``run`` (the heal ledger and the goodput ledger read
 and accounted), ``html`` (one self-contained page), ``trace`` (Chrome/Perfetto trace events), ``prometheus``
 (a node-exporter textfile). ``ddpkit report RUN_DIR --html out.html --trace out.json --prometheus out.prom``."""
 
