@@ -104,8 +104,10 @@ def render(data: dict[str, Any]) -> str:
         lines.append(f"| restart | {fault} | {len(runs)} | {sum(r['exit_code'] == 0 for r in runs)} | - | "
                      f"{_med(first)}, {max(first, default=0):.2f} | node1, node3 (every rank restarted) | 0 | "
                      f"{[r['redone'] for r in runs]} | - |")
-    lines += ["", "Detection of a stop: the rank's heartbeat (moved every 0.25 s) standing still 2 s, then 1 s more "
-              "before it is ended (`live/agent/slurm.py`). The restart heal finds a stop by the watch's silent rank "
+    lines += ["", "Detection of a stop: the rank's pulse (`live/agent/pulse.py`, a process beside it on its node, "
+              "reading its /proc every 0.25 s) says it is stopped, then 1 s more (STOPPED_S) before it is ended; a "
+              "node frozen or cut off: the pulse standing still 3 s (SILENT_S), then 1 s more. The restart heal "
+              "finds a stop by the watch's silent rank "
               "(`--silent-after 10`). Steps redone under restart: the last step of attempt 1's goodput windows "
               "less the snapshot attempt 2 resumed from; a window is written as the epoch goes, so a stop (rank 0 "
               "blocked mid-epoch, its window never written) reads 0: a lower bound there."]

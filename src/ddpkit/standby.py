@@ -1,11 +1,12 @@
 """``python -m ddpkit.standby --store HOST:PORT --slot NAME -- train --epochs 40 ...``: a rank's process under Slurm
 with ``--heal live``, one srun step of one task (``ddpkit.live.agent.slurm`` starts it).
 
-It imports what the command's ranks import (torch, the trainer: ``Command.preload``), then waits for its rank
-(``ddpkit.live.agent.standby``): at once for a rank of the first group; on a spare node (a standby) only once a rank
-is lost. Given one, it takes the assignment's variables (torchrun's ``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``... and
-live healing's generation) and runs the command in this process, as ``python -m ddpkit ARGV`` would. An empty
-assignment ends it (the job is over, no rank was lost)."""
+It starts its pulse (``ddpkit.live.agent.pulse``: the agent's eyes on this node), imports what the command's ranks
+import (torch, the trainer: ``Command.preload``), then waits for its rank (``ddpkit.live.agent.standby``): at once
+for a rank of the first group; on a spare node (a standby) only once a rank is lost. Given one, it takes the
+assignment's variables (torchrun's ``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``... and live healing's generation) and
+runs the command in this process, as ``python -m ddpkit ARGV`` would. An empty assignment ends it (the job is over,
+no rank was lost)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import os
 import sys
 
 from ddpkit.cli import COMMANDS, program
-from ddpkit.live.agent.standby import wait_for_rank
+from ddpkit.live.agent.standby import start_pulse, wait_for_rank
 
 __all__ = ["main"]
 
@@ -32,6 +33,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"ddpkit standby: error: no ddpkit command after -- (found {' '.join(words) or 'nothing'}); expected "
               "one of train, run", file=sys.stderr)
         return 2
+    start_pulse(args.store, args.slot)  # the agent's eyes on this node, from now until this process ends
     for name in known[words[0]].preload:
         importlib.import_module(name)
     assigned = wait_for_rank(args.store, args.slot)

@@ -122,7 +122,7 @@ def _check(run: dict[str, Any], uninterrupted: dict[str, Any], where: Path, faul
     ended = [r for r in records if isinstance(r, AttemptEnded)]
     assert [r.hosts for r in started] == [("node1", "node2")] and [r.exit_code for r in ended] == [0], log
     assert (heal.rank, heal.host, heal.replacement_host, heal.kept, heal.source) == (1, "node2", "node3", (0,), 0)
-    assert heal.why.startswith("SIGKILL" if fault == "kill" else "silent (its heartbeat stood still)"), heal
+    assert heal.why.startswith("SIGKILL" if fault == "kill" else "stopped (SIGSTOP)"), heal
     assert run["kept"] and run["alive"] == run["kept"], run  # node1's rank never restarted
     (excluded,) = [r for r in records if isinstance(r, HostExcluded)]
     assert excluded.host == "node2" and excluded.attempt == 1

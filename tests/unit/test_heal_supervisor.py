@@ -89,7 +89,7 @@ def _options(nproc: int = 2, **kw: object) -> LaunchOptions:
 def test_a_killed_rank_is_relaunched_and_a_clean_attempt_ends_the_run(tmp_path: Path) -> None:
     codes = iter([137, 0])
 
-    def agent(options: LaunchOptions) -> AttemptResult:
+    def agent(options: LaunchOptions, live: object = None) -> AttemptResult:
         code = next(codes)
         return result(code, (1, -signal.SIGKILL)) if code else result(0)
 
@@ -102,7 +102,7 @@ def test_a_killed_rank_is_relaunched_and_a_clean_attempt_ends_the_run(tmp_path: 
 def test_a_healthy_run_is_one_attempt(tmp_path: Path) -> None:
     calls: list[LaunchOptions] = []
     assert supervise(_World(), _args(tmp_path), _options,  # type: ignore[arg-type]
-                     lambda o: calls.append(o) or result(0)) == 0  # type: ignore[func-returns-value]
+                     lambda o, live: calls.append(o) or result(0)) == 0  # type: ignore[func-returns-value]
     assert len(calls) == 1
     (only,) = Ledger(tmp_path / "run").ended()
     assert isinstance(only, AttemptEnded) and only.action is Action.STOP and only.classification is None
@@ -110,7 +110,7 @@ def test_a_healthy_run_is_one_attempt(tmp_path: Path) -> None:
 
 def test_give_up_after_max_attempts(tmp_path: Path) -> None:
     assert supervise(_World(), _args(tmp_path, max_attempts=2), _options,  # type: ignore[arg-type]
-                     lambda o: result(5)) == 5
+                     lambda o, live: result(5)) == 5
     assert [e.action for e in Ledger(tmp_path / "run").ended()] == [Action.RETRY, Action.GIVE_UP]
 
 
@@ -126,7 +126,7 @@ def test_where_it_does_not_heal_today_it_refuses(tmp_path: Path, world: str, arg
     there = type("W", (), {"launcher": world, "is_agent": False})()
     with pytest.raises(ConfigError, match=words.replace("-", r"\-")):
         supervise(there, _args(tmp_path, **args), lambda: _options(**options),  # type: ignore[arg-type]
-                  lambda o: pytest.fail("no attempt may start"))
+                  lambda o, live: pytest.fail("no attempt may start"))
     assert not (tmp_path / "run").exists()
 
 
@@ -142,7 +142,7 @@ def test_trains_progress_is_its_newest_snapshot_step(tmp_path: Path) -> None:
 
 
 def test_an_exception_out_of_the_agent_is_recorded_and_goes_on(tmp_path: Path) -> None:
-    def agent(options: LaunchOptions) -> AttemptResult:
+    def agent(options: LaunchOptions, live: object = None) -> AttemptResult:
         raise ConfigError("the rendezvous failed")
 
     with pytest.raises(ConfigError):
@@ -156,7 +156,7 @@ def test_heal_across_hosts_needs_one_run_id_and_a_dynamic_rendezvous(tmp_path: P
     agent starts, without the run id every host shares, with a rendezvous that has no store for the exclusion list,
     and with --max-restarts beside --heal."""
     across = LaunchOptions(shape=JobShape(min_nodes=2, max_nodes=3, nproc_per_node=1), rdzv_endpoint="h:29400")
-    never = lambda o: pytest.fail("no attempt")  # noqa: E731
+    never = lambda o, live=None: pytest.fail("no attempt")  # noqa: E731
     with pytest.raises(ConfigError, match="without --run-id"):
         supervise(_World(), _args(tmp_path, run_id=None), lambda: across, never)  # type: ignore[arg-type]
     static = LaunchOptions(shape=across.shape, rdzv_endpoint="h:29400", rdzv_backend="static")

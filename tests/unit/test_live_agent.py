@@ -12,8 +12,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from ddpkit.live.agent import host as live_host
 from ddpkit.live.agent import rules as live
+from ddpkit.live.agent.proc import Seen, stat_of
 
 
 @dataclass
@@ -22,8 +22,7 @@ class _Popen:
 
     popen: subprocess.Popen[bytes]
     host: str = "here"
-    stopped_word: str = "stopped (SIGSTOP)"
-    unseen_s: float = 0.0
+    silent_s: float = 0.0
 
     @property
     def pid(self) -> int:
@@ -32,8 +31,9 @@ class _Popen:
     def wait(self) -> int | None:
         return self.popen.poll()
 
-    def look(self) -> tuple[str, int]:
-        return live_host._stat(self.pid)
+    def look(self) -> tuple[Seen, int]:
+        state, ticks = stat_of(self.pid)
+        return Seen.of_state(state), ticks
 
     def send(self, sig: signal.Signals) -> None:
         with contextlib.suppress(ProcessLookupError):
@@ -90,10 +90,10 @@ def test_a_rank_s_question_is_answered_no_loss_only_after_a_whole_poll() -> None
         agent._answer_questions(100.0 + agent.poll_s)
         assert rank_side.answer(0, 1) == NO_LOSS
         assert not agent.keys.asked(0, 1)  # read once: the question is gone
-        # under Slurm a rank cut off is seen only once its heartbeat stood still unseen_s: no "none" before that,
+        # under Slurm a rank cut off is seen only once its pulse stood still silent_s: no "none" before that,
         # and none while a rank is seen stopped (its loss is being decided)
         for r in agent.ranks.values():
-            r.proc.unseen_s = 2.0
+            r.proc.silent_s = 2.0
         rank_side.ask(0, 1, "RuntimeError")
         agent._answer_questions(200.0)
         agent._answer_questions(200.0 + agent.poll_s)
@@ -169,3 +169,62 @@ def test_a_rank_lost_while_a_replacement_joins_is_replaced_with_it_in_one_genera
         for proc in procs:
             proc.kill()
             proc.wait()
+
+
+#: Holds the GIL for about 10 s in one C call (builtin sum over a range never returns to the eval loop), with a
+#: thread that would beat every 0.1 s: the heartbeat a thread of the rank keeps stands still meanwhile.
+GIL_HOLDER = """
+import threading, time
+def beat():
+    while True:
+        time.sleep(0.1)
+threading.Thread(target=beat, daemon=True).start()
+print("ready", flush=True)
+sum(range(400_000_000))
+time.sleep(60)
+"""
+
+
+def _until(what: str, ok: Any, limit: float = 20.0) -> None:
+    deadline = time.monotonic() + limit
+    while not ok():
+        assert time.monotonic() < deadline, f"{what} not within {limit} s"
+        time.sleep(0.05)
+
+
+def test_under_slurm_a_rank_is_seen_through_its_pulse_running_while_it_holds_the_gil_stopped_or_silent() -> None:
+    """The Slurm spawner's view of a rank (``live.agent.slurm._Step.look``) comes from its pulse (a process beside
+    it, ``live.agent.pulse``), not from a thread of the rank: a rank in a long C call that holds the GIL is running
+    (a 2 s heartbeat thread read it as stopped, and it was replaced while healthy); SIGSTOPped, it is stopped within a
+    beat; its pulse stopped too (the node or step frozen), silent after ``silent_s``."""
+    from ddpkit.live.agent.slurm import _Step
+
+    store = _store()
+    rank = subprocess.Popen([sys.executable, "-c", GIL_HOLDER], stdout=subprocess.PIPE)
+    pulse = None
+    try:
+        assert rank.stdout is not None and rank.stdout.readline() == b"ready\n"
+        pulse = subprocess.Popen([sys.executable, "-m", "ddpkit.live.agent.pulse", "--store",
+                                  f"127.0.0.1:{store.port}", "--slot", "s1", "--pid", str(rank.pid)])
+        step = _Step(popen=rank, host="here", slot="s1", job="1", store=store, silent_s=1.5)
+        _until("a first pulse", lambda: step.look()[0] is Seen.RUNNING and step.count > 0)
+        start_ticks, until = step.look()[1], time.monotonic() + 3.0
+        while time.monotonic() < until:  # inside sum(): the GIL held throughout
+            assert step.look()[0] is Seen.RUNNING, step
+            time.sleep(0.05)
+        assert step.look()[1] > start_ticks  # its CPU time moves: working
+        rank.send_signal(signal.SIGSTOP)
+        _until("stopped", lambda: step.look()[0] is Seen.STOPPED, limit=2.0)
+        rank.send_signal(signal.SIGCONT)
+        _until("running again", lambda: step.look()[0] is Seen.RUNNING, limit=2.0)
+        pulse.send_signal(signal.SIGSTOP)  # the whole step frozen: no word from the node
+        _until("silent", lambda: step.look()[0] is Seen.SILENT, limit=4.0)
+        pulse.send_signal(signal.SIGCONT)
+        rank.kill()
+        rank.wait()
+        assert pulse.wait(timeout=10) == 0  # its rank gone, the pulse ends
+    finally:
+        for proc in (rank, pulse):
+            if proc is not None and proc.poll() is None:
+                proc.kill()
+                proc.wait()

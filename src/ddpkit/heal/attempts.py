@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import functools
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from ddpkit.heal.classify import Evidence, classify
@@ -36,6 +35,7 @@ from ddpkit.rundir.ledger import (
     AttemptStarted,
     HostExcluded,
     Ledger,
+    LiveHook,
     RankReplaced,
     ReplicasDiverged,
 )
@@ -66,10 +66,6 @@ class Conclusion:
     found: Classification | None
     excluded: tuple[str, ...] = ()
     """The hosts this attempt's failure took out."""
-
-
-#: Where an attempt tells the loop of each live heal within it (``--heal live``), and of replicas found to differ.
-LiveHook = Callable[[RankReplaced | ReplicasDiverged], None]
 
 
 class Adapter:

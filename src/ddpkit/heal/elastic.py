@@ -55,8 +55,8 @@ from ddpkit.rundir import RunDir
 from ddpkit.rundir.ledger import SupervisorStarted
 
 if TYPE_CHECKING:
+    from ddpkit.heal.request import LaunchAttempt
     from ddpkit.launch.agent import LaunchOptions
-    from ddpkit.launch.result import AttemptResult
 
 __all__ = ["HEALED_BACKENDS", "SILENT_S", "HostGuard", "stop_together", "supervise_across_hosts"]
 
@@ -197,7 +197,7 @@ def stop_together(store: Any, nodes: int, timeout: float = STOP_TOGETHER_S) -> i
 
 
 def supervise_across_hosts(request: HealRequest, options: LaunchOptions,
-                           launch_attempt: Callable[[LaunchOptions], AttemptResult], *,
+                           launch_attempt: LaunchAttempt, *,
                            progress: Callable[[str | None], int | None],
                            start_goodput: Callable[[Path, str], None]) -> int:
     """This host's part of a healed run across hosts (the module's docstring); returns its exit code. ``progress``
@@ -234,7 +234,7 @@ def supervise_across_hosts(request: HealRequest, options: LaunchOptions,
     torch_log = logging.getLogger(TORCH_WORKER_LOGGER)
     torch_log.filters.insert(0, run.failures)  # before the agent's filter that drops these lines
     try:
-        code = launch_attempt(options).exit_code
+        code = launch_attempt(options, None).exit_code
     except (ExcludedFromRun, HealStopped):
         raise
     except SpareReleased:

@@ -3,7 +3,18 @@ heal wing reads no ``argparse.Namespace``."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ddpkit.launch.agent import LaunchOptions
+    from ddpkit.launch.result import AttemptResult
+    from ddpkit.rundir.ledger import LiveHook
+
+    #: The agent, once, as the command starts it: ``(options, live)``; ``live``: the attempt's ``LiveHook`` under
+    #: ``--heal live``, else None.
+    LaunchAttempt = Callable[[LaunchOptions, LiveHook | None], AttemptResult]
 
 __all__ = ["HealRequest"]
 

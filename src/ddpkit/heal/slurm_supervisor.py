@@ -40,14 +40,14 @@ from ddpkit.base.errors import ConfigError, DdpkitError
 from ddpkit.base.inputs import program_words
 from ddpkit.goodput.records import ATTEMPT_VAR, RUN_DIR_VAR
 from ddpkit.heal.attempts import EXIT_NO_HOSTS, Adapter, Attempts, Conclusion, Ended, LiveHook
-from ddpkit.heal.classify import Classification, Evidence, FailureClass, RankEvidence, classify
+from ddpkit.heal.classify import Classification, FailureClass, classify
 from ddpkit.heal.lines import Style, say
 from ddpkit.heal.nodepool import NodePool
 from ddpkit.heal.policy import DEFAULT_MAX_ATTEMPTS, HealPolicy
 from ddpkit.heal.progress import program_progress
 from ddpkit.heal.scontrol import SCONTROL_S, drain, hostnames, release
 from ddpkit.heal.slurm_step import StepPlan, StepRun, run_step
-from ddpkit.launch.result import AttemptResult
+from ddpkit.heal.supervisor import gather
 from ddpkit.launch.steplog import full_log_path
 from ddpkit.launch.stepscreen import StepScreen
 from ddpkit.process.worker_context import HEAL_SILENT_DEFAULT_S, HEAL_SILENT_S
@@ -195,8 +195,10 @@ class _StepAttempts(Adapter):
         env = {ATTEMPT_VAR: str(attempt), RUN_DIR_VAR: str(self.ledger.run_dir.resolve())}
         spares = tuple(h for h in self.pool.healthy if h not in hosts)
         result, where = run_live_attempt(job=self.job, program=tuple(self.args.program), hosts=hosts, spares=spares,
-                                         env=env, on_heal=heard)
-        return Ended(exit_code=result.exit_code, evidence=_live_evidence(result, where) if result.exit_code else None)
+                                         env=env, on_heal=heard, marks_in=str(self.ledger.run_dir.resolve()))
+        return Ended(exit_code=result.exit_code,
+                     evidence=gather(result.exit_code, result, None, socket.gethostname().split(".", 1)[0], where)
+                     if result.exit_code else None)
 
     def progress(self) -> int | None:
         return program_progress(self.args.program)
@@ -355,13 +357,3 @@ class AttemptScreen:
 
 if __name__ == "__main__":
     sys.exit(main())
-
-
-def _live_evidence(result: AttemptResult, hosts: dict[int, str]) -> Evidence:
-    """A failed live attempt's evidence, each rank on its host (the restart heal classifies it)."""
-    first = result.first
-    ranks = tuple(RankEvidence(rank=f.rank, host=hosts.get(f.rank, ""), signal=f.signal,
-                               exit_code=None if f.signal else f.exit_code, stopped_by_ddpkit=f.stopped_by_ddpkit,
-                               first=f is first) for f in result.failures)
-    return Evidence(exit_code=result.exit_code, ranks=ranks, outside_signal=result.outside_signal,
-                    all_preempted=result.all_preempted)

@@ -21,7 +21,7 @@ import secrets
 import socket
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -42,6 +42,7 @@ from ddpkit.rundir.ledger import Ledger, SupervisorStarted
 
 if TYPE_CHECKING:
     from ddpkit.env import WorldInfo
+    from ddpkit.heal.request import LaunchAttempt
     from ddpkit.launch.agent import LaunchOptions
     from ddpkit.launch.result import AttemptResult
 
@@ -57,8 +58,9 @@ TAIL_BYTES = 64 * 1024
 
 
 def supervise(world: WorldInfo, request: HealRequest, options_for: Callable[[], LaunchOptions],
-              launch_attempt: Callable[[LaunchOptions], AttemptResult]) -> int:
-    """Run attempts (``launch_attempt(options)``: the agent, once) until one succeeds or the policy stops; return
+              launch_attempt: LaunchAttempt) -> int:
+    """Run attempts (``launch_attempt(options, live)``: the agent, once; ``live``: the attempt's ``LiveHook`` under
+    ``--heal live``, else None) until one succeeds or the policy stops; return
     the run's exit code. ``options_for`` builds the agent's options (after the refusals: it checks -n/-j)."""
     _refuse_unless_one_host(world, request)
     options = options_for()
@@ -96,7 +98,7 @@ class _AgentAttempts(Adapter):
     style = Style.ONE_HOST
 
     def __init__(self, request: HealRequest, options: LaunchOptions,
-                 launch_attempt: Callable[[LaunchOptions], AttemptResult], run_dir: RunDir, host: str,
+                 launch_attempt: LaunchAttempt, run_dir: RunDir, host: str,
                  ledger: Ledger) -> None:
         self.request, self.options, self.launch_attempt = request, options, launch_attempt
         self.run_dir, self.host, self.ledger = run_dir, host, ledger
@@ -106,10 +108,9 @@ class _AgentAttempts(Adapter):
 
     def start(self, attempt: int, of_session: int, hosts: tuple[str, ...], heard: LiveHook) -> Ended:
         options = dataclasses.replace(self.options, log_dir=str(self.run_dir.attempt(attempt)))
-        if self.request.live:  # a lost rank is replaced within the attempt (ddpkit.live.agent.rules)
-            options = dataclasses.replace(options, live_heal=heard)
         os.environ[ATTEMPT_VAR] = str(attempt)  # train's rank 0 writes its goodput lines under this attempt
-        result = self.launch_attempt(options)
+        # --heal live: a lost rank is replaced within the attempt (ddpkit.live.agent), each heal told to ``heard``
+        result = self.launch_attempt(options, heard if self.request.live else None)
         if not result.exit_code:
             return Ended(exit_code=0)
         return Ended(exit_code=result.exit_code, evidence=gather(result.exit_code, result, self.logs(attempt),
@@ -137,16 +138,19 @@ def _start_goodput(run_dir: Path, host: str) -> None:
         os.close(fd)
 
 
-def gather(code: int, result: AttemptResult | None, logs: str | None, host: str) -> Evidence:
+def gather(code: int, result: AttemptResult | None, logs: str | None, host: str,
+           hosts: Mapping[int, str] | None = None) -> Evidence:
     """The evidence of a failed attempt: the agent's typed result (None: it gave none) and the ranks' stderr logs
-    under ``logs`` (their tracebacks)."""
+    under ``logs`` (their tracebacks); each rank on ``host``, or on ``hosts[rank]`` where given (Slurm's live
+    agent: a rank an srun step on its node)."""
     ranks: dict[int, RankEvidence] = {}
+    where = hosts or {}
     first = result.first if result is not None else None
     for failure in result.failures if result is not None else ():
         # SIGTERM on a rank that did not fail first: its agent ended it after another failed (ddpkit's doing, as
         # exit 3 is); on the first, it came from outside
         by_agent = failure.signal == "SIGTERM" and failure is not first
-        ranks[failure.rank] = RankEvidence(rank=failure.rank, host=host, signal=failure.signal,
+        ranks[failure.rank] = RankEvidence(rank=failure.rank, host=where.get(failure.rank, host), signal=failure.signal,
                                            exit_code=None if failure.signal else failure.exit_code,
                                            stopped_by_ddpkit=failure.stopped_by_ddpkit or by_agent,
                                            first=failure is first)
@@ -154,7 +158,7 @@ def gather(code: int, result: AttemptResult | None, logs: str | None, host: str)
     for rank, text in tails:
         said = exception_line(text)
         if said is not None:
-            known = ranks.get(rank) or RankEvidence(rank=rank, host=host)
+            known = ranks.get(rank) or RankEvidence(rank=rank, host=where.get(rank, host))
             ranks[rank] = dataclasses.replace(known, exception=said)
     watch = _watch_report(result, host)
     if watch is None or not watch.stopped_answering:

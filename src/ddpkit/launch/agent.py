@@ -38,7 +38,6 @@ from ddpkit.runtime import share_cores
 
 if TYPE_CHECKING:
     from ddpkit.launch.ranklogs import RankLogs
-    from ddpkit.rundir.ledger import RankReplaced, ReplicasDiverged
 
 __all__ = ["Entrypoint", "LaunchOptions", "launch", "preload"]
 
@@ -93,9 +92,6 @@ class LaunchOptions:
     """Wraps this node's rendezvous handler: called with torch's ``RendezvousHandler`` and the name the wrapper's
     ``get_backend()`` must return; torch's agent uses what it returns (``ddpkit.heal.elastic`` keeps excluded hosts
     out of later rounds). None: torch's handler as it is."""
-    live_heal: Callable[[RankReplaced | ReplicasDiverged], None] | None = None
-    """``--heal live`` (one host): ranks started one by one, a lost one replaced while the others keep running
-    (``ddpkit.live.agent.rules``); called with each heal once its replacement trains. None: torch's agent."""
 
 
 def launch(options: LaunchOptions, entrypoint: Entrypoint, argv: list[str]) -> AttemptResult:

@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from ddpkit.env import WorldInfo
     from ddpkit.launch.agent import LaunchOptions
     from ddpkit.launch.result import AttemptResult
+    from ddpkit.rundir.ledger import LiveHook
 
 __all__ = ["RankStart", "WorkerCommand", "run_rank"]
 
@@ -67,7 +68,7 @@ def run_rank(command: WorkerCommand, module: ModuleType, args: argparse.Namespac
                               run_id=getattr(args, "run_id", None), snapshot_path=getattr(args, "snapshot_path", None),
                               argv=tuple(getattr(args, "ddpkit_argv", ())), live=args.heal == "live")
         return supervise(world, request, lambda: replace(launch_options(args), preload=command.preload),
-                         lambda options: _attempt(argv, options, main))
+                         lambda options, live: _attempt(argv, options, main, live=live))
     if world.is_agent:  # a Kubeflow pod asked for several processes: be its agent, as torchrun would be
         return _launch(argv, kubeflow_agent_options(world), main)
     if world.launcher == "none":
@@ -188,15 +189,17 @@ def _launch(argv: list[str], options: LaunchOptions, main: Callable[[list[str]],
     return _attempt(argv, options, main).exit_code
 
 
-def _attempt(argv: list[str], options: LaunchOptions, main: Callable[[list[str]], int]) -> AttemptResult:
-    """One run of this node's agent, its outcome as values (what a heal supervisor classifies)."""
+def _attempt(argv: list[str], options: LaunchOptions, main: Callable[[list[str]], int], *,
+             live: LiveHook | None = None) -> AttemptResult:
+    """One run of this node's agent, its outcome as values (what a heal supervisor classifies); ``live``: under
+    ``--heal live``, where each live heal is told (ranks started one by one, a lost one replaced)."""
     from ddpkit.launch.agent import Entrypoint, launch
 
     entrypoint = Entrypoint(main=main, module="ddpkit")
-    if options.live_heal is not None:  # --heal live: ranks started one by one, a lost one replaced
+    if live is not None:
         from ddpkit.live.agent.host import launch_live
 
-        return launch_live(options, entrypoint, argv, options.live_heal)
+        return launch_live(options, entrypoint, argv, live)
     return launch(options, entrypoint, argv)
 
 

@@ -18,6 +18,8 @@ module                           layer  what it holds
                                         survivor holds a live group; questions answered; hung ranks ended; heals and
                                         divergence handed to the attempt's ledger
 ``live.agent.proc``              5      a rank as the agent sees it: its process (``Proc``), its notes, its variables
+``live.agent.session``           5      one attempt for every spawner: the store, the stop marks, the signals taken
+                                        and forwarded, each rank's variables, the end (a ``Spawner`` starts ranks)
 ``live.agent.host``              5      one host: each rank a process context forked by torch's ``start_processes``
 ``live.agent.slurm``             5      Slurm: each rank an srun step, a standby on each spare node
 ``live.agent.standby``           5      the standby's wait for its rank (``python -m ddpkit.standby`` runs it)

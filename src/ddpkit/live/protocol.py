@@ -21,7 +21,8 @@ key                               written by    what it holds
                                                 watch's headline (the agent ends it, and replaces it)
 ``ddpkit-live/assign/SLOT``       the agent     under Slurm: a standby's variables (JSON), or "" (unused)
 ``ddpkit-live/proc/SLOT``         a standby     under Slurm: ``{"host": H, "pid": P}``
-``ddpkit-live/beat/SLOT``         a standby     under Slurm: a counter moved every 0.25 s while it runs
+``ddpkit-live/pulse/SLOT``        its pulse     under Slurm: "COUNT STATE TICKS", every 0.25 s from the rank's
+                                                node: the kernel's state of its process (``Seen``)
 ================================  ============  ============================================================
 
 No torch import: the store is whatever ``torch.distributed.Store`` the caller holds.
@@ -196,9 +197,15 @@ class LiveStore:
         key = f"{ROOT}proc/{slot}"
         return int(json.loads(self.store.get(key))["pid"]) if self._has(key) else None
 
-    def beat_key(self, slot: str) -> str:
-        return f"{ROOT}beat/{slot}"
+    def pulse(self, slot: str, count: int, state: str, ticks: int) -> None:
+        """The pulse of ``slot``'s rank (``live.agent.pulse``, on its node): its ``count``-th look at the rank's
+        process, the kernel's one-letter ``state`` of it ("" once it is gone) and its CPU ``ticks``."""
+        self.store.set(f"{ROOT}pulse/{slot}", f"{count} {state or '-'} {ticks}")
 
-    def beat(self, slot: str, by: int = 1) -> int:
-        """Move the heartbeat of ``slot`` by ``by`` (0: read it)."""
-        return int(self.store.add(self.beat_key(slot), by))
+    def pulse_of(self, slot: str) -> tuple[int, str, int] | None:
+        """The last pulse of ``slot`` (count, state, ticks), or None before the first."""
+        key = f"{ROOT}pulse/{slot}"
+        if not self._has(key):
+            return None
+        count, state, ticks = self.store.get(key).decode().split()
+        return int(count), "" if state == "-" else state, int(ticks)

@@ -10,14 +10,14 @@ a requeued job) appends: attempt numbers continue. Pure: no torch, no processes.
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import field
 from pathlib import Path
 
 from ddpkit.base.jsonlines import Kinds, append_to, encode, record
 from ddpkit.rundir.verdict import Classification
 
-__all__ = ["LEDGER", "Action", "AttemptEnded", "AttemptStarted", "FaultSeen", "HostExcluded", "Ledger",
+__all__ = ["LEDGER", "Action", "AttemptEnded", "AttemptStarted", "FaultSeen", "HostExcluded", "Ledger", "LiveHook",
            "PreflightEnded", "RankReplaced", "Record", "ReplicasDiverged", "SupervisorStarted", "heal_sentence",
            "ranks_command", "read_records"]
 
@@ -197,6 +197,10 @@ class ReplicasDiverged:
     at: float
     attempt: int = 0
 
+
+#: Where an attempt tells the loop of each live heal within it (``--heal live``: ``ddpkit.live.agent``), and of
+#: replicas found to differ (``ddpkit.heal.attempts`` records each).
+LiveHook = Callable[[RankReplaced | ReplicasDiverged], None]
 
 Record = (SupervisorStarted | AttemptStarted | AttemptEnded | FaultSeen | HostExcluded | PreflightEnded | RankReplaced
           | ReplicasDiverged)

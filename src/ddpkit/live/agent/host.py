@@ -1,6 +1,6 @@
 """Live healing on one host (``ddpkit train|run -n N --heal live``): each rank a process context of its own, forked by
-torch's ``start_processes`` from this agent (which imported torch and the trainer once), watched by the agent of
-``ddpkit.live.agent.rules``, whose rules say what a lost rank is and how it is replaced."""
+torch's ``start_processes`` from this agent (which imported torch and the trainer once); the attempt is the shared
+``live.agent.session``, whose agent (``live.agent.rules``) says what a lost rank is and how it is replaced."""
 
 from __future__ import annotations
 
@@ -12,17 +12,16 @@ import signal
 import socket
 import sys
 import tempfile
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ddpkit.launch import worker
 from ddpkit.launch.failure import TORCH_WORKER_LOGGER, drop_exit_tracebacks
 from ddpkit.launch.result import AttemptResult
-from ddpkit.launch.stops import FORWARDED
-from ddpkit.live.agent.rules import LiveAgent, Proc, rank_env
-from ddpkit.process.worker_context import LIVE_GEN, PREEMPTED_MARK, STOP_DIR
-from ddpkit.rundir.ledger import RankReplaced, ReplicasDiverged
+from ddpkit.live.agent.proc import Proc, Seen, stat_of
+from ddpkit.live.agent.session import LiveSession
+from ddpkit.process.worker_context import LIVE_GEN
+from ddpkit.rundir.ledger import LiveHook
 from ddpkit.runtime import share_cores
 
 if TYPE_CHECKING:
@@ -37,8 +36,7 @@ class _Local:
 
     context: Any
     host: str
-    stopped_word: str = "stopped (SIGSTOP)"
-    unseen_s: float = 0.0
+    silent_s: float = 0.0
 
     @property
     def pid(self) -> int:
@@ -51,8 +49,9 @@ class _Local:
         failure = next(iter(result.failures.values()), None) if result.failures else None
         return 0 if failure is None else int(failure.exitcode)
 
-    def look(self) -> tuple[str, int]:
-        return _stat(self.pid)
+    def look(self) -> tuple[Seen, int]:
+        state, ticks = stat_of(self.pid)
+        return Seen.of_state(state), ticks
 
     def send(self, sig: signal.Signals) -> None:
         with contextlib.suppress(ProcessLookupError):
@@ -60,17 +59,6 @@ class _Local:
 
     def close(self) -> None:
         self.context.close()
-
-
-def _stat(pid: int) -> tuple[str, int]:
-    """The kernel's one-letter state of ``pid`` (R, S, D, T...) and the CPU time it used, all its threads, in clock
-    ticks (utime + stime); ("", -1) where it is gone."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            fields = f.read().rsplit(b")", 1)[1].split()
-        return fields[0].decode(), int(fields[11]) + int(fields[12])
-    except (OSError, IndexError, ValueError):
-        return "", -1
 
 
 def _stderr_kept(directory: str, rank: int, gen: str) -> Any:
@@ -96,20 +84,23 @@ def _stderr_kept(directory: str, rank: int, gen: str) -> Any:
 
 @dataclass(kw_only=True)
 class _Forker:
-    """One host's ranks: each forked from this agent (which imported torch and the trainer) by torch's
-    ``start_processes``, a context of its own; started afresh where forking is not safe."""
+    """One host's ranks (a ``live.agent.session.Spawner``): each forked from this agent (which imported torch and
+    the trainer) by torch's ``start_processes``, a context of its own; started afresh where forking is not safe."""
 
     entrypoint: Entrypoint
     argv: list[str]
     forked: bool
-    logs_dir: str
-    """Where each rank's stderr is kept (the attempt's directory, or a temporary one)."""
+    log_dir: str | None
+    """Where each rank's stderr is kept (the attempt's directory); None: a temporary one, removed at the end."""
     host: str = field(default_factory=lambda: socket.gethostname().split(".", 1)[0])
+    _temporary: str | None = None
 
     def __call__(self, rank: int, env: dict[str, str]) -> Proc:
         from torch.distributed.elastic.multiprocessing import start_processes
 
-        specs = _stderr_kept(self.logs_dir, rank, env.get(LIVE_GEN, "0"))
+        if self.log_dir is None and self._temporary is None:
+            self._temporary = tempfile.mkdtemp(prefix="ddpkit-live-logs-")
+        specs = _stderr_kept(self.log_dir or str(self._temporary), rank, env.get(LIVE_GEN, "0"))
         prefix = {0: ""}  # the rank's lines as it wrote them (torch's tee would add "[rankR0]:")
         if self.forked:
             context = start_processes(f"rank{rank}", worker.forked_worker(self.entrypoint.main), {0: (self.argv,)},
@@ -119,37 +110,28 @@ class _Forker:
                                       {0: env}, specs, log_line_prefixes=prefix)
         return _Local(context=context, host=self.host)
 
+    def end(self) -> None:
+        if self._temporary is not None:
+            shutil.rmtree(self._temporary, ignore_errors=True)
 
-def launch_live(options: LaunchOptions, entrypoint: Entrypoint, argv: list[str],
-                on_heal: Callable[[RankReplaced | ReplicasDiverged], None]) -> AttemptResult:
+
+def launch_live(options: LaunchOptions, entrypoint: Entrypoint, argv: list[str], on_heal: LiveHook) -> AttemptResult:
     """Run ``argv`` on ``options.shape.nproc_per_node`` local ranks, replacing a lost one live (``on_heal`` is told
     each heal, once the replacement trains); how the attempt ended, as ``launch()`` returns it."""
-    import torch.distributed as dist
-
     from ddpkit.launch.agent import preload
 
     world = options.shape.nproc_per_node
     share_cores(world, announce=True)
     torch_log = logging.getLogger(TORCH_WORKER_LOGGER)
     torch_log.addFilter(drop_exit_tracebacks)
-    marks = tempfile.mkdtemp(prefix="ddpkit-live-")
     os.environ[worker.LAUNCHED] = "1"
     os.environ[worker.LAUNCHED_AT] = str(worker.process_started_at())
-    os.environ[STOP_DIR] = os.path.join(marks, "stops")
-    os.mkdir(os.environ[STOP_DIR])
-    os.environ[PREEMPTED_MARK] = os.path.join(marks, "preempted")
     forked = preload(options.preload)
-    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
-    spawn = _Forker(entrypoint=entrypoint, argv=argv, forked=forked, logs_dir=options.log_dir or marks)
-    agent = LiveAgent(spawn=spawn, on_heal=on_heal, store=store, log_dir=options.log_dir)
-    before = {name: signal.signal(getattr(signal, name), agent.on_outside_signal) for name in ("SIGINT", *FORWARDED)}
-    run_id = options.run_id or f"ddpkit-live-{os.getpid()}"
+    session = LiveSession(world=world, address="127.0.0.1", run_id=options.run_id or f"ddpkit-live-{os.getpid()}",
+                          on_heal=on_heal, log_dir=options.log_dir)
     try:
-        return agent.run({rank: rank_env(rank, world, address="127.0.0.1", port=store.port, run_id=run_id)
-                          for rank in range(world)})
+        result, _ = session.run(lambda store: _Forker(entrypoint=entrypoint, argv=argv, forked=forked,
+                                                      log_dir=options.log_dir))
+        return result
     finally:
-        for name, handler in before.items():
-            signal.signal(getattr(signal, name), handler)
-        agent._stop_all(signal.SIGKILL)
         torch_log.removeFilter(drop_exit_tracebacks)
-        shutil.rmtree(marks, ignore_errors=True)

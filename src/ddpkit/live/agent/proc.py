@@ -1,15 +1,44 @@
 """A rank as the live agent (``live.agent.rules``) sees it: its process (``Proc``, one per spawner: a local process
-context, an srun step), what the agent notes of it (``Rank``), and the variables it starts with (``rank_env``)."""
+context, an srun step), what the kernel of its host says of it (``Seen``), what the agent notes of it (``Rank``), and
+the variables it starts with (``rank_env``)."""
 
 from __future__ import annotations
 
+import enum
 import signal
 from dataclasses import dataclass
 from typing import Protocol
 
 from ddpkit.process.worker_context import LIVE_GEN, LIVE_STORE
 
-__all__ = ["Proc", "Rank", "rank_env"]
+__all__ = ["Proc", "Rank", "Seen", "rank_env", "stat_of"]
+
+
+class Seen(enum.Enum):
+    """A running rank's process as its host's kernel says it (``/proc/PID/stat``: read by the agent on one host, by
+    the rank's pulse on its node under Slurm, ``live.agent.pulse``). Never a guess from a thread of the rank itself:
+    a rank whose Python holds the GIL is RUNNING. Whether it makes progress is the watch's to say (a hung rank,
+    ``ddpkit.watch.actions``), by its own rules for healthy pauses."""
+
+    RUNNING = "running"
+    WAITING_IO = "waiting-io"
+    """The kernel's ``D``: in an uninterruptible wait (disk, a network file system): working, not idle."""
+    STOPPED = "stopped (SIGSTOP)"
+    """The kernel's ``T``/``t``: stopped by a signal or a debugger."""
+    SILENT = "silent (its pulse stood still)"
+    """Under Slurm: no word from the rank's node for ``Proc.silent_s`` (the node, or the step, frozen or cut off)."""
+
+    @classmethod
+    def of_state(cls, letter: str) -> Seen:
+        """The kernel's one-letter state (``/proc/PID/stat``'s third field)."""
+        if letter in ("T", "t"):
+            return cls.STOPPED
+        return cls.WAITING_IO if letter == "D" else cls.RUNNING
+
+    @property
+    def lost(self) -> bool:
+        """Lost once it lasts ``STOPPED_S`` while others run."""
+        return self in (Seen.STOPPED, Seen.SILENT)
 
 
 class Proc(Protocol):
@@ -17,10 +46,9 @@ class Proc(Protocol):
     host (``ddpkit.live.agent.slurm``)."""
 
     host: str
-    stopped_word: str
-    """How a person reads ``look``'s ``T``: ``stopped (SIGSTOP)`` where the kernel says so."""
-    unseen_s: float
-    """How long a rank was stopped before ``look`` can say ``T`` (0 where the kernel says it at once)."""
+    silent_s: float
+    """How long no word from the rank's host means ``Seen.SILENT`` (0: the agent reads its kernel itself); the
+    agent dates a silence back by it, and answers "no loss" only after it."""
 
     @property
     def pid(self) -> int: ...
@@ -28,8 +56,9 @@ class Proc(Protocol):
     def wait(self) -> int | None:
         """None while it runs; once it ended, its exit code (negative: the signal that killed it)."""
 
-    def look(self) -> tuple[str, int]:
-        """Its state (``T``: stopped) and a count that moves while it works (CPU ticks)."""
+    def look(self) -> tuple[Seen, int]:
+        """What its host's kernel says of it, and a count that moves while it works (its CPU ticks; -1: not
+        known)."""
 
     def send(self, sig: signal.Signals) -> None: ...
 
@@ -65,3 +94,14 @@ def rank_env(rank: int, world: int, *, address: str, port: int, run_id: str, per
             "MASTER_PORT": str(port), "TORCHELASTIC_RUN_ID": run_id, "TORCHELASTIC_RESTART_COUNT": "0",
             "TORCHELASTIC_MAX_RESTARTS": "0", "TORCHELASTIC_USE_AGENT_STORE": "True", LIVE_GEN: "0",
             LIVE_STORE: f"{address}:{port}"}
+
+
+def stat_of(pid: int) -> tuple[str, int]:
+    """The kernel's one-letter state of ``pid`` (R, S, D, T...) and the CPU time it used, all its threads, in clock
+    ticks (utime + stime); ("", -1) where it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+        return fields[0].decode(), int(fields[11]) + int(fields[12])
+    except (OSError, IndexError, ValueError):
+        return "", -1

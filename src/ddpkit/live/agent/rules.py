@@ -11,7 +11,8 @@ ranks, killed at once, are replaced together)::
 
     a signal from outside reached the agent                          -> each rank ends as it ends (stopping)
     every lost rank killed by a signal, or stopped ``STOPPED_S``
-      (the kernel's ``T``; a heartbeat standing still, under Slurm)
+      (``Seen``: the kernel's ``T``, read on its host; under Slurm
+      also silent: its node's pulse standing still)
       while others run, or named hung by the watch (running, no
       progress past the watch's deadline: ``ddpkit.watch.actions``;
       it is then ended with SIGKILL, so that the others' collectives
@@ -52,7 +53,7 @@ from ddpkit.base.log import get_logger
 from ddpkit.launch.failure import RankFailure, ordered, root_cause_line
 from ddpkit.launch.result import AttemptResult
 from ddpkit.launcher_output.words import signal_name
-from ddpkit.live.agent.proc import Proc, Rank, rank_env
+from ddpkit.live.agent.proc import Proc, Rank, Seen, rank_env
 from ddpkit.live.protocol import LiveStore, Plan
 from ddpkit.process.stopping import mark_outside_signal
 from ddpkit.process.worker_context import LIVE_GEN, PREEMPTED_MARK, STOP_DIR
@@ -206,19 +207,22 @@ class LiveAgent:
         return self._replace([r for r, _ in lost], [str(w) for w in whys], now)
 
     def _check_stopped(self, r: Rank, now: float) -> None:
+        """A rank its host's kernel says is stopped, or whose host has said nothing for ``silent_s`` (``Seen``), for
+        ``STOPPED_S`` while another runs: ended with SIGKILL (the others' collectives fail at once), then replaced."""
         if r.ended_by_agent is not None:
             return
-        if r.proc.look()[0] != "T":
+        seen, _ = r.proc.look()
+        if not seen.lost:
             r.stopped_since = None
             return
         if r.stopped_since is None:
-            r.stopped_since = now - r.proc.unseen_s
+            r.stopped_since = now - (r.proc.silent_s if seen is Seen.SILENT else 0.0)
             return
-        running = [o for o in self.ranks.values() if o is not r and not o.done and o.proc.look()[0] != "T"]
-        if now - r.stopped_since >= STOPPED_S + r.proc.unseen_s and running:
-            r.ended_by_agent = f"{r.proc.stopped_word} for {now - r.stopped_since:.1f} s"
+        running = [o for o in self.ranks.values() if o is not r and not o.done and not o.proc.look()[0].lost]
+        if now - r.stopped_since >= STOPPED_S + (r.proc.silent_s if seen is Seen.SILENT else 0.0) and running:
+            r.ended_by_agent = f"{seen.value} for {now - r.stopped_since:.1f} s"
             log.warning("rank %d (pid %d on %s) has been %s for %.1f s while the others run: ending it",
-                        r.rank, r.pid, r.proc.host, r.proc.stopped_word, now - r.stopped_since)
+                        r.rank, r.pid, r.proc.host, seen.value, now - r.stopped_since)
             r.proc.send(signal.SIGKILL)
 
     def _check_hung(self, r: Rank) -> None:
@@ -283,10 +287,10 @@ class LiveAgent:
     def _answer_questions(self, now: float) -> None:
         """A rank whose collective failed while no rank is lost: "none", once the question has stood a poll longer
         than the agent needs to see a loss (a killed peer's socket closes a moment before the kernel reports its
-        exit; under Slurm a rank cut off is seen only when its heartbeat has stood still ``unseen_s``), and while no
+        exit; under Slurm a rank cut off is seen only when its pulse has stood still ``silent_s``), and while no
         rank is seen stopped (its loss is being decided)."""
         running = [r for r in self.ranks.values() if not r.done]
-        blind_s = self.poll_s + max((r.proc.unseen_s for r in running), default=0.0)
+        blind_s = self.poll_s + max((r.proc.silent_s for r in running), default=0.0)
         pending = any(r.stopped_since is not None for r in running)
         for r in running:
             question = (self.gen, r.rank)
@@ -333,8 +337,8 @@ class LiveAgent:
         for r in self.ranks.values():
             if r.done or r.ended_by_agent is not None:
                 continue
-            state, ticks = r.proc.look()
-            if r.idle_since is None or ticks != r.ticks or state == "D":
+            seen, ticks = r.proc.look()
+            if r.idle_since is None or ticks != r.ticks or seen is Seen.WAITING_IO:
                 r.ticks, r.idle_since = ticks, now
                 continue
             if now - r.idle_since < IDLE_S:

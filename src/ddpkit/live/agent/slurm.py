@@ -1,15 +1,16 @@
 """Live healing in a Slurm allocation: ``ddpkit submit slurm -j Nx1 --spare-nodes K --heal live -- train ...``.
 
-The batch script's supervisor (``heal.slurm_supervisor --live``) is the live agent (``live.agent.rules``): it hosts
-the stores, and each rank is an srun step of one task of its own (``--overlap``, as one host gives each rank a process
-context of its own: one rank's end ends no other step). Every step runs ``python -m ddpkit.standby``, which imports
-torch and the trainer, then takes its rank from the agent's store; on each spare node a standby step waits the same
-way, already imported, until a rank is lost.
+The batch script's supervisor (``heal.slurm_supervisor --live``) is the live agent (``live.agent.rules``, in the
+session every spawner shares: ``live.agent.session``): it hosts the stores, keeps the stop marks in the run
+directory (every node sees it), and each rank is an srun step of one task of its own (``--overlap``, as one host
+gives each rank a process context of its own: one rank's end ends no other step). Every step runs ``python -m
+ddpkit.standby``, which imports torch and the trainer, then takes its rank from the agent's store; on each spare
+node a standby step waits the same way, already imported, until a rank is lost.
 
-- A rank killed (srun's exit code 128 + the signal) is lost at once. A stopped one (SIGSTOP; another host, so no
-  /proc to read) is seen by its heartbeat (``ddpkit.standby``: a counter it moves every 0.25 s) standing still for
-  ``STALE_S``, then, ``STOPPED_S`` later, ended with ``scancel --signal=KILL JOB.STEP`` so that its peers'
-  collectives fail at once.
+- A rank killed (srun's exit code 128 + the signal) is lost at once. A stopped one (SIGSTOP) is seen by its pulse
+  (``live.agent.pulse``: a process beside it on its node, reading its ``/proc`` every 0.25 s), a node or a step
+  frozen or cut off by the pulse standing still ``SILENT_S``; either, ``STOPPED_S`` later, is ended with ``scancel
+  --signal=KILL JOB.STEP`` so that its peers' collectives fail at once. A rank whose Python holds the GIL runs.
 - The replacement is the standby of a spare node: it is given the lost rank's variables and the next generation's
   store, joins the group the survivors re-form, and takes their state (``ddpkit.live.rank.group``). The lost host is
   excluded for the rest of the job (the ledger's ``host-excluded``, given back to Slurm).
@@ -25,23 +26,24 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from ddpkit.base.log import get_logger
 from ddpkit.launch.result import AttemptResult
-from ddpkit.live.agent.rules import LiveAgent, Proc, rank_env
+from ddpkit.live.agent.proc import Proc, Seen
+from ddpkit.live.agent.session import LiveSession
 from ddpkit.live.protocol import LiveStore
 from ddpkit.process.worker_context import LIVE_GEN
-from ddpkit.rundir.ledger import RankReplaced, ReplicasDiverged
+from ddpkit.rundir.ledger import LiveHook
 
 __all__ = ["LiveSteps", "run_live_attempt"]
 
 log = get_logger(__name__)
 
-#: A heartbeat standing still this long is a stopped rank (seconds; it moves every 0.25 s).
-STALE_S = 2.0
+#: A pulse standing still this long (seconds; it speaks every 0.25 s, ``live.agent.pulse``): the rank's node, or its
+#: step, is frozen or cut off. As long as the watch's own word for a rank that stopped answering (its ``STALE_S``).
+SILENT_S = 3.0
 #: How often the agent looks at its steps (seconds): each look reads every rank's heartbeat from the store.
 POLL_S = 0.1
 SCANCEL_S = 30.0
@@ -51,17 +53,18 @@ STANDBY_END_S = 10.0
 
 @dataclass(kw_only=True)
 class _Step:
-    """One rank's srun step (a ``ddpkit.live.agent.rules.Proc``)."""
+    """One rank's srun step (a ``ddpkit.live.agent.rules.Proc``), seen through its pulse (``live.agent.pulse``)."""
 
     popen: subprocess.Popen[bytes]
     host: str
     slot: str
     job: str
     store: Any
-    stopped_word: str = "silent (its heartbeat stood still)"
-    unseen_s: float = STALE_S
+    silent_s: float = SILENT_S
     remote_pid: int | None = None
-    beats: int = -1
+    count: int = -1
+    """The pulse's count when last read."""
+    seen: tuple[Seen, int] = (Seen.RUNNING, -1)
     moved: float = field(default_factory=time.monotonic)
     looked: float = 0.0
     step_id: str | None = None
@@ -79,14 +82,19 @@ class _Step:
             return None
         return -(code - 128) if code > 128 else code  # srun: 128 + the signal that killed the task
 
-    def look(self) -> tuple[str, int]:
+    def look(self) -> tuple[Seen, int]:
+        """What the rank's node says of it (its pulse's last word); ``Seen.SILENT`` once the pulse stood still
+        ``silent_s`` after its first word (before it, the step is starting)."""
         now = time.monotonic()
         if now - self.looked >= POLL_S / 2:  # the agent looks at every rank for each rank: one store read a poll
             self.looked = now
-            beats = LiveStore(self.store).beat(self.slot, 0)
-            if beats != self.beats:
-                self.beats, self.moved = beats, now
-        return ("T" if self.beats > 0 and now - self.moved >= STALE_S else "R"), self.beats
+            pulse = LiveStore(self.store).pulse_of(self.slot)
+            if pulse is not None and pulse[0] != self.count:
+                self.count, self.moved = pulse[0], now
+                self.seen = (Seen.of_state(pulse[1]), pulse[2])
+        if self.count > 0 and now - self.moved >= self.silent_s:
+            return Seen.SILENT, self.seen[1]
+        return self.seen
 
     def send(self, sig: signal.Signals) -> None:
         step = self._find_step()
@@ -160,7 +168,7 @@ class LiveSteps:
                 return step
         return None
 
-    def end_standbys(self) -> None:
+    def end(self) -> None:
         """The job is over: each standby not needed is told so (it ends with exit 0), else its step is ended."""
         for step in self.standbys.values():
             LiveStore(self.store).assign(step.slot, None)
@@ -173,31 +181,23 @@ class LiveSteps:
 
 
 def run_live_attempt(*, job: str, program: tuple[str, ...], hosts: tuple[str, ...], spares: tuple[str, ...],
-                     env: dict[str, str], on_heal: Callable[[RankReplaced | ReplicasDiverged], None],
-                     ) -> tuple[AttemptResult, dict[int, str]]:
-    """One attempt: rank R on ``hosts[R]``, a standby on each of ``spares``; how it ended, and each rank's host."""
+                     env: dict[str, str], on_heal: LiveHook, marks_in: str) -> tuple[AttemptResult, dict[int, str]]:
+    """One attempt: rank R on ``hosts[R]``, a standby on each of ``spares``; how it ended, and each rank's host.
+    ``marks_in``: a folder every node sees (the run directory), where the stop marks are kept."""
     at = program.index("-m")
     python, command = program[:at], program[at + 2:]
-    import torch.distributed as dist
-
     address = socket.gethostname().split(".", 1)[0]
-    store = dist.TCPStore(address, 0, is_master=True, wait_for_workers=False)
-    steps = LiveSteps(job=job, python=python, command=command, store=store, address=address,
-                      hosts=dict(enumerate(hosts)), env=env)
-    agent = LiveAgent(spawn=steps, on_heal=on_heal, store=store, address=address, poll_s=POLL_S)
-    before = {sig: signal.signal(sig, agent.on_outside_signal) for sig in (signal.SIGTERM, signal.SIGUSR1)}
-    world = len(hosts)
-    run_id = f"ddpkit-live-{job}"
-    try:
+
+    def steps_for(store: Any) -> LiveSteps:
+        steps = LiveSteps(job=job, python=python, command=command, store=store, address=address,
+                          hosts=dict(enumerate(hosts)), env=env)
         for host in spares:
             steps.standby(host)
-        result = agent.run({rank: rank_env(rank, world, address=address, port=store.port, run_id=run_id,
-                                           per_host=1, group_rank=rank) for rank in range(world)})
-        return result, {rank: r.proc.host for rank, r in agent.ranks.items()}
+        return steps
+
+    session = LiveSession(world=len(hosts), address=address, run_id=f"ddpkit-live-{job}", on_heal=on_heal,
+                          per_host=1, marks_in=marks_in, poll_s=POLL_S)
+    try:
+        return session.run(steps_for)
     finally:
-        for sig, handler in before.items():
-            signal.signal(sig, handler)
-        steps.end_standbys()
-        for r in agent.ranks.values():
-            r.proc.close()
         sys.stdout.flush()

@@ -1,24 +1,21 @@
 """A rank's process under Slurm with ``--heal live`` (``python -m ddpkit.standby``, one srun step of one task,
-started by the supervisor's live agent, ``ddpkit.live.agent.slurm``): it says its pid, keeps a heartbeat, and waits
-for its assignment in the agent's store: there at once for a rank of the first group; on a spare node (a standby)
-only once a rank is lost. Its keys are the protocol's ``assign``, ``proc`` and ``beat`` (``ddpkit.live.protocol``):
-a stopped process (SIGSTOP) stops its heartbeat, which is how the agent, on another host, sees it."""
+started by the supervisor's live agent, ``ddpkit.live.agent.slurm``): it starts its pulse (``live.agent.pulse``, a
+process beside it that tells the agent what this node's kernel says of it), says its pid, and waits for its
+assignment in the agent's store: there at once for a rank of the first group; on a spare node (a standby) only once
+a rank is lost. Its keys are the protocol's ``assign`` and ``proc`` (``ddpkit.live.protocol``)."""
 
 from __future__ import annotations
 
 import os
 import socket
+import subprocess
 import sys
-import threading
-import time
 from datetime import timedelta
 
 from ddpkit.live.protocol import LiveStore
 
-__all__ = ["BEAT_S", "wait_for_rank"]
+__all__ = ["start_pulse", "wait_for_rank"]
 
-#: How often the heartbeat counter moves (seconds).
-BEAT_S = 0.25
 #: How long one wait for the assignment lasts before the store is asked again (seconds); a store that is gone ends
 #: the wait (the supervisor ended): the standby never waits on its own.
 WAIT_S = 30.0
@@ -33,20 +30,15 @@ def _connect(host: str, port: int) -> LiveStore:
                                    wait_for_workers=False))
 
 
-def _beat(host: str, port: int, slot: str) -> None:
-    import torch.distributed as dist
-
-    store = _connect(host, port)
-    while True:
-        try:
-            store.beat(slot)
-        except (RuntimeError, dist.DistError):
-            return  # the agent's store is gone: the job is ending
-        time.sleep(BEAT_S)
+def start_pulse(address: str, slot: str) -> subprocess.Popen[bytes]:
+    """This process's pulse (``python -m ddpkit.live.agent.pulse``), started first thing: its interpreter's start
+    runs beside this one's imports. It ends with this process."""
+    return subprocess.Popen([sys.executable, "-m", "ddpkit.live.agent.pulse", "--store", address, "--slot", slot,
+                             "--pid", str(os.getpid())], stdin=subprocess.DEVNULL)
 
 
 def wait_for_rank(address: str, slot: str) -> dict[str, str] | None:
-    """Say this process, start its heartbeat, and wait for its rank's variables at the agent's store ``address``
+    """Say this process and wait for its rank's variables at the agent's store ``address``
     (HOST:PORT): the variables, or None where the agent said it is not needed (the job ended with no rank lost).
     A store that is gone ends the wait: ``SystemExit(1)``."""
     import torch.distributed as dist
@@ -54,7 +46,6 @@ def wait_for_rank(address: str, slot: str) -> dict[str, str] | None:
     host, _, port = address.rpartition(":")
     store = _connect(host, int(port))
     store.say_proc(slot, socket.gethostname().split(".", 1)[0], os.getpid())
-    threading.Thread(target=_beat, args=(host, int(port), slot), name="ddpkit-beat", daemon=True).start()
     key = store.assign_key(slot)
     while True:
         try:
