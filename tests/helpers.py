@@ -1,5 +1,6 @@
 """Test helpers, imported by test modules (fixtures live in conftest.py files): run the real CLI in subprocesses;
-gate infrastructure tests honestly."""
+gate infrastructure tests honestly; compare a healed run with an uninterrupted one; the openings of the little
+scripts that tests write to disk."""
 
 from __future__ import annotations
 
@@ -9,6 +10,9 @@ import shutil
 import socket
 import subprocess
 import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +53,25 @@ def free_port() -> str:
         return str(s.getsockname()[1])
 
 
+def wait_until(ready: Callable[[], object], proc: subprocess.Popen[Any], log: Path, timeout: float = 120,
+               poll: float = 0.1) -> None:
+    """Poll ``ready()`` until it is true; fail with ``log``'s text if ``proc`` ends first or ``timeout`` passes."""
+    deadline = time.monotonic() + timeout
+    while not ready():
+        assert proc.poll() is None and time.monotonic() < deadline, log.read_text()
+        time.sleep(poll)
+
+
+@contextmanager
+def killed_if_left(proc: subprocess.Popen[Any]) -> Iterator[subprocess.Popen[Any]]:
+    """``proc``, killed on the way out if still running: a failed wait leaves no job behind."""
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
 def run_torchrun_worker(worker: Path, nproc: int, timeout: float = 180) -> dict[str, Any]:
     """Run a tests/workers script under real torchrun with ``nproc`` ranks; return rank 0's ``RESULT {json}`` line."""
     proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
@@ -83,6 +106,30 @@ def newest_snapshot(directory: Path, prefix: str = "snap") -> tuple[Any, dict[st
     return read_snapshot(newest)
 
 
+def uninterrupted_train(where: Path, *args: str, timeout: float, summary: bool = True) -> dict[str, Any]:
+    """``ddpkit train -n 2 ARGS`` on this machine, never interrupted, its snapshots in ``where`` (made here): the run
+    a healed one must equal bitwise. Returns its summary (``--json`` in ``where``), or {} without ``summary``."""
+    where.mkdir(exist_ok=True)
+    kept = ("--json", str(where / "summary.json")) if summary else ()
+    done = run_ddpkit("train", "-n", "2", *args, "--snapshot-path", str(where / "snap.pt"), *kept,
+                      env=ddpkit_env(OMP_NUM_THREADS="1"), timeout=timeout)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return dict(json.loads((where / "summary.json").read_text())) if summary else {}
+
+
+def assert_same_newest_model(ours: Path, theirs: Path) -> None:
+    """The newest ``snap.*.pt`` in each directory: of the same step, its model bitwise equal (same keys)."""
+    import torch
+
+    from ddpkit.train.snapshot import SnapshotDir, read_snapshot
+
+    mine = max(SnapshotDir(ours, "snap", ".pt", keep=1).candidates())
+    other = max(SnapshotDir(theirs, "snap", ".pt", keep=1).candidates())
+    assert mine[0] == other[0]
+    a, b = read_snapshot(mine[1])[1]["model"], read_snapshot(other[1])[1]["model"]
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
 def same_state(a: dict[str, Any], b: dict[str, Any], keys: tuple[str, ...] = ("model", "optimizer", "rng")) -> bool:
     """Two training states bitwise equal in ``keys`` (tensors by dtype and value, containers element by element)."""
     import torch
@@ -107,3 +154,41 @@ def gloo_status(check: str) -> str:
 
     version = tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2])
     return "SKIP" if check == "all_to_all" and version < (2, 12) else "PASS"
+
+
+# The little torch.distributed scripts that tests write to disk and run under ddpkit run, torchrun or a launcher:
+# a script is its own imports, then one of these openings, then its own lines.
+
+#: torch and gloo's process group
+GLOO_OPENING = """\
+import torch
+import torch.distributed as dist
+
+dist.init_process_group("gloo")
+"""
+#: gloo's process group, this rank and a hookless DDP model (DDP's C++ path) of one 16x16 layer
+DDP_OPENING = """\
+import torch, torch.distributed as dist
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(16, 16))
+"""
+#: every rank all_reduces once, then raises the same ValueError("bad batch"): a job fault, no host to blame
+RAISES_ON_EVERY_RANK = """\
+import torch, torch.distributed as dist
+dist.init_process_group("gloo")
+t = torch.ones(1)
+dist.all_reduce(t)
+raise ValueError("bad batch")
+"""
+
+
+def raises_at_step(step: int, steps: int) -> str:
+    """A script whose every rank all_reduces in a loop of ``steps`` and raises ValueError("bad batch at step STEP")
+    at ``step``: a job fault, the same on every rank."""
+    return GLOO_OPENING + f"""t = torch.ones(4)
+for step in range({steps}):
+    dist.all_reduce(t)
+    if step == {step}:
+        raise ValueError(f"bad batch at step {{step}}")
+"""

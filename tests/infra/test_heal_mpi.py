@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import require_tools
+from tests.helpers import RAISES_ON_EVERY_RANK, assert_same_newest_model, require_tools, uninterrupted_train
 from tests.infra.conftest import HostRun, Hosts
 
 pytestmark = [pytest.mark.infra, pytest.mark.multiproc]
@@ -77,28 +77,30 @@ def _ledger(work: Path) -> list[dict[str, object]]:
     return [json.loads(line) for line in (work / "run" / "ledger.jsonl").read_text().splitlines() if line.strip()]
 
 
+def _signal_h2_after_a_snapshot(hosts: Hosts, shape: str, on: list[int],
+                                sig: signal.Signals) -> tuple[HostRun, Path, float]:
+    """Training submitted with -j ``shape`` over the hosts ``on``; once it wrote a snapshot, h2's ranks sent ``sig``:
+    the run, ended, its directory (the job's files) and the time of the signal."""
+    work = Path(hosts.cluster.workdir) / "job"
+    work.mkdir()
+    run = _submit(hosts, shape, on, work, *_train(work))
+    _wait_for(lambda: list(work.glob("snap.*.pt")), [run], 240, "a snapshot")
+    for pid in _wait_for(lambda: _rank_pids(hosts, 1), [run], 30, "h2's rank"):  # type: ignore[attr-defined]
+        os.kill(pid, sig)
+    at = time.time()
+    run.wait(RUN_TIMEOUT)
+    return run, work, at
+
+
 @pytest.mark.slow  # 3 hosts, two attempts and a reference run
 def test_a_stopped_host_is_left_out_and_a_spare_finishes_bitwise(make_hosts: Callable[[int], Hosts],
                                                                   tmp_path: Path) -> None:
     """-j 2x1 over --hosts h1,h2,h3 (h3 a spare): h2's rank SIGSTOPped after the first snapshot. The watch stops
     the job within seconds, the supervisor names h2, leaves it out, and relaunches on h1, h3 from the snapshot; the
     run ends bitwise equal to `train -n 2` (loss history and model); h2 runs no later attempt."""
-    import torch
-
-    from ddpkit.train.snapshot import SnapshotDir, read_snapshot
-    from tests.helpers import ddpkit_env, run_ddpkit
-
     require_tools("mpirun")
     hosts = make_hosts(3)
-    work = Path(hosts.cluster.workdir) / "job"
-    work.mkdir()
-    run = _submit(hosts, "2x1", [0, 1, 2], work, *_train(work))
-    _wait_for(lambda: list(work.glob("snap.*.pt")), [run], 240, "a snapshot")
-    stopped = _wait_for(lambda: _rank_pids(hosts, 1), [run], 30, "h2's rank")
-    for pid in stopped:  # type: ignore[attr-defined]
-        os.kill(pid, signal.SIGSTOP)
-    at = time.time()
-    run.wait(RUN_TIMEOUT)
+    run, work, at = _signal_h2_after_a_snapshot(hosts, "2x1", [0, 1, 2], signal.SIGSTOP)
     h1, h2, h3 = (h.ip for h in hosts.hosts)
     assert run.returncode == 0, run.output()
     assert f"stopped answering (host fault); {h2} excluded for the rest of the run; relaunching on {h1}, {h3} " \
@@ -112,18 +114,10 @@ def test_a_stopped_host_is_left_out_and_a_spare_finishes_bitwise(make_hosts: Cal
           f"(silent after 10 s); run {run.seconds:.0f} s")
 
     summary = json.loads((work / "summary.json").read_text())
-    reference = tmp_path / "ref"
-    reference.mkdir()
-    done = run_ddpkit("train", "-n", "2", "--samples", "8192", "--epochs", "60", "--snapshot-path",
-                      str(reference / "snap.pt"), "--json", str(reference / "summary.json"),
-                      env=ddpkit_env(OMP_NUM_THREADS="1"), timeout=RUN_TIMEOUT)
-    assert done.returncode == 0, done.stderr[-3000:]
+    reference = uninterrupted_train(tmp_path / "ref", "--samples", "8192", "--epochs", "60", timeout=RUN_TIMEOUT)
     assert summary["resumed_from"] and summary["world_size"] == 2, summary
-    assert json.loads((reference / "summary.json").read_text())["loss_history"] == summary["loss_history"]
-    ours = max(SnapshotDir(work, "snap", ".pt", keep=1).candidates())
-    theirs = max(SnapshotDir(reference, "snap", ".pt", keep=1).candidates())
-    a, b = read_snapshot(ours[1])[1]["model"], read_snapshot(theirs[1])[1]["model"]
-    assert ours[0] == theirs[0] and all(torch.equal(a[k], b[k]) for k in a)
+    assert reference["loss_history"] == summary["loss_history"]
+    assert_same_newest_model(work, tmp_path / "ref")
     assert hosts.leftover() == {}
 
 
@@ -131,13 +125,7 @@ def test_a_killed_host_with_no_spare_stops_with_94(two_hosts: Hosts) -> None:
     """-j 2x1 over exactly two hosts, h2's rank SIGKILLed: a host fault (mpirun saw the signal), h2 excluded, and no
     set of 2 hosts left: the supervisor says so and exits 94 (not the job's code, not a retry on h2)."""
     require_tools("mpirun")
-    work = Path(two_hosts.cluster.workdir) / "job"
-    work.mkdir()
-    run = _submit(two_hosts, "2x1", [0, 1], work, *_train(work))
-    _wait_for(lambda: list(work.glob("snap.*.pt")), [run], 240, "a snapshot")
-    for pid in _wait_for(lambda: _rank_pids(two_hosts, 1), [run], 30, "h2's rank"):  # type: ignore[attr-defined]
-        os.kill(pid, signal.SIGKILL)
-    run.wait(RUN_TIMEOUT)
+    run, work, _ = _signal_h2_after_a_snapshot(two_hosts, "2x1", [0, 1], signal.SIGKILL)
     h2 = two_hosts[1].ip
     assert run.returncode == 94, run.output()
     assert f"{h2} excluded for the rest of the run; no host set left for the next attempt" in run.stderr, run.output()
@@ -147,15 +135,6 @@ def test_a_killed_host_with_no_spare_stops_with_94(two_hosts: Hosts) -> None:
     assert two_hosts.leftover() == {}
 
 
-RAISES = """\
-import torch, torch.distributed as dist
-dist.init_process_group("gloo")
-t = torch.ones(1)
-dist.all_reduce(t)
-raise ValueError("bad batch")
-"""
-
-
 def test_a_failure_of_the_program_on_every_rank_is_retried_once_then_93(two_hosts: Hosts) -> None:
     """A script that raises the same ValueError on every rank under `submit mpi --heal`: two attempts on the same
     hosts (a job fault names no host), then exit 93 (do not requeue) with the exception in the line."""
@@ -163,7 +142,7 @@ def test_a_failure_of_the_program_on_every_rank_is_retried_once_then_93(two_host
     work = Path(two_hosts.cluster.workdir) / "job"
     work.mkdir()
     script = work / "raises.py"
-    script.write_text(RAISES)
+    script.write_text(RAISES_ON_EVERY_RANK)
     run = _submit(two_hosts, "2x1", [0, 1], work, str(script)).wait(RUN_TIMEOUT)
     assert run.returncode == 93, run.output()
     assert "ValueError: bad batch on ranks 0, 1" in run.stderr and "(job fault); relaunching once on " in run.stderr
@@ -178,13 +157,7 @@ def test_with_min_hosts_the_job_shrinks_instead_of_stopping(two_hosts: Hosts) ->
     """-j 1:2x1 over two hosts, h2's rank SIGKILLed: no spare, but the shape allows one host: the next attempt is one
     mpirun on h1 alone, resuming from the snapshot, and the run succeeds."""
     require_tools("mpirun")
-    work = Path(two_hosts.cluster.workdir) / "job"
-    work.mkdir()
-    run = _submit(two_hosts, "1:2x1", [0, 1], work, *_train(work))
-    _wait_for(lambda: list(work.glob("snap.*.pt")), [run], 240, "a snapshot")
-    for pid in _wait_for(lambda: _rank_pids(two_hosts, 1), [run], 30, "h2's rank"):  # type: ignore[attr-defined]
-        os.kill(pid, signal.SIGKILL)
-    run.wait(RUN_TIMEOUT)
+    run, work, _ = _signal_h2_after_a_snapshot(two_hosts, "1:2x1", [0, 1], signal.SIGKILL)
     h1, h2 = two_hosts[0].ip, two_hosts[1].ip
     assert run.returncode == 0, run.output()
     assert f"{h2} excluded for the rest of the run; relaunching on {h1} from the snapshot of step" in run.stderr, \

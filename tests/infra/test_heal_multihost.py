@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import require_tools
+from tests.helpers import RAISES_ON_EVERY_RANK, assert_same_newest_model, require_tools, uninterrupted_train
 from tests.infra.conftest import HostRun, Hosts, new_run_id, start_etcd
 
 pytestmark = [pytest.mark.infra, pytest.mark.multiproc]
@@ -71,6 +71,15 @@ def _victim(runs: list[HostRun], timeout: float = 60, first: int = 1) -> int:
     pytest.fail("no host with a rank other than 0 said so\n" + "\n".join(r.output() for r in runs))
 
 
+def _the_others_finish(runs: list[HostRun], bad: int) -> list[HostRun]:
+    """The runs but the ``bad`` host's, waited for: each must end with exit 0."""
+    good = [r for i, r in enumerate(runs) if i != bad]
+    for r in good:
+        r.wait(RUN_TIMEOUT)
+    assert [r.returncode for r in good] == [0, 0], "\n".join(r.output() for r in runs)
+    return good
+
+
 def _train(hosts: Hosts, shape: str, work: Path, *extra: str, endpoint: str = "") -> list[str]:
     return ["train", "-j", shape, "--rdzv-endpoint", endpoint or hosts.endpoint(), "--run-id", new_run_id(), "--heal",
             "--run-dir", str(work / "run"), "--samples", "8192", "--epochs", "4", "--snapshot-path",
@@ -101,10 +110,7 @@ def test_a_stopped_host_is_excluded_and_the_job_finishes_on_the_others(make_host
     for pid in workers:
         os.kill(pid, signal.SIGSTOP)
     stopped_at, stopped_wall = time.monotonic(), time.time()
-    good = [r for i, r in enumerate(runs) if i != bad]
-    for r in good:
-        r.wait(RUN_TIMEOUT)
-    assert [r.returncode for r in good] == [0, 0], "\n".join(r.output() for r in runs)
+    good = _the_others_finish(runs, bad)
     victim.wait(120)
     assert victim.returncode == EXCLUDED, victim.output()
     name = victim.host.hostname
@@ -147,11 +153,6 @@ def test_a_killed_host_leaves_and_a_spare_takes_its_place_bitwise(make_hosts: Ca
     host's rank is killed (SIGKILL): its agent names its own host, excludes it and leaves (exit 95); the spare joins
     the next round, the world stays 2, and the job ends bitwise equal to an uninterrupted `train -n 2` run (the
     same loss history, the same model)."""
-    import torch
-
-    from ddpkit.train.snapshot import SnapshotDir, read_snapshot
-    from tests.helpers import ddpkit_env, run_ddpkit
-
     hosts = make_hosts(3)
     work = Path(hosts.cluster.workdir) / "job"
     work.mkdir()
@@ -166,10 +167,7 @@ def test_a_killed_host_leaves_and_a_spare_takes_its_place_bitwise(make_hosts: Ca
     assert workers, victim.output()
     for pid in workers:
         os.kill(pid, signal.SIGKILL)
-    good = [r for i, r in enumerate(runs) if i != bad]
-    for r in good:
-        r.wait(RUN_TIMEOUT)
-    assert [r.returncode for r in good] == [0, 0], "\n".join(r.output() for r in runs)
+    _the_others_finish(runs, bad)
     victim.wait(60)
     name = victim.host.hostname
     assert victim.returncode == EXCLUDED, victim.output()
@@ -180,43 +178,32 @@ def test_a_killed_host_leaves_and_a_spare_takes_its_place_bitwise(make_hosts: Ca
     summary = json.loads((work / "summary.json").read_text())
     assert summary["world_size"] == 2 and summary["resumed_from"], summary  # restarts: rank 0's agent's (a spare: 0)
 
-    reference = tmp_path / "ref"
-    reference.mkdir()
-    done = run_ddpkit("train", "-n", "2", "--samples", "8192", "--epochs", "4", "--snapshot-path",
-                      str(reference / "snap.pt"), "--json", str(reference / "summary.json"),
-                      env=ddpkit_env(OMP_NUM_THREADS="1"), timeout=RUN_TIMEOUT)
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert json.loads((reference / "summary.json").read_text())["loss_history"] == summary["loss_history"]
-    ours = max(SnapshotDir(work, "snap", ".pt", keep=1).candidates())
-    theirs = max(SnapshotDir(reference, "snap", ".pt", keep=1).candidates())
-    assert ours[0] == theirs[0]
-    a, b = read_snapshot(ours[1])[1]["model"], read_snapshot(theirs[1])[1]["model"]
-    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    reference = uninterrupted_train(tmp_path / "ref", "--samples", "8192", "--epochs", "4", timeout=RUN_TIMEOUT)
+    assert reference["loss_history"] == summary["loss_history"]
+    assert_same_newest_model(work, tmp_path / "ref")
     assert hosts.leftover() == {}
 
 
-RAISES = """\
-import torch, torch.distributed as dist
-dist.init_process_group("gloo")
-t = torch.ones(1)
-dist.all_reduce(t)
-raise ValueError("bad batch")
-"""
+def _run_on_both(two_hosts: Hosts, name: str, text: str) -> tuple[Path, list[HostRun]]:
+    """`ddpkit run -j 2:2x1 --heal -- NAME` on both hosts, ``text`` written to NAME first: the job's directory and
+    the two runs, ended."""
+    work = Path(two_hosts.cluster.workdir) / "job"
+    work.mkdir()
+    script = work / name
+    script.write_text(text)
+    args = ["run", "-j", "2:2x1", "--rdzv-endpoint", two_hosts.endpoint(), "--run-id", new_run_id(), "--heal",
+            "--run-dir", str(work / "run"), "--", str(script)]
+    runs = [two_hosts.ddpkit(h, *args, OMP_NUM_THREADS="1") for h in two_hosts.hosts]
+    for r in runs:
+        r.wait(RUN_TIMEOUT)
+    return work, runs
 
 
 def test_a_failure_of_the_program_on_every_rank_is_retried_once_then_93(two_hosts: Hosts) -> None:
     """`ddpkit run -j 2:2x1 --heal -- raises.py` on 2 hosts, every rank raising the same ValueError: the first
     attempt is retried once, the second ends the run on every host with 93 (do not requeue), the traceback's
     exception in the line; no host is excluded (a job fault names no host)."""
-    work = Path(two_hosts.cluster.workdir) / "job"
-    work.mkdir()
-    script = work / "raises.py"
-    script.write_text(RAISES)
-    args = ["run", "-j", "2:2x1", "--rdzv-endpoint", two_hosts.endpoint(), "--run-id", new_run_id(), "--heal",
-            "--run-dir", str(work / "run"), "--", str(script)]
-    runs = [two_hosts.ddpkit(h, *args, OMP_NUM_THREADS="1") for h in two_hosts.hosts]
-    for r in runs:
-        r.wait(RUN_TIMEOUT)
+    work, runs = _run_on_both(two_hosts, "raises.py", RAISES_ON_EVERY_RANK)
     assert [r.returncode for r in runs] == [93, 93], "\n".join(r.output() for r in runs)
     for r in runs:
         assert "ValueError: bad batch" in r.stderr, r.output()
@@ -279,15 +266,7 @@ print("done", dist.get_rank(), t.item())
 def test_a_slow_rank_that_answers_is_never_a_host_fault(two_hosts: Hosts) -> None:
     """`ddpkit run -j 2:2x1 --heal` on 2 hosts, rank 1 busy 12 s before each all_reduce (longer than the silence
     that makes a lost host) while rank 0 waits: one attempt, exit 0 on both hosts, no host excluded."""
-    work = Path(two_hosts.cluster.workdir) / "job"
-    work.mkdir()
-    script = work / "slow.py"
-    script.write_text(SLOW)
-    args = ["run", "-j", "2:2x1", "--rdzv-endpoint", two_hosts.endpoint(), "--run-id", new_run_id(), "--heal",
-            "--run-dir", str(work / "run"), "--", str(script)]
-    runs = [two_hosts.ddpkit(h, *args, OMP_NUM_THREADS="1") for h in two_hosts.hosts]
-    for r in runs:
-        r.wait(RUN_TIMEOUT)
+    work, runs = _run_on_both(two_hosts, "slow.py", SLOW)
     assert [r.returncode for r in runs] == [0, 0], "\n".join(r.output() for r in runs)
     for r in runs:
         assert "stopped answering" not in r.stderr and "excluded" not in r.stderr.replace(
@@ -314,10 +293,7 @@ def test_with_etcd_the_exclusion_list_lives_outside_every_host(make_hosts: Calla
     victim, name = runs[bad], runs[bad].host.hostname
     for pid in _children(victim.proc.pid):
         os.kill(pid, signal.SIGSTOP)
-    good = [r for i, r in enumerate(runs) if i != bad]
-    for r in good:
-        r.wait(RUN_TIMEOUT)
-    assert [r.returncode for r in good] == [0, 0], "\n".join(r.output() for r in runs)
+    _the_others_finish(runs, bad)
     victim.wait(120)
     assert victim.returncode == EXCLUDED and f"this host ({name}) was excluded from run" in victim.stderr, \
         victim.output()

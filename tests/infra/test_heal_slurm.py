@@ -14,9 +14,7 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -25,60 +23,23 @@ import pytest
 from ddpkit.heal.classify import FailureClass
 from ddpkit.heal.policy import EXIT_DO_NOT_REQUEUE
 from ddpkit.rundir.ledger import AttemptEnded, AttemptStarted, FaultSeen, HostExcluded
-from tests.helpers import ddpkit_env
-from tests.infra.slurm_fixture import healing_cluster, job_ledger, job_log, uninterrupted_summary
+from tests.helpers import raises_at_step
+from tests.infra.slurm_fixture import HEAL_JOB_TIMEOUT as JOB_TIMEOUT
+from tests.infra.slurm_fixture import HEAL_TRAIN as TRAIN
+from tests.infra.slurm_fixture import clean_heal_run, heal_fixtures, job_ledger, job_log, pids_on, submit_healing
 
 pytestmark = [pytest.mark.infra, pytest.mark.multiproc]
-ROOT = Path(__file__).resolve().parents[2]
-VENV = str(ROOT / ".venv") if (ROOT / ".venv").exists() else str(Path(sys.executable).parents[1])
-#: ~64 steps an epoch; 100 epochs run about 15 s on two ranks here: long enough for a fault a few seconds in
-TRAIN = ("train", "--epochs", "100", "--samples", "4096")
-JOB_TIMEOUT = 300
-
-RAISES = """\
-import torch
-import torch.distributed as dist
-
-dist.init_process_group("gloo")
-t = torch.ones(4)
-for step in range(10):
-    dist.all_reduce(t)
-    if step == 5:
-        raise ValueError(f"bad batch at step {step}")
-"""
+RAISES = raises_at_step(5, 10)
 
 
-@pytest.fixture(scope="module")
-def cluster() -> Iterator[Any]:
-    yield from healing_cluster("ddpkit-slurm-heal-")
-
-
-@pytest.fixture(scope="module")
-def uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """The same training on two local ranks, never interrupted: its summary (loss history)."""
-    return uninterrupted_summary(tmp_path_factory.mktemp("uninterrupted"), TRAIN, JOB_TIMEOUT)
-
-
-def _submit(c: Any, cwd: Path, *job: str) -> subprocess.Popen[str]:
-    argv = [*c.client_prefix(), sys.executable, "-m", "ddpkit", "submit", "slurm", "-j", "2x1", "--spare-nodes", "1",
-            "--heal", "--wait", "--wait-timeout", str(JOB_TIMEOUT), "--venv", VENV, "--", *job]
-    return subprocess.Popen(argv, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env=ddpkit_env(SLURM_CONF=str(c.conf)))
+cluster, uninterrupted = heal_fixtures("ddpkit-slurm-heal-")
 
 
 def _ranks_on(node: Any) -> list[int]:
     """The ranks in a node's namespace (``PYTHON -m ddpkit CMD``, or ``-m ddpkit run``): not Slurm's processes, not
     the supervisor (``-m ddpkit.heal.slurm_supervisor``) nor the client on node1."""
-    res = subprocess.run(["ip", "netns", "pids", node.netns], capture_output=True, text=True, check=False)
-    found = []
-    for pid in res.stdout.split():
-        try:
-            words = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if words[1:3] == [b"-m", b"ddpkit"] and len(words) > 3 and words[3] in (b"train", b"run"):
-            found.append(int(pid))
-    return found
+    return pids_on(node, lambda words: words[1:3] == [b"-m", b"ddpkit"] and len(words) > 3
+                   and words[3] in (b"train", b"run"))
 
 
 def _when_training(node: Any, snaps: Path, proc: subprocess.Popen[str], timeout: float = 120) -> list[int]:
@@ -114,7 +75,7 @@ def _drill(c: Any, tmp_path: Path, uninterrupted: dict[str, Any], fault: str, vi
     rank = victim  # one rank per node: rank R on node R+1
     snaps = tmp_path / "snaps"
     snaps.mkdir()
-    proc = _submit(c, tmp_path, *TRAIN, "--snapshot-path", str(snaps / "snap.pt"), "--json",
+    proc = submit_healing(c, tmp_path, *TRAIN, "--snapshot-path", str(snaps / "snap.pt"), "--json",
                    str(tmp_path / "summary.json"))
     try:
         victims = _when_training(bad, snaps, proc)
@@ -186,7 +147,7 @@ def test_stopped_rank_0_on_the_batch_host_is_found_by_its_silent_store(cluster: 
 def test_an_exception_on_every_rank_stops_after_two_attempts_without_requeue(cluster: Any, tmp_path: Path) -> None:
     script = tmp_path / "raises.py"
     script.write_text(RAISES)
-    proc = _submit(cluster, tmp_path, str(script))
+    proc = submit_healing(cluster, tmp_path, str(script))
     out, _ = proc.communicate(timeout=JOB_TIMEOUT + 60)
     log = job_log(tmp_path)
     job = re.findall(r"^(\d+)$", out, re.M)[0]
@@ -210,25 +171,16 @@ def test_clean_runs_are_one_attempt_each(cluster: Any, tmp_path: Path) -> None:
     for n in range(int(os.environ.get("DDPKIT_CLEAN_RUNS", "3"))):
         where = tmp_path / f"run-{n}"
         where.mkdir()
-        proc = _submit(cluster, where, "train", "--epochs", "3", "--samples", "1024", "--snapshot-path",
-                       str(where / "snap.pt"))
-        out, _ = proc.communicate(timeout=JOB_TIMEOUT + 60)
-        log = job_log(where)
-        assert proc.returncode == 0 and "COMPLETED exit code 0 (restarts 0)" in out, out + log
-        records = job_ledger(where)
+        log, records = clean_heal_run(cluster, where)
         assert [r.hosts for r in records if isinstance(r, AttemptStarted)] == [("node1", "node2")], log
-        assert [(r.exit_code, r.action.value) for r in records if isinstance(r, AttemptEnded)] == [(0, "stop")]
         assert "ddpkit heal: attempt" not in log and "preflight" not in log, log
 
 
 def _kill_node2_when_training(c: Any, tmp_path: Path, shape: str) -> tuple[subprocess.Popen[str], Path]:
     snaps = tmp_path / "snaps"
     snaps.mkdir()
-    argv = [*c.client_prefix(), sys.executable, "-m", "ddpkit", "submit", "slurm", "-j", shape, "--heal", "--wait",
-            "--wait-timeout", str(JOB_TIMEOUT), "--venv", VENV, "--", "train", "--epochs", "60", "--samples", "4096",
-            "--snapshot-path", str(snaps / "snap.pt")]
-    proc = subprocess.Popen(argv, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env=ddpkit_env(SLURM_CONF=str(c.conf)))
+    proc = submit_healing(c, tmp_path, "train", "--epochs", "60", "--samples", "4096", "--snapshot-path",
+                          str(snaps / "snap.pt"), shape=("-j", shape))
     for pid in _when_training(c.nodes[1], snaps, proc):
         os.kill(pid, signal.SIGKILL)
     return proc, snaps

@@ -11,56 +11,31 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from ddpkit.rundir.ledger import AttemptEnded, AttemptStarted, HostExcluded, Ledger, RankReplaced
-from tests.helpers import ddpkit_env
-from tests.infra.slurm_fixture import healing_cluster, job_ledger, job_log, uninterrupted_summary
+from tests.infra.slurm_fixture import HEAL_JOB_TIMEOUT as JOB_TIMEOUT
+from tests.infra.slurm_fixture import HEAL_TRAIN as TRAIN
+from tests.infra.slurm_fixture import clean_heal_run, heal_fixtures, job_ledger, job_log, pids_on, submit_healing
 
 pytestmark = [pytest.mark.infra, pytest.mark.multiproc]
-ROOT = Path(__file__).resolve().parents[2]
-VENV = str(ROOT / ".venv") if (ROOT / ".venv").exists() else str(Path(sys.executable).parents[1])
-#: ~64 steps an epoch; 100 epochs run about 15 s on two ranks here: long enough for a fault a few seconds in
-TRAIN = ("train", "--epochs", "100", "--samples", "4096")
-JOB_TIMEOUT = 300
 
 
-@pytest.fixture(scope="module")
-def cluster() -> Iterator[Any]:
-    yield from healing_cluster("ddpkit-slurm-live-")
-
-
-@pytest.fixture(scope="module")
-def uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """The same training on two local ranks, never interrupted: its summary (loss history)."""
-    return uninterrupted_summary(tmp_path_factory.mktemp("uninterrupted"), TRAIN, JOB_TIMEOUT)
+cluster, uninterrupted = heal_fixtures("ddpkit-slurm-live-")
 
 
 def _submit(c: Any, cwd: Path, *job: str, heal: tuple[str, ...] = ("--heal", "live")) -> subprocess.Popen[str]:
-    argv = [*c.client_prefix(), sys.executable, "-m", "ddpkit", "submit", "slurm", "-j", "2x1", "--spare-nodes", "1",
-            *heal, "--wait", "--wait-timeout", str(JOB_TIMEOUT), "--venv", VENV, "--", *job]
-    return subprocess.Popen(argv, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env=ddpkit_env(SLURM_CONF=str(c.conf)))
+    # benchmarks/bench_live_heal_slurm.py submits through this too (with a plain --heal)
+    return submit_healing(c, cwd, *job, heal=heal)
 
 
 def _ranks_on(node: Any) -> list[int]:
     """The rank processes in a node's namespace (``PYTHON -m ddpkit.standby ... -- train``)."""
-    res = subprocess.run(["ip", "netns", "pids", node.netns], capture_output=True, text=True, check=False)
-    found = []
-    for pid in res.stdout.split():
-        try:
-            words = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if words[1:3] == [b"-m", b"ddpkit.standby"]:
-            found.append(int(pid))
-    return found
+    return pids_on(node, lambda words: words[1:3] == [b"-m", b"ddpkit.standby"])
 
 
 def _until(what: str, ok: Any, proc: subprocess.Popen[str], timeout: float = 120) -> Any:
@@ -150,13 +125,7 @@ def test_a_stopped_rank_is_found_by_its_heartbeat_and_replaced_live(cluster: Any
 
 
 def test_a_clean_live_job_replaces_nobody_and_ends_its_standby(cluster: Any, tmp_path: Path) -> None:
-    proc = _submit(cluster, tmp_path, "train", "--epochs", "3", "--samples", "1024", "--snapshot-path",
-                   str(tmp_path / "snap.pt"))
-    out, _ = proc.communicate(timeout=JOB_TIMEOUT + 60)
-    log = job_log(tmp_path)
-    assert proc.returncode == 0 and "COMPLETED exit code 0 (restarts 0)" in out, out + log
-    records = job_ledger(tmp_path)
+    log, records = clean_heal_run(cluster, tmp_path, heal=("--heal", "live"))
     assert not [r for r in records if isinstance(r, RankReplaced | HostExcluded)], records
-    assert [(r.exit_code, r.action.value) for r in records if isinstance(r, AttemptEnded)] == [(0, "stop")]
     assert "Live heals: 0; replicas: 2 equal" in log and "ddpkit standby" not in log, log
     assert not _ranks_on(cluster.nodes[2]), "the standby on node3 outlived the job"

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import assert_same_newest_model, uninterrupted_train
 from tests.infra.conftest import HostRun, Hosts, new_run_id
 
 pytestmark = [pytest.mark.infra, pytest.mark.multiproc]
@@ -195,15 +196,10 @@ def test_drill_link_down_longer_than_timeout(two_hosts: Hosts) -> None:
 def test_drill_link_down_restarts_and_resumes_bitwise(two_hosts: Hosts, tmp_path: Path) -> None:
     """The same cut with --snapshot-path and --max-restarts 1; the cable goes back once both hosts named the
     lost peer: the job restarts, resumes from the last snapshot and ends bitwise equal to an uninterrupted run."""
-    import torch
-
-    from ddpkit.train.snapshot import SnapshotDir, read_snapshot
-    from tests.helpers import ddpkit_env, run_ddpkit
-
     snaps = Path(two_hosts.cluster.workdir) / "snaps"
     snaps.mkdir()
-    job = ("--epochs", "8", "--snapshot-path")
-    args = _link_args(two_hosts, snaps, *job, str(snaps / "snap.pt"), "--max-restarts", "1")
+    epochs = ("--epochs", "8")
+    args = _link_args(two_hosts, snaps, *epochs, "--snapshot-path", str(snaps / "snap.pt"), "--max-restarts", "1")
     runs = [two_hosts.ddpkit(h, *args, OMP_NUM_THREADS="1") for h in two_hosts.hosts]
     before = _wait_for_snapshots(snaps, 1, runs)
     two_hosts.cluster.link(two_hosts[1], up=False)
@@ -218,16 +214,8 @@ def test_drill_link_down_restarts_and_resumes_bitwise(two_hosts: Hosts, tmp_path
         (summary, "\n".join(r.output() for r in runs))
     assert "the next run resumes from the snapshot of step" in runs[0].stderr, runs[0].output()
 
-    reference = tmp_path / "ref"
-    reference.mkdir()
-    done = run_ddpkit("train", "-n", "2", "--samples", "16384", *job, str(reference / "snap.pt"),
-                      env=ddpkit_env(OMP_NUM_THREADS="1"), timeout=RUN_TIMEOUT)
-    assert done.returncode == 0, done.stderr[-3000:]
-    ours = max(SnapshotDir(snaps, "snap", ".pt", keep=1).candidates())
-    theirs = max(SnapshotDir(reference, "snap", ".pt", keep=1).candidates())
-    assert ours[0] == theirs[0]
-    a, b = read_snapshot(ours[1])[1]["model"], read_snapshot(theirs[1])[1]["model"]
-    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    uninterrupted_train(tmp_path / "ref", "--samples", "16384", *epochs, timeout=RUN_TIMEOUT, summary=False)
+    assert_same_newest_model(snaps, tmp_path / "ref")
     assert two_hosts.leftover() == {}
 
 

@@ -21,7 +21,7 @@ import pytest
 from ddpkit.launch.kernlog import read_kernel_log
 from tests.infra.slurm_fixture import in_cluster, slurm_cluster_fixture  # noqa: F401 (the fixture)
 from tests.infra.test_jobs_slurm import VENV, _job_id
-from tests.multiproc.test_digest import memory_cgroup_fixture  # noqa: F401 (the fixture)
+from tests.multiproc.test_digest import RAISES_ON_1, memory_cgroup_fixture  # noqa: F401 (the fixture)
 
 pytestmark = [pytest.mark.infra, pytest.mark.multiproc]
 NOISE = re.compile(r"frame #\d+|c10::Error|ChildFailedError|Root Cause|<NO_OTHER_FAILURES>|torch/distributed/run\.py")
@@ -120,22 +120,6 @@ def test_a_usage_error_is_one_clear_line(slurm_cluster: Any, tmp_path: Path) -> 
     assert _full_log(out).exists()
 
 
-KEYERROR = """
-import os
-import torch
-import torch.distributed as dist
-
-rank = int(os.environ["RANK"])
-dist.init_process_group("gloo")
-t = torch.ones(4)
-for step in range(6):
-    if rank == 1 and step == 3:
-        raise KeyError("batch")
-    dist.all_reduce(t)
-print(f"rank {rank} done", flush=True)
-"""
-
-
 @pytest.mark.parametrize("shape", [[], ["--tasks-per-rank"]], ids=["torchrun-agents", "tasks-per-rank"])
 def test_a_script_that_raises_on_the_second_node_is_named_first(slurm_cluster: Any, tmp_path: Path,
                                                                 shape: list[str]) -> None:
@@ -143,7 +127,7 @@ def test_a_script_that_raises_on_the_second_node_is_named_first(slurm_cluster: A
     rank 1 on node2 raises; the digest names it with its frame and exception, the peer's secondary error
     collapsed."""
     script = tmp_path / "keyerror.py"
-    script.write_text(KEYERROR)
+    script.write_text(RAISES_ON_1)
     res = in_cluster(slurm_cluster, "submit", "slurm", "--wait", "-j", "2x1", *shape, "--venv", VENV, "--",
                      str(script), cwd=tmp_path)
     assert res.returncode != 0, res.stdout + res.stderr

@@ -41,12 +41,18 @@ print(f"rank {rank} done", flush=True)
 """
 
 
+def _run(script: Path, text: str, *options: str, ranks: int = 2, timeout: float = 180,
+         env: dict[str, str] | None = None) -> tuple[int, str]:
+    """`ddpkit run -n RANKS OPTIONS -- SCRIPT`, ``text`` written to ``script`` first: its exit code and what it
+    said (stdout, then stderr)."""
+    script.write_text(text)
+    res = run_ddpkit("run", "-n", str(ranks), *options, "--", str(script), timeout=timeout, env=env)
+    return res.returncode, res.stdout + res.stderr
+
+
 def test_sixteen_ranks_one_raises_one_screen_cause_first_full_logs_named(tmp_path: Path) -> None:
-    script = tmp_path / "keyerror.py"
-    script.write_text(KEYERROR)
-    res = run_ddpkit("run", "-n", "16", "--", str(script), timeout=600)
-    screen = res.stdout + res.stderr
-    assert res.returncode == 1, screen
+    code, screen = _run(tmp_path / "keyerror.py", KEYERROR, ranks=16, timeout=600)
+    assert code == 1, screen
     lines = screen.splitlines()
     assert len(lines) <= 40, screen  # 53 before the digest (seen 2026-11-26)
     assert not any(re.match(r"^\s*frame #\d+:", line) for line in lines), screen
@@ -111,11 +117,8 @@ def test_a_rank_the_oom_killer_ended_gets_the_kernels_line(tmp_path: Path, memor
     machine can read /dev/kmsg as root; tests/unit/test_kernlog.py covers the parser and an unreadable log)."""
     if read_kernel_log() is None:
         pytest.skip("the kernel log cannot be read here")
-    script = tmp_path / "oom.py"
-    script.write_text(OOM)
-    res = run_ddpkit("run", "-n", "2", "--", str(script), timeout=180, env=ddpkit_env(OOM_CGROUP=str(memory_cgroup)))
-    screen = res.stdout + res.stderr
-    assert res.returncode == 137, screen
+    code, screen = _run(tmp_path / "oom.py", OOM, env=ddpkit_env(OOM_CGROUP=str(memory_cgroup)))
+    assert code == 137, screen
     pid = re.search(r"rank 1 \(pid (\d+)\) was killed by SIGKILL first", screen)
     assert pid, screen
     assert re.search(rf"the kernel: Memory cgroup out of memory: Killed process {pid[1]} \(", screen), screen
@@ -148,6 +151,7 @@ def test_a_rank_the_agent_sigkilled_is_said_killed(tmp_path: Path) -> None:
     assert not any("no error" in line for line in lines), lines
 
 
+#: rank 1 raises (tests/infra/test_step_digest_slurm.py runs it on Slurm too)
 RAISES_ON_1 = KEYERROR.replace("rank == 11", "rank == 1")
 
 
@@ -200,11 +204,8 @@ def _restart_digest(screen: str) -> list[str]:
 def test_a_restart_names_the_killed_rank_first_as_the_final_digest_does(tmp_path: Path) -> None:
     """Issue 44 item 5: the digest before a --max-restarts restart reads torch's typed failure as the final one
     does: the rank killed by SIGKILL first, with its pid, its own words first, the survivor after."""
-    script = tmp_path / "killed.py"
-    script.write_text(KILLED_IN_EPOCH_2)
-    res = run_ddpkit("run", "-n", "2", "--max-restarts", "1", "--", str(script), timeout=180)
-    screen = res.stdout + res.stderr
-    assert res.returncode == 0, screen
+    code, screen = _run(tmp_path / "killed.py", KILLED_IN_EPOCH_2, "--max-restarts", "1")
+    assert code == 0, screen
     digest = _restart_digest(screen)
     assert re.fullmatch(r"ddpkit: attempt 0 failed: rank 1 \(pid \d+\) was killed by SIGKILL first; the agent "
                         r"restarts the ranks", digest[0]), screen
@@ -216,11 +217,8 @@ def test_a_restart_names_the_killed_rank_first_as_the_final_digest_does(tmp_path
 def test_a_killed_ranks_last_lines_are_its_own_not_torchs_start_up_warning(tmp_path: Path) -> None:
     """Issue 44 item 7: a rank killed mid-run left only torch's start-up warning on its stderr; the digest shows
     the rank's own last lines (its stdout) instead."""
-    script = tmp_path / "killed.py"
-    script.write_text(KILLED_IN_EPOCH_2)
-    res = run_ddpkit("run", "-n", "2", "--", str(script), timeout=180)
-    screen = res.stdout + res.stderr
-    assert res.returncode == 137, screen
+    code, screen = _run(tmp_path / "killed.py", KILLED_IN_EPOCH_2)
+    assert code == 137, screen
     lines = screen.splitlines()
     start = lines.index(f"  rank 1 on host {HOST}:")
     block = lines[start + 1:next(i for i in range(start + 1, len(lines)) if lines[i].startswith("  rank 0"))]
@@ -232,10 +230,8 @@ def test_a_syntax_error_is_said_with_its_file_line_and_source(tmp_path: Path) ->
     """Issue 44 item 7: the digest of a script that does not compile shows where, as Python does: file and line,
     the source line and the caret under it, then the error."""
     script = tmp_path / "broken.py"
-    script.write_text("import torch\nx = 1\nif x == 1\n    print(x)\n")
-    res = run_ddpkit("run", "-n", "2", "--", str(script), timeout=180)
-    screen = res.stdout + res.stderr
-    assert res.returncode == 1, screen
+    code, screen = _run(script, "import torch\nx = 1\nif x == 1\n    print(x)\n")
+    assert code == 1, screen
     lines = screen.splitlines()
     start = next(i for i, line in enumerate(lines) if re.fullmatch(rf"  rank \d on host {HOST}:", line))
     assert lines[start + 1:start + 5] == [f'    File "{script}", line 3', "      if x == 1",

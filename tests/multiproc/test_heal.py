@@ -15,19 +15,14 @@ import pytest
 from ddpkit.heal.classify import FailureClass
 from ddpkit.heal.policy import EXIT_DO_NOT_REQUEUE
 from ddpkit.rundir.ledger import Action, AttemptEnded, AttemptStarted, Ledger
-from tests.helpers import ddpkit_env, run_ddpkit
+from tests.helpers import GLOO_OPENING, ddpkit_env, raises_at_step, run_ddpkit
 
 pytestmark = pytest.mark.multiproc
 
 #: rank 1 sends itself SIGNAL at step 2 of the first attempt only (its marker file, holding the time, says an
 #: attempt already did): SIGKILL as the OOM killer ends a process, SIGSTOP as a frozen host (alive, silent); every
 #: rank prints when it finished its first step, for the time from the fault to the next attempt's first step
-FAULT_ONCE = """\
-import os, signal, sys, time
-import torch
-import torch.distributed as dist
-
-dist.init_process_group("gloo")
+FAULT_ONCE = "import os, signal, sys, time\n" + GLOO_OPENING + """\
 rank = dist.get_rank()
 marker = sys.argv[1]
 t = torch.ones(4)
@@ -46,24 +41,9 @@ dist.destroy_process_group()
 KILLED_ONCE = FAULT_ONCE.replace("SIGNAL", "SIGKILL")
 STOPPED_ONCE = FAULT_ONCE.replace("SIGNAL", "SIGSTOP")
 
-RAISES = """\
-import torch
-import torch.distributed as dist
+RAISES = raises_at_step(2, 4) + "dist.destroy_process_group()\n"
 
-dist.init_process_group("gloo")
-t = torch.ones(4)
-for step in range(4):
-    dist.all_reduce(t)
-    if step == 2:
-        raise ValueError(f"bad batch at step {step}")
-dist.destroy_process_group()
-"""
-
-CLEAN = """\
-import torch
-import torch.distributed as dist
-
-dist.init_process_group("gloo")
+CLEAN = GLOO_OPENING + """\
 t = torch.ones(4)
 dist.all_reduce(t)
 assert t[0].item() == dist.get_world_size()

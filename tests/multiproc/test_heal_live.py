@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from ddpkit.rundir.ledger import RankReplaced, read_records
-from tests.helpers import ddpkit_env
+from tests.helpers import ddpkit_env, killed_if_left, wait_until
 
 pytestmark = pytest.mark.multiproc
 JOB = ("--epochs", "60", "--samples", "1536", "--model", "toy")
@@ -48,19 +48,13 @@ def _pids(run: Path) -> dict[int, int]:
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGSTOP], ids=["killed", "stopped"])
 def test_a_lost_rank_rejoins_from_a_live_peer_and_no_step_is_lost(
         tmp_path: Path, sig: signal.Signals, uninterrupted: dict[str, Any]) -> None:
-    agent = _train(tmp_path, "--heal", "live", "--run-dir", "run")
     out = tmp_path / "out.txt"
-    try:
-        deadline = time.monotonic() + 120
-        while "[RANK 0] Epoch 3 " not in out.read_text() or len(_pids(tmp_path / "run")) != 3:
-            assert agent.poll() is None and time.monotonic() < deadline, out.read_text()
-            time.sleep(0.05)
+    with killed_if_left(_train(tmp_path, "--heal", "live", "--run-dir", "run")) as agent:
+        wait_until(lambda: "[RANK 0] Epoch 3 " in out.read_text() and len(_pids(tmp_path / "run")) == 3, agent, out,
+                   poll=0.05)
         before = _pids(tmp_path / "run")
         os.kill(before[1], sig)
         code = agent.wait(timeout=240)
-    finally:
-        if agent.poll() is None:
-            agent.kill()
     text = out.read_text()
     assert code == 0, text
     summary = json.loads((tmp_path / "summary.json").read_text())

@@ -9,17 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import ddpkit_env, run_ddpkit
+from tests.helpers import GLOO_OPENING, ddpkit_env, run_ddpkit
 
 pytestmark = pytest.mark.multiproc
 
 #: rank 1 stops (SIGSTOP) at step 20: alive, silent, as every process of a frozen host
-STOPPED = """\
-import os, signal, time
-import torch
-import torch.distributed as dist
-
-dist.init_process_group("gloo")
+STOPPED = "import os, signal, time\n" + GLOO_OPENING + """\
 rank = dist.get_rank()
 t = torch.ones(4)
 for step in range(200):
@@ -32,12 +27,7 @@ dist.destroy_process_group()
 """
 
 #: rank 1 computes for 12 s at step 3 (the others wait in the next all_reduce): slow, and answering
-SLOW = """\
-import time
-import torch
-import torch.distributed as dist
-
-dist.init_process_group("gloo")
+SLOW = "import time\n" + GLOO_OPENING + """\
 rank = dist.get_rank()
 t = torch.ones(4)
 for step in range(6):
@@ -49,23 +39,25 @@ dist.destroy_process_group()
 """
 
 
-def test_a_silent_rank_stops_the_job_in_seconds_under_heal(tmp_path: Path) -> None:
-    script = tmp_path / "stopped.py"
-    script.write_text(STOPPED)
+def _run_under_heal(tmp_path: Path, name: str, text: str) -> tuple[int, str]:
+    """`ddpkit run -n 2 -- NAME` (``text`` written there) as under a heal supervisor that calls a rank silent for 5 s
+    a lost host: its exit code and its output."""
+    script = tmp_path / name
+    script.write_text(text)
     res = run_ddpkit("run", "-n", "2", "--", str(script), timeout=120, cwd=tmp_path,
                      env=ddpkit_env(DDPKIT_HEAL_SILENT_S="5"))
-    out = res.stdout + res.stderr
-    assert res.returncode == 3, out
+    return res.returncode, res.stdout + res.stderr
+
+
+def test_a_silent_rank_stops_the_job_in_seconds_under_heal(tmp_path: Path) -> None:
+    code, out = _run_under_heal(tmp_path, "stopped.py", STOPPED)
+    assert code == 3, out
     assert "rank 1 on host " in out and "stopped answering: no heartbeat for" in out, out
     # said by the heal rule alone (the hang deadline's report is a HANG headline): it, not the deadline, stopped it
     assert "under --heal a silent rank is a lost host after 5 s" in out, out
 
 
 def test_a_slow_rank_that_answers_is_never_stopped_by_the_heal_rule(tmp_path: Path) -> None:
-    script = tmp_path / "slow.py"
-    script.write_text(SLOW)
-    res = run_ddpkit("run", "-n", "2", "--", str(script), timeout=120, cwd=tmp_path,
-                     env=ddpkit_env(DDPKIT_HEAL_SILENT_S="5"))
-    out = res.stdout + res.stderr
-    assert res.returncode == 0, out
+    code, out = _run_under_heal(tmp_path, "slow.py", SLOW)
+    assert code == 0, out
     assert "DONE rank=0" in out and "DONE rank=1" in out and "stopped answering" not in out, out

@@ -10,14 +10,13 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
 from ddpkit.heal.classify import FailureClass
 from ddpkit.rundir.ledger import Action, Ledger
-from tests.helpers import ddpkit_env
+from tests.helpers import ddpkit_env, killed_if_left, wait_until
 
 pytestmark = pytest.mark.multiproc
 HOST = socket.gethostname().split(".", 1)[0]
@@ -46,17 +45,11 @@ def test_rank_1_stopped_or_killed_is_a_host_fault_named_by_the_decision_and_the_
                                   "--epochs", "40", "--samples", "1536", "--model", "mlp", "--width", "256",
                                   "--snapshot-path", "snaps/"], cwd=tmp_path, env=ddpkit_env(), stdout=f,
                                  stderr=subprocess.STDOUT)
-        try:
-            deadline = time.monotonic() + 120
-            while not list((tmp_path / "snaps").glob("*.pt")) or len(_workers(agent.pid)) != 3:
-                assert agent.poll() is None and time.monotonic() < deadline, out.read_text()
-                time.sleep(0.1)
+        with killed_if_left(agent):
+            wait_until(lambda: list((tmp_path / "snaps").glob("*.pt")) and len(_workers(agent.pid)) == 3, agent, out)
             rank1 = _workers(agent.pid)[1]
             os.kill(rank1, sig)
             code = agent.wait(timeout=240)
-        finally:
-            if agent.poll() is None:
-                agent.kill()
     text = out.read_text()
     assert code == 0, text
     decision = next(line for line in text.splitlines() if line.startswith("ddpkit heal: attempt 1 of 3:"))

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import ddpkit_env, run_ddpkit
+from tests.helpers import DDP_OPENING, ddpkit_env, run_ddpkit
 from tests.watch_jobs import HOST, ONE_EXTRA_ALL_REDUCE, leftover, run_watched, torchrun
 
 pytestmark = pytest.mark.multiproc
@@ -36,12 +36,7 @@ dist.destroy_process_group()
 
 # rank 1 leaves at step 5 (HOW=exit: sys.exit(5); HOW=kill: SIGKILL, as the OOM killer ends a process) while rank 0
 # is in DDP's all-reduce with it: a hookless model, DDP's C++ path
-FAILS = """
-import os, signal, sys
-import torch, torch.distributed as dist
-dist.init_process_group("gloo")
-rank = dist.get_rank()
-model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(16, 16))
+FAILS = "\nimport os, signal, sys\n" + DDP_OPENING + """\
 for step in range(100):
     if step == 5 and rank == 1:
         if os.environ["HOW"] == "exit":
@@ -176,12 +171,7 @@ def test_a_rank_that_finished_leaves_and_its_peer_fails_at_once(watch: tuple[str
 
 # rank 0 stops itself (SIGSTOP) at step 300, in its loop: under env:// rank 0 holds the job's store, so every other
 # rank's watch loses its store with it
-STOPS_RANK_0 = """
-import os, signal, time
-import torch, torch.distributed as dist
-dist.init_process_group("gloo")
-rank = dist.get_rank()
-model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(16, 16))
+STOPS_RANK_0 = "\nimport os, signal, time\n" + DDP_OPENING + """\
 for step in range(3000):
     if step == 300 and rank == 0:
         os.kill(os.getpid(), signal.SIGSTOP)
@@ -214,12 +204,7 @@ def test_a_frozen_rank_0_that_holds_the_store_is_named_and_the_job_stopped(tmp_p
 
 
 # rank 0 finishes and leaves (its store with it); rank 1 works on alone for 20 s, its group still open
-RANK_0_LEAVES_FIRST = """
-import time
-import torch, torch.distributed as dist
-dist.init_process_group("gloo")
-rank = dist.get_rank()
-model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(16, 16))
+RANK_0_LEAVES_FIRST = "\nimport time\n" + DDP_OPENING + """\
 for step in range(400):
     model(torch.randn(4, 16)).sum().backward()
 if rank == 1:

@@ -11,23 +11,19 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
 import time
 from pathlib import Path
 
 import pytest
 
-from tests.helpers import run_ddpkit
+from tests.helpers import DDP_OPENING, run_ddpkit
 from tests.watch_jobs import HOST
 
 pytestmark = pytest.mark.multiproc
 
 # python SCRIPT STEP: a hookless DDP model (DDP's C++ path), rank 0 stops itself at loop step STEP, a few ms a step
-STOPS_RANK_0_AT = """
-import os, signal, sys, time
-import torch, torch.distributed as dist
-dist.init_process_group("gloo")
-rank = dist.get_rank()
-model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(16, 16))
+STOPS_RANK_0_AT = "\nimport os, signal, sys, time\n" + DDP_OPENING + """\
 at = int(sys.argv[1])
 for step in range(3000):
     if step == at and rank == 0:
@@ -57,15 +53,22 @@ def assert_stopped_rank_0_named(out: str, events: list[dict[str, object]], fault
     assert re.search(rf"rank 0 on host {HOST} \(pid \d+\): stopped \(SIGSTOP\)", out), out[-4000:]
 
 
-def test_rank_0_stopped_at_step_30_is_named_as_at_step_300(tmp_path: Path) -> None:
-    script, events = tmp_path / "stops.py", tmp_path / "events.jsonl"
-    script.write_text(STOPS_RANK_0_AT)
-    res = run_ddpkit("run", "-n", "2", "--hang-after", "10", "--stop-after", "20", "--events", str(events), "--",
-                     str(script), "30", timeout=150)
-    over = time.time()
+def assert_stopped_rank_0_run(res: subprocess.CompletedProcess[str], events: Path, over: float) -> str:
+    """A run of STOPS_RANK_0_AT that ended at ``over`` (its time.time()), its events in ``events``: exit 3 (the watch
+    stopped it), rank 0 named (assert_stopped_rank_0_named), the job over within OVER_WITHIN_S of the fault. Returns
+    its output."""
     out = res.stdout + res.stderr
     assert res.returncode == 3, out[-4000:]
     fault = fault_time(out)
     assert_stopped_rank_0_named(out, [json.loads(x) for x in events.read_text().splitlines()], fault)
     assert over - fault <= OVER_WITHIN_S, (over - fault, out[-4000:])
+    return out
+
+
+def test_rank_0_stopped_at_step_30_is_named_as_at_step_300(tmp_path: Path) -> None:
+    script, events = tmp_path / "stops.py", tmp_path / "events.jsonl"
+    script.write_text(STOPS_RANK_0_AT)
+    res = run_ddpkit("run", "-n", "2", "--hang-after", "10", "--stop-after", "20", "--events", str(events), "--",
+                     str(script), "30", timeout=150)
+    out = assert_stopped_rank_0_run(res, events, over=time.time())
     assert "rank 1: stopped by ddpkit (exit 3)" in out, out[-4000:]

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import run_ddpkit
+from tests.helpers import DDP_OPENING, run_ddpkit
 from tests.watch_jobs import HOST, ONE_EXTRA_ALL_REDUCE
 
 pytestmark = pytest.mark.multiproc
@@ -89,12 +89,7 @@ def test_tracebacks_show_the_users_frames_and_torchs_not_the_watchs(mode: str, t
 
 # every rank takes 60 steps; after step 25 rank 0 stalls 3 s outside any collective (a slow write), rank 1 waits in
 # the next step's all-reduce: one stall in 60 steps, in a step the watch does not time (one in ten is)
-STALLS = """
-import time
-import torch, torch.distributed as dist
-dist.init_process_group("gloo")
-rank = dist.get_rank()
-model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(16, 16))
+STALLS = "\nimport time\n" + DDP_OPENING + """\
 for step in range(60):
     model(torch.randn(4, 16)).sum().backward()
     if step == 25 and rank == 0:
