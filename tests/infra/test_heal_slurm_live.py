@@ -129,3 +129,84 @@ def test_a_clean_live_job_replaces_nobody_and_ends_its_standby(cluster: Any, tmp
     assert not [r for r in records if isinstance(r, RankReplaced | HostExcluded)], records
     assert "Live heals: 0; replicas: 2 equal" in log and "ddpkit standby" not in log, log
     assert not _ranks_on(cluster.nodes[2]), "the standby on node3 outlived the job"
+
+
+#: A node of two ranks (-j 2x2 on node1, node2; node3 the spare, with two standbys)
+NODE = ("-j", "2x2", "--spare-nodes", "1")
+
+
+def node_drill(c: Any, where: Path, fault: str, *job: str, ready: Any) -> dict[str, Any]:
+    """Both ranks of node2 killed or stopped at once, once ``ready(where)``; what the job left."""
+    node1, node2 = c.nodes[:2]
+    proc = submit_healing(c, where, *job, shape=NODE, heal=("--heal", "live"))
+    try:
+        _until("the job under way", lambda: ready(where) and len(_ranks_on(node2)) == 2 and len(_ranks_on(node1)) == 2,
+               proc)
+        time.sleep(1)
+        kept, victims = _ranks_on(node1), _ranks_on(node2)
+        fault_at = time.time()
+        for pid in victims:
+            os.kill(pid, signal.SIGSTOP if fault == "stop" else signal.SIGKILL)
+        runs = list((where / ".ddpkit-runs").glob("slurm-*"))
+        healed = _until("two rank-replaced records", lambda: [r for r in Ledger(runs[0]).records()
+                                                                if isinstance(r, RankReplaced)][1:] and
+                        [r for r in Ledger(runs[0]).records() if isinstance(r, RankReplaced)], proc)
+        alive = [pid for pid in kept if Path(f"/proc/{pid}").exists()]
+        out, _ = proc.communicate(timeout=JOB_TIMEOUT + 60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        for pid in _ranks_on(node2):
+            os.kill(pid, signal.SIGKILL)
+        _idle(c)
+    return {"out": out, "code": proc.returncode, "log": job_log(where), "records": job_ledger(where), "kept": kept,
+            "alive": alive, "fault_at": fault_at, "heals": healed}
+
+
+def _check_node(run: dict[str, Any], fault: str) -> None:
+    """Node2's two ranks (2 and 3) replaced together on node3 in one generation, node1's ranks the same processes,
+    node2 out, the run completed in its one attempt."""
+    out, log, records, heals = run["out"], run["log"], run["records"], run["heals"]
+    assert run["code"] == 0 and "COMPLETED exit code 0 (restarts 0)" in out, out + log
+    started = [r for r in records if isinstance(r, AttemptStarted)]
+    ended = [r for r in records if isinstance(r, AttemptEnded)]
+    assert [r.hosts for r in started] == [("node1", "node2")] and [r.exit_code for r in ended] == [0], log
+    assert sorted(h.rank for h in heals) == [2, 3] and {h.gen for h in heals} == {1}, heals  # one generation
+    assert {(h.host, h.replacement_host, h.kept, h.together) for h in heals} == {("node2", "node3", (0, 1), (2, 3))}
+    why = "SIGKILL" if fault == "kill" else "stopped (SIGSTOP)"
+    assert all(h.why.startswith(why) for h in heals), heals
+    assert run["kept"] and run["alive"] == run["kept"], run  # node1's ranks never restarted
+    assert [r.host for r in records if isinstance(r, HostExcluded)] == ["node2"], records
+    line = "ddpkit heal: ranks 2, 3 on node2 lost together ("
+    assert line in log and "; replacements on node3 (pids " in log and "took their state from rank" in log, log
+    assert "[node2:" not in log.split(line, 1)[1], log  # node2 runs nothing after the heal
+    print(f"node {fault}: fault -> decided {max(h.decided_at for h in heals) - run['fault_at']:.2f} s, -> first "
+          f"step {max(h.first_step_at or 0 for h in heals) - run['fault_at']:.2f} s")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fault", ["kill", "stop"])
+def test_a_lost_node_s_two_ranks_are_replaced_together_on_the_spare(cluster: Any, tmp_path: Path, fault: str) -> None:
+    snaps = tmp_path / "snaps"
+    snaps.mkdir()
+    run = node_drill(cluster, tmp_path, fault, *TRAIN, "--snapshot-path", str(snaps / "snap.pt"), "--json",
+                     str(tmp_path / "summary.json"), ready=lambda where: len(list(snaps.glob("snap.*.pt"))) >= 2)
+    _check_node(run, fault)
+    assert "Snapshots: 100 written, 0 loaded" in run["log"] and "replicas: 4 equal" in run["log"], run["log"]
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["resumed_from"] is None and len(set(summary["replica_digests"])) == 1, summary
+
+
+@pytest.mark.slow
+def test_a_script_s_lost_node_is_replaced_live_as_train_s_is(cluster: Any, tmp_path: Path) -> None:
+    """The seeds' ddp.py with docs/heal.md's lines (``live.Replica``), submitted as ``-- ddp.py``: node2's two ranks
+    killed at once, replaced together on node3; the four replicas' weights equal at the end, and they trained."""
+    import re
+
+    (tmp_path / "ddp.py").write_text((Path(__file__).parents[1] / "multiproc" / "seeds_ddp_live.py").read_text())
+    run = node_drill(cluster, tmp_path, "kill", str(tmp_path / "ddp.py"), "80", "50",
+                     ready=lambda where: "Epoch 3 " in job_log(where))
+    _check_node(run, "kill")
+    digests = re.findall(r"done: weights ([0-9a-f]+) moved ([-+.\de]+)", run["log"])
+    assert len(digests) == 4 and len(set(digests)) == 1, run["log"]
+    assert float(digests[0][1]) > 1e-3, digests  # the script trains

@@ -190,9 +190,14 @@ def test_live_healing_is_refused_where_it_does_not_run_yet(tmp_path: Path, capsy
     script = capsys.readouterr().out
     assert "-m ddpkit.heal.slurm_supervisor" in script and " --live " in script and "(--heal live)" in script
     live = ["--heal", "live", "--dry-run", "--"]
-    for words, expected in ((["mpi", "-j", "2x1", "--hosts", "a,b,c", *live, "train"], "--heal live with submit slurm"),
-                            (["slurm", "-j", "2x2", "--spare-nodes", "1", *live, "train"], "one rank per node"),
-                            (["slurm", "-j", "2x1", "--spare-nodes", "1", *live, "job.py"], "-- train")):
+    # a node of several ranks (its ranks replaced together on a spare node's standbys), a script of one's own
+    assert main(["submit", "slurm", "-j", "2x2", "--spare-nodes", "1", *live, "job.py"]) == 0
+    script = capsys.readouterr().out
+    assert " --live " in script and "--per-node 2" in script and "ddpkit run -- job.py" in script, script
+    for words, expected in ((["mpi", "-j", "2x1", "--hosts", "a,b,c", *live, "train"],
+                             "--heal live with submit slurm"),
+                            (["slurm", "-j", "2x1", "--spare-nodes", "1", *live, "check"],
+                             "-- train ..., or -- SCRIPT.py")):
         assert main(["submit", *words]) == 2, words
         assert expected in capsys.readouterr().err, words
     request = HealRequest(command="train", max_attempts=3, run_dir=str(tmp_path), live=True)

@@ -3,6 +3,8 @@ digest that compares replicas (weights and optimizer state, the learning rate a 
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 
 from ddpkit.live.protocol import Diverged, Plan
@@ -24,10 +26,14 @@ def test_one_line_names_every_rank_a_generation_replaced() -> None:
     heals = [RankReplaced(rank=r, host="n2", why="SIGKILL", lost_at=10.0, lost_pid=100 + r, replacement_pid=200 + r,
                           kept=(0, 3), gen=1, source=0, step=48, decided_at=10.0, joined_at=10.5, first_step_at=10.6,
                           replacement_host="n3", together=(1, 2)) for r in (1, 2)]
-    assert heal_sentence(heals) == (
-        "ddpkit heal: ranks 1, 2 lost together (rank 1 on n2: SIGKILL; rank 2 on n2: SIGKILL); replacements (rank 1 "
-        "pid 201 on n3, rank 2 pid 202 on n3) took their state from rank 0 at step 48 0.50 s after the loss was found; "
-        "their first step 0.60 s after; rank(s) 0, 3 kept their processes; replicas equal after it; no step lost")
+    assert heal_sentence(heals) == (  # a node's ranks, lost alike, onto one spare node
+        "ddpkit heal: ranks 1, 2 on n2 lost together (SIGKILL); replacements on n3 (pids 201, 202) took their state "
+        "from rank 0 at step 48 0.50 s after the loss was found; their first step 0.60 s after; rank(s) 0, 3 kept "
+        "their processes; replicas equal after it; no step lost")
+    apart = [replace(heals[0], host="n1", replacement_host="n4"), heals[1]]
+    assert heal_sentence(apart).startswith(  # ranks of two hosts, replaced on two: each named with its own
+        "ddpkit heal: ranks 1, 2 lost together (rank 1 on n1: SIGKILL; rank 2 on n2: SIGKILL); replacements (rank 1 "
+        "pid 201 on n4, rank 2 pid 202 on n3) took their state")
     assert heal_sentence(heals[:1]).startswith("ddpkit heal: rank 1 on n2 lost (SIGKILL); a replacement on n3 (pid "
                                                "201) took its state from rank 0 at step 48")
 

@@ -195,7 +195,8 @@ class _StepAttempts(Adapter):
         env = {ATTEMPT_VAR: str(attempt), RUN_DIR_VAR: str(self.ledger.run_dir.resolve())}
         spares = tuple(h for h in self.pool.healthy if h not in hosts)
         result, where = run_live_attempt(job=self.job, program=tuple(self.args.program), hosts=hosts, spares=spares,
-                                         env=env, on_heal=heard, marks_in=str(self.ledger.run_dir.resolve()))
+                                         env=env, on_heal=heard, marks_in=str(self.ledger.run_dir.resolve()),
+                                         per_node=self.args.per_node)
         return Ended(exit_code=result.exit_code,
                      evidence=gather(result.exit_code, result, None, socket.gethostname().split(".", 1)[0], where)
                      if result.exit_code else None)

@@ -231,7 +231,7 @@ def _refuse_unless_one_host(world: WorldInfo, request: HealRequest) -> None:
 def _refuse_live_unless_one_host(request: HealRequest, options: LaunchOptions) -> None:
     if request.live and options.shape.max_nodes > 1:
         raise ConfigError(f"--heal live with -j {options.shape}", "--heal live where one launcher starts each rank "
-                          "on its own: -n N on one host, or submit slurm -j Nx1 --spare-nodes K --heal live; across "
+                          "on its own: -n N on one host, or submit slurm -j NxP --spare-nodes K --heal live; across "
                           "hosts, torch elastic's agents tear down and restart every worker when one fails",
                           "use -n N or submit slurm --heal live, or --heal (the restart heal across hosts)")
 

@@ -79,8 +79,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                      "of the allocation; mpi: a supervisor runs each attempt as an mpirun on healthy hosts of "
                      "--hosts; a host fault takes that host out for the rest of the job and the next attempt "
                      "starts from the newest snapshot; the program's own failure twice in a row ends with exit 93 "
-                     "(--heal live: submit slurm -j Nx1 --spare-nodes K --heal live -- train: a lost rank is "
-                     "replaced by a standby on a spare node, the others keep their processes)")
+                     "(--heal live: submit slurm -j NxP --spare-nodes K --heal live -- train|SCRIPT.py: a lost "
+                     "node's ranks are replaced by the standbys of a spare node, the others keep their processes)")
     g.add_argument("--spare-nodes", type=int, default=0, metavar="K",
                    help="with --heal: slurm allocates K nodes beyond N, taken when a host is found bad (mpi: the "
                         "--hosts beyond N are the spares)")

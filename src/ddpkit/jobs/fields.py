@@ -101,8 +101,8 @@ class JobFields:
     """Slurm: a supervisor in the batch script runs each attempt as an srun step on healthy nodes of the allocation
     and relaunches after a host fault without the bad host (``ddpkit.heal.slurm_supervisor``)."""
     heal_live: bool = False
-    """``--heal live`` (Slurm, one rank per node): a lost rank replaced within the attempt by a standby on a spare
-    node, the others keeping their processes (``ddpkit.live.agent.slurm``); else the restart heal."""
+    """``--heal live`` (Slurm): a lost node's ranks replaced within the attempt by the standbys of a spare node, the
+    others keeping their processes (``ddpkit.live.agent.slurm``); else the restart heal."""
     spare_nodes: int = 0
     """With ``heal``: nodes allocated beyond the job's N, taken when a host is found bad."""
     max_attempts: int = 3

@@ -168,14 +168,22 @@ def heal_sentence(heals: Sequence[RankReplaced]) -> str:
     took = "" if head.joined_at is None else f" {head.joined_at - found:.2f} s after the loss was found"
     first = "" if head.first_step_at is None else \
         f"; {'its' if one else 'their'} first step {head.first_step_at - found:.2f} s after"
+    ranks = ", ".join(str(h.rank) for h in heals)
+    one_node = len({h.host for h in heals}) == 1 and len({h.why.split(" for ")[0] for h in heals}) == 1
     if one:
         lost = f"rank {head.rank} on {head.host} lost ({head.why})"
+    elif one_node:  # a node's ranks, lost alike
+        lost = f"ranks {ranks} on {head.host} lost together ({head.why})"
     else:
-        lost = (f"ranks {', '.join(str(h.rank) for h in heals)} lost together ("
-                + "; ".join(f"rank {h.rank} on {h.host}: {h.why}" for h in heals) + ")")
+        lost = f"ranks {ranks} lost together (" + "; ".join(f"rank {h.rank} on {h.host}: {h.why}" for h in heals) + ")"
+    to = {h.replacement_host for h in heals}
     if one:
         went = f"a replacement{'' if head.replacement_host is None else f' on {head.replacement_host}'} (pid " \
                f"{head.replacement_pid})"
+    elif len(to) == 1:  # onto one spare node (or this host)
+        (where,) = to
+        went = f"replacements{'' if where is None else f' on {where}'} (pids " \
+               f"{', '.join(str(h.replacement_pid) for h in heals)})"
     else:
         went = "replacements (" + ", ".join(f"rank {h.rank} pid {h.replacement_pid}" + (
             "" if h.replacement_host is None else f" on {h.replacement_host}") for h in heals) + ")"

@@ -1,4 +1,4 @@
-"""Live healing in a Slurm allocation: ``ddpkit submit slurm -j Nx1 --spare-nodes K --heal live -- train ...``.
+"""Live healing in a Slurm allocation: ``ddpkit submit slurm -j NxP --spare-nodes K --heal live -- train|run ...``.
 
 The batch script's supervisor (``heal.slurm_supervisor --live``) is the live agent (``live.agent.rules``, in the
 session every spawner shares: ``live.agent.session``): it hosts the stores, keeps the stop marks in the run
@@ -128,22 +128,25 @@ class _Step:
 
 @dataclass(kw_only=True)
 class LiveSteps:
-    """Starts the ranks' steps (the agent's ``spawn``): a rank of the first group on its node; a replacement, on the
-    standby of a spare node. ``standby(host)`` starts a spare's standby step."""
+    """Starts the ranks' steps (a ``live.agent.session.Spawner``): a rank of the first group on its node; a
+    replacement, on a standby of a spare node, the ranks of one lost node together on one spare node (a node's ranks
+    are replaced in one generation: ``live.agent.rules``). ``standby(host, per_node)`` starts a spare's standbys."""
 
     job: str
     python: tuple[str, ...]
     """The interpreter's argv before ``-m ddpkit`` (``/venv/bin/python``)."""
     command: tuple[str, ...]
-    """ddpkit's command (``train --epochs 40 ...``)."""
+    """ddpkit's command (``train --epochs 40 ...``, ``run train.py``)."""
     store: Any
     address: str
     hosts: dict[int, str]
     """Rank -> its node, for the first group."""
     env: dict[str, str] = field(default_factory=dict)
     """Every rank's extra variables (the attempt's)."""
-    standbys: dict[str, _Step] = field(default_factory=dict)
-    """A spare node -> its standby, not yet given a rank."""
+    standbys: dict[str, list[_Step]] = field(default_factory=dict)
+    """A spare node -> its standbys not yet given a rank."""
+    moved: dict[tuple[str, str], str] = field(default_factory=dict)
+    """(generation, lost node) -> the spare node its ranks go to."""
 
     def _step(self, host: str, slot: str) -> _Step:
         argv = ["srun", f"--nodelist={host}", "--nodes=1", "--ntasks=1", "--overlap", f"--job-name={slot}",
@@ -152,28 +155,39 @@ class LiveSteps:
         popen = subprocess.Popen(argv, stdin=subprocess.DEVNULL, start_new_session=True)
         return _Step(popen=popen, host=host, slot=slot, job=self.job, store=self.store)
 
-    def standby(self, host: str) -> None:
-        self.standbys[host] = self._step(host, f"ddpkit-standby-{host}")
+    def standby(self, host: str, per_node: int = 1) -> None:
+        """``per_node`` standbys on spare node ``host``: one for each rank a lost node held."""
+        self.standbys[host] = [self._step(host, f"ddpkit-standby-{host}-{i}") for i in range(per_node)]
 
     def __call__(self, rank: int, env: dict[str, str]) -> Proc | None:
         env = {**env, **self.env}
-        if env.get(LIVE_GEN, "0") == "0":
+        gen = env.get(LIVE_GEN, "0")
+        if gen == "0":
             slot = f"ddpkit-rank-{rank}"
             LiveStore(self.store).assign(slot, env)
             return self._step(self.hosts[rank], slot)
-        for host, step in list(self.standbys.items()):
-            if step.wait() is None:
-                del self.standbys[host]
-                LiveStore(self.store).assign(step.slot, env)
-                return step
-        return None
+        for waiting in self.standbys.values():
+            waiting[:] = [step for step in waiting if step.wait() is None]  # a standby that ended is no standby
+        lost_node = env.get("GROUP_RANK", str(rank))
+        spare = self.moved.get((gen, lost_node))
+        if spare is None or not self.standbys.get(spare):
+            spare = next((host for host, waiting in self.standbys.items() if waiting
+                          and host not in self.moved.values()), None) \
+                or next((host for host, waiting in self.standbys.items() if waiting), None)
+            if spare is None:
+                return None
+            self.moved[(gen, lost_node)] = spare
+        step = self.standbys[spare].pop(0)
+        LiveStore(self.store).assign(step.slot, env)
+        return step
 
     def end(self) -> None:
         """The job is over: each standby not needed is told so (it ends with exit 0), else its step is ended."""
-        for step in self.standbys.values():
+        left = [step for waiting in self.standbys.values() for step in waiting]
+        for step in left:
             LiveStore(self.store).assign(step.slot, None)
         until = time.monotonic() + STANDBY_END_S
-        for step in self.standbys.values():
+        for step in left:
             while step.wait() is None and time.monotonic() < until:
                 time.sleep(0.1)
             step.close()
@@ -181,22 +195,24 @@ class LiveSteps:
 
 
 def run_live_attempt(*, job: str, program: tuple[str, ...], hosts: tuple[str, ...], spares: tuple[str, ...],
-                     env: dict[str, str], on_heal: LiveHook, marks_in: str) -> tuple[AttemptResult, dict[int, str]]:
-    """One attempt: rank R on ``hosts[R]``, a standby on each of ``spares``; how it ended, and each rank's host.
-    ``marks_in``: a folder every node sees (the run directory), where the stop marks are kept."""
+                     env: dict[str, str], on_heal: LiveHook, marks_in: str, per_node: int = 1,
+                     ) -> tuple[AttemptResult, dict[int, str]]:
+    """One attempt: ``per_node`` ranks on each of ``hosts`` (rank R on ``hosts[R // per_node]``), as many standbys on
+    each of ``spares``; how it ended, and each rank's host. ``marks_in``: a folder every node sees (the run
+    directory), where the stop marks are kept."""
     at = program.index("-m")
     python, command = program[:at], program[at + 2:]
     address = socket.gethostname().split(".", 1)[0]
 
     def steps_for(store: Any) -> LiveSteps:
         steps = LiveSteps(job=job, python=python, command=command, store=store, address=address,
-                          hosts=dict(enumerate(hosts)), env=env)
+                          hosts={rank: hosts[rank // per_node] for rank in range(len(hosts) * per_node)}, env=env)
         for host in spares:
-            steps.standby(host)
+            steps.standby(host, per_node)
         return steps
 
-    session = LiveSession(world=len(hosts), address=address, run_id=f"ddpkit-live-{job}", on_heal=on_heal,
-                          per_host=1, marks_in=marks_in, poll_s=POLL_S)
+    session = LiveSession(world=len(hosts) * per_node, address=address, run_id=f"ddpkit-live-{job}",
+                          on_heal=on_heal, per_host=per_node, marks_in=marks_in, poll_s=POLL_S)
     try:
         return session.run(steps_for)
     finally:
