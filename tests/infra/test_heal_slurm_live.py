@@ -119,7 +119,7 @@ def test_a_killed_rank_is_replaced_live_by_the_spare_standby(cluster: Any, tmp_p
 
 
 @pytest.mark.slow
-def test_a_stopped_rank_is_found_by_its_heartbeat_and_replaced_live(cluster: Any, tmp_path: Path,
+def test_a_stopped_rank_is_found_by_its_pulse_and_replaced_live(cluster: Any, tmp_path: Path,
                                                                      uninterrupted: dict[str, Any]) -> None:
     _check(drill(cluster, tmp_path, "stop"), uninterrupted, tmp_path, "stop")
 
@@ -208,5 +208,7 @@ def test_a_script_s_lost_node_is_replaced_live_as_train_s_is(cluster: Any, tmp_p
                      ready=lambda where: "Epoch 3 " in job_log(where))
     _check_node(run, "kill")
     digests = re.findall(r"done: weights ([0-9a-f]+) moved ([-+.\de]+)", run["log"])
-    assert len(digests) == 4 and len(set(digests)) == 1, run["log"]
-    assert float(digests[0][1]) > 1e-3, digests  # the script trains
+    # the weights equal; how far each moved is from its own first weights (each rank draws its own before DDP's
+    # broadcast), so that differs
+    assert len(digests) == 4 and len({weights for weights, _ in digests}) == 1, run["log"]
+    assert min(float(moved) for _, moved in digests) > 1e-3, digests  # the script trains

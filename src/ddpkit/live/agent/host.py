@@ -53,6 +53,9 @@ class _Local:
         state, ticks = stat_of(self.pid)
         return Seen.of_state(state), ticks
 
+    def heard_since(self, since: float) -> bool:
+        return stat_of(self.pid)[0] not in ("", "Z", "X")  # read now: after ``since``; a zombie has ended
+
     def send(self, sig: signal.Signals) -> None:
         with contextlib.suppress(ProcessLookupError):
             os.kill(self.pid, sig)

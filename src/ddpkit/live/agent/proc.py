@@ -60,6 +60,10 @@ class Proc(Protocol):
         """What its host's kernel says of it, and a count that moves while it works (its CPU ticks; -1: not
         known)."""
 
+    def heard_since(self, since: float) -> bool:
+        """Its host said it runs (not gone) after ``since`` (``time.monotonic``): on one host the kernel read now,
+        under Slurm a pulse that came after it."""
+
     def send(self, sig: signal.Signals) -> None: ...
 
     def close(self) -> None: ...

@@ -6,8 +6,8 @@ a ``Proc`` of its own, so one rank's end ends no other: on one host a process co
 Slurm an srun step (``ddpkit.live.agent.slurm``). The agent hosts the workers' TCPStore
 (``TORCHELASTIC_USE_AGENT_STORE``, as torchrun's agent does) and watches its ranks every ``POLL_S``:
 
-The rules, in order, for the ranks found ended in one poll (and those that end within ``SETTLE_S`` of it: a node's
-ranks, killed at once, are replaced together)::
+The rules, in order, for the ranks found ended in one poll (and the other ranks of their hosts that end before
+their host says they run, ``HOST_SETTLE_S`` at most: a node's ranks, killed at once, are replaced together)::
 
     a signal from outside reached the agent                          -> each rank ends as it ends (stopping)
     every lost rank killed by a signal, or stopped ``STOPPED_S``
@@ -76,6 +76,9 @@ FINISH_GRACE_S, IDLE_S = 900.0, 60.0
 #: After a loss, how long the agent looks for others before it decides (seconds): the ranks of a node killed at once
 #: end within milliseconds of each other, and are replaced in one generation.
 SETTLE_S = 0.05
+#: After a loss, the longest the agent waits to hear from the other ranks of the lost rank's host (seconds): each is
+#: lost too (its end seen) or heard running after the loss (``_settle``); one that says nothing is decided on later.
+HOST_SETTLE_S = 2.0
 _LINGERED = "still running after the others finished"
 
 
@@ -149,8 +152,7 @@ class LiveAgent:
             if lost and self.outside is not None:  # stopping as asked from outside: each rank ends as it ends
                 failures.extend(RankFailure(rank=r.rank, pid=r.pid, exit_code=code, timestamp=now) for r, code in lost)
             elif lost:
-                time.sleep(SETTLE_S)  # the rest of a node lost at once
-                lost += self._ended(time.time())
+                lost = self._settle(lost)  # the rest of a node lost at once
                 if not self._heal_live(lost, now):
                     return self._give_up([RankFailure(rank=r.rank, pid=r.pid, exit_code=code, timestamp=now)
                                           for r, code in lost])
@@ -161,6 +163,22 @@ class LiveAgent:
             self._check_lingering(now)
             if all(r.done for r in self.ranks.values()):
                 return self._finished(failures)
+            time.sleep(self.poll_s)
+
+    def _settle(self, lost: list[tuple[Rank, int]]) -> list[tuple[Rank, int]]:
+        """``lost`` and the ranks of their hosts that ended meanwhile: each other rank of a lost rank's host is
+        waited for until it ended (lost too) or its host said it runs after the loss was seen (``Proc.heard_since``),
+        ``HOST_SETTLE_S`` at most, so that the ranks of a node lost at once are replaced in one generation (under
+        Slurm, srun tells of each step's end a different moment)."""
+        since = time.monotonic()
+        time.sleep(SETTLE_S)
+        hosts = {r.proc.host for r, _ in lost}
+        while True:
+            lost += self._ended(time.time())
+            unheard = [o for o in self.ranks.values() if not o.done and o.proc.host in hosts
+                       and not o.proc.heard_since(since)]
+            if not unheard or time.monotonic() - since >= HOST_SETTLE_S:
+                return lost
             time.sleep(self.poll_s)
 
     def _ended(self, now: float) -> list[tuple[Rank, int]]:

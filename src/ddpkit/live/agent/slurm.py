@@ -65,6 +65,12 @@ class _Step:
     count: int = -1
     """The pulse's count when last read."""
     seen: tuple[Seen, int] = (Seen.RUNNING, -1)
+    gone: bool = False
+    """The pulse said the rank's process is gone (its step's end may not be told yet)."""
+    mark: tuple[float, int] | None = None
+    """``heard_since``: (since, the pulse's count first read after it)."""
+    killed: bool = False
+    """The agent sent it SIGKILL (its step may take a moment to end)."""
     moved: float = field(default_factory=time.monotonic)
     looked: float = 0.0
     step_id: str | None = None
@@ -92,11 +98,21 @@ class _Step:
             if pulse is not None and pulse[0] != self.count:
                 self.count, self.moved = pulse[0], now
                 self.seen = (Seen.of_state(pulse[1]), pulse[2])
+                self.gone = pulse[1] in ("", "Z", "X")
         if self.count > 0 and now - self.moved >= self.silent_s:
             return Seen.SILENT, self.seen[1]
         return self.seen
 
+    def heard_since(self, since: float) -> bool:
+        """A pulse counted after the first one read since ``since``: that one may have been written before it."""
+        self.look()
+        if self.mark is None or self.mark[0] != since:
+            self.mark = (since, self.count)
+        return self.count > self.mark[1] and not self.gone
+
+
     def send(self, sig: signal.Signals) -> None:
+        self.killed = self.killed or sig is signal.SIGKILL
         step = self._find_step()
         if step is None:
             return
@@ -147,6 +163,9 @@ class LiveSteps:
     """A spare node -> its standbys not yet given a rank."""
     moved: dict[tuple[str, str], str] = field(default_factory=dict)
     """(generation, lost node) -> the spare node its ranks go to."""
+    per_node: int = 1
+    assigned: dict[str, list[_Step]] = field(default_factory=dict)
+    """A spare node -> the replacements started there."""
 
     def _step(self, host: str, slot: str) -> _Step:
         argv = ["srun", f"--nodelist={host}", "--nodes=1", "--ntasks=1", "--overlap", f"--job-name={slot}",
@@ -170,16 +189,31 @@ class LiveSteps:
             waiting[:] = [step for step in waiting if step.wait() is None]  # a standby that ended is no standby
         lost_node = env.get("GROUP_RANK", str(rank))
         spare = self.moved.get((gen, lost_node))
-        if spare is None or not self.standbys.get(spare):
+        if spare is None:
             spare = next((host for host, waiting in self.standbys.items() if waiting
                           and host not in self.moved.values()), None) \
-                or next((host for host, waiting in self.standbys.items() if waiting), None)
+                or next((host for host in self.standbys if self._room(host)), None)
             if spare is None:
                 return None
             self.moved[(gen, lost_node)] = spare
-        step = self.standbys[spare].pop(0)
-        LiveStore(self.store).assign(step.slot, env)
+        if self.standbys.get(spare):
+            step = self.standbys[spare].pop(0)
+            LiveStore(self.store).assign(step.slot, env)
+        elif self._room(spare):  # a standby spent on a replacement that was superseded: one started afresh
+            slot = f"ddpkit-rank-{rank}-gen-{gen}"
+            LiveStore(self.store).assign(slot, env)
+            step = self._step(spare, slot)
+        else:
+            return None
+        self.assigned.setdefault(spare, []).append(step)
         return step
+
+    def _room(self, host: str) -> bool:
+        """Spare node ``host`` runs fewer than ``per_node`` ranks and standbys (a replacement ended, or being ended
+        by the agent, counts no more)."""
+        running = [step for step in self.assigned.get(host, []) if step.wait() is None and not step.killed]
+        self.assigned[host] = running
+        return len(running) + len(self.standbys.get(host, [])) < self.per_node
 
     def end(self) -> None:
         """The job is over: each standby not needed is told so (it ends with exit 0), else its step is ended."""
@@ -206,7 +240,8 @@ def run_live_attempt(*, job: str, program: tuple[str, ...], hosts: tuple[str, ..
 
     def steps_for(store: Any) -> LiveSteps:
         steps = LiveSteps(job=job, python=python, command=command, store=store, address=address,
-                          hosts={rank: hosts[rank // per_node] for rank in range(len(hosts) * per_node)}, env=env)
+                          hosts={rank: hosts[rank // per_node] for rank in range(len(hosts) * per_node)}, env=env,
+                          per_node=per_node)
         for host in spares:
             steps.standby(host, per_node)
         return steps
