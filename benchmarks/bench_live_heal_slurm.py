@@ -1,13 +1,15 @@
 """Live healing under Slurm with a standby spare (issue 46), against today's restart heal, in one run.
 
-    sudo python -m benchmarks.bench_live_heal_slurm     # ~15 minutes on 2 cores; root: Slurm daemons, namespaces
+    sudo python -m benchmarks.bench_live_heal_slurm     # ~25 minutes on 2 cores; root: Slurm daemons, namespaces
 
 A 3-node namespace Slurm cluster of this machine (``scripts/slurm_cluster.py``), ``submit slurm -j 2x1
 --spare-nodes 1 --heal live -- train --epochs 100 --samples 4096``; a few seconds in, node2's rank is killed
 (SIGKILL) or stopped (SIGSTOP) from outside, ``BENCH_SLURM_DRILLS`` (10) times each (the drill of
 ``tests/infra/test_heal_slurm_live.py``). From the ledger's ``rank-replaced`` record on this machine's one clock:
 the fault -> the supervisor took the rank for lost (detection), -> the replacement on node3 applied its first step
-(the survivors' stall ends with it). The same two faults under ``--heal`` (restart), ``BENCH_SLURM_RESTARTS`` (3)
+(the survivors' stall ends with it). A node of two ranks (``-j 2x2``): both of node2's ranks killed or stopped at
+once, ``BENCH_SLURM_NODE_DRILLS`` (10) times each: the later of the two replacements' first steps. The same two
+faults under ``--heal`` (restart), ``BENCH_SLURM_RESTARTS`` (3)
 each: the fault -> the next attempt's first step (the goodput ledger's first ``steps`` window of attempt 2), and the
 steps done again.
 """
@@ -26,13 +28,14 @@ from typing import Any
 
 from scripts import slurm_cluster
 from tests.infra.test_heal_slurm import _ranks_on as train_ranks_on
-from tests.infra.test_heal_slurm_live import TRAIN, _submit, _until, drill
+from tests.infra.test_heal_slurm_live import TRAIN, _submit, _until, drill, node_drill
 
 from ddpkit.goodput.records import GOODPUT, Steps, read_goodput
 from ddpkit.rundir.ledger import AttemptEnded, Ledger
 
 RESULTS = Path(__file__).parent / "results"
 DRILLS = int(os.environ.get("BENCH_SLURM_DRILLS", "10"))
+NODE_DRILLS = int(os.environ.get("BENCH_SLURM_NODE_DRILLS", "10"))
 RESTARTS = int(os.environ.get("BENCH_SLURM_RESTARTS", "3"))
 
 
@@ -46,6 +49,25 @@ def _live(c: Any, fault: str) -> dict[str, Any]:
             "first_step_after_detect_s": heal.first_step_at - heal.decided_at,
             "replacement_host": heal.replacement_host, "survivor_kept": run["alive"] == run["kept"],
             "steps": summary.get("global_step"), "loaded": summary.get("snapshots_loaded"),
+            "replicas_equal": len(set(summary.get("replica_digests", ["a", "b"]))) == 1}
+
+
+def _node(c: Any, fault: str) -> dict[str, Any]:
+    """``-j 2x2``: node2's two ranks killed or stopped at once; both replacements' first step (the later)."""
+    where = Path(tempfile.mkdtemp(prefix=f"node-{fault}-"))
+    snaps = where / "snaps"
+    snaps.mkdir()
+    run = node_drill(c, where, fault, *TRAIN, "--snapshot-path", str(snaps / "snap.pt"), "--json",
+                     str(where / "summary.json"), ready=lambda w: len(list(snaps.glob("snap.*.pt"))) >= 2)
+    heals = run["heals"]
+    summary = json.loads((where / "summary.json").read_text()) if (where / "summary.json").exists() else {}
+    firsts = [h.first_step_at for h in heals if h.first_step_at is not None]
+    return {"fault": fault, "exit_code": run["code"], "ranks": sorted(h.rank for h in heals),
+            "generations": sorted({h.gen for h in heals}),
+            "detect_s": max(h.decided_at or h.lost_at for h in heals) - run["fault_at"],
+            "first_step_s": max(firsts) - run["fault_at"] if len(firsts) == len(heals) else None,
+            "replacement_hosts": sorted({str(h.replacement_host) for h in heals}),
+            "survivors_kept": run["alive"] == run["kept"], "loaded": summary.get("snapshots_loaded"),
             "replicas_equal": len(set(summary.get("replica_digests", ["a", "b"]))) == 1}
 
 
@@ -99,6 +121,18 @@ def render(data: dict[str, Any]) -> str:
                      f"| 0 (loaded: {sorted({str(r['loaded']) for r in runs})}) | "
                      f"{sum(r['replicas_equal'] for r in runs)} |")
     for fault in ("kill", "stop"):
+        runs = [r for r in data.get("node", []) if r["fault"] == fault]
+        if not runs:
+            continue
+        det = [r["detect_s"] for r in runs]
+        first = [r["first_step_s"] for r in runs if r["first_step_s"] is not None]
+        one_gen = sum(r["generations"] == [1] and r["ranks"] == [2, 3] for r in runs)
+        lines.append(f"| live, node of 2 (`-j 2x2`) | {fault} | {len(runs)} | {sum(r['exit_code'] == 0 for r in runs)} "
+                     f"| {_med(det)}, {max(det, default=0):.2f} | {_med(first)}, {max(first, default=0):.2f} | "
+                     f"{sorted({h for r in runs for h in r['replacement_hosts']})}, both in one generation: "
+                     f"{one_gen} | {sum(r['survivors_kept'] for r in runs)} | 0 (loaded: "
+                     f"{sorted({str(r['loaded']) for r in runs})}) | {sum(r['replicas_equal'] for r in runs)} |")
+    for fault in ("kill", "stop"):
         runs = [r for r in data["restart"] if r["fault"] == fault]
         first = [r["first_step_s"] for r in runs if r["first_step_s"] is not None]
         lines.append(f"| restart | {fault} | {len(runs)} | {sum(r['exit_code'] == 0 for r in runs)} | - | "
@@ -126,6 +160,10 @@ def main() -> None:
             for fault in ("kill", "stop") * DRILLS:
                 data["live"].append(_live(c, fault))
                 print(json.dumps(data["live"][-1]), flush=True)
+            data["node"] = []
+            for fault in ("kill", "stop") * NODE_DRILLS:
+                data["node"].append(_node(c, fault))
+                print(json.dumps(data["node"][-1]), flush=True)
             for fault in ("kill", "stop") * RESTARTS:
                 data["restart"].append(_restart(c, fault))
                 print(json.dumps(data["restart"][-1]), flush=True)

@@ -10,8 +10,11 @@ stopped by a signal as stopped within a beat, and a node or step frozen or cut o
 from __future__ import annotations
 
 import argparse
+import os
+import select
 import sys
 import time
+from collections.abc import Callable
 from datetime import timedelta
 
 from ddpkit.live.agent.proc import stat_of
@@ -41,6 +44,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"ddpkit pulse: the live agent's store at {args.store} did not answer ({str(exc)[:160]})",
               file=sys.stderr)
         return 1
+    ended = _end_of(args.pid)
     count = 0
     while True:
         count += 1
@@ -51,7 +55,19 @@ def main(argv: list[str] | None = None) -> int:
             return 0  # the agent's store is gone: the job is ending
         if state in ("", "Z"):  # the rank is gone (or ended, not yet reaped)
             return 0
-        time.sleep(BEAT_S)
+        ended(BEAT_S)
+
+
+def _end_of(pid: int) -> Callable[[float], object]:
+    """A wait of at most S seconds that returns the moment ``pid`` ends (a pidfd: this process's step ends no later
+    than its rank's, and the agent hears of the end at once); a plain sleep where pidfds are not there."""
+    try:
+        fd = os.pidfd_open(pid)
+    except (AttributeError, OSError):
+        return time.sleep
+    poller = select.poll()
+    poller.register(fd, select.POLLIN)
+    return lambda seconds: poller.poll(seconds * 1000)
 
 
 if __name__ == "__main__":
