@@ -212,3 +212,33 @@ def test_a_script_s_lost_node_is_replaced_live_as_train_s_is(cluster: Any, tmp_p
     # broadcast), so that differs
     assert len(digests) == 4 and len({weights for weights, _ in digests}) == 1, run["log"]
     assert min(float(moved) for _, moved in digests) > 1e-3, digests  # the script trains
+
+
+@pytest.mark.slow
+def test_a_hung_rank_is_named_by_the_watch_and_replaced_on_the_spare(cluster: Any, tmp_path: Path) -> None:
+    """Under Slurm too: node2's rank sleeps in its step before step 200 (a test fault of the first generation,
+    running, not stopped); the watch (on the supervisor's store, ``--collective-timeout 10``: its deadline) names it
+    with its stack, the agent ends its step and the standby on node3 takes its place; COMPLETED in one attempt."""
+    import re
+
+    proc = submit_healing(cluster, tmp_path, "train", "--epochs", "20", "--samples", "1536", "--model", "toy",
+                          "--collective-timeout", "10", "--snapshot-path", str(tmp_path / "snap.pt"), "--json",
+                          str(tmp_path / "summary.json"),
+                          heal=("--heal", "live", "--env", "DDPKIT_FAULTS=hang:phase=step:rank=1:step=200:gen=0"))
+    try:
+        out, _ = proc.communicate(timeout=JOB_TIMEOUT + 60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        _idle(cluster)
+    log, records = job_log(tmp_path), job_ledger(tmp_path)
+    assert proc.returncode == 0 and "COMPLETED exit code 0 (restarts 0)" in out, out + log
+    assert re.search(r"ddpkit watch: rank 0 on host node1 has waited \d+ s in the group's collective #\d+ for rank 1 "
+                     r"on host node2, which is alive and busy outside any collective \(its stack below\); rank\(s\) 1 "
+                     r"replaced live \(--heal live\)", log), log
+    heals = [r for r in records if isinstance(r, RankReplaced)]
+    assert [(h.rank, h.host, h.replacement_host, h.why) for h in heals] == [
+        (1, "node2", "node3", "hung, named by the watch")], heals
+    assert [r.host for r in records if isinstance(r, HostExcluded)] == ["node2"], records
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["snapshots_loaded"] == 0 and len(set(summary["replica_digests"])) == 1, summary
