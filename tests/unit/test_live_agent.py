@@ -228,3 +228,44 @@ def test_under_slurm_a_rank_is_seen_through_its_pulse_running_while_it_holds_the
             if proc is not None and proc.poll() is None:
                 proc.kill()
                 proc.wait()
+
+
+@dataclass
+class _FakeStep:
+    """A standby's step as LiveSteps keeps it (no srun)."""
+
+    host: str
+    slot: str
+    ended: bool = False
+    killed: bool = False
+
+    def wait(self) -> int | None:
+        return 0 if self.ended else None
+
+
+def test_a_lost_node_s_ranks_go_together_to_one_spare_node_and_a_superseded_standby_is_started_afresh() -> None:
+    """Slurm's spawner: two spare nodes of two standbys; node 1's ranks (2, 3) lost in generation 1 both go to one
+    spare, node 0's (0, 1) in generation 2 to the other; when generation 3 supersedes rank 2's replacement (killed by
+    the agent), a step is started afresh on that spare, where it has room, not on a third node."""
+    from ddpkit.live.agent.slurm import LiveSteps
+    from ddpkit.process.worker_context import LIVE_GEN
+
+    store = _store()
+    steps = LiveSteps(job="1", python=("python",), command=("train",), store=store, address="127.0.0.1",
+                      hosts={r: f"n{r // 2 + 1}" for r in range(4)}, per_node=2)
+    steps.standbys = {h: [_FakeStep(h, f"sb-{h}-{i}") for i in range(2)] for h in ("n3", "n4")}  # type: ignore[misc]
+    started: list[tuple[str, str]] = []
+    steps._step = lambda host, slot: started.append((host, slot)) or _FakeStep(host, slot)  # type: ignore[method-assign,assignment,func-returns-value]
+
+    def env(rank: int, gen: int) -> dict[str, str]:
+        return {"RANK": str(rank), "GROUP_RANK": str(rank // 2), LIVE_GEN: str(gen)}
+
+    first = [steps(r, env(r, 1)) for r in (2, 3)]
+    assert {s.host for s in first if s} == {"n3"}, first  # type: ignore[union-attr]
+    second = [steps(r, env(r, 2)) for r in (0, 1)]
+    assert {s.host for s in second if s} == {"n4"}, second  # type: ignore[union-attr]
+    assert started == []  # every replacement so far a standby, already imported
+    first[0].killed = True  # type: ignore[union-attr]  # generation 3 supersedes rank 2's replacement
+    again = steps(2, env(2, 3))
+    assert again is not None and again.host == "n3" and started == [("n3", "ddpkit-rank-2-gen-3")], started
+    assert steps(3, env(3, 4)) is None  # n3 holds two ranks, n4 two: no room anywhere, nothing to start
