@@ -17,12 +17,16 @@ module                           layer  what it holds
                                         spawner: ranks lost together replaced in one generation, only where every
                                         survivor holds a live group; questions answered; hung ranks ended; heals and
                                         divergence handed to the attempt's ledger
-``live.agent.proc``              5      a rank as the agent sees it: its process (``Proc``), its notes, its variables
+``live.agent.proc``              5      a rank as the agent sees it: its process (``Proc``), what its host's kernel
+                                        says of it (``Seen``), its notes, its variables
 ``live.agent.session``           5      one attempt for every spawner: the store, the stop marks, the signals taken
                                         and forwarded, each rank's variables, the end (a ``Spawner`` starts ranks)
 ``live.agent.host``              5      one host: each rank a process context forked by torch's ``start_processes``
-``live.agent.slurm``             5      Slurm: each rank an srun step, a standby on each spare node
+``live.agent.slurm``             5      Slurm: each rank an srun step, P standbys on each spare node (a lost node's
+                                        ranks replaced together on one)
 ``live.agent.standby``           5      the standby's wait for its rank (``python -m ddpkit.standby`` runs it)
+``live.agent.pulse``             5      under Slurm, a rank's eyes on its node: the kernel's state of its process,
+                                        every 0.25 s, into the agent's store (``Seen``)
 ===============================  =====  ==============================================================================
 
 Outside the wing, by design: what ``train``'s ``Trainer`` hands over (``ddpkit.train.live``, the trainer's own
