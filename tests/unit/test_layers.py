@@ -1,7 +1,8 @@
 """The arrow of docs/architecture.md, enforced: every ``import`` in src/ddpkit (lazy ones in functions and type-only
 ones included) goes down the layers or stays in its own package; the commands (check, bench, train, run, whoami,
 jobs) and the launcher never import one another; no two modules import each other, however indirectly; and the root
-of the package holds only its entry points, the command line, the runtime and the report."""
+of the package holds only its entry points, the command line and the runtime; every module of the live wing is
+named by its map and by docs/architecture.md."""
 
 from __future__ import annotations
 
@@ -208,3 +209,17 @@ def test_an_upward_or_sideways_import_is_caught() -> None:
         violations("ddpkit.newthing", "import os\n")
     assert not violations("ddpkit.train.trainer", "from ddpkit.comm.gradients import register_gradient_averaging\n"
                           "from ddpkit.train.config import TrainConfig\nimport ddpkit\n")
+
+
+def test_the_live_wing_s_map_and_the_architecture_page_name_every_module_of_it() -> None:
+    """Live healing has one address: every module under ``live/`` is named by the wing's map (its ``__init__``) and
+    by docs/architecture.md, so a new one cannot come in unnamed."""
+    page = (SRC.parents[1] / "docs" / "architecture.md").read_text()
+    mapped = (SRC / "live" / "__init__.py").read_text()
+    for path in sorted((SRC / "live").rglob("*.py")):
+        if path.name == "__init__.py":
+            continue
+        relative = path.relative_to(SRC).as_posix()
+        dotted = relative.removesuffix(".py").replace("/", ".")
+        assert f"`{relative}`" in page, f"docs/architecture.md does not name {relative}"
+        assert f"``{dotted}``" in mapped, f"ddpkit/live/__init__.py's map does not name {dotted}"
