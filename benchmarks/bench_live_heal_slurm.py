@@ -27,15 +27,19 @@ from pathlib import Path
 from typing import Any
 
 from scripts import slurm_cluster
+from tests.infra.slurm_fixture import job_ledger, job_log
 from tests.infra.test_heal_slurm import _ranks_on as train_ranks_on
-from tests.infra.test_heal_slurm_live import TRAIN, _submit, _until, drill, node_drill
+from tests.infra.test_heal_slurm_live import NODE, TRAIN, _idle, _submit, _until, drill, node_drill
 
 from ddpkit.goodput.records import GOODPUT, Steps, read_goodput
-from ddpkit.rundir.ledger import AttemptEnded, Ledger
+from ddpkit.rundir.ledger import AttemptEnded, HostExcluded, Ledger, RankReplaced
 
 RESULTS = Path(__file__).parent / "results"
 DRILLS = int(os.environ.get("BENCH_SLURM_DRILLS", "10"))
 NODE_DRILLS = int(os.environ.get("BENCH_SLURM_NODE_DRILLS", "10"))
+CLEAN = int(os.environ.get("BENCH_SLURM_CLEAN", "20"))
+PAIRS = int(os.environ.get("BENCH_SLURM_PAIRS", "10"))
+SHORT = ("train", "--epochs", "10", "--samples", "2048")
 RESTARTS = int(os.environ.get("BENCH_SLURM_RESTARTS", "3"))
 
 
@@ -69,6 +73,26 @@ def _node(c: Any, fault: str) -> dict[str, Any]:
             "replacement_hosts": sorted({str(h.replacement_host) for h in heals}),
             "survivors_kept": run["alive"] == run["kept"], "loaded": summary.get("snapshots_loaded"),
             "replicas_equal": len(set(summary.get("replica_digests", ["a", "b"]))) == 1}
+
+
+def _plain(c: Any, heal: str) -> dict[str, Any]:
+    """A fault-free ``-j 2x2`` run under ``--heal HEAL``: its exit, replacements, and step p50 (rank 0's summary)."""
+    where = Path(tempfile.mkdtemp(prefix=f"plain-{heal}-"))
+    from tests.infra.slurm_fixture import submit_healing
+
+    proc = submit_healing(c, where, *SHORT, "--snapshot-path", str(where / "snap.pt"), "--json",
+                          str(where / "summary.json"), shape=NODE, heal=("--heal", heal))
+    try:
+        out, _ = proc.communicate(timeout=600)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        _idle(c)
+    records = job_ledger(where) if list((where / ".ddpkit-runs").glob("slurm-*")) else []
+    summary = json.loads((where / "summary.json").read_text()) if (where / "summary.json").exists() else {}
+    return {"heal": heal, "exit_code": proc.returncode, "completed": "COMPLETED exit code 0 (restarts 0)" in out,
+            "replaced": sum(isinstance(r, RankReplaced | HostExcluded) for r in records),
+            "step_ms_p50": summary.get("step_ms_p50"), "tail": "" if proc.returncode == 0 else job_log(where)[-800:]}
 
 
 def _restart(c: Any, fault: str) -> dict[str, Any]:
@@ -135,9 +159,22 @@ def render(data: dict[str, Any]) -> str:
     for fault in ("kill", "stop"):
         runs = [r for r in data["restart"] if r["fault"] == fault]
         first = [r["first_step_s"] for r in runs if r["first_step_s"] is not None]
-        lines.append(f"| restart | {fault} | {len(runs)} | {sum(r['exit_code'] == 0 for r in runs)} | - | "
+        when = f" (measured {data['restart_when']})" if data.get("restart_when") else ""
+        lines.append(f"| restart{when} | {fault} | {len(runs)} | {sum(r['exit_code'] == 0 for r in runs)} | - | "
                      f"{_med(first)}, {max(first, default=0):.2f} | node1, node3 (every rank restarted) | 0 | "
                      f"{[r['redone'] for r in runs]} | - |")
+    clean = data.get("clean", [])
+    if clean:
+        lines += ["", f"Fault-free, `-j 2x2 --spare-nodes 1 --heal live` (`{' '.join(SHORT)}`): {len(clean)} runs, "
+                  f"{sum(r['completed'] for r in clean)} COMPLETED in one attempt, "
+                  f"{sum(r['replaced'] == 0 for r in clean)} with no replacement and no host excluded."]
+    pairs = data.get("cost", [])
+    ratios = [lv["step_ms_p50"] / rs["step_ms_p50"] for lv, rs in zip(pairs[0::2], pairs[1::2], strict=False)
+              if lv.get("step_ms_p50") and rs.get("step_ms_p50")]
+    if ratios:
+        lines += ["", f"Fault-free cost, `-j 2x2`: step p50 under `--heal live` over `--heal` (restart), {len(ratios)} "
+                  f"alternating pairs: median {statistics.median(ratios):.3f} (min {min(ratios):.3f}, max "
+                  f"{max(ratios):.3f})."]
     lines += ["", "Detection of a stop: the rank's pulse (`live/agent/pulse.py`, a process beside it on its node, "
               "reading its /proc every 0.25 s) says it is stopped, then 1 s more (STOPPED_S) before it is ended; a "
               "node frozen or cut off: the pulse standing still 3 s (SILENT_S), then 1 s more. The restart heal "
@@ -156,6 +193,7 @@ def main() -> None:
         c = slurm_cluster.SlurmCluster(Path(tempfile.mkdtemp(prefix="ddpkit-bench-live-")), nodes_count=3)
         c.start(timeout=120)
         try:
+            before = json.loads(path.read_text()) if path.exists() else {}
             data = {"when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "live": [], "restart": []}
             for fault in ("kill", "stop") * DRILLS:
                 data["live"].append(_live(c, fault))
@@ -164,11 +202,22 @@ def main() -> None:
             for fault in ("kill", "stop") * NODE_DRILLS:
                 data["node"].append(_node(c, fault))
                 print(json.dumps(data["node"][-1]), flush=True)
+            data["clean"] = []
+            for _ in range(CLEAN):
+                data["clean"].append(_plain(c, "live"))
+                print(json.dumps(data["clean"][-1]), flush=True)
+            data["cost"] = []
+            for _ in range(PAIRS):
+                for heal in ("live", "restart"):
+                    data["cost"].append(_plain(c, heal))
+                    print(json.dumps(data["cost"][-1]), flush=True)
             for fault in ("kill", "stop") * RESTARTS:
                 data["restart"].append(_restart(c, fault))
                 print(json.dumps(data["restart"][-1]), flush=True)
         finally:
             c.stop()
+        if not data["restart"] and before.get("restart"):  # BENCH_SLURM_RESTARTS=0: the last run's restart rows
+            data["restart"], data["restart_when"] = before["restart"], before.get("restart_when", before["when"])
         path.write_text(json.dumps(data, indent=1))
     text = render(data)
     (RESULTS / "bench_live_heal_slurm.md").write_text(text)
