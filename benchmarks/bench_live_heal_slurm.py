@@ -129,9 +129,10 @@ def _med(values: list[Any]) -> str:
 
 
 def render(data: dict[str, Any]) -> str:
-    lines = ["# Live healing under Slurm with a standby spare (issue 46)", "",
+    lines = ["# Live healing under Slurm with standbys on a spare node (issues 46, 52, 53)", "",
              f"Measured {data['when']} on this machine (2 cores; a 3-node namespace Slurm cluster, `-j 2x1 "
-             "--spare-nodes 1`, gloo on CPU); `python -m benchmarks.bench_live_heal_slurm`. Times on one clock: the "
+             "--spare-nodes 1`, and `-j 2x2` for a node of two ranks, gloo on CPU); "
+             "`python -m benchmarks.bench_live_heal_slurm`. Times on one clock: the "
              "bench's signal and the run's ledgers.", "",
              "| heal | fault | drills | COMPLETED | detection s (median, max) | fault -> first step s (median, max) "
              "| replacement on | node1's rank kept | steps redone | replicas equal |",
