@@ -203,8 +203,12 @@ class LiveSteps:
             slot = f"ddpkit-rank-{rank}-gen-{gen}"
             LiveStore(self.store).assign(slot, env)
             step = self._step(spare, slot)
-        else:
-            return None
+        else:  # that spare is full: the node's ranks go on where another spare has a standby (split, not lost)
+            other = next((host for host, waiting in self.standbys.items() if waiting), None)
+            if other is None:
+                return None
+            spare, step = other, self.standbys[other].pop(0)
+            LiveStore(self.store).assign(step.slot, env)
         self.assigned.setdefault(spare, []).append(step)
         return step
 
