@@ -376,14 +376,14 @@ class LiveAgent:
             print(verdict.sentence(), file=sys.stderr, flush=True)
             self.on_heal(ReplicasDiverged(gen=verdict.gen, step=verdict.step, digests=verdict.digests,
                                           where=verdict.where, at=time.time()))
-        self._stop_all(signal.SIGTERM)
+        self.stop_all(signal.SIGTERM)
         deadline = time.monotonic() + 10.0
         while any(not r.done for r in self.ranks.values()) and time.monotonic() < deadline:
             for r in self.ranks.values():
                 if not r.done and r.proc.wait() is not None:
                     r.done = True
             time.sleep(self.poll_s)
-        self._stop_all(signal.SIGKILL)
+        self.stop_all(signal.SIGKILL)
         for r in self.ranks.values():
             r.proc.close()
         typed = ordered(failures)
@@ -399,7 +399,8 @@ class LiveAgent:
         code = int(text) if text.isdigit() else 128 + int(getattr(signal, self.outside))
         return AttemptResult(exit_code=code, failures=ordered(failures), outside_signal=self.outside)
 
-    def _stop_all(self, sig: signal.Signals) -> None:
+    def stop_all(self, sig: signal.Signals) -> None:
+        """Send ``sig`` to every rank still running."""
         for r in self.ranks.values():
             if not r.done:
                 r.proc.send(sig)
@@ -408,4 +409,4 @@ class LiveAgent:
         name = signal.Signals(signum).name
         self.outside = name
         mark_outside_signal(os.environ.get(STOP_DIR), name)
-        self._stop_all(signal.Signals(signum))
+        self.stop_all(signal.Signals(signum))

@@ -66,16 +66,19 @@ class LiveSession:
 
         marks = tempfile.mkdtemp(prefix="ddpkit-live-", dir=self.marks_in)
         before_env = {name: os.environ.get(name) for name in (STOP_DIR, PREEMPTED_MARK)}
-        os.environ[STOP_DIR] = os.path.join(marks, "stops")
-        os.mkdir(os.environ[STOP_DIR])
-        os.environ[PREEMPTED_MARK] = os.path.join(marks, "preempted")
-        store = dist.TCPStore(self.address, 0, is_master=True, wait_for_workers=False)
-        spawn = spawner_for(store)
-        agent = LiveAgent(spawn=spawn, on_heal=self.on_heal, store=store, address=self.address,
-                          log_dir=self.log_dir, poll_s=self.poll_s)
-        before = {name: signal.signal(getattr(signal, name), agent.on_outside_signal) for name in TAKEN}
-        per_host = self.per_host or self.world
+        agent: LiveAgent | None = None
+        spawn: Spawner | None = None
+        before: dict[str, Any] = {}
         try:
+            os.environ[STOP_DIR] = os.path.join(marks, "stops")
+            os.mkdir(os.environ[STOP_DIR])
+            os.environ[PREEMPTED_MARK] = os.path.join(marks, "preempted")
+            store = dist.TCPStore(self.address, 0, is_master=True, wait_for_workers=False)
+            spawn = spawner_for(store)
+            agent = LiveAgent(spawn=spawn, on_heal=self.on_heal, store=store, address=self.address,
+                              log_dir=self.log_dir, poll_s=self.poll_s)
+            before = {name: signal.signal(getattr(signal, name), agent.on_outside_signal) for name in TAKEN}
+            per_host = self.per_host or self.world
             result = agent.run({rank: rank_env(rank, self.world, address=self.address, port=store.port,
                                                run_id=self.run_id, per_host=per_host, group_rank=rank // per_host)
                                 for rank in range(self.world)})
@@ -83,9 +86,11 @@ class LiveSession:
         finally:
             for name, handler in before.items():
                 signal.signal(getattr(signal, name), handler)
-            agent._stop_all(signal.SIGKILL)
-            spawn.end()
-            for r in agent.ranks.values():
+            if agent is not None:
+                agent.stop_all(signal.SIGKILL)
+            if spawn is not None:
+                spawn.end()
+            for r in agent.ranks.values() if agent is not None else ():
                 r.proc.close()
             for name, value in before_env.items():
                 if value is None:
