@@ -223,3 +223,10 @@ def test_the_live_wing_s_map_and_the_architecture_page_name_every_module_of_it()
         dotted = relative.removesuffix(".py").replace("/", ".")
         assert f"`{relative}`" in page, f"docs/architecture.md does not name {relative}"
         assert f"``{dotted}``" in mapped, f"ddpkit/live/__init__.py's map does not name {dotted}"
+
+
+def test_no_module_of_the_package_is_over_400_lines() -> None:
+    """A module one person can hold in mind: over 400 lines, it is two."""
+    long = {path.relative_to(SRC).as_posix(): n for path in SRC.rglob("*.py")
+            if (n := len(path.read_text().splitlines())) > 400}
+    assert not long, f"split these modules: {long}"

@@ -5,6 +5,7 @@ torch's ``start_processes`` from this agent (which imported torch and the traine
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import shutil
@@ -97,6 +98,8 @@ class _Forker:
     """Where each rank's stderr is kept (the attempt's directory); None: a temporary one, removed at the end."""
     host: str = field(default_factory=lambda: socket.gethostname().split(".", 1)[0])
     _temporary: str | None = None
+    pids: dict[int, int] = field(default_factory=dict)
+    """Rank -> its process now (``log_dir/pids.json``, for a person or a drill to find)."""
 
     def __call__(self, rank: int, env: dict[str, str]) -> Proc:
         from torch.distributed.elastic.multiprocessing import start_processes
@@ -111,7 +114,20 @@ class _Forker:
         else:
             context = start_processes(f"rank{rank}", sys.executable, {0: ("-m", self.entrypoint.module, *self.argv)},
                                       {0: env}, specs, log_line_prefixes=prefix)
-        return _Local(context=context, host=self.host)
+        started = _Local(context=context, host=self.host)
+        self._say_pid(rank, started.pid)
+        return started
+
+    def _say_pid(self, rank: int, pid: int) -> None:
+        """``log_dir/pids.json``: each rank's process now (rank -> pid), written whole, then renamed."""
+        self.pids[rank] = pid
+        if self.log_dir is None:
+            return
+        os.makedirs(self.log_dir, exist_ok=True)
+        path = os.path.join(self.log_dir, "pids.json")
+        with open(path + ".tmp", "w") as f:
+            json.dump({str(r): p for r, p in sorted(self.pids.items())}, f)
+        os.replace(path + ".tmp", path)
 
     def end(self) -> None:
         if self._temporary is not None:
@@ -131,7 +147,7 @@ def launch_live(options: LaunchOptions, entrypoint: Entrypoint, argv: list[str],
     os.environ[worker.LAUNCHED_AT] = str(worker.process_started_at())
     forked = preload(options.preload)
     session = LiveSession(world=world, address="127.0.0.1", run_id=options.run_id or f"ddpkit-live-{os.getpid()}",
-                          on_heal=on_heal, log_dir=options.log_dir)
+                          on_heal=on_heal)
     try:
         result, _ = session.run(lambda store: _Forker(entrypoint=entrypoint, argv=argv, forked=forked,
                                                       log_dir=options.log_dir))

@@ -38,7 +38,6 @@ under torch's agent (``ddpkit.process.stopping``).
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import sys
@@ -95,15 +94,12 @@ class LiveAgent:
     """The agent's TCPStore (read through ``ddpkit.live.protocol.LiveStore``)."""
     address: str = "127.0.0.1"
     """Where the ranks reach the agent's stores."""
-    log_dir: str | None = None
-    """Where ``pids.json`` is kept (one host), or None."""
     poll_s: float = POLL_S
     ranks: dict[int, Rank] = field(default_factory=dict)
     gen: int = 0
     healing: list[RankReplaced] = field(default_factory=list)
     """The heals of the generation under way (one per lost rank), until their replacements train."""
     outside: str | None = None
-    pids: dict[int, int] = field(default_factory=dict)
     group_stores: list[Any] = field(default_factory=list)
     finished_at: float | None = None
     """When the first rank finished (exit 0)."""
@@ -117,22 +113,7 @@ class LiveAgent:
     # ---- starting ranks -----------------------------------------------------------------------------------
     def start(self, rank: int, env: dict[str, str]) -> Rank | None:
         proc = self.spawn(rank, env)
-        if proc is None:
-            return None
-        started = Rank(rank=rank, env=env, proc=proc)
-        self.pids[rank] = started.pid
-        self._write_pids()
-        return started
-
-    def _write_pids(self) -> None:
-        """``LOG_DIR/pids.json``: each rank's process now (rank -> pid), for a person or a drill to find."""
-        if not self.log_dir:
-            return
-        os.makedirs(self.log_dir, exist_ok=True)
-        path = os.path.join(self.log_dir, "pids.json")
-        with open(path + ".tmp", "w") as f:
-            json.dump({str(rank): pid for rank, pid in sorted(self.pids.items())}, f)
-        os.replace(path + ".tmp", path)
+        return None if proc is None else Rank(rank=rank, env=env, proc=proc)
 
     # ---- watching ---------------------------------------------------------------------------------------------
     def run(self, envs: dict[int, dict[str, str]]) -> AttemptResult:

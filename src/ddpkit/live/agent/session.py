@@ -55,8 +55,6 @@ class LiveSession:
     marks_in: str | None = None
     """Where the stop directory is made: a folder every rank's host sees (the run directory under Slurm); None: this
     host's temporary directory."""
-    log_dir: str | None = None
-    """Where the agent keeps ``pids.json`` (one host), or None."""
     poll_s: float = POLL_S
 
     def run(self, spawner_for: Callable[[Any], Spawner]) -> tuple[AttemptResult, dict[int, str]]:
@@ -76,7 +74,7 @@ class LiveSession:
             store = dist.TCPStore(self.address, 0, is_master=True, wait_for_workers=False)
             spawn = spawner_for(store)
             agent = LiveAgent(spawn=spawn, on_heal=self.on_heal, store=store, address=self.address,
-                              log_dir=self.log_dir, poll_s=self.poll_s)
+                              poll_s=self.poll_s)
             before = {name: signal.signal(getattr(signal, name), agent.on_outside_signal) for name in TAKEN}
             per_host = self.per_host or self.world
             result = agent.run({rank: rank_env(rank, self.world, address=self.address, port=store.port,
