@@ -53,8 +53,8 @@ def main(argv: list[str] | None = None) -> int:
             store.pulse(args.slot, count, state, ticks)
         except (RuntimeError, dist.DistError):
             return 0  # the agent's store is gone: the job is ending
-        if state in ("", "Z"):  # the rank is gone (or ended, not yet reaped)
-            return 0
+        if state in ("", "Z"):  # the rank is gone (or ended, not yet reaped): leave at once (torch's teardown
+            os._exit(0)       # takes a moment, and the rank's step may end only with this process)
         ended(BEAT_S)
 
 
