@@ -124,6 +124,13 @@ def render(data: dict[str, Any]) -> str:
                   "cores every rank shares the same two cores, so each part also carries "
                   "the machine's oversubscription (32 ranks on 2 cores): an upper bound of what a rank count costs "
                   "where each rank has its own core."]
+    lines += ["", "Read with care: from 8 ranks the hand-over is about 5 s more than at 4 (a step, not a slope: 5.3 s "
+              "at 8, 5.6 s at 16, 6.7 s at 32), and the same 5 s whether 1, 2 or 4 ranks were lost. Stacks taken "
+              "with faulthandler 2.5 s into such a heal (2026-11-29): every survivor in `LiveGroup.store()`, making "
+              "its TCPStore client of the new generation's store before `init_process_group`, the replacement in "
+              "gloo's full-mesh connect; a heal later in the same run (step 16 of 24, not 7) took 0.23 s. Not yet "
+              "explained (not libuv: the same with USE_LIBUV=0); the fit's slope carries it, so the growth above is "
+              "an overstatement of what the rank count costs."]
     failed = [r for r in rows if r.get("fault_to_first_step_s") is None]
     for r in failed:
         lines += ["", f"A drill that did not heal live (N={r['world']}, lost {r['lost']}, exit {r['exit_code']}, "

@@ -74,7 +74,7 @@ def _exchange(group: LiveGroup, trainer: Replica, *, done: int) -> StartPoint:
             trainer.summary.loss_history = dict(given["loss_history"])
             losses = list(given["epoch_losses"])
         elif done == best - 1 and trainer.pending_loss is not None:  # the step in flight, applied elsewhere
-            losses.append(float(trainer.pending_loss))
+            losses.append(float(trainer.pending_loss.detach()))  # no autograd warning on each such rank
     if group.rank == 0:  # a drill that killed a rank is followed by this resume, at the source's step
         trainer.drills.resumed(best)
     epoch, batch = divmod(best, trainer.steps_per_epoch)
