@@ -128,9 +128,12 @@ def render(data: dict[str, Any]) -> str:
               "at 8, 5.6 s at 16, 6.7 s at 32), and the same 5 s whether 1, 2 or 4 ranks were lost. Stacks taken "
               "with faulthandler 2.5 s into such a heal (2026-11-29): every survivor in `LiveGroup.store()`, making "
               "its TCPStore client of the new generation's store before `init_process_group`, the replacement in "
-              "gloo's full-mesh connect; a heal later in the same run (step 16 of 24, not 7) took 0.23 s. Not yet "
-              "explained (not libuv: the same with USE_LIBUV=0); the fit's slope carries it, so the growth above is "
-              "an overstatement of what the rank count costs."]
+              "gloo's full-mesh connect; a heal later in the same run (step 16 of 24, not 7) took 0.23 s. With "
+              "TORCH_CPP_LOG_LEVEL=INFO every connection to the agent's two stores (the generation's, the live "
+              "one) completes 5.0 s late, the replacement's first one too, while the agent's main thread forks the "
+              "replacement: the stores' server threads in the agent answer nothing for 5 s (a client's "
+              "connect backoff is 0.5 s x 1.5 per try). Not yet explained (not libuv: the same with USE_LIBUV=0); "
+              "the fit's slope carries it, so the growth above overstates what the rank count costs."]
     failed = [r for r in rows if r.get("fault_to_first_step_s") is None]
     for r in failed:
         lines += ["", f"A drill that did not heal live (N={r['world']}, lost {r['lost']}, exit {r['exit_code']}, "
