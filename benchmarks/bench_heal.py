@@ -32,10 +32,12 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 from scripts.slurm_cluster import SlurmCluster
 from tests.helpers import ddpkit_env
+from tests.infra.slurm_fixture import pids_on
 
 from ddpkit.goodput.records import Steps, read_goodput
 from ddpkit.rundir.ledger import AttemptEnded, AttemptStarted, FaultSeen, Ledger, PreflightEnded
@@ -51,16 +53,9 @@ PHASES = ("detection", "teardown", "preflight", "startup", "total")
 
 
 def _ranks_on(netns: str) -> list[int]:
-    res = subprocess.run(["ip", "netns", "pids", netns], capture_output=True, text=True, check=False)
-    found = []
-    for pid in res.stdout.split():
-        try:
-            words = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if b"ddpkit" in b" ".join(words) and not words[0].endswith((b"slurmstepd", b"slurmd")):
-            found.append(int(pid))
-    return found
+    """ddpkit's processes in a node's namespace (not Slurm's own)."""
+    return pids_on(SimpleNamespace(netns=netns), lambda words: b"ddpkit" in b" ".join(words)
+                   and not words[0].endswith((b"slurmstepd", b"slurmd")))
 
 
 def drill(c: SlurmCluster, where: Path, fault: str) -> dict[str, Any]:

@@ -61,23 +61,28 @@ def _idle(c: Any) -> None:
     pytest.fail("the nodes were not idle again within 120 s")
 
 
-def drill(c: Any, where: Path, fault: str) -> dict[str, Any]:
-    """One drill (also run by benchmarks/bench_live_heal_slurm.py): node2's rank stopped or killed a few
-    seconds in; what it measured and what the job left."""
-    node1, node2, node3 = c.nodes[:3]
-    snaps = where / "snaps"
-    snaps.mkdir()
-    proc = _submit(c, where, *TRAIN, "--snapshot-path", str(snaps / "snap.pt"), "--json", str(where / "summary.json"))
+def _faulted(c: Any, where: Path, fault: str, job: tuple[str, ...], *, shape: tuple[str, ...], ready: Any,
+             per_node: int) -> dict[str, Any]:
+    """Submit ``job`` (``shape``, ``--heal live``); once ``ready()`` and node1 and node2 run ``per_node`` ranks each,
+    stop or kill every rank of node2 at once; wait for a ``rank-replaced`` record for each, then for the job. What it
+    measured and what the job left (``heals``: the records, in the ledger's order)."""
+    node1, node2 = c.nodes[:2]
+    proc = submit_healing(c, where, *job, shape=shape, heal=("--heal", "live"))
     try:
-        _until("two snapshots", lambda: len(list(snaps.glob("snap.*.pt"))) >= 2 and _ranks_on(node2), proc)
+        _until("the job under way", lambda: ready() and len(_ranks_on(node2)) == per_node
+               and len(_ranks_on(node1)) == per_node, proc)
         time.sleep(1)
         kept, victims = _ranks_on(node1), _ranks_on(node2)
         fault_at = time.time()
         for pid in victims:
             os.kill(pid, signal.SIGSTOP if fault == "stop" else signal.SIGKILL)
-        runs = list((where / ".ddpkit-runs").glob("slurm-*"))
-        healed = _until("a rank-replaced record", lambda: [r for r in Ledger(runs[0]).records()
-                                                            if isinstance(r, RankReplaced)], proc)
+        (run,) = list((where / ".ddpkit-runs").glob("slurm-*"))
+
+        def replaced() -> list[RankReplaced]:
+            heals = [r for r in Ledger(run).records() if isinstance(r, RankReplaced)]
+            return heals if len(heals) >= per_node else []
+
+        healed = _until(f"{per_node} rank-replaced record(s)", replaced, proc)
         alive = [pid for pid in kept if Path(f"/proc/{pid}").exists()]
         out, _ = proc.communicate(timeout=JOB_TIMEOUT + 60)
     finally:
@@ -87,7 +92,19 @@ def drill(c: Any, where: Path, fault: str) -> dict[str, Any]:
             os.kill(pid, signal.SIGKILL)
         _idle(c)
     return {"out": out, "code": proc.returncode, "log": job_log(where), "records": job_ledger(where), "kept": kept,
-            "alive": alive, "fault_at": fault_at, "heal": healed[0], "node3": node3.name}
+            "alive": alive, "fault_at": fault_at, "heals": healed}
+
+
+def drill(c: Any, where: Path, fault: str) -> dict[str, Any]:
+    """One drill (also run by benchmarks/bench_live_heal_slurm.py): node2's rank stopped or killed a few
+    seconds in; what it measured and what the job left."""
+    snaps = where / "snaps"
+    snaps.mkdir()
+    run = _faulted(c, where, fault, (*TRAIN, "--snapshot-path", str(snaps / "snap.pt"), "--json",
+                                     str(where / "summary.json")),
+                   shape=("-j", "2x1", "--spare-nodes", "1"), per_node=1,
+                   ready=lambda: len(list(snaps.glob("snap.*.pt"))) >= 2)
+    return {**run, "heal": run["heals"][0], "node3": c.nodes[2].name}
 
 
 def _check(run: dict[str, Any], uninterrupted: dict[str, Any], where: Path, fault: str) -> None:
@@ -137,30 +154,7 @@ NODE = ("-j", "2x2", "--spare-nodes", "1")
 
 def node_drill(c: Any, where: Path, fault: str, *job: str, ready: Any) -> dict[str, Any]:
     """Both ranks of node2 killed or stopped at once, once ``ready(where)``; what the job left."""
-    node1, node2 = c.nodes[:2]
-    proc = submit_healing(c, where, *job, shape=NODE, heal=("--heal", "live"))
-    try:
-        _until("the job under way", lambda: ready(where) and len(_ranks_on(node2)) == 2 and len(_ranks_on(node1)) == 2,
-               proc)
-        time.sleep(1)
-        kept, victims = _ranks_on(node1), _ranks_on(node2)
-        fault_at = time.time()
-        for pid in victims:
-            os.kill(pid, signal.SIGSTOP if fault == "stop" else signal.SIGKILL)
-        runs = list((where / ".ddpkit-runs").glob("slurm-*"))
-        healed = _until("two rank-replaced records", lambda: [r for r in Ledger(runs[0]).records()
-                                                                if isinstance(r, RankReplaced)][1:] and
-                        [r for r in Ledger(runs[0]).records() if isinstance(r, RankReplaced)], proc)
-        alive = [pid for pid in kept if Path(f"/proc/{pid}").exists()]
-        out, _ = proc.communicate(timeout=JOB_TIMEOUT + 60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        for pid in _ranks_on(node2):
-            os.kill(pid, signal.SIGKILL)
-        _idle(c)
-    return {"out": out, "code": proc.returncode, "log": job_log(where), "records": job_ledger(where), "kept": kept,
-            "alive": alive, "fault_at": fault_at, "heals": healed}
+    return _faulted(c, where, fault, job, shape=NODE, per_node=2, ready=lambda: ready(where))
 
 
 def _check_node(run: dict[str, Any], fault: str) -> None:
