@@ -30,6 +30,8 @@ def test_one_line_names_every_rank_a_generation_replaced() -> None:
         "ddpkit heal: ranks 1, 2 on n2 lost together (SIGKILL); replacements on n3 (pids 201, 202) took their state "
         "from rank 0 at step 48 0.50 s after the loss was found; their first step 0.60 s after; rank(s) 0, 3 kept "
         "their processes; replicas equal after it; no step lost")
+    stopped = [replace(h, why=f"stopped (SIGSTOP) for {w} s") for h, w in zip(heals, ("1.0", "1.1"), strict=True)]
+    assert "ranks 1, 2 on n2 lost together (stopped (SIGSTOP)); " in heal_sentence(stopped)  # no one rank's time
     apart = [replace(heals[0], host="n1", replacement_host="n4"), heals[1]]
     assert heal_sentence(apart).startswith(  # ranks of two hosts, replaced on two: each named with its own
         "ddpkit heal: ranks 1, 2 lost together (rank 1 on n1: SIGKILL; rank 2 on n2: SIGKILL); replacements (rank 1 "

@@ -172,8 +172,9 @@ def heal_sentence(heals: Sequence[RankReplaced]) -> str:
     one_node = len({h.host for h in heals}) == 1 and len({h.why.split(" for ")[0] for h in heals}) == 1
     if one:
         lost = f"rank {head.rank} on {head.host} lost ({head.why})"
-    elif one_node:  # a node's ranks, lost alike
-        lost = f"ranks {ranks} on {head.host} lost together ({head.why})"
+    elif one_node:  # a node's ranks, lost alike (how long each was stopped said only where they agree)
+        why = head.why if len({h.why for h in heals}) == 1 else head.why.split(" for ")[0]
+        lost = f"ranks {ranks} on {head.host} lost together ({why})"
     else:
         lost = f"ranks {ranks} lost together (" + "; ".join(f"rank {h.rank} on {h.host}: {h.why}" for h in heals) + ")"
     to = {h.replacement_host for h in heals}
