@@ -119,14 +119,17 @@ def test_carried_state_travels_and_the_replicas_agree(tmp_path: Path, uninterrup
 def test_state_left_out_of_the_replica_is_named_one_step_after_the_heal(tmp_path: Path) -> None:
     code, text = _run(tmp_path, "--leave-out", kill=(1,), attempts=1)
     assert code != 0, text
+    # ranks 0 and 2 agree, or (where rank 2 finished the step in flight and rank 0 did not) rank 0 took the weights
+    # from rank 2 but not the state left out: then all three differ. The replacement differs either way.
     said = re.search(r"ddpkit heal: the replicas differ one step after a live heal \(generation 1, step (\d+)\): "
-                     r"rank\(s\) 0, 2: \w+; rank\(s\) 1: \w+\.", text)
+                     r"(rank\(s\) 0, 2: \w+; rank\(s\) 1: \w+|rank\(s\) 0: \w+; rank\(s\) 1: \w+; rank\(s\) 2: \w+)\.",
+                     text)
     assert said, text
     assert "no step lost" not in text, text
     records = read_records(tmp_path / "run" / "ledger.jsonl")
     diverged = [r for r in records if isinstance(r, ReplicasDiverged)]
     assert len(diverged) == 1 and diverged[0].step == int(said[1]) and diverged[0].attempt == 1, diverged
-    assert diverged[0].digests[0] == diverged[0].digests[2] != diverged[0].digests[1]
+    assert diverged[0].digests[1] not in (diverged[0].digests[0], diverged[0].digests[2]), diverged
     assert 0 < diverged[0].step < 60 * 5, diverged  # mid-run: found at the heal, not at the end
     assert not [r for r in records if isinstance(r, RankReplaced)]  # never told as a heal that lost no step
     ended = [r for r in records if isinstance(r, AttemptEnded)]

@@ -33,7 +33,7 @@ from ddpkit.launch.failure import (
 )
 from ddpkit.launch.rendezvous import RendezvousWatch, describe_missing
 from ddpkit.launch.result import AttemptResult, abort_orders
-from ddpkit.launch.stops import FORWARDED, LostPeerBackstop, handle_outside_signals, lost_reports
+from ddpkit.launch.stops import FORWARDED, LostPeerBackstop, handle_outside_signals, lost_reports, own_stops_marked
 from ddpkit.runtime import share_cores
 
 if TYPE_CHECKING:
@@ -171,7 +171,8 @@ def launch(options: LaunchOptions, entrypoint: Entrypoint, argv: list[str]) -> A
     try:
         if endpoint and options.rdzv_backend == "c10d" and not _hosts_store(endpoint, conf):
             await_endpoint(endpoint, float(conf["join_timeout"]))  # type: ignore[arg-type]
-        with watch or contextlib.nullcontext(), backstop, ranks.started() if ranks else contextlib.nullcontext():
+        with watch or contextlib.nullcontext(), backstop, own_stops_marked(stop_dir), \
+                ranks.started() if ranks else contextlib.nullcontext():
             if forked:
                 elastic_launch(config, entrypoint=worker.forked_worker(entrypoint.main))(argv)
             else:

@@ -10,8 +10,11 @@ mark comes from the agent: a failure, reported as one (ddpkit.train.stops). Both
 state machine they make, are written down once in ddpkit.process.stopping; this module is the agent's use of it.
 
 The mark is written in the agent's signal handler, before the SignalException that makes torch forward the signal is
-raised: it exists before any worker gets the forwarded signal. When the signal reaches the workers directly as
-well (Slurm signals every process of a step), a worker waits a moment for the mark (``OUTSIDE_MARK_GRACE_S``).
+raised: it exists before any worker gets the forwarded signal. When the agent stops its workers on its own, it says
+so first as well (``own_stops_marked``: torch's ``PContext.close``, which every stop of the workers goes through,
+marks each worker it is about to signal). When the signal reaches the workers directly (Slurm
+signals every process of a step), a worker waits for one of the two marks (``OUTSIDE_MARK_GRACE_S`` at most): a
+handshake, so a loaded agent that takes seconds to run its handler is still heard.
 
 ``LostPeerBackstop`` bounds the agent's life after its workers lost their peers: torch's agent can block for minutes
 in reads of a rendezvous store it can no longer reach (each up to the store's read timeout). Once a worker reports
@@ -20,19 +23,27 @@ a lost peer with no restart left, the agent exits 3 within ``BACKSTOP_S`` even i
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from types import FrameType
+from typing import Any
 
 from ddpkit.base.background import BackgroundLoop
 from ddpkit.base.errors import EXIT_MISSING
 from ddpkit.base.log import get_logger
-from ddpkit.process.stopping import OUTSIDE_MARK_GRACE_S, final_lost_report, lost_reports, mark_outside_signal
+from ddpkit.process.stopping import (
+    OUTSIDE_MARK_GRACE_S,
+    final_lost_report,
+    lost_reports,
+    mark_outside_signal,
+    mark_own_stop,
+)
 
 __all__ = ["BACKSTOP_S", "FORWARDED", "OUTSIDE_MARK_GRACE_S", "LostPeerBackstop", "handle_outside_signals",
-           "lost_reports"]
+           "lost_reports", "own_stops_marked"]
 
 log = get_logger(__name__)
 
@@ -57,6 +68,28 @@ def handle_outside_signals(stop_dir: str, names: list[str], raise_forward: Calla
 
     for name in names:
         signal.signal(getattr(signal, name), on_signal)
+
+
+@contextlib.contextmanager
+def own_stops_marked(stop_dir: str) -> Iterator[None]:
+    """While torch's agent runs: each time its workers are stopped (``PContext.close``, which every stop goes
+    through: the process context's own when a worker failed, the agent's before a restart, at its end, and for a
+    forwarded signal) their pids are marked first, unless a signal from outside was (``mark_own_stop``). torch has
+    no hook for it, so the method is wrapped for the launch and put back after."""
+    from torch.distributed.elastic.multiprocessing.api import PContext
+
+    original = PContext.close
+
+    def close(self: PContext, *args: Any, **kwargs: Any) -> None:
+        with contextlib.suppress(AssertionError, AttributeError):  # closed before its processes started
+            mark_own_stop(stop_dir, self.pids().values())
+        original(self, *args, **kwargs)
+
+    PContext.close = close  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        PContext.close = original  # type: ignore[method-assign]
 
 
 class LostPeerBackstop(BackgroundLoop):

@@ -16,8 +16,10 @@ way there is::
 The two halves talk through the agent's stop directory (``WorkerContext.stop_dir``, ``DDPKIT_STOP_DIR``):
 
 - agent -> workers: on a signal from outside the job (Slurm, scancel, Ctrl-C) the agent writes ``signal`` (its
-  name) *before* torch forwards it; a worker that got a SIGTERM without that mark knows its own agent stopped it
-  (torch's agent sends the same SIGTERM after a failure elsewhere, before a restart, or when it loses the store).
+  name) *before* torch forwards it; when it stops its workers on its own (torch's agent sends the same SIGTERM after
+  a failure elsewhere, before a restart, or when it loses the store) it writes ``stopping.pid-PID`` for each worker
+  first. A worker that got a stop signal waits for one of the two (a handshake, not a guess: the signal may reach
+  the worker straight from outside, as Slurm signals every process of a step, before the agent's handler ran).
 - workers -> agent: a worker that lost its peers leaves ``lost.rank-R`` (first line ``final`` when no restart is
   left, else ``restartable``; then its diagnosis); the agent quotes it, and bounds its own exit on ``final``.
 - workers -> agent: a preempted worker writes its exit code (75 or 76) to ``WorkerContext.preempted_mark``, since
@@ -33,16 +35,22 @@ import contextlib
 import enum
 import os
 import time
+from collections.abc import Iterable
 from pathlib import Path
 
 from ddpkit.base.errors import EXIT_MISSING, EXIT_OK, EXIT_PREEMPTED, EXIT_PREEMPTED_UNSAVED
 
 __all__ = ["OUTSIDE_MARK_GRACE_S", "RunOutcome", "final_lost_report", "leave_abort_order", "leave_lost_report",
-           "leave_preempted_code", "lost_reports", "mark_outside_signal", "signal_from_outside", "take_abort_orders"]
+           "leave_preempted_code", "lost_reports", "mark_outside_signal", "mark_own_stop", "outside_marked",
+           "signal_from_outside", "take_abort_orders"]
 
-#: Seconds a worker that got a signal waits for its agent's mark (the signal may reach both at once).
-OUTSIDE_MARK_GRACE_S = 2.0
+#: Seconds at most a worker that got a signal waits for its agent's word (the signal may reach both at once, and a
+#: loaded agent may take seconds to run its handler); the agent says it at once when it stops the workers itself, so
+#: only an agent that is gone makes a worker wait this long (it is then read as the agent's own stop). Under torch's
+#: 30 s shutdown timeout: the worker still has time to snapshot after it.
+OUTSIDE_MARK_GRACE_S = 15.0
 _SIGNAL = "signal"
+_OWN = "stopping.pid-"
 _LOST = "lost.rank-"
 _ABORT = "abort-order."
 
@@ -73,18 +81,34 @@ _EXIT_CODES = {RunOutcome.COMPLETED: EXIT_OK, RunOutcome.PREEMPTED_SAVED: EXIT_P
 # ---- agent -> workers: was the signal from outside the job? ----------------------------------------------------
 def signal_from_outside(received: str | None, stop_dir: str | None, grace: float = OUTSIDE_MARK_GRACE_S) -> bool:
     """Did the stop signal this rank ``received`` come from outside the job? With no agent's directory (another
-    launcher), yes; else only if the agent marked a signal it received, waiting up to ``grace`` s for the mark."""
+    launcher), yes; else the agent's word: its mark of a signal it received (yes), or of its own stop of this
+    process (no), waiting up to ``grace`` s for one; none by then: no (the agent is gone or never said)."""
     if received is None:
         return False
     if not stop_dir:
         return True
-    mark = Path(stop_dir) / _SIGNAL
+    mark, own = Path(stop_dir) / _SIGNAL, Path(stop_dir) / f"{_OWN}{os.getpid()}"
     deadline = time.monotonic() + grace
     while not mark.exists():
-        if time.monotonic() >= deadline:
+        if own.exists() or time.monotonic() >= deadline:
             return False
         time.sleep(0.05)
     return True
+
+
+def outside_marked(stop_dir: str | None) -> bool:
+    """In the agent: was a signal from outside marked (then its stop of the workers is that signal's)?"""
+    return bool(stop_dir) and os.path.exists(os.path.join(stop_dir, _SIGNAL))  # type: ignore[arg-type]
+
+
+def mark_own_stop(stop_dir: str | None, pids: Iterable[int]) -> None:
+    """The agent stops the workers ``pids`` on its own (not for a signal from outside): said before it signals them,
+    so each knows at once. One file per process (a restarted group's workers are new processes)."""
+    if not stop_dir or outside_marked(stop_dir):
+        return
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            Path(stop_dir, f"{_OWN}{pid}").touch()
 
 
 def mark_outside_signal(stop_dir: str | None, name: str) -> None:

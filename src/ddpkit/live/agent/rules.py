@@ -54,7 +54,7 @@ from ddpkit.launch.result import AttemptResult
 from ddpkit.launcher_output.words import signal_name
 from ddpkit.live.agent.proc import Proc, Rank, Seen, rank_env
 from ddpkit.live.protocol import LiveStore, Plan
-from ddpkit.process.stopping import mark_outside_signal
+from ddpkit.process.stopping import mark_outside_signal, mark_own_stop
 from ddpkit.process.worker_context import LIVE_GEN, PREEMPTED_MARK, STOP_DIR
 from ddpkit.rundir.ledger import RankReplaced, ReplicasDiverged, heal_sentence
 
@@ -357,6 +357,7 @@ class LiveAgent:
             print(verdict.sentence(), file=sys.stderr, flush=True)
             self.on_heal(ReplicasDiverged(gen=verdict.gen, step=verdict.step, digests=verdict.digests,
                                           where=verdict.where, at=time.time()))
+        mark_own_stop(os.environ.get(STOP_DIR), (r.proc.pid for r in self.ranks.values() if not r.done))
         self.stop_all(signal.SIGTERM)
         deadline = time.monotonic() + 10.0
         while any(not r.done for r in self.ranks.values()) and time.monotonic() < deadline:
