@@ -178,15 +178,20 @@ class LiveGroup:
         # the failed step left in cycles. A full collection took 0.18 s here (290,000 objects, torch's and the
         # watch's) on the heal's critical path, and freed nothing more: 0 hangs in 26 drills without it
         gc.collect(0)
-        plan = self._arrive(plan)
-        dist.init_process_group(backend=self.backend, store=dist.PrefixStore(self.pg_prefix, self.store()),
+        # one connection to the generation's store, the one it arrived on: a second one, made as the other survivors
+        # made theirs, took 5.0 s to be answered from 8 ranks on this machine (its connect() took 2 ms; the store's
+        # first reply came 5 s later, under torch's libuv and legacy servers alike), and the heal 5.4 s, 7.3 s at 32
+        # ranks; one connection: 0.3 s and 2.2 s (benchmarks/results/bench_live_heal_growth.md)
+        plan, arrived = self._arrive(plan)
+        dist.init_process_group(backend=self.backend, store=dist.PrefixStore(self.pg_prefix, arrived),
                                 rank=self.rank, world_size=self.world, timeout=self.timeout,
                                 device_id=device if device.type == "cuda" else None)
 
-    def _arrive(self, plan: Plan) -> Plan:
+    def _arrive(self, plan: Plan) -> tuple[Plan, dist.Store]:
         """Every survivor of ``plan`` at its generation's store before any forms the group; where a newer plan comes
         first (a rank lost while this one's replacements were joining: the agent replaces them all in the next
-        generation), its generation instead. The plan the group is formed in."""
+        generation), its generation instead. The plan the group is formed in, and this rank's connection to its
+        store."""
         deadline = time.monotonic() + self.timeout.total_seconds()
         while True:
             self.gen, self.port = plan.gen, plan.port
@@ -201,7 +206,7 @@ class LiveGroup:
                                        f"{self.timeout.total_seconds():.0f} s: the restart heal takes over")
                 time.sleep(ASK_POLL_S)
             else:
-                return plan
+                return plan, arrived
             while (later := self.keys.plan(newer.gen + 1)) is not None:
                 newer = later
             log.warning("rank %d: another rank was lost while the replacements joined; re-forming the group with "
