@@ -124,16 +124,13 @@ def render(data: dict[str, Any]) -> str:
                   "cores every rank shares the same two cores, so each part also carries "
                   "the machine's oversubscription (32 ranks on 2 cores): an upper bound of what a rank count costs "
                   "where each rank has its own core."]
-    lines += ["", "Read with care: from 8 ranks the hand-over is about 5 s more than at 4 (a step, not a slope: 5.3 s "
-              "at 8, 5.6 s at 16, 6.7 s at 32), and the same 5 s whether 1, 2 or 4 ranks were lost. Stacks taken "
-              "with faulthandler 2.5 s into such a heal (2026-11-29): every survivor in `LiveGroup.store()`, making "
-              "its TCPStore client of the new generation's store before `init_process_group`, the replacement in "
-              "gloo's full-mesh connect; a heal later in the same run (step 16 of 24, not 7) took 0.23 s. With "
-              "TORCH_CPP_LOG_LEVEL=INFO every connection to the agent's two stores (the generation's, the live "
-              "one) completes 5.0 s late, the replacement's first one too, while the agent's main thread forks the "
-              "replacement: the stores' server threads in the agent answer nothing for 5 s (a client's "
-              "connect backoff is 0.5 s x 1.5 per try). Not yet explained (not libuv: the same with USE_LIBUV=0); "
-              "the fit's slope carries it, so the growth above overstates what the rank count costs."]
+    lines += ["", "Before 2026-11-29 14:00 (commit 86359b7) the hand-over was about 5 s more from 8 ranks on (5.4 s "
+              "at 8, 5.9 s at 16, 7.3 s at 32 from the fault to the first step): each survivor opened a second "
+              "TCPStore connection to the new generation's store for `init_process_group` while the others made "
+              "theirs, and most waited 5.0 s for the store's first reply (their `connect()` took 2 ms; torch's libuv "
+              "and legacy servers alike; the cause inside the store not found). Each survivor now forms the group on "
+              "the connection it arrived on: the rows above. Forking the replacement later, or a standby forked "
+              "ahead, helped only some of the time and were not kept."]
     failed = [r for r in rows if r.get("fault_to_first_step_s") is None]
     for r in failed:
         lines += ["", f"A drill that did not heal live (N={r['world']}, lost {r['lost']}, exit {r['exit_code']}, "

@@ -74,7 +74,9 @@ def _faulted(c: Any, where: Path, fault: str, job: tuple[str, ...], *, shape: tu
         time.sleep(1)
         kept, victims = _ranks_on(node1), _ranks_on(node2)
         fault_at = time.time()
-        for pid in victims:
+        if fault == "link":  # node2 cut off: its ranks run on, nothing of theirs reaches anyone
+            subprocess.run(["ip", "-n", node2.netns, "link", "set", node2.veth, "down"], check=True)
+        for pid in victims if fault != "link" else ():
             os.kill(pid, signal.SIGSTOP if fault == "stop" else signal.SIGKILL)
         (run,) = list((where / ".ddpkit-runs").glob("slurm-*"))
 
@@ -90,7 +92,10 @@ def _faulted(c: Any, where: Path, fault: str, job: tuple[str, ...], *, shape: tu
             proc.kill()
         for pid in _ranks_on(node2):
             os.kill(pid, signal.SIGKILL)
-        _idle(c)
+        if fault == "link":  # Slurm hears from node2 again only at its next ping (minutes): the module's last drill
+            subprocess.run(["ip", "-n", node2.netns, "link", "set", node2.veth, "up"], check=False)
+        else:
+            _idle(c)
     return {"out": out, "code": proc.returncode, "log": job_log(where), "records": job_ledger(where), "kept": kept,
             "alive": alive, "fault_at": fault_at, "heals": healed}
 
@@ -167,7 +172,7 @@ def _check_node(run: dict[str, Any], fault: str) -> None:
     assert [r.hosts for r in started] == [("node1", "node2")] and [r.exit_code for r in ended] == [0], log
     assert sorted(h.rank for h in heals) == [2, 3] and {h.gen for h in heals} == {1}, heals  # one generation
     assert {(h.host, h.replacement_host, h.kept, h.together) for h in heals} == {("node2", "node3", (0, 1), (2, 3))}
-    why = "SIGKILL" if fault == "kill" else "stopped (SIGSTOP)"
+    why = {"kill": "SIGKILL", "stop": "stopped (SIGSTOP)", "link": "silent (its pulse stood still)"}[fault]
     assert all(h.why.startswith(why) for h in heals), heals
     assert run["kept"] and run["alive"] == run["kept"], run  # node1's ranks never restarted
     assert [r.host for r in records if isinstance(r, HostExcluded)] == ["node2"], records
@@ -236,3 +241,20 @@ def test_a_hung_rank_is_named_by_the_watch_and_replaced_on_the_spare(cluster: An
     assert [r.host for r in records if isinstance(r, HostExcluded)] == ["node2"], records
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["snapshots_loaded"] == 0 and len(set(summary["replica_digests"])) == 1, summary
+
+
+@pytest.mark.slow
+def test_a_node_cut_off_has_its_two_ranks_replaced_together_on_the_spare(cluster: Any, tmp_path: Path) -> None:
+    """node2's network cut (its link down): its ranks run on but nothing of theirs arrives, no reset either. Their
+    pulses stand still, the agent ends them (scancel cannot reach them: taken as ended ``UNREACHED_S`` later),
+    node1's ranks, blocked in a collective with them, shut their own connections to node2 and re-form with the
+    replacements on node3. Last in the module: Slurm hears from node2 again only minutes after its link is up."""
+    snaps = tmp_path / "snaps"
+    snaps.mkdir()
+    run = node_drill(cluster, tmp_path, "link", *TRAIN, "--snapshot-path", str(snaps / "snap.pt"), "--json",
+                     str(tmp_path / "summary.json"), ready=lambda where: len(list(snaps.glob("snap.*.pt"))) >= 2)
+    _check_node(run, "link")
+    assert "connection(s) to" in run["log"] and "so its collective fails" in run["log"], run["log"]
+    assert "Snapshots: 100 written, 0 loaded" in run["log"] and "replicas: 4 equal" in run["log"], run["log"]
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["resumed_from"] is None and len(set(summary["replica_digests"])) == 1, summary

@@ -11,6 +11,9 @@ module                           layer  what it holds
 ``live.rank.group``              3      a rank's ``LiveGroup``: ask the agent whether a peer was lost (no exception's
                                         text is read), meet the other survivors in the generation's store, re-form
                                         the group, exchange the state, ``verify`` the replicas' digests
+``live.rank.unblock``            3      a survivor blocked in a collective with ranks whose node went silent (no
+                                        reset comes) shuts its own connections to their hosts once the agent's plan
+                                        stood a moment: the collective fails as for a killed peer
 ``live.rank.replica``            3      ``Replica(model, optimizer, *stateful)`` for a user's script (imported as
                                         ``ddpkit.run.live``)
 ``live.agent.rules``             5      ``LiveAgent``: its rules as a table (its docstring), one loop for every

@@ -10,7 +10,9 @@ node a standby step waits the same way, already imported, until a rank is lost.
 - A rank killed (srun's exit code 128 + the signal) is lost at once. A stopped one (SIGSTOP) is seen by its pulse
   (``live.agent.pulse``: a process beside it on its node, reading its ``/proc`` every 0.25 s), a node or a step
   frozen or cut off by the pulse standing still ``SILENT_S``; either, ``STOPPED_S`` later, is ended with ``scancel
-  --signal=KILL JOB.STEP`` so that its peers' collectives fail at once. A rank whose Python holds the GIL runs.
+  --signal=KILL JOB.STEP`` so that its peers' collectives fail at once. A rank whose Python holds the GIL runs. A
+  node cut off: its steps never end for srun, so a killed rank still silent ``UNREACHED_S`` later counts as ended,
+  and its peers shut their own connections to it (``live.rank.unblock``).
 - The replacement is the standby of a spare node: it is given the lost rank's variables and the next generation's
   store, joins the group the survivors re-form, and takes their state (``ddpkit.live.rank.group``). The lost host is
   excluded for the rest of the job (the ledger's ``host-excluded``, given back to Slurm).
@@ -47,6 +49,10 @@ SILENT_S = 3.0
 #: How often the agent looks at its steps (seconds): each look reads every rank's heartbeat from the store.
 POLL_S = 0.1
 SCANCEL_S = 30.0
+#: A rank the agent killed whose step has not ended this long after (seconds), its pulse silent all along: its node
+#: is cut off (scancel cannot reach it, srun waits on it), so the rank is taken as ended by the SIGKILL it was sent,
+#: and its survivors, which no reset will ever reach, shut their connections to it (``live.rank.unblock``).
+UNREACHED_S = 1.0
 #: How long a standby that was not needed gets to end on its own before its step is cancelled (seconds).
 STANDBY_END_S = 10.0
 
@@ -71,6 +77,7 @@ class _Step:
     """``heard_since``: (since, the pulse's count first read after it)."""
     killed: bool = False
     """The agent sent it SIGKILL (its step may take a moment to end)."""
+    killed_at: float | None = None
     moved: float = field(default_factory=time.monotonic)
     looked: float = 0.0
     step_id: str | None = None
@@ -85,7 +92,8 @@ class _Step:
     def wait(self) -> int | None:
         code = self.popen.poll()
         if code is None:
-            return None
+            unreached = self.killed_at is not None and time.monotonic() - self.killed_at >= UNREACHED_S
+            return -int(signal.SIGKILL) if unreached and self.look()[0] is Seen.SILENT else None
         return -(code - 128) if code > 128 else code  # srun: 128 + the signal that killed the task
 
     def look(self) -> tuple[Seen, int]:
@@ -113,6 +121,8 @@ class _Step:
 
     def send(self, sig: signal.Signals) -> None:
         self.killed = self.killed or sig is signal.SIGKILL
+        if sig is signal.SIGKILL and self.killed_at is None:
+            self.killed_at = time.monotonic()
         step = self._find_step()
         if step is None:
             return
@@ -122,6 +132,8 @@ class _Step:
 
     def close(self) -> None:
         if self.popen.poll() is None:
+            if self.killed:  # ended by the agent, still waited on by srun: its node is cut off
+                self.popen.kill()
             self.popen.send_signal(signal.SIGINT)  # srun's way: twice, then it ends the step
             self.popen.send_signal(signal.SIGINT)
             try:
@@ -166,13 +178,16 @@ class LiveSteps:
     per_node: int = 1
     assigned: dict[str, list[_Step]] = field(default_factory=dict)
     """A spare node -> the replacements started there."""
+    started: list[_Step] = field(default_factory=list)
+    """Every step started (a killed one on a node cut off is ended at the end)."""
 
     def _step(self, host: str, slot: str) -> _Step:
         argv = ["srun", f"--nodelist={host}", "--nodes=1", "--ntasks=1", "--overlap", f"--job-name={slot}",
                 *self.python, "-m", "ddpkit.standby", "--store", f"{self.address}:{self.store.port}", "--slot", slot,
                 "--", *self.command]
         popen = subprocess.Popen(argv, stdin=subprocess.DEVNULL, start_new_session=True)
-        return _Step(popen=popen, host=host, slot=slot, job=self.job, store=self.store)
+        self.started.append(_Step(popen=popen, host=host, slot=slot, job=self.job, store=self.store))
+        return self.started[-1]
 
     def standby(self, host: str, per_node: int = 1) -> None:
         """``per_node`` standbys on spare node ``host``: one for each rank a lost node held."""
@@ -230,6 +245,9 @@ class LiveSteps:
                 time.sleep(0.1)
             step.close()
         self.standbys.clear()
+        for step in self.started:  # srun still waiting on a node cut off
+            if step.killed:
+                step.close()
 
 
 def run_live_attempt(*, job: str, program: tuple[str, ...], hosts: tuple[str, ...], spares: tuple[str, ...],

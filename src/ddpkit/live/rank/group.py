@@ -31,6 +31,7 @@ import torch.distributed as dist
 from ddpkit.base.errors import first_line
 from ddpkit.base.log import get_logger
 from ddpkit.live.protocol import NO_LOSS, Diverged, Joined, LiveStore, Plan
+from ddpkit.live.rank.unblock import Unblocker
 from ddpkit.watch.actions import replace_hung_with
 
 if TYPE_CHECKING:
@@ -125,7 +126,11 @@ class LiveGroup:
         self.verify_at: int | None = None
         """The step after which the replicas are compared: one step after a heal, so that what a step changes (a
         scheduler's learning rate) has acted."""
+        self.asking = False
+        """In ``lost_peer`` or re-forming: this rank knows a peer may be lost."""
         self.keys.register(rank)  # the agent heals a loss live only where every survivor can re-form
+        # a survivor blocked in a collective with ranks whose node went silent: freed once the agent's plan says so
+        Unblocker(agent, rank, lambda: (self.gen, self.asking)).__enter__()
         replace_hung_with(self._name_hung)  # where the watch would stop the job over a hung rank
 
     def _name_hung(self, pid: int, headline: str) -> None:
@@ -142,6 +147,7 @@ class LiveGroup:
         exception is the program's own: raise it). Only a collective's error types are asked about."""
         if not isinstance(exc, _COLLECTIVE_ERRORS):
             return None
+        self.asking = True
         self.keys.ask(self.gen, self.rank, type(exc).__name__)
         deadline = time.monotonic() + PLAN_WAIT_S
         while time.monotonic() < deadline:
@@ -151,6 +157,7 @@ class LiveGroup:
                     plan = later
                 return plan
             if self.keys.answer(self.gen, self.rank) == NO_LOSS:
+                self.asking = False
                 return None
             time.sleep(ASK_POLL_S)
         raise RuntimeError(f"a collective failed ({first_line(exc)[:200]}) and ddpkit's live agent said nothing "
@@ -186,6 +193,7 @@ class LiveGroup:
         dist.init_process_group(backend=self.backend, store=dist.PrefixStore(self.pg_prefix, arrived),
                                 rank=self.rank, world_size=self.world, timeout=self.timeout,
                                 device_id=device if device.type == "cuda" else None)
+        self.asking = False
 
     def _arrive(self, plan: Plan) -> tuple[Plan, dist.Store]:
         """Every survivor of ``plan`` at its generation's store before any forms the group; where a newer plan comes
