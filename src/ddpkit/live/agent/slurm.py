@@ -78,6 +78,8 @@ class _Step:
     killed: bool = False
     """The agent sent it SIGKILL (its step may take a moment to end)."""
     killed_at: float | None = None
+    cancels: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    """The scancel commands sent, not waited for."""
     moved: float = field(default_factory=time.monotonic)
     looked: float = 0.0
     step_id: str | None = None
@@ -126,11 +128,20 @@ class _Step:
         step = self._find_step()
         if step is None:
             return
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            subprocess.run(["scancel", f"--signal={sig.name.removeprefix('SIG')}", step], capture_output=True,
-                           timeout=SCANCEL_S, check=False)
+        # not waited for: scancel waits on the node's answer, and a node cut off gives none (12 s here), while the
+        # agent has other ranks to look at
+        self.cancels = [c for c in self.cancels if c.poll() is None]
+        self.cancels.append(subprocess.Popen(["scancel", f"--signal={sig.name.removeprefix('SIG')}", step],
+                                             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                             stderr=subprocess.DEVNULL))
 
     def close(self) -> None:
+        for cancel in self.cancels:  # a scancel still waiting on a node cut off
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                cancel.wait(timeout=2)
+            if cancel.poll() is None:
+                cancel.kill()
+                cancel.wait()
         if self.popen.poll() is None:
             if self.killed:  # ended by the agent, still waited on by srun: its node is cut off
                 self.popen.kill()
