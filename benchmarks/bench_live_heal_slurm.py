@@ -37,6 +37,9 @@ from ddpkit.rundir.ledger import AttemptEnded, HostExcluded, Ledger, RankReplace
 RESULTS = Path(__file__).parent / "results"
 DRILLS = int(os.environ.get("BENCH_SLURM_DRILLS", "10"))
 NODE_DRILLS = int(os.environ.get("BENCH_SLURM_NODE_DRILLS", "10"))
+#: Drills of node2's link cut under ``-j 2x2``, each on a cluster of its own (Slurm hears from a node cut off only
+#: minutes after its link is back). ``BENCH_SLURM_ONLY=link``: these alone, the other rows kept from the last run.
+LINK_DRILLS = int(os.environ.get("BENCH_SLURM_LINK_DRILLS", "5"))
 CLEAN = int(os.environ.get("BENCH_SLURM_CLEAN", "20"))
 PAIRS = int(os.environ.get("BENCH_SLURM_PAIRS", "10"))
 SHORT = ("train", "--epochs", "10", "--samples", "2048")
@@ -123,6 +126,20 @@ def _restart(c: Any, fault: str) -> dict[str, Any]:
             "redone": last - resumed if last is not None and resumed is not None else None}
 
 
+def _links() -> list[dict[str, Any]]:
+    """``LINK_DRILLS`` node drills with node2's link cut, each on a fresh 3-node cluster."""
+    rows = []
+    for _ in range(LINK_DRILLS):
+        c = slurm_cluster.SlurmCluster(Path(tempfile.mkdtemp(prefix="ddpkit-bench-link-")), nodes_count=3)
+        c.start(timeout=120)
+        try:
+            rows.append(_node(c, "link"))
+            print(json.dumps(rows[-1]), flush=True)
+        finally:
+            c.stop()
+    return rows
+
+
 def _med(values: list[Any]) -> str:
     got = [v for v in values if isinstance(v, int | float)]
     return f"{statistics.median(got):.2f}" if got else "-"
@@ -145,7 +162,7 @@ def render(data: dict[str, Any]) -> str:
                      f"{sorted({str(r['replacement_host']) for r in runs})} | {sum(r['survivor_kept'] for r in runs)} "
                      f"| 0 (loaded: {sorted({str(r['loaded']) for r in runs})}) | "
                      f"{sum(r['replicas_equal'] for r in runs)} |")
-    for fault in ("kill", "stop"):
+    for fault in ("kill", "stop", "link"):
         runs = [r for r in data.get("node", []) if r["fault"] == fault]
         if not runs:
             continue
@@ -164,6 +181,8 @@ def render(data: dict[str, Any]) -> str:
         lines.append(f"| restart{when} | {fault} | {len(runs)} | {sum(r['exit_code'] == 0 for r in runs)} | - | "
                      f"{_med(first)}, {max(first, default=0):.2f} | node1, node3 (every rank restarted) | 0 | "
                      f"{[r['redone'] for r in runs]} | - |")
+    if data.get("link_when"):
+        lines += ["", f"The link rows (node2's link cut) measured {data['link_when']}, the others as above."]
     clean = data.get("clean", [])
     if clean:
         lines += ["", f"Fault-free, `-j 2x2 --spare-nodes 1 --heal live` (`{' '.join(SHORT)}`): {len(clean)} runs, "
@@ -178,7 +197,9 @@ def render(data: dict[str, Any]) -> str:
                   f"{max(ratios):.3f})."]
     lines += ["", "Detection of a stop: the rank's pulse (`live/agent/pulse.py`, a process beside it on its node, "
               "reading its /proc every 0.25 s) says it is stopped, then 1 s more (STOPPED_S) before it is ended; a "
-              "node frozen or cut off: the pulse standing still 3 s (SILENT_S), then 1 s more. The restart heal "
+              "node frozen or cut off: the pulse standing still 3 s (SILENT_S), then 1 s more; a node cut off (link: "
+              "its link down, each drill on a fresh cluster) counts as ended 1 s after its SIGKILL (UNREACHED_S) "
+              "and its peers shut their connections to it 1 s after the plan (UNBLOCK_AFTER_S). The restart heal "
               "finds a stop by the watch's silent rank "
               "(`--silent-after 10`). Steps redone under restart: the last step of attempt 1's goodput windows "
               "less the snapshot attempt 2 resumed from; a window is written as the epoch goes, so a stop (rank 0 "
@@ -190,6 +211,11 @@ def main() -> None:
     path = RESULTS / "bench_live_heal_slurm.json"
     if "--render" in sys.argv:
         data = json.loads(path.read_text())
+    elif os.environ.get("BENCH_SLURM_ONLY") == "link":
+        data = json.loads(path.read_text())
+        data["node"] = [r for r in data.get("node", []) if r["fault"] != "link"] + _links()
+        data["link_when"] = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+        path.write_text(json.dumps(data, indent=1))
     else:
         c = slurm_cluster.SlurmCluster(Path(tempfile.mkdtemp(prefix="ddpkit-bench-live-")), nodes_count=3)
         c.start(timeout=120)
@@ -217,6 +243,7 @@ def main() -> None:
                 print(json.dumps(data["restart"][-1]), flush=True)
         finally:
             c.stop()
+        data["node"] += _links()
         if not data["restart"] and before.get("restart"):  # BENCH_SLURM_RESTARTS=0: the last run's restart rows
             data["restart"], data["restart_when"] = before["restart"], before.get("restart_when", before["when"])
         path.write_text(json.dumps(data, indent=1))
