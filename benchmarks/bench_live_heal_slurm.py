@@ -199,7 +199,7 @@ def render(data: dict[str, Any]) -> str:
               "reading its /proc every 0.25 s) says it is stopped, then 1 s more (STOPPED_S) before it is ended; a "
               "node frozen or cut off: the pulse standing still 3 s (SILENT_S), then 1 s more; a node cut off (link: "
               "its link down, each drill on a fresh cluster) counts as ended 1 s after its SIGKILL (UNREACHED_S) "
-              "and its peers shut their connections to it 1 s after the plan (UNBLOCK_AFTER_S). The restart heal "
+              "and its peers shut their connections to it 0.5 s after the plan (UNBLOCK_AFTER_S). The restart heal "
               "finds a stop by the watch's silent rank "
               "(`--silent-after 10`). Steps redone under restart: the last step of attempt 1's goodput windows "
               "less the snapshot attempt 2 resumed from; a window is written as the epoch goes, so a stop (rank 0 "

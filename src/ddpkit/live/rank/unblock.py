@@ -32,7 +32,7 @@ log = get_logger(__name__)
 
 #: How long a survivor may stay in the old generation after the next one's plan appeared before its connections to
 #: the lost hosts are shut (seconds): a survivor whose peer was killed has asked long before.
-UNBLOCK_AFTER_S = 1.0
+UNBLOCK_AFTER_S = 0.5
 #: How often the plan is looked for (seconds).
 LOOK_S = 0.25
 _ESTABLISHED = "01"
@@ -131,7 +131,7 @@ class Unblocker(BackgroundLoop):
         addresses = {a for a in addresses_of(h for h in plan.hosts if h != here)
                      if not ipaddress.ip_address(a).is_loopback}  # a rank of this host: its kernel closed its sockets
         shut = shut_connections_to(addresses, spare_ports=(self.agent[1], plan.port)) if addresses else 0
-        log.warning("rank %d: still in generation %d %.0f s after the agent found rank(s) %s on %s lost (their node "
+        log.warning("rank %d: still in generation %d %.1f s after the agent found rank(s) %s on %s lost (their node "
                     "silent, no reset came): %s", self.rank, plan.gen - 1, UNBLOCK_AFTER_S,
                     ", ".join(map(str, plan.ranks)), ", ".join(sorted(set(plan.hosts))),
                     f"shut its {shut} connection(s) to {', '.join(sorted(addresses))}, so its collective fails"
