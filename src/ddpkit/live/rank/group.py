@@ -130,7 +130,7 @@ class LiveGroup:
         """In ``lost_peer`` or re-forming: this rank knows a peer may be lost."""
         self.keys.register(rank)  # the agent heals a loss live only where every survivor can re-form
         # a survivor blocked in a collective with ranks whose node went silent: freed once the agent's plan says so
-        Unblocker(agent, rank, lambda: (self.gen, self.asking)).__enter__()
+        Unblocker(self.keys, agent[1], rank, lambda: (self.gen, self.asking)).__enter__()
         replace_hung_with(self._name_hung)  # where the watch would stop the job over a hung rank
 
     def _name_hung(self, pid: int, headline: str) -> None:

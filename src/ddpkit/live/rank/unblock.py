@@ -20,7 +20,6 @@ import os
 import socket
 import time
 from collections.abc import Callable, Iterable
-from datetime import timedelta
 
 from ddpkit.base.background import BackgroundLoop
 from ddpkit.base.log import get_logger
@@ -96,20 +95,19 @@ def shut_connections_to(addresses: set[str], *, spare_ports: Iterable[int] = ())
 
 class Unblocker(BackgroundLoop):
     """A daemon thread beside a rank's ``LiveGroup``: ``generation()`` says the generation the rank is in and
-    whether it already asked the agent (then nothing is done); its own connection to the agent's store."""
+    whether it already asked the agent (then nothing is done); ``keys``: the rank's connection to the agent's store
+    (a TCPStore client runs one operation at a time: shared, it costs the store no connection more; each one more
+    made at a rank's start was answered 5 s late from 16 ranks)."""
 
-    def __init__(self, agent: tuple[str, int], rank: int, generation: Callable[[], tuple[int, bool]]) -> None:
+    def __init__(self, keys: LiveStore, agent_port: int, rank: int,
+                 generation: Callable[[], tuple[int, bool]]) -> None:
         super().__init__(f"ddpkit-live-unblock-{rank}")
-        self.agent, self.rank, self.generation = agent, rank, generation
+        self.keys, self.agent_port, self.rank, self.generation = keys, agent_port, rank, generation
 
     def loop(self) -> None:
         import torch.distributed as dist
 
-        try:
-            keys = LiveStore(dist.TCPStore(self.agent[0], self.agent[1], is_master=False,
-                                           timeout=timedelta(seconds=30), wait_for_workers=False))
-        except (RuntimeError, dist.DistError):
-            return  # the agent is gone: nothing to wait for
+        keys = self.keys
         seen: tuple[int, float] | None = None
         while not self.stopping.wait(LOOK_S):
             gen, asked = self.generation()
@@ -130,7 +128,7 @@ class Unblocker(BackgroundLoop):
         here = socket.gethostname().split(".", 1)[0]
         addresses = {a for a in addresses_of(h for h in plan.hosts if h != here)
                      if not ipaddress.ip_address(a).is_loopback}  # a rank of this host: its kernel closed its sockets
-        shut = shut_connections_to(addresses, spare_ports=(self.agent[1], plan.port)) if addresses else 0
+        shut = shut_connections_to(addresses, spare_ports=(self.agent_port, plan.port)) if addresses else 0
         log.warning("rank %d: still in generation %d %.1f s after the agent found rank(s) %s on %s lost (their node "
                     "silent, no reset came): %s", self.rank, plan.gen - 1, UNBLOCK_AFTER_S,
                     ", ".join(map(str, plan.ranks)), ", ".join(sorted(set(plan.hosts))),
