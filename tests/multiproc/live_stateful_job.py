@@ -20,6 +20,7 @@ import time
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from ddpkit.run import live
@@ -64,6 +65,19 @@ class Ema:
         self.shadow = {k: v.clone() for k, v in state.items()}
 
 
+class Counting:
+    """A comm hook's state: how many buckets it reduced (``process_group`` None: the default group)."""
+
+    def __init__(self) -> None:
+        self.calls = self.epoch_calls = 0
+        self.process_group = None
+
+
+def counting_hook(state, bucket):  # type: ignore[no-untyped-def]  # torch reads the annotations; these would be text
+    state.calls += 1
+    return default_hooks.allreduce_hook(state.process_group, bucket)
+
+
 def digest(tensors: dict[str, torch.Tensor]) -> str:
     return hashlib.sha256(b"".join(t.detach().numpy().tobytes() for _, t in sorted(tensors.items()))).hexdigest()[:12]
 
@@ -79,6 +93,8 @@ def main() -> None:
     p.add_argument("--pause-s", type=float, default=150.0)
     p.add_argument("--plain", action="store_true", help="no live.Replica: the script as torchrun runs it")
     p.add_argument("--out", default=None)
+    p.add_argument("--ddp-extras", action="store_true", help="DDP(find_unused_parameters=True, bucket_cap_mb=1) and a "
+                   "comm hook that counts its calls")
     args = p.parse_args()
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -87,7 +103,12 @@ def main() -> None:
     target = data @ torch.randn(16, 1) + 0.1 * torch.randn(512, 1)
     model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Tanh(), torch.nn.Linear(32, 1))
     start = {k: v.clone() for k, v in model.state_dict().items()}
-    ddp = DDP(model)
+    hook = Counting()
+    if args.ddp_extras:
+        ddp = DDP(model, find_unused_parameters=True, bucket_cap_mb=1)
+        ddp.register_comm_hook(hook, counting_hook)
+    else:
+        ddp = DDP(model)
     optimizer = torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9)
     per_epoch = 512 // world // 32
     if args.scheduler == "onecycle":
@@ -127,9 +148,13 @@ def main() -> None:
                 replica.step(train_step, x, y)
         if rank == 0:
             print(f"[RANK {rank}] Epoch {epoch} done", flush=True)
+        hook.epoch_calls, hook.calls = hook.calls, 0
     moved = max(float((v - start[k]).abs().max()) for k, v in model.state_dict().items())
     print(f"[RANK {rank}] done: weights {digest(model.state_dict())} ema {digest(ema.shadow)} "
           f"lr {optimizer.param_groups[0]['lr']:.6g} moved {moved:.6g}", flush=True)
+    if args.ddp_extras:
+        print(f"[RANK {rank}] ddp: hooks {len(ddp._comm_hooks)} find_unused {ddp.find_unused_parameters} bucket "
+              f"{ddp.bucket_bytes_cap} last epoch's hook calls {hook.epoch_calls}", flush=True)
     if args.out and rank == 0:
         with open(args.out, "w") as f:
             json.dump({k: v.flatten().tolist() for k, v in model.state_dict().items()}, f)

@@ -116,6 +116,21 @@ def test_carried_state_travels_and_the_replicas_agree(tmp_path: Path, uninterrup
     assert 'ddpkit_live_heals_total{run="run"} 1.0' in prom and '\nddpkit_goodput_ratio{run="run"} ' in prom, prom
 
 
+
+def test_the_script_s_ddp_settings_and_comm_hook_survive_the_heal(tmp_path: Path) -> None:
+    """DDP(find_unused_parameters=True, bucket_cap_mb=1) with a comm hook that counts its calls: after rank 1 is
+    killed and replaced, every rank's DDP still has them (the survivors' re-wrapped DDP too, not torch's defaults)
+    and the hook still reduces every step (its calls in the last epoch)."""
+    code, text = _run(tmp_path, "--ddp-extras", kill=(1,), epochs=20)
+    assert code == 0 and "no step lost" in text, text
+    said = re.findall(r"\[RANK (\d)\] ddp: hooks (\d+) find_unused (\w+) bucket (\d+) last epoch's hook calls (\d+)",
+                      text)
+    assert sorted(r for r, *_ in said) == ["0", "1", "2"], text
+    assert {(hooks, unused, bucket) for _, hooks, unused, bucket, _ in said} == {("1", "True", str(1024 * 1024))}, said
+    assert all(int(calls) > 0 for *_, calls in said), said
+    heals = [r for r in read_records(tmp_path / "run" / "ledger.jsonl") if isinstance(r, RankReplaced)]
+    assert [(h.rank, h.kept) for h in heals] == [(1, (0, 2))], heals
+
 def test_state_left_out_of_the_replica_is_named_one_step_after_the_heal(tmp_path: Path) -> None:
     code, text = _run(tmp_path, "--leave-out", kill=(1,), attempts=1)
     assert code != 0, text

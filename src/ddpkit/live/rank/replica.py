@@ -30,6 +30,7 @@ replace: ``range``, the loader itself, and a plain call. The script runs unchang
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Protocol, TypeVar
 
@@ -137,10 +138,13 @@ class Replica:
         assert self.group is not None
         module: nn.Module = self.model.module
         device = next(module.parameters()).device
+        settings, hooks = ddp_settings(self.model), list(getattr(self.model, "_comm_hooks", []))
         self.group.reform(plan, exc, device, self.model)
         # the same DDP object over the new group, so the script's references to it hold (its constructor's
-        # collectives meet the replacement's own DDP(...))
-        DDP.__init__(self.model, module, device_ids=self.model.device_ids)
+        # collectives meet the replacement's own DDP(...)), as the script built it: its settings, its comm hooks
+        DDP.__init__(self.model, module, **settings)
+        for hook, state in hooks:
+            self.model.register_comm_hook(_regrouped(state), hook)
         agreed = self.group.exchange(self.done, self._give)
         self._take(agreed, joining=False)
         return agreed
@@ -162,3 +166,29 @@ class Replica:
             restore_rng(given["rng"])
             self.done = agreed.step
             self._first_epoch, self._skip = given["epoch"], given["batch"]
+
+
+#: ``DDP.__init__``'s arguments the object keeps under the same name (torch's own), passed again as they are
+_KEPT = ("device_ids", "output_device", "dim", "find_unused_parameters", "gradient_as_bucket_view", "static_graph",
+         "mixed_precision", "skip_all_reduce_unused_params", "batched_grad_copy", "forward_sync_buffers")
+
+
+def ddp_settings(ddp: DDP) -> dict[str, Any]:
+    """What ``DDP(module, ...)`` was given, as the object keeps it, for the same DDP over a re-formed group (the
+    replacement's script builds its own with the same arguments): each of ``_KEPT`` this torch's ``DDP.__init__``
+    takes and the object holds, and the bucket size where one was given."""
+    takes = inspect.signature(DDP.__init__).parameters
+    settings = {name: getattr(ddp, name) for name in _KEPT if name in takes and hasattr(ddp, name)}
+    if not getattr(ddp, "bucket_bytes_cap_default", True):
+        settings["bucket_cap_mb"] = ddp.bucket_bytes_cap / (1024 * 1024)
+    return settings
+
+
+def _regrouped(state: Any) -> Any:
+    """A comm hook's state for the re-formed group: a process group (the old one is gone) becomes None, which torch's
+    hooks read as the default group; a state that holds one (PowerSGD's) gets None there too."""
+    if isinstance(state, dist.ProcessGroup):
+        return None
+    if isinstance(getattr(state, "process_group", None), dist.ProcessGroup):
+        state.process_group = None
+    return state
