@@ -145,8 +145,9 @@ class _Step:
         if self.popen.poll() is None:
             if self.killed:  # ended by the agent, still waited on by srun: its node is cut off
                 self.popen.kill()
-            self.popen.send_signal(signal.SIGINT)  # srun's way: twice, then it ends the step
-            self.popen.send_signal(signal.SIGINT)
+            else:
+                self.popen.send_signal(signal.SIGINT)  # srun's way: twice, then it ends the step
+                self.popen.send_signal(signal.SIGINT)
             try:
                 self.popen.wait(timeout=5)
             except subprocess.TimeoutExpired:
