@@ -135,9 +135,13 @@ def add_worker_arguments(p: argparse.ArgumentParser) -> None:
                      "record it in the run's ledger and relaunch where another attempt can help; a failure of "
                      "the program itself twice in a row ends with exit 93 (do not requeue). -n N on one host; "
                      "-j MIN:MAXxP on every host (a host at fault is excluded from later rounds; its agent "
-                     "exits 95). --heal live (-n N; run: a script using ddpkit.run.live): a lost rank is "
-                     "replaced while the others keep their processes, taking its state from a live peer: no "
-                     "snapshot read, no step lost (docs/heal.md)")
+                     "exits 95). --heal live (-n N, or -j NxP --rdzv-endpoint on every host; run: a script "
+                     "using ddpkit.run.live): a lost rank, or a lost host's ranks, replaced while the others keep "
+                     "their processes, taking the state from a live peer: no snapshot read, no step lost "
+                     "(docs/heal.md)")
+    g.add_argument("--standby", action="store_true",
+                   help="with -j NxP --rdzv-endpoint HOST:PORT --heal live: this host starts no rank; it stands "
+                        "by, torch and the program imported, and takes the ranks of a host that is lost")
     g.add_argument("--max-attempts", type=int, default=3, metavar="N",
                    help="with --heal: attempts at most, the first included (default 3)")
     g.add_argument("--run-dir", type=run_directory("--run-dir"), default=None, metavar="PATH",

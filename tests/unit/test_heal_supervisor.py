@@ -208,3 +208,21 @@ def test_live_healing_is_refused_where_it_does_not_run_yet(tmp_path: Path, capsy
                       num_nodes=1)
     with pytest.raises(ConfigError, match="--heal live with -j"):
         supervise(world, request, lambda: across, lambda options: AttemptResult(exit_code=0))
+
+
+def test_standby_and_live_across_hosts_refuse_what_they_cannot_do(capsys: pytest.CaptureFixture[str],
+                                                                   tmp_path: Path) -> None:
+    """--standby only with -j NxP --heal live; live across hosts only with its endpoint (c10d, no
+    --max-restarts): each a usage error (exit 2) saying what to do, before anything starts."""
+    from ddpkit.cli import main
+
+    for words, expected in ((["--standby"], "--standby without --heal live"),
+                            (["--standby", "--heal"], "--standby with --heal restart"),
+                            (["-n", "2", "--standby", "--heal", "live"], "--standby with --heal live and one host"),
+                            (["-j", "2x2", "--rdzv-endpoint", "127.0.0.1:1", "--heal", "live", "--rdzv-backend",
+                              "etcd-v2", "--run-id", "x"], "--heal live with --rdzv-backend etcd-v2"),
+                            (["-j", "2x2", "--rdzv-endpoint", "127.0.0.1:1", "--heal", "live", "--max-restarts",
+                              "2"], "--heal live with --max-restarts 2")):
+        assert main(["train", "--epochs", "1", *words, "--run-dir", str(tmp_path / "run")]) == 2, words
+        err = capsys.readouterr().err
+        assert expected in err and "Traceback" not in err, (words, err)

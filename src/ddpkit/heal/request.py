@@ -36,6 +36,10 @@ class HealRequest:
     """``--heal live``: a lost rank is replaced within the attempt, the others keeping their processes
     (``ddpkit.live.agent.rules``); an attempt that cannot go on live fails, and is healed by a restart."""
 
+    standby: bool = False
+    """``--standby`` (``-j NxP --heal live`` across hosts): this host holds no rank at the start; it takes a lost
+    host's ranks (``ddpkit.heal.live_hosts``)."""
+
     @property
     def keeps_rank_logs(self) -> bool:
         """``ddpkit run``'s ranks' output is kept per attempt (their tracebacks are the evidence); train's ranks

@@ -45,6 +45,7 @@ if TYPE_CHECKING:
     from ddpkit.heal.request import LaunchAttempt
     from ddpkit.launch.agent import LaunchOptions
     from ddpkit.launch.result import AttemptResult
+    from ddpkit.live.agent.host import _Forker
 
 __all__ = ["HEALED_COMMANDS", "supervise"]
 
@@ -58,12 +59,18 @@ TAIL_BYTES = 64 * 1024
 
 
 def supervise(world: WorldInfo, request: HealRequest, options_for: Callable[[], LaunchOptions],
-              launch_attempt: LaunchAttempt) -> int:
+              launch_attempt: LaunchAttempt, fork_for: Callable[[LaunchOptions], _Forker] | None = None) -> int:
     """Run attempts (``launch_attempt(options, live)``: the agent, once; ``live``: the attempt's ``LiveHook`` under
     ``--heal live``, else None) until one succeeds or the policy stops; return
-    the run's exit code. ``options_for`` builds the agent's options (after the refusals: it checks -n/-j)."""
+    the run's exit code. ``options_for`` builds the agent's options (after the refusals: it checks -n/-j);
+    ``fork_for``: under ``--heal live`` across hosts, this host's rank forker (``live.agent.host.fork_ranks``)."""
     _refuse_unless_one_host(world, request)
     options = options_for()
+    _refuse_standby_unless_live_across_hosts(request, options)
+    if request.live and options.shape.max_nodes > 1 and fork_for is not None:
+        from ddpkit.heal.live_hosts import supervise_live_hosts
+
+        return supervise_live_hosts(request, options, fork_for, _start_goodput)
     _refuse_live_unless_one_host(request, options)
     if options.shape.max_nodes > 1:  # -j MIN:MAXxP on every host: the hosts that are left go on (heal.elastic)
         from ddpkit.heal.elastic import supervise_across_hosts
@@ -228,12 +235,21 @@ def _refuse_unless_one_host(world: WorldInfo, request: HealRequest) -> None:
         raise ConfigError(f"--max-attempts {request.max_attempts}", "1 or more", "pass --max-attempts 3 (the default)")
 
 
+def _refuse_standby_unless_live_across_hosts(request: HealRequest, options: LaunchOptions) -> None:
+    if request.standby and not (request.live and options.shape.max_nodes > 1):
+        raise ConfigError(f"--standby with --heal {'live' if request.live else 'restart'} and "
+                          f"{f'-j {options.shape}' if options.shape.max_nodes > 1 else 'one host'}",
+                          "--standby with -j NxP --rdzv-endpoint HOST:PORT --heal live: a standby host takes the "
+                          "ranks of a host lost", "drop --standby, or add --heal live and -j NxP")
+
+
 def _refuse_live_unless_one_host(request: HealRequest, options: LaunchOptions) -> None:
+    """Across hosts, live healing needs this host's rank forker (``fork_for``: ``ddpkit run|train`` hands it over);
+    a caller that gave none cannot heal live there."""
     if request.live and options.shape.max_nodes > 1:
-        raise ConfigError(f"--heal live with -j {options.shape}", "--heal live where one launcher starts each rank "
-                          "on its own: -n N on one host, or submit slurm -j NxP --spare-nodes K --heal live; across "
-                          "hosts, torch elastic's agents tear down and restart every worker when one fails",
-                          "use -n N or submit slurm --heal live, or --heal (the restart heal across hosts)")
+        raise ConfigError(f"--heal live with -j {options.shape} and no way to fork this host's ranks",
+                          "ddpkit run|train -j NxP --rdzv-endpoint HOST:PORT --heal live on every host (its own "
+                          "agent forks the ranks), or -n N on one host", "start the job with ddpkit run|train")
 
 
 def _refuse_unless_local(options: LaunchOptions) -> None:

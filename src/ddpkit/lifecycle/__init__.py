@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable
 from dataclasses import replace
 from types import ModuleType
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ddpkit.base.errors import ConfigError
 from ddpkit.base.inputs import check_local_ranks
@@ -66,9 +66,15 @@ def run_rank(command: WorkerCommand, module: ModuleType, args: argparse.Namespac
 
         request = HealRequest(command=args.command, max_attempts=args.max_attempts, run_dir=args.run_dir,
                               run_id=getattr(args, "run_id", None), snapshot_path=getattr(args, "snapshot_path", None),
-                              argv=tuple(getattr(args, "ddpkit_argv", ())), live=args.heal == "live")
+                              argv=tuple(getattr(args, "ddpkit_argv", ())), live=args.heal == "live",
+                              standby=bool(getattr(args, "standby", False)))
         return supervise(world, request, lambda: replace(launch_options(args), preload=command.preload),
-                         lambda options, live: _attempt(argv, options, main, live=live))
+                         lambda options, live: _attempt(argv, options, main, live=live),
+                         lambda options: _fork_ranks(argv, options, main))
+    if getattr(args, "standby", False) and not launched_by_ddpkit():
+        raise ConfigError("--standby without --heal live", "--standby with -j NxP --rdzv-endpoint HOST:PORT --heal "
+                          "live: a standby host takes the ranks of a host that is lost", "add --heal live, or drop "
+                          "--standby")
     if world.is_agent:  # a Kubeflow pod asked for several processes: be its agent, as torchrun would be
         return _launch(argv, kubeflow_agent_options(world), main)
     if world.launcher == "none":
@@ -201,6 +207,14 @@ def _attempt(argv: list[str], options: LaunchOptions, main: Callable[[list[str]]
 
         return launch_live(options, entrypoint, argv, live)
     return launch(options, entrypoint, argv)
+
+
+def _fork_ranks(argv: list[str], options: LaunchOptions, main: Callable[[list[str]], int]) -> Any:
+    """This host's rank forker under ``--heal live`` across hosts (``ddpkit.live.agent.host.fork_ranks``)."""
+    from ddpkit.launch.agent import Entrypoint
+    from ddpkit.live.agent.host import fork_ranks
+
+    return fork_ranks(options, Entrypoint(main=main, module="ddpkit"), argv)
 
 
 def _linger() -> None:

@@ -41,8 +41,8 @@ from pathlib import Path
 from ddpkit.base.errors import EXIT_MISSING, EXIT_OK, EXIT_PREEMPTED, EXIT_PREEMPTED_UNSAVED
 
 __all__ = ["OUTSIDE_MARK_GRACE_S", "RunOutcome", "final_lost_report", "leave_abort_order", "leave_lost_report",
-           "leave_preempted_code", "lost_reports", "mark_outside_signal", "mark_own_stop", "outside_marked",
-           "signal_from_outside", "take_abort_orders"]
+           "leave_preempted_code", "lost_reports", "mark_outside_signal", "mark_own_stop", "marked_signal",
+           "outside_marked", "signal_from_outside", "take_abort_orders"]
 
 #: Seconds at most a worker that got a signal waits for its agent's word (the signal may reach both at once, and a
 #: loaded agent may take seconds to run its handler); the agent says it at once when it stops the workers itself, so
@@ -99,6 +99,16 @@ def signal_from_outside(received: str | None, stop_dir: str | None, grace: float
 def outside_marked(stop_dir: str | None) -> bool:
     """In the agent: was a signal from outside marked (then its stop of the workers is that signal's)?"""
     return bool(stop_dir) and os.path.exists(os.path.join(stop_dir, _SIGNAL))  # type: ignore[arg-type]
+
+
+def marked_signal(stop_dir: str | None) -> str | None:
+    """In the agent: the name of the signal from outside it marked (``SIGTERM``), or None."""
+    if not stop_dir:
+        return None
+    try:
+        return Path(stop_dir, _SIGNAL).read_text().strip() or None
+    except OSError:
+        return None
 
 
 def mark_own_stop(stop_dir: str | None, pids: Iterable[int]) -> None:

@@ -28,7 +28,7 @@ from ddpkit.runtime import share_cores
 if TYPE_CHECKING:
     from ddpkit.launch.agent import Entrypoint, LaunchOptions
 
-__all__ = ["launch_live"]
+__all__ = ["fork_ranks", "launch_live"]
 
 
 @dataclass(kw_only=True)
@@ -154,3 +154,16 @@ def launch_live(options: LaunchOptions, entrypoint: Entrypoint, argv: list[str],
         return result
     finally:
         torch_log.removeFilter(drop_exit_tracebacks)
+
+
+def fork_ranks(options: LaunchOptions, entrypoint: Entrypoint, argv: list[str]) -> _Forker:
+    """This host's ranks of a job healed live across hosts (``live.agent.hosts``): torch and the program imported
+    once here, each rank forked from this process when the agent gives it (``options.shape.nproc_per_node`` at most
+    at a time, the cores shared among them)."""
+    from ddpkit.launch.agent import preload
+
+    share_cores(options.shape.nproc_per_node, announce=True)
+    logging.getLogger(TORCH_WORKER_LOGGER).addFilter(drop_exit_tracebacks)
+    os.environ[worker.LAUNCHED] = "1"
+    os.environ[worker.LAUNCHED_AT] = str(worker.process_started_at())
+    return _Forker(entrypoint=entrypoint, argv=argv, forked=preload(options.preload), log_dir=options.log_dir)
