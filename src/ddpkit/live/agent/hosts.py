@@ -52,8 +52,9 @@ UNREACHED_S = 1.0
 START_S = 30.0
 #: The longest a joining host may take to say who it is (seconds).
 HELLO_S = 10.0
-#: How often the agent looks at its ranks (seconds).
-POLL_S = 0.05
+#: How often the agent looks at its ranks (seconds): as under Slurm (each look reads every rank's keys in its store;
+#: a member's end is heard by its reader thread at once, and acted on at the next look).
+POLL_S = 0.1
 
 
 @dataclass(kw_only=True)

@@ -118,7 +118,8 @@ class _Member:
             if now - beat_at >= BEAT_S:
                 beat_at = now
                 self.beats += 1
-                seen = {str(i): [p.look()[0].name, p.look()[1]] for i, p in self.procs.items() if i not in self.ended}
+                seen = {str(i): [state.name, ticks] for i, p in self.procs.items() if i not in self.ended
+                        for state, ticks in (p.look(),)}
                 self.wire.send({"seen": seen, "beat": self.beats})
 
     def on(self, message: dict[str, Any]) -> int | None:
