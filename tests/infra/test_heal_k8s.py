@@ -22,6 +22,7 @@ from ddpkit.rundir.ledger import HostExcluded, Ledger
 from tests.helpers import run_ddpkit
 from tests.infra.conftest import Hosts, new_run_id
 from tests.infra.k8s_operator import Manifest, Operator, Unschedulable, load
+from tests.infra.live_hosts_drill import ranks_of
 
 pytestmark = [pytest.mark.infra, pytest.mark.multiproc]
 NODES = ["node-a", "node-b", "node-c"]
@@ -91,4 +92,59 @@ def test_the_next_attempt_keeps_off_the_node_of_a_host_fault(make_hosts: Callabl
     assert said.decision.exit_code == 0 and out == ("node-b",), said
     summary = json.loads((pvc / "summary.json").read_text())
     assert summary["resumed_from"] and sorted(int(e) for e in summary["loss_history"]) == list(range(EPOCHS)), summary
+    assert hosts.leftover() == {}
+
+
+LIVE = ("train", "--epochs", "80", "--samples", "1536", "--model", "toy", "--json", "/snapshots/summary.json")
+
+
+@pytest.mark.slow
+def test_heal_live_a_lost_pod_s_ranks_go_on_in_the_standby_pod(make_hosts: Callable[[int], Hosts]) -> None:
+    """``submit k8s -j 2x2 --spare-nodes 1 --heal live``: ddpkit's agent in every pod (no torchrun), the master's the
+    live agent, one worker pod standing by. The other worker pod killed (every process: its node lost): its two ranks
+    go on in the standby pod, the master's ranks keep their processes, the job completes with nothing loaded."""
+    from ddpkit.rundir.ledger import RankReplaced
+
+    hosts = make_hosts(3)
+    done = run_ddpkit("submit", "k8s", "--dry-run", "--image", "registry.example/ddpkit:test", "-j", "2x2",
+                      "--spare-nodes", "1", "--heal", "live", "--run-id", new_run_id(), "--", *LIVE)
+    assert done.returncode == 0, done.stderr
+    objects = load(done.stdout)
+    job = next(o for o in objects if o["kind"] == "PyTorchJob")
+    replicas = job["spec"]["pytorchReplicaSpecs"]
+    assert replicas["Worker"]["replicas"] == 2 and replicas["Master"]["restartPolicy"] == "Never", replicas
+    command = replicas["Master"]["template"]["spec"]["containers"][0]["command"]
+    assert command[:2] == ["ddpkit", "train"] and "torchrun" not in command and "live" in command, command
+    op = Operator(hosts.cluster, objects, max_restarts=0, nodes=NODES)
+    op.start()
+    pvc = op.workdir / "pvc" / "ddpkit-train-snapshots"
+    master = op.pod("ddpkit-train-master-0")
+    deadline = time.monotonic() + JOB_TIMEOUT
+    while len(list(pvc.glob("snapshot.*.pt"))) < 2:
+        assert time.monotonic() < deadline and not master.done, op.logs()
+        op.wait(0.2)
+    joined = [line.split("ddpkit live: host ", 1)[1].split(" ", 1)[0] for line in master.log().splitlines()
+              if line.startswith("ddpkit live: host ")]
+    world, standby = joined[0], joined[1]  # the first worker pod to join holds ranks 2 and 3, the other stands by
+    assert master.proc is not None
+    kept = ranks_of(master.proc.pid)  # the master pod's two ranks, forked by its agent
+
+    def heals() -> list[RankReplaced]:
+        ledger = pvc / "ddpkit-run"
+        found = Ledger(ledger).records() if (ledger / "ledger.jsonl").exists() else []
+        return [r for r in found if isinstance(r, RankReplaced)]
+
+    op.kill_pod(world)
+    if not op.wait(JOB_TIMEOUT, until=lambda: any(h.first_step_at for h in heals()) or master.done):
+        pytest.fail(f"no heal within {JOB_TIMEOUT} s\n{op.logs()}")
+    assert len(kept) == 2 and [p for p in kept if Path(f"/proc/{p}").exists()] == kept, (kept, op.logs())
+    if not op.wait(JOB_TIMEOUT, until=lambda: master.done and op.pod(standby).done):
+        pytest.fail(f"the job did not end within {JOB_TIMEOUT} s\n{op.logs()}")
+    assert master.succeeded and op.pod(standby).succeeded, op.logs()
+    lost = heals()
+    assert sorted(h.rank for h in lost) == [2, 3] and {h.gen for h in lost} == {1}, lost
+    assert {(h.host, h.replacement_host, h.kept) for h in lost} == {(world, standby, (0, 1))}, lost
+    summary = json.loads((pvc / "summary.json").read_text())
+    assert summary["snapshots_loaded"] == 0 and summary["resumed_from"] is None, summary
+    assert len(set(summary["replica_digests"])) == 1 and summary["global_step"] == 80 * 12, summary
     assert hosts.leftover() == {}

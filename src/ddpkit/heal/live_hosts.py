@@ -171,7 +171,9 @@ class _HostAttempts(Adapter):
         from ddpkit.live.agent.hosts import run_hosts_attempt
 
         world = tuple(m for name in hosts if (m := self.members.named(name)) is not None)
-        spares = tuple(m for m in self.members.alive() if m.name not in hosts and m.name in self.pool.healthy)
+        def spares() -> tuple[Member, ...]:  # a host that joins during the attempt stands by at once
+            return tuple(m for m in self.members.alive() if m.name not in hosts and m.name not in self.pool.bad)
+
         os.environ[ATTEMPT_VAR] = str(attempt)  # train's rank 0 writes its goodput lines under this attempt
         result, where = run_hosts_attempt(members=self.members, world=world, spares=spares, address=self.address,
                                           run_id=f"{self.run_id}-{attempt}", on_heal=heard, fork_here=self.fork)

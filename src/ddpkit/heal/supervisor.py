@@ -64,8 +64,12 @@ def supervise(world: WorldInfo, request: HealRequest, options_for: Callable[[], 
     ``--heal live``, else None) until one succeeds or the policy stops; return
     the run's exit code. ``options_for`` builds the agent's options (after the refusals: it checks -n/-j);
     ``fork_for``: under ``--heal live`` across hosts, this host's rank forker (``live.agent.host.fork_ranks``)."""
-    _refuse_unless_one_host(world, request)
+    pod = request.live and world.launcher == "kubeflow"  # a pod of submit k8s --heal live: ddpkit is its agent
+    if not pod:
+        _refuse_unless_one_host(world, request)
     options = options_for()
+    if pod and options.shape.max_nodes < 2:
+        _refuse_unless_one_host(world, request)
     _refuse_standby_unless_live_across_hosts(request, options)
     if request.live and options.shape.max_nodes > 1 and fork_for is not None:
         from ddpkit.heal.live_hosts import supervise_live_hosts

@@ -74,16 +74,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--wait", action="store_true", help="follow the job (squeue every 0.5 s); exit with its code")
     g.add_argument("--wait-timeout", type=seconds("--wait-timeout"), default=None, metavar="S",
                    help="give up waiting after S seconds")
-    g = p.add_argument_group("heal (slurm, mpi)")
+    g = p.add_argument_group("heal (slurm, mpi; k8s: --heal live)")
     add_heal_flag(g, "slurm: a supervisor in the batch script runs each attempt as an srun step on healthy nodes "
                      "of the allocation; mpi: a supervisor runs each attempt as an mpirun on healthy hosts of "
                      "--hosts; a host fault takes that host out for the rest of the job and the next attempt "
                      "starts from the newest snapshot; the program's own failure twice in a row ends with exit 93 "
                      "(--heal live: submit slurm -j NxP --spare-nodes K --heal live -- train|SCRIPT.py: a lost "
-                     "node's ranks are replaced by the standbys of a spare node, the others keep their processes)")
+                     "node's ranks are replaced by the standbys of a spare node, the others keep their processes; "
+                     "submit k8s -j NxP --spare-nodes K --heal live: ddpkit's agent in every pod, K standby pods)")
     g.add_argument("--spare-nodes", type=int, default=0, metavar="K",
                    help="with --heal: slurm allocates K nodes beyond N, taken when a host is found bad (mpi: the "
-                        "--hosts beyond N are the spares)")
+                        "--hosts beyond N are the spares; k8s --heal live: K standby worker pods)")
     g.add_argument("--max-attempts", type=int, default=3, metavar="N",
                    help="with --heal: attempts at most in one allocation, the first included (default 3)")
     g.add_argument("--on-fail", choices=("report", "drain"), default="report",

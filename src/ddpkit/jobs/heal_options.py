@@ -17,10 +17,10 @@ def check_heal(spec: JobFields) -> None:
             raise ConfigError(f"{', '.join(given)} without --heal", "these options with --heal",
                               f"add --heal, or drop {', '.join(given)}")
         return
-    if spec.backend not in ("slurm", "mpi"):
+    if spec.backend not in ("slurm", "mpi") and not (spec.backend == "k8s" and spec.heal_live):
         raise ConfigError(f"submit {spec.backend} --heal", "submit slurm --heal (a supervisor in the batch script) "
-                          "or submit mpi --heal (a supervisor around mpirun); across hosts without a scheduler: "
-                          "ddpkit run|train -j MIN:MAXxP --heal on every host",
+                          "or submit mpi --heal (a supervisor around mpirun); submit k8s --heal live (a standby "
+                          "pod); across hosts without a scheduler: ddpkit run|train -j MIN:MAXxP --heal on every host",
                           "use one of those, or drop --heal")
     if spec.backend == "mpi" and spec.on_fail == "drain":
         raise ConfigError("submit mpi --heal --on-fail drain", "--on-fail drain under Slurm (scontrol drains a node)",
@@ -49,13 +49,18 @@ def check_heal(spec: JobFields) -> None:
 def _check_live(spec: JobFields) -> None:
     """``--heal live``: Slurm, ``train`` or a user's script (``ddpkit run`` runs it); each rank an srun step, on each
     spare node a standby for each rank a node holds."""
-    if spec.backend != "slurm":
+    if spec.backend not in ("slurm", "k8s"):
         raise ConfigError(f"submit {spec.backend} --heal live", "--heal live with submit slurm (standbys on each "
-                          "spare node take a lost node's ranks); mpirun ends every rank when one fails, so submit "
-                          "mpi heals by restarting; on one host: ddpkit train|run -n N --heal live",
-                          "use submit slurm --heal live, or --heal (the restart heal)")
+                          "spare node take a lost node's ranks) or submit k8s (a standby pod); mpirun ends every "
+                          "rank when one fails, so submit mpi heals by restarting; on one host: ddpkit train|run -n "
+                          "N --heal live", "use submit slurm|k8s --heal live, or --heal (the restart heal)")
+    if spec.backend == "k8s" and (spec.shape.is_elastic or spec.k8s_kind != "pytorchjob" or spec.k8s_rdzv != "c10d"):
+        raise ConfigError(f"submit k8s --heal live with -j {spec.shape} --k8s-kind {spec.k8s_kind} --k8s-rdzv "
+                          f"{spec.k8s_rdzv}", "a fixed shape -j NxP on a PyTorchJob (the defaults): the master pod "
+                          "runs the live agent, the --spare-nodes K extra worker pods stand by",
+                          "use -j NxP --spare-nodes K with the default --k8s-kind and --k8s-rdzv")
     if spec.command[0] != "train" and not spec.command[0].endswith(".py"):
-        raise ConfigError(f"submit slurm --heal live -- {' '.join(spec.command[:2])}", "-- train ..., or -- "
+        raise ConfigError(f"submit {spec.backend} --heal live -- {' '.join(spec.command[:2])}", "-- train ..., or -- "
                           "SCRIPT.py (a script written as docs/heal.md shows: live.Replica; its ranks run under "
                           "ddpkit run)", "use -- train or -- your_script.py, or --heal (the restart heal)")
 

@@ -19,12 +19,15 @@ from typing import Any
 
 from ddpkit.base.errors import ConfigError
 from ddpkit.jobs.rendering import header, torchrun_entry
-from ddpkit.jobs.spec import JobSpec
+from ddpkit.jobs.spec import DDPKIT_COMMANDS, JobSpec
 
 __all__ = ["ETCD_IMAGE", "SNAPSHOT_DIR", "manifests", "render"]
 
 ETCD_IMAGE = "quay.io/coreos/etcd:v3.5.17"
 SNAPSHOT_DIR = "/snapshots"
+#: The port of every PyTorchJob pod's container (training-operator's ``pytorchjob-port``, added where a manifest names
+#: none) and of the master's Service: under ``--heal live`` the master pod's live agent listens on it.
+PYTORCHJOB_PORT = 23456
 Manifest = dict[str, Any]
 
 
@@ -72,6 +75,27 @@ def _command(spec: JobSpec) -> list[str]:
     return ["ddpkit", "step", "--show-all", "--", "torchrun", *entry]
 
 
+def _live_command(spec: JobSpec) -> list[str]:
+    """Under ``--heal live``: ddpkit's own agent in every pod, no torchrun (``ddpkit.heal.live_hosts``). The master
+    pod's listens at its Service (the endpoint) and runs the live agent; each worker pod's connects to it and forks
+    the ranks it is given; worker pods beyond the first N-1 stand by (a lost pod's ranks go to one of them)."""
+    s = spec.shape
+    options = ["-j", f"{s.max_nodes}x{s.nproc_per_node}", "--rdzv-endpoint",
+               f"{spec.job_name}-master-0:{PYTORCHJOB_PORT}", "--run-id", spec.run_id or spec.job_name, "--heal",
+               "live", "--max-attempts", str(spec.max_attempts)]
+    cmd = list(spec.job_command())
+    if cmd[0] == "train":
+        if "--snapshot-path" not in cmd:
+            cmd += ["--snapshot-path", SNAPSHOT_DIR + "/"]
+        if spec.run_dir is None:
+            options += ["--run-dir", f"{SNAPSHOT_DIR}/ddpkit-run"]  # the ledger where every pod sees it
+    if spec.run_dir is not None:
+        options += ["--run-dir", spec.run_dir]
+    if cmd[0] in DDPKIT_COMMANDS:
+        return ["ddpkit", cmd[0], *options, *cmd[1:]]
+    return ["ddpkit", "run", *options, "--", *cmd]
+
+
 def _plain(spec: JobSpec) -> bool:
     """A fixed shape on c10d: Master + Workers, no elasticPolicy (an elastic shape or etcd needs the policy)."""
     return not spec.shape.is_elastic and spec.k8s_rdzv == "c10d"
@@ -87,18 +111,21 @@ def pytorchjob(spec: JobSpec) -> Manifest:
     if _plain(spec) and spec.max_restarts:  # the operator sets PET_MAX_RESTARTS only from an elasticPolicy
         env.append({"name": "PET_MAX_RESTARTS", "value": str(spec.max_restarts)})
     container: Manifest = {"name": "pytorch", "image": spec.image, "imagePullPolicy": "IfNotPresent",
-                           "command": _command(spec), "env": env, "resources": _resources(spec),
-                           "volumeMounts": mounts}
+                           "command": _live_command(spec) if spec.heal_live else _command(spec), "env": env,
+                           "resources": _resources(spec), "volumeMounts": mounts}
+    # under --heal live a lost pod stays down: its ranks went on in a standby pod, and the job left its host out
+    restart = "Never" if spec.heal_live else "OnFailure"
 
     def replica(count: int) -> Manifest:
-        return {"replicas": count, "restartPolicy": "OnFailure",
+        return {"replicas": count, "restartPolicy": restart,
                 "template": {"spec": {"containers": [container], "volumes": volumes, **_affinity(spec)}}}
 
     job_spec: Manifest = {}
     if _plain(spec):
         replicas = {"Master": replica(1)}
-        if s.max_nodes > 1:
-            replicas["Worker"] = replica(s.max_nodes - 1)
+        workers = s.max_nodes - 1 + (spec.spare_nodes if spec.heal_live else 0)  # the standby pods
+        if workers:
+            replicas["Worker"] = replica(workers)
     else:
         elastic: Manifest = {"rdzvBackend": "c10d", "rdzvId": spec.run_id or spec.job_name,
                              "minReplicas": s.min_nodes, "maxReplicas": s.max_nodes, "maxRestarts": spec.max_restarts}

@@ -250,7 +250,8 @@ class _Spawner:
 
     members: Members
     world: tuple[Member, ...]
-    spares: tuple[Member, ...]
+    spares: Callable[[], tuple[Member, ...]]
+    """The standby hosts now (a host may join while the attempt runs: a pod started late)."""
     per_node: int
     fork_here: Callable[[int, dict[str, str]], Proc]
     moved: dict[tuple[str, str], Member] = field(default_factory=dict)
@@ -265,7 +266,7 @@ class _Spawner:
         lost = env.get("GROUP_RANK", str(rank))
         spare = self.moved.get((gen, lost))
         if spare is None or not self._room(spare):
-            free = [m for m in self.spares if not m.gone and self._room(m)]
+            free = [m for m in self.spares() if not m.gone and self._room(m)]
             spare = next((m for m in free if m not in self.moved.values()), None) or next(iter(free), None)
             if spare is None:
                 return None
@@ -296,10 +297,11 @@ class _Spawner:
         """Nothing of its own to end: each rank is closed by the session."""
 
 
-def run_hosts_attempt(*, members: Members, world: tuple[Member, ...], spares: tuple[Member, ...], address: str,
+def run_hosts_attempt(*, members: Members, world: tuple[Member, ...], spares: Callable[[], tuple[Member, ...]],
+                      address: str,
                       run_id: str, on_heal: LiveHook, fork_here: Callable[[int, dict[str, str]], Proc],
                       ) -> tuple[AttemptResult, dict[int, str]]:
-    """One attempt: ``per_node`` ranks on each of ``world``, the ``spares`` standing by; how it ended, and each
+    """One attempt: ``per_node`` ranks on each of ``world``, ``spares()`` standing by; how it ended, and each
     rank's host. ``address``: where the ranks reach the agent's stores (the endpoint's host)."""
     per_node = members.per_node
     session = LiveSession(world=len(world) * per_node, address=address, run_id=run_id, on_heal=on_heal,

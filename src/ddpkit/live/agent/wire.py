@@ -35,7 +35,8 @@ class Wire:
     def __init__(self, sock: socket.socket) -> None:
         self.sock = sock
         sock.settimeout(SEND_S)
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        with contextlib.suppress(OSError):  # each message at once (a TCP socket's; not a local socket's)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self._lock = threading.Lock()
         self._buffer = b""
         self.closed = False
