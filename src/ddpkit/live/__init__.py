@@ -27,6 +27,12 @@ module                           layer  what it holds
 ``live.agent.host``              5      one host: each rank a process context forked by torch's ``start_processes``
 ``live.agent.slurm``             5      Slurm: each rank an srun step, P standbys on each spare node (a lost node's
                                         ranks replaced together on one)
+``live.agent.hosts``             5      across hosts without Slurm: the agent on the endpoint's host, each host's
+                                        member and its ranks as the agent sees them (``heal.live_hosts`` runs the
+                                        attempts)
+``live.agent.member``            5      a host's member: forks the ranks the agent gives it, says their start, end
+                                        and state
+``live.agent.wire``              5      the one connection between the agent and a member (JSON lines)
 ``live.agent.standby``           5      the standby's wait for its rank (``python -m ddpkit.standby`` runs it)
 ``live.agent.pulse``             5      under Slurm, a rank's eyes on its node: the kernel's state of its process,
                                         every 0.25 s, into the agent's store (``Seen``)
