@@ -27,8 +27,8 @@ def start(hosts: Hosts, where: Path, *extra: str, nodes: int = 2, standby: int =
     """``nodes`` hosts of 2 ranks and ``standby`` standby hosts (the last ones), the endpoint on the first."""
     snaps = where / "snaps"
     snaps.mkdir(exist_ok=True)
-    args = [*job, "-j", shape or f"{nodes}x2", "--rdzv-endpoint", hosts.endpoint(PORT), "--run-id", new_run_id(),
-            "--heal", "live", "--run-dir", str(where / "run"), *extra]
+    args = [job[0], "-j", shape or f"{nodes}x2", "--rdzv-endpoint", hosts.endpoint(PORT), "--run-id",
+            new_run_id(), "--heal", "live", "--run-dir", str(where / "run"), *extra, *job[1:]]  # before run's --
     if job[0] == "train":
         args += ["--snapshot-path", str(snaps / "snap.pt"), "--json", str(where / "summary.json")]
     return [hosts.ddpkit(h, *args, *(("--standby",) if i >= nodes else ()))
@@ -65,10 +65,14 @@ def _until(what: Callable[[], bool], runs: list[HostRun], timeout: float, why: s
 
 
 def strike(hosts: Hosts, where: Path, fault: str, *extra: str, target: int = 1, nodes: int = 2,
-           job: tuple[str, ...] = TRAIN, ready: Callable[[], bool] | None = None) -> dict[str, Any]:
+           job: tuple[str, ...] = TRAIN, ready: Callable[[], bool] | None = None,
+           started: list[HostRun] | None = None) -> dict[str, Any]:
     """Start the job, strike host ``target`` (its member and ranks killed, stopped, or its link cut) once two
-    snapshots are written (or ``ready()``), wait for the job; what it left."""
+    snapshots are written (or ``ready()``; ``started`` is given the runs as they start), wait for the job; what it
+    left."""
     runs = start(hosts, where, *extra, nodes=nodes, job=job)
+    if started is not None:
+        started.extend(runs)
     snaps = where / "snaps"
     _until(ready or (lambda: len(list(snaps.glob("snap.*.pt"))) >= 2), runs, 180, "no two snapshots")
     kept = [pid for i, r in enumerate(runs[:nodes]) if i != target for pid in ranks_of(r.proc.pid)]

@@ -117,3 +117,25 @@ def test_with_no_standby_the_restart_heal_goes_on_with_fewer_hosts(three_hosts: 
     assert started == [(three_hosts[0].hostname, three_hosts[1].hostname), (three_hosts[0].hostname,)], records
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["world_size"] == 2 and summary["resumed_from"] is not None, summary
+
+
+@pytest.mark.slow
+def test_a_script_s_lost_host_moves_to_the_standby_host_as_train_s_does(three_hosts: Hosts, tmp_path: Path) -> None:
+    """The seeds' ddp.py with docs/heal.md's lines (``live.Replica``) under ``run -j 2x2 ... --heal live -- ddp.py``:
+    h2 killed; its ranks go on on h3; the four replicas' weights equal at the end, and they trained."""
+    import re
+
+    script = tmp_path / "ddp.py"
+    script.write_text((Path(__file__).parents[1] / "multiproc" / "seeds_ddp_live.py").read_text())
+    runs: list[Any] = []
+    run = strike(three_hosts, tmp_path, "kill", job=("run", "--", str(script), "80", "50"),
+                 ready=lambda: any("Epoch 3 " in r.stdout for r in runs[:1]), started=runs)
+    leader, standby = run["runs"][0], run["runs"][2]
+    assert leader.returncode == 0 and standby.returncode == 0, leader.output() + standby.output()
+    h2, h3 = three_hosts[1].hostname, three_hosts[2].hostname
+    heals = run["heals"]
+    assert {(h.rank, h.host, h.replacement_host, h.gen) for h in heals} == {(2, h2, h3, 1), (3, h2, h3, 1)}, heals
+    assert run["kept"] and run["alive"] == run["kept"], run
+    digests = re.findall(r"done: weights ([0-9a-f]+) moved ([-+.\de]+)", leader.stdout + standby.stdout)
+    assert len(digests) == 4 and len({weights for weights, _ in digests}) == 1, leader.output() + standby.output()
+    assert min(float(moved) for _, moved in digests) > 1e-3, digests  # the script trains
