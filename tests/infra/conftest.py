@@ -74,18 +74,18 @@ class Hosts:
     def __getitem__(self, i: int) -> Host:
         return self.hosts[i]
 
-    def start(self, host: Host, argv: list[str], **env: str) -> HostRun:
+    def start(self, host: Host, argv: list[str], cwd: Path | None = None, **env: str) -> HostRun:
         self._n += 1
         stem = Path(self.cluster.workdir) / f"{host.name}-{self._n}"
         out, err = stem.with_suffix(".out"), stem.with_suffix(".err")
         with out.open("wb") as o, err.open("wb") as e:
             proc = self.cluster.popen(host, argv, stdout=o, stderr=e, stdin=subprocess.DEVNULL,
-                                      env=ddpkit_env(**env))
+                                      env=ddpkit_env(**env), cwd=cwd)
         return HostRun(host=host, proc=proc, out=out, err=err)
 
-    def ddpkit(self, host: Host, *args: str, **env: str) -> HostRun:
-        """``python -m ddpkit ARGS`` on ``host``."""
-        return self.start(host, [sys.executable, "-m", "ddpkit", *args], **env)
+    def ddpkit(self, host: Host, *args: str, cwd: Path | None = None, **env: str) -> HostRun:
+        """``python -m ddpkit ARGS`` on ``host`` (in ``cwd``: the test's directory by default)."""
+        return self.start(host, [sys.executable, "-m", "ddpkit", *args], cwd=cwd, **env)
 
     def endpoint(self, port: int = 29400) -> str:
         """The c10d rendezvous endpoint on the first host."""

@@ -31,7 +31,7 @@ def start(hosts: Hosts, where: Path, *extra: str, nodes: int = 2, standby: int =
             new_run_id(), "--heal", "live", "--run-dir", str(where / "run"), *extra, *job[1:]]  # before run's --
     if job[0] == "train":
         args += ["--snapshot-path", str(snaps / "snap.pt"), "--json", str(where / "summary.json")]
-    return [hosts.ddpkit(h, *args, *(("--standby",) if i >= nodes else ()))
+    return [hosts.ddpkit(h, *args, *(("--standby",) if i >= nodes else ()), cwd=where)
             for i, h in enumerate(hosts.hosts[: nodes + standby])]
 
 
