@@ -84,7 +84,7 @@ class Hosts:
         return HostRun(host=host, proc=proc, out=out, err=err)
 
     def ddpkit(self, host: Host, *args: str, cwd: Path | None = None, **env: str) -> HostRun:
-        """``python -m ddpkit ARGS`` on ``host`` (in ``cwd``: the test's directory by default)."""
+        """``python -m ddpkit ARGS`` on ``host`` (in ``cwd`` where given)."""
         return self.start(host, [sys.executable, "-m", "ddpkit", *args], cwd=cwd, **env)
 
     def endpoint(self, port: int = 29400) -> str:

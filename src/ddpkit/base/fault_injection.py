@@ -33,6 +33,8 @@ Kind consulted by ``ddpkit train``:
 
 - ``hang:phase=step:rank=R:step=N[:gen=G][:s=S]``: rank R sleeps S seconds (default 3600) before step N, running
   and making no progress (under ``--heal live``, ``gen=0``: only the first generation's process).
+- ``kill:phase=snapshot:rank=R:step=N[:gen=G]``: rank R kills itself (SIGKILL) as the snapshot of step N begins,
+  while the others enter its gather.
 
 Kind consulted by the watch (``ddpkit run``, ``train``, ``check``):
 

@@ -16,6 +16,7 @@ continues at the step after the snapshot: nothing saved is run again. How a run 
 from __future__ import annotations
 
 import math
+import os
 import signal
 import time
 from collections.abc import Callable
@@ -248,6 +249,9 @@ class Trainer:
     def _save(self, ddp: DDP, *, epoch: int, next_epoch: int, next_batch: int, step: int, urgent: bool,
               losses: list[torch.Tensor] | None = None) -> None:
         self.phase = f"the snapshot of step {step} (gathering RNG states to rank 0)"
+        if fault("kill", phase="snapshot", rank=self.rank, step=step,
+                 gen=None if self.live is None else self.live.gen) is not None:  # test hook: lost in the gather
+            os.kill(os.getpid(), signal.SIGKILL)
         began = time.time()
         self.snapshots.save(ddp.module, self.job.optimizer, epoch=epoch, next_epoch=next_epoch, next_batch=next_batch,
                             step=step, urgent=urgent, loss_history=self.summary.loss_history, losses=losses or ())
