@@ -37,7 +37,9 @@ GROWTH = int(os.environ.get("BENCH_HOSTS_GROWTH", "3"))
 CLEAN = int(os.environ.get("BENCH_HOSTS_CLEAN", "20"))
 PAIRS = int(os.environ.get("BENCH_HOSTS_PAIRS", "10"))
 SHORT = ("train", "--epochs", "5", "--samples", "1536", "--model", "toy")
-COST = ("train", "--epochs", "30", "--samples", "3072", "--model", "toy")
+#: The cost pairs' job: the mlp (4.7M parameters, a step of tens of ms), whose step a 2-core machine's noise moves by
+#: a few percent, where the toy model's 4 ms step moved by 30% (benchmarks/results/bench_live_heal.md).
+COST = ("train", "--epochs", "3", "--samples", "3072", "--model", "mlp")
 
 
 def _drill(hosts: Hosts, fault: str, nodes: int = 2) -> dict[str, Any]:
@@ -140,7 +142,8 @@ def render(data: dict[str, Any]) -> str:
     ratios = [lv["step_ms_p50"] / rs["step_ms_p50"] for lv, rs in zip(pairs[0::2], pairs[1::2], strict=False)
               if lv.get("step_ms_p50") and rs.get("step_ms_p50")]
     if ratios:
-        lines += ["", f"Fault-free cost (`{' '.join(COST)} -j 2x2`): step p50 under `--heal live` over `--heal` "
+        when = f", measured {data['cost_when']}" if data.get("cost_when") else ""
+        lines += ["", f"Fault-free cost (`{' '.join(COST)} -j 2x2`{when}): step p50 under `--heal live` over `--heal` "
                   f"(torch elastic's agent on each host), {len(ratios)} alternating pairs: median "
                   f"{statistics.median(ratios):.3f} (min {min(ratios):.3f}, max {max(ratios):.3f})."]
     lines += ["", "Detection: a killed host's member connection ends (its kernel closes the socket), seen at once; a "
@@ -154,6 +157,18 @@ def main() -> None:
     path = RESULTS / "bench_live_heal_hosts.json"
     if "--render" in sys.argv:
         data = json.loads(path.read_text())
+    elif os.environ.get("BENCH_HOSTS_ONLY") == "cost":  # the cost pairs again, the other rows kept
+        data = json.loads(path.read_text())
+        data["cost"], data["cost_when"] = [], time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+        hosts = Hosts(create(3, new_run_id()))
+        try:
+            for _ in range(PAIRS):
+                for live in (True, False):
+                    data["cost"].append(_cost(hosts, live=live))
+                    print("cost", json.dumps(data["cost"][-1]), flush=True)
+                    path.write_text(json.dumps(data, indent=1) + "\n")
+        finally:
+            hosts.cluster.down()
     else:
         data = {"when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "drills": [], "growth": [],
                 "clean": [], "cost": []}
