@@ -172,7 +172,7 @@ def _check_node(run: dict[str, Any], fault: str) -> None:
     assert [r.hosts for r in started] == [("node1", "node2")] and [r.exit_code for r in ended] == [0], log
     assert sorted(h.rank for h in heals) == [2, 3] and {h.gen for h in heals} == {1}, heals  # one generation
     assert {(h.host, h.replacement_host, h.kept, h.together) for h in heals} == {("node2", "node3", (0, 1), (2, 3))}
-    why = {"kill": "SIGKILL", "stop": "stopped (SIGSTOP)", "link": "silent (its pulse stood still)"}[fault]
+    why = {"kill": "SIGKILL", "stop": "stopped (SIGSTOP)", "link": "silent (no word from its host)"}[fault]
     assert all(h.why.startswith(why) for h in heals), heals
     assert run["kept"] and run["alive"] == run["kept"], run  # node1's ranks never restarted
     assert [r.host for r in records if isinstance(r, HostExcluded)] == ["node2"], records

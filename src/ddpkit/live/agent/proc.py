@@ -25,7 +25,7 @@ class Seen(enum.Enum):
     """The kernel's ``D``: in an uninterruptible wait (disk, a network file system): working, not idle."""
     STOPPED = "stopped (SIGSTOP)"
     """The kernel's ``T``/``t``: stopped by a signal or a debugger."""
-    SILENT = "silent (its pulse stood still)"
+    SILENT = "silent (no word from its host)"
     """Under Slurm: no word from the rank's node for ``Proc.silent_s`` (the node, or the step, frozen or cut off)."""
 
     @classmethod
