@@ -26,8 +26,8 @@ class Seen(enum.Enum):
     STOPPED = "stopped (SIGSTOP)"
     """The kernel's ``T``/``t``: stopped by a signal or a debugger."""
     SILENT = "silent (no word from its host)"
-    """Under Slurm, or across hosts: no word from the rank's host for ``Proc.silent_s`` (its pulse, or its member's beat,
-    stood still: the host, or the step, frozen or cut off)."""
+    """Under Slurm, or across hosts: no word from the rank's host for ``Proc.silent_s`` (its pulse, or its member's
+    beat, stood still: the host, or the step, frozen or cut off)."""
 
     @classmethod
     def of_state(cls, letter: str) -> Seen:

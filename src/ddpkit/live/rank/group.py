@@ -20,7 +20,6 @@ from __future__ import annotations
 import gc
 import hashlib
 import time
-import traceback
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import timedelta
@@ -178,10 +177,6 @@ class LiveGroup:
         from ddpkit.watch import regroup
 
         regroup(ddp)  # the watch's references to the old group let go too
-        # and the failed call's own: its frames, kept by the exception's traceback, hold the group in their locals
-        # (gather_object's all_gather: ``default_pg``); held, a survivor waiting on this rank (rank 1 of a ring,
-        # blocked on rank 0's part of a snapshot's gather) waited out the watch's deadline
-        traceback.clear_frames(exc.__traceback__)
         _abort_process_group()
         for name in ("logger", "reducer", "process_group"):
             if ddp is not None and hasattr(ddp, name):

@@ -129,8 +129,9 @@ class Unblocker(BackgroundLoop):
         addresses = {a for a in addresses_of(h for h in plan.hosts if h != here)
                      if not ipaddress.ip_address(a).is_loopback}  # a rank of this host: its kernel closed its sockets
         shut = shut_connections_to(addresses, spare_ports=(self.agent_port, plan.port)) if addresses else 0
-        log.warning("rank %d: still in generation %d %.1f s after the agent found rank(s) %s on %s lost (their node "
-                    "silent, no reset came): %s", self.rank, plan.gen - 1, UNBLOCK_AFTER_S,
-                    ", ".join(map(str, plan.ranks)), ", ".join(sorted(set(plan.hosts))),
+        log.warning("rank %d: still in generation %d %.1f s after the agent found rank(s) %s on %s lost (%s): %s",
+                    self.rank, plan.gen - 1, UNBLOCK_AFTER_S, ", ".join(map(str, plan.ranks)),
+                    ", ".join(sorted(set(plan.hosts))), plan.why,
                     f"shut its {shut} connection(s) to {', '.join(sorted(addresses))}, so its collective fails"
-                    if shut else "no connection to them found to shut (the collective waits for its timeout)")
+                    if shut else "no connection to them found to shut (its collective waits on a peer still in it, "
+                    "or for its timeout)")
