@@ -27,11 +27,11 @@ def start(hosts: Hosts, where: Path, *extra: str, nodes: int = 2, standby: int =
     """``nodes`` hosts of 2 ranks and ``standby`` standby hosts (the last ones), the endpoint on the first."""
     snaps = where / "snaps"
     snaps.mkdir(exist_ok=True)
-    args = [job[0], "-j", shape or f"{nodes}x2", "--rdzv-endpoint", hosts.endpoint(PORT), "--run-id",
-            new_run_id(), "--heal", "live", "--run-dir", str(where / "run"), *extra, *job[1:]]  # before run's --
+    options = [job[0], "-j", shape or f"{nodes}x2", "--rdzv-endpoint", hosts.endpoint(PORT), "--run-id",
+               new_run_id(), "--heal", "live", "--run-dir", str(where / "run"), *extra]
     if job[0] == "train":
-        args += ["--snapshot-path", str(snaps / "snap.pt"), "--json", str(where / "summary.json")]
-    return [hosts.ddpkit(h, *args, *(("--standby",) if i >= nodes else ()), cwd=where)
+        options += ["--snapshot-path", str(snaps / "snap.pt"), "--json", str(where / "summary.json")]
+    return [hosts.ddpkit(h, *options, *(("--standby",) if i >= nodes else ()), *job[1:], cwd=where)  # before --
             for i, h in enumerate(hosts.hosts[: nodes + standby])]
 
 
