@@ -167,7 +167,7 @@ class _HostAttempts(Adapter):
         return self.pool.take()
 
     def start(self, attempt: int, of_session: int, hosts: tuple[str, ...], heard: LiveHook) -> Ended:
-        from ddpkit.heal.supervisor import gather
+        from ddpkit.heal.gather import gather
         from ddpkit.live.agent.hosts import run_hosts_attempt
 
         world = tuple(m for name in hosts if (m := self.members.named(name)) is not None)

@@ -41,13 +41,13 @@ from ddpkit.base.inputs import program_words
 from ddpkit.goodput.records import ATTEMPT_VAR, RUN_DIR_VAR
 from ddpkit.heal.attempts import EXIT_NO_HOSTS, Adapter, Attempts, Conclusion, Ended, LiveHook
 from ddpkit.heal.classify import Classification, FailureClass, classify
+from ddpkit.heal.gather import gather
 from ddpkit.heal.lines import Style, say
 from ddpkit.heal.nodepool import NodePool
 from ddpkit.heal.policy import DEFAULT_MAX_ATTEMPTS, HealPolicy
 from ddpkit.heal.progress import program_progress
 from ddpkit.heal.scontrol import SCONTROL_S, drain, hostnames, release
 from ddpkit.heal.slurm_step import StepPlan, StepRun, run_step
-from ddpkit.heal.supervisor import gather
 from ddpkit.launch.steplog import full_log_path
 from ddpkit.launch.stepscreen import StepScreen
 from ddpkit.process.worker_context import HEAL_SILENT_DEFAULT_S, HEAL_SILENT_S
