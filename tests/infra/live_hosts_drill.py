@@ -56,7 +56,8 @@ def heals_of(where: Path) -> list[RankReplaced]:
     return [r for r in Ledger(run).records() if isinstance(r, RankReplaced)]
 
 
-def _until(what: Callable[[], bool], runs: list[HostRun], timeout: float, why: str) -> None:
+def until(what: Callable[[], bool], runs: list[HostRun], timeout: float, why: str) -> None:
+    """Wait for ``what()``; the test fails, with every host's output, at the timeout or where the first host ended."""
     deadline = time.monotonic() + timeout
     while not what():
         if time.monotonic() > deadline or runs[0].returncode is not None:
@@ -74,7 +75,7 @@ def strike(hosts: Hosts, where: Path, fault: str, *extra: str, target: int = 1, 
     if started is not None:
         started.extend(runs)
     snaps = where / "snaps"
-    _until(ready or (lambda: len(list(snaps.glob("snap.*.pt"))) >= 2), runs, 180, "no two snapshots")
+    until(ready or (lambda: len(list(snaps.glob("snap.*.pt"))) >= 2), runs, 180, "no two snapshots")
     kept = [pid for i, r in enumerate(runs[:nodes]) if i != target for pid in ranks_of(r.proc.pid)]
     victim = hosts[target]
     fault_at = time.time()
@@ -83,7 +84,7 @@ def strike(hosts: Hosts, where: Path, fault: str, *extra: str, target: int = 1, 
     else:
         for pid in hosts.cluster.pids(victim):
             os.kill(pid, signal.SIGSTOP if fault == "stop" else signal.SIGKILL)
-    _until(lambda: any(h.first_step_at for h in heals_of(where)), runs, 120, "no heal")
+    until(lambda: any(h.first_step_at for h in heals_of(where)), runs, 120, "no heal")
     alive = [pid for pid in kept if Path(f"/proc/{pid}").exists()]
     for run in runs:
         if run.host is not victim:

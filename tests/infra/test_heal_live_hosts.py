@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -17,7 +16,7 @@ import pytest
 
 from ddpkit.rundir.ledger import AttemptEnded, AttemptStarted, HostExcluded, Ledger
 from tests.infra.conftest import Hosts
-from tests.infra.live_hosts_drill import RUN_TIMEOUT, heals_of, start, strike
+from tests.infra.live_hosts_drill import RUN_TIMEOUT, heals_of, start, strike, until
 
 pytestmark = [pytest.mark.infra, pytest.mark.multiproc]
 
@@ -84,10 +83,7 @@ def test_losing_the_endpoint_s_host_ends_the_job_on_every_host_and_says_why(thre
                                                                            tmp_path: Path) -> None:
     """h1 holds the stores and the agent: killed, the members end their ranks and exit 3 naming it."""
     runs = start(three_hosts, tmp_path)
-    snaps = tmp_path / "snaps"
-    deadline = time.monotonic() + 180
-    while len(list(snaps.glob("snap.*.pt"))) < 1 and time.monotonic() < deadline:
-        time.sleep(0.1)
+    until(lambda: bool(list((tmp_path / "snaps").glob("snap.*.pt"))), runs, 180, "no snapshot")
     for pid in three_hosts.cluster.pids(three_hosts[0]):
         os.kill(pid, signal.SIGKILL)
     for run in runs[1:]:
@@ -103,10 +99,7 @@ def test_with_no_standby_the_restart_heal_goes_on_with_fewer_hosts(three_hosts: 
     runs on h1 alone from the newest snapshot."""
     runs = start(three_hosts, tmp_path, standby=0, shape="1:2x2",
                  job=("train", "--epochs", "30", "--samples", "1536", "--model", "toy"))
-    snaps = tmp_path / "snaps"
-    deadline = time.monotonic() + 180
-    while len(list(snaps.glob("snap.*.pt"))) < 2 and time.monotonic() < deadline:
-        time.sleep(0.1)
+    until(lambda: len(list((tmp_path / "snaps").glob("snap.*.pt"))) >= 2, runs, 180, "no two snapshots")
     for pid in three_hosts.cluster.pids(three_hosts[1]):
         os.kill(pid, signal.SIGKILL)
     leader = runs[0].wait(RUN_TIMEOUT)
