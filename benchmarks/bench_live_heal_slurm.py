@@ -78,12 +78,17 @@ def _node(c: Any, fault: str) -> dict[str, Any]:
             "replicas_equal": len(set(summary.get("replica_digests", ["a", "b"]))) == 1}
 
 
-def _plain(c: Any, heal: str) -> dict[str, Any]:
+#: The cost pairs' job under ``BENCH_SLURM_ONLY=cost``: the mlp (a step of tens of ms), which a 2-core machine's noise
+#: moves by a few percent where the toy model's 4 ms step moved by 30% (0.89 to 1.53 in one run of pairs).
+COST = ("train", "--epochs", "3", "--samples", "3072", "--model", "mlp")
+
+
+def _plain(c: Any, heal: str, job: tuple[str, ...] = SHORT) -> dict[str, Any]:
     """A fault-free ``-j 2x2`` run under ``--heal HEAL``: its exit, replacements, and step p50 (rank 0's summary)."""
     where = Path(tempfile.mkdtemp(prefix=f"plain-{heal}-"))
     from tests.infra.slurm_fixture import submit_healing
 
-    proc = submit_healing(c, where, *SHORT, "--snapshot-path", str(where / "snap.pt"), "--json",
+    proc = submit_healing(c, where, *job, "--snapshot-path", str(where / "snap.pt"), "--json",
                           str(where / "summary.json"), shape=NODE, heal=("--heal", heal))
     try:
         out, _ = proc.communicate(timeout=600)
@@ -192,9 +197,10 @@ def render(data: dict[str, Any]) -> str:
     ratios = [lv["step_ms_p50"] / rs["step_ms_p50"] for lv, rs in zip(pairs[0::2], pairs[1::2], strict=False)
               if lv.get("step_ms_p50") and rs.get("step_ms_p50")]
     if ratios:
-        lines += ["", f"Fault-free cost, `-j 2x2`: step p50 under `--heal live` over `--heal` (restart), {len(ratios)} "
-                  f"alternating pairs: median {statistics.median(ratios):.3f} (min {min(ratios):.3f}, max "
-                  f"{max(ratios):.3f})."]
+        job = f" (`{data['cost_job']}`, measured {data['cost_when']})" if data.get("cost_job") else ""
+        lines += ["", f"Fault-free cost, `-j 2x2`{job}: step p50 under `--heal live` over `--heal` (restart), "
+                  f"{len(ratios)} alternating pairs: median {statistics.median(ratios):.3f} (min "
+                  f"{min(ratios):.3f}, max {max(ratios):.3f})."]
     lines += ["", "Detection of a stop: the rank's pulse (`live/agent/pulse.py`, a process beside it on its node, "
               "reading its /proc every 0.25 s) says it is stopped, then 1 s more (STOPPED_S) before it is ended; a "
               "node frozen or cut off: the pulse standing still 3 s (SILENT_S), then 1 s more; a node cut off (link: "
@@ -211,6 +217,20 @@ def main() -> None:
     path = RESULTS / "bench_live_heal_slurm.json"
     if "--render" in sys.argv:
         data = json.loads(path.read_text())
+    elif os.environ.get("BENCH_SLURM_ONLY") == "cost":  # the cost pairs again, on the mlp; the other rows kept
+        data = json.loads(path.read_text())
+        data["cost"], data["cost_when"], data["cost_job"] = [], time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), \
+            " ".join(COST)
+        c = slurm_cluster.SlurmCluster(Path(tempfile.mkdtemp(prefix="ddpkit-bench-live-")), nodes_count=3)
+        c.start(timeout=120)
+        try:
+            for _ in range(PAIRS):
+                for heal in ("live", "restart"):
+                    data["cost"].append(_plain(c, heal, COST))
+                    print(json.dumps(data["cost"][-1]), flush=True)
+                    path.write_text(json.dumps(data, indent=1))
+        finally:
+            c.stop()
     elif os.environ.get("BENCH_SLURM_ONLY") == "link":
         data = json.loads(path.read_text())
         data["node"] = [r for r in data.get("node", []) if r["fault"] != "link"] + _links()
