@@ -19,6 +19,8 @@ key                               written by    what it holds
 ``ddpkit-live/diverged/G``        rank 0        the replicas' digests disagreed: a ``Diverged``
 ``ddpkit-live/hung/PID``          the watch     the rank of process PID makes no progress while it runs: the
                                                 watch's headline (the agent ends it, and replaces it)
+``ddpkit-live/words``             ranks, watch  a count, one more with each question and each rank named hung: the
+                                                agent reads the keys above only when it moved
 ``ddpkit-live/assign/SLOT``       the agent     under Slurm: a standby's variables (JSON), or "" (unused)
 ``ddpkit-live/proc/SLOT``         a standby     under Slurm: ``{"host": H, "pid": P}``
 ``ddpkit-live/pulse/SLOT``        its pulse     under Slurm: "COUNT STATE TICKS", every 0.25 s from the rank's
@@ -42,6 +44,7 @@ __all__ = ["NO_LOSS", "Diverged", "Joined", "LiveStore", "Plan"]
 ROOT = "ddpkit-live/"
 #: The agent's answer to a rank whose collective failed while no rank was lost.
 NO_LOSS = "none"
+_WORDS = f"{ROOT}words"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -120,6 +123,7 @@ class LiveStore:
 
     def ask(self, gen: int, rank: int, kind: str) -> None:
         self.store.set(f"{ROOT}ask/{gen}/{rank}", kind)
+        self.store.add(_WORDS, 1)
 
     def answer(self, gen: int, rank: int) -> str | None:
         """The agent's answer to this rank's question in ``gen`` (read once: both keys are then removed)."""
@@ -143,8 +147,15 @@ class LiveStore:
     def name_hung(self, pid: int, headline: str) -> None:
         """The watch's word: the rank of process ``pid`` stopped making progress (its report said why)."""
         self.store.set(f"{ROOT}hung/{pid}", headline)
+        self.store.add(_WORDS, 1)
 
     # ---- the agent's side -------------------------------------------------------------------------------------
+    def words(self) -> int:
+        """How many words the ranks and the watch have left for the agent (a question, a rank named hung): one read a
+        poll, and the keys of each rank read only when it moved (the agent's look stays one store operation while
+        nothing is said, whatever the world size)."""
+        return int(self.store.add(_WORDS, 0))
+
     def hung(self, pid: int) -> str | None:
         """The watch's headline where it named the rank of process ``pid`` hung, else None."""
         key = f"{ROOT}hung/{pid}"
