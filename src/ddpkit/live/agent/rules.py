@@ -105,13 +105,9 @@ class LiveAgent:
     """When the first rank finished (exit 0)."""
     asked: dict[tuple[int, int], float] = field(default_factory=dict)
     """(generation, rank) of each question not yet answered -> when the agent first saw it."""
-    words: int = -1
-    """The ranks' and the watch's count of words when last read (``LiveStore.words``): their keys are read again
-    only when it moved, or while a question waits for its answer."""
-    fresh: bool = True
-    """The count moved since the look before (every rank's hung key is read in a look where it did)."""
-    questions_at: int = -1
-    """The count when the questions were last read."""
+    words: tuple[int, int] = (-1, -1)
+    """The ranks' and the watch's count of words (``LiveStore.words``) when their hung keys, and their questions,
+    were last read: read again only where it moved (or while a question waits)."""
 
     @property
     def keys(self) -> LiveStore:
@@ -172,7 +168,7 @@ class LiveAgent:
     def _ended(self, now: float) -> list[tuple[Rank, int]]:
         """The ranks found ended since the last look that failed (rank, exit code; negative: a signal)."""
         words = self.keys.words() if self.store is not None else 0
-        self.fresh, self.words = words != self.words, words
+        fresh, self.words = words != self.words[0], (words, self.words[1])
         lost = []
         for r in list(self.ranks.values()):
             if r.done:
@@ -180,7 +176,7 @@ class LiveAgent:
             code = r.proc.wait()
             if code is None:
                 self._check_stopped(r, now)
-                self._check_hung(r)
+                self._check_hung(r, fresh)
                 continue
             r.done = True
             if code == 0:
@@ -233,12 +229,10 @@ class LiveAgent:
                         r.rank, r.pid, r.proc.host, seen.value, now - r.stopped_since)
             r.proc.send(signal.SIGKILL)
 
-    def _check_hung(self, r: Rank) -> None:
-        """A rank the watch named hung (running, no progress past its deadline): ended with SIGKILL, so that the
+    def _check_hung(self, r: Rank, fresh: bool) -> None:
+        """A rank the watch named hung (``fresh``: words came since the last look): ended with SIGKILL, so that the
         others' collectives fail at once and it is replaced as a killed one."""
-        if r.ended_by_agent is not None or self.store is None or not self.fresh:
-            return
-        said = self.keys.hung(r.pid)
+        said = None if r.ended_by_agent is not None or self.store is None or not fresh else self.keys.hung(r.pid)
         if said is None:
             return
         r.ended_by_agent = "hung, named by the watch"
@@ -294,13 +288,12 @@ class LiveAgent:
 
     def _answer_questions(self, now: float) -> None:
         """A rank whose collective failed while no rank is lost: "none", once the question has stood a poll longer
-        than the agent needs to see a loss (a killed peer's socket closes a moment before the kernel reports its
-        exit; under Slurm a rank cut off is seen only when its pulse has stood still ``silent_s``), and while no
-        rank is seen stopped (its loss is being decided)."""
+        than the agent needs to see a loss (a killed peer's socket closes before the kernel reports its exit; a rank
+        cut off is seen once its host's word stood still ``silent_s``), and while no rank is seen stopped."""
         words = self.keys.words()
-        if words == self.questions_at and not self.asked:  # nothing said since, and no question waiting
+        if words == self.words[1] and not self.asked:  # nothing said since, and no question waiting
             return
-        self.questions_at = words
+        self.words = (self.words[0], words)
         running = [r for r in self.ranks.values() if not r.done]
         blind_s = self.poll_s + max((r.proc.silent_s for r in running), default=0.0)
         pending = any(r.stopped_since is not None for r in running)
