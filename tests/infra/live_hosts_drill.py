@@ -4,8 +4,10 @@ every host, ``--standby`` on the last): the job started, one host struck once it
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
+import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -67,7 +69,7 @@ def until(what: Callable[[], bool], runs: list[HostRun], timeout: float, why: st
 
 def strike(hosts: Hosts, where: Path, fault: str, *extra: str, target: int = 1, nodes: int = 2,
            job: tuple[str, ...] = TRAIN, ready: Callable[[], bool] | None = None,
-           started: list[HostRun] | None = None) -> dict[str, Any]:
+           started: list[HostRun] | None = None, victim_s: float = 0.0) -> dict[str, Any]:
     """Start the job, strike host ``target`` (its member and ranks killed, stopped, or its link cut) once two
     snapshots are written (or ``ready()``; ``started`` is given the runs as they start), wait for the job; what it
     left."""
@@ -89,6 +91,9 @@ def strike(hosts: Hosts, where: Path, fault: str, *extra: str, target: int = 1, 
     for run in runs:
         if run.host is not victim:
             run.wait(RUN_TIMEOUT)
+    if victim_s:  # the struck host's own end, where it has one (``victim_s`` at most)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            runs[target].proc.wait(timeout=victim_s)
     for pid in hosts.cluster.pids(victim):  # stopped, or cut off: it goes on on its own until killed
         os.kill(pid, signal.SIGKILL)
     return {"runs": runs, "kept": kept, "alive": alive, "fault_at": fault_at, "heals": heals_of(where),

@@ -81,8 +81,7 @@ def serve(wire: Wire, spawn: Callable[[int, dict[str, str]], Proc], endpoint: st
             print(f"ddpkit live: the endpoint's host ({endpoint}) is gone: it holds the job's store and its live "
                   "agent, which cannot be healed away (as under torch elastic's c10d); ending this host's ranks",
                   file=sys.stderr, flush=True)
-            member.end_all()
-            return EXIT_MISSING
+            return EXIT_MISSING  # its ranks ended below
         return code
     finally:
         for name, handler in before.items():

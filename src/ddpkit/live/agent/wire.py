@@ -20,10 +20,15 @@ import socket
 import threading
 from typing import Any
 
-__all__ = ["BEAT_S", "SEND_S", "Wire"]
+__all__ = ["BEAT_S", "SEND_S", "UNACKED_S", "Wire"]
 
 #: How often a member says what its host's kernel says of its ranks (seconds): as the pulse under Slurm.
 BEAT_S = 0.25
+#: Data sent and not acknowledged this long ends the connection (seconds; the kernel's ``TCP_USER_TIMEOUT``): a member
+#: whose endpoint's host is cut off, not killed, would otherwise wait on it for the kernel's retransmissions (minutes).
+#: The member beats every ``BEAT_S``, so a cut is unacknowledged data at once; the agent has replaced the host's ranks
+#: long before (its beat still 3 s).
+UNACKED_S = 30.0
 #: The longest one message may take to leave (seconds): a host cut off fills its socket's buffer, and then the
 #: sender gives the message up rather than wait on it (the host is seen silent and ended by its beat's absence).
 SEND_S = 2.0
@@ -37,6 +42,8 @@ class Wire:
         sock.settimeout(SEND_S)
         with contextlib.suppress(OSError):  # each message at once (a TCP socket's; not a local socket's)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        with contextlib.suppress(OSError, AttributeError):  # Linux: a far end cut off ends the connection
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, int(UNACKED_S * 1000))
         self._lock = threading.Lock()
         self._buffer = b""
         self.closed = False
