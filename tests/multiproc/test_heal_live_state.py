@@ -1,8 +1,9 @@
 """``ddpkit run --heal live`` never silently wrong (issue 52), on a torchrun-style script whose loop carries an LR
 scheduler, a GradScaler-style loss scaler and an EMA (``live_stateful_job.py``), killed from outside:
 
-- carried in ``live.Replica``, the state travels: exit 0, every rank's weights, EMA and learning rate equal, and the
-  weights within docs/heal.md's bound of an uninterrupted run's;
+- carried in ``live.Replica``, the state travels (rank 1 killed, and rank 0, whose replacement's ``DDP(model)``
+  broadcasts its fresh weights): exit 0, every rank's weights, EMA and learning rate equal, and the weights within
+  docs/heal.md's bound of an uninterrupted run's;
 - left out, the replicas are compared one step after the heal: the difference is named, recorded in the ledger, the
   attempt ends (the restart heal follows) and nothing says "no step lost";
 - ranks 1 and 2 of 4 killed at once: one generation replaces both;
@@ -73,18 +74,25 @@ def _done(text: str) -> list[tuple[str, str, str, float]]:
     return [(w, e, lr, float(m)) for w, e, lr, m in found]
 
 
-@pytest.fixture(scope="module", params=["onecycle", "step"])
+@pytest.fixture(scope="module", params=[("onecycle", 1), ("step", 0)], ids=["onecycle-rank1", "step-rank0"])
 def uninterrupted(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    cwd = tmp_path_factory.mktemp(f"plain-{request.param}")
-    code, text = _run(cwd, "--scheduler", request.param, "--out", "weights.json")
+    """The script run without a fault (with the rank the test kills): rank 0 killed, its replacement's own
+    ``DDP(model)`` broadcasts its fresh weights to the survivors, which must keep theirs (they had trained from the
+    start again, every replica equal, "no step lost")."""
+    scheduler, killed = request.param
+    cwd = tmp_path_factory.mktemp(f"plain-{scheduler}")
+    code, text = _run(cwd, "--scheduler", scheduler, "--out", "weights.json")
     assert code == 0, text
-    return {"scheduler": request.param, "weights": json.loads((cwd / "weights.json").read_text()), "text": text}
+    return {"scheduler": scheduler, "killed": killed, "weights": json.loads((cwd / "weights.json").read_text()),
+            "text": text}
 
 
 def test_carried_state_travels_and_the_replicas_agree(tmp_path: Path, uninterrupted: dict[str, Any]) -> None:
-    code, text = _run(tmp_path, "--scheduler", uninterrupted["scheduler"], "--out", "weights.json", kill=(1,))
+    killed = uninterrupted["killed"]
+    code, text = _run(tmp_path, "--scheduler", uninterrupted["scheduler"], "--out", "weights.json", kill=(killed,))
     assert code == 0, text
-    assert re.search(r"ddpkit heal: rank 1 on \S+ lost \(SIGKILL\); .* replicas equal after it; no step lost", text)
+    assert re.search(rf"ddpkit heal: rank {killed} on \S+ lost \(SIGKILL\); .* replicas equal after it; no step lost",
+                     text)
     assert "Live heals: 1; replicas: 3 equal" in text, text
     ends = _done(text)
     assert len(ends) == 3 and len({e[:3] for e in ends}) == 1, ends  # weights, EMA and learning rate: every rank
@@ -95,7 +103,7 @@ def test_carried_state_travels_and_the_replicas_agree(tmp_path: Path, uninterrup
     assert worst <= BOUND, worst
     assert {e[2] for e in ends} == {e[2] for e in _done(uninterrupted["text"])}  # the schedule's own end
     heals = [r for r in read_records(tmp_path / "run" / "ledger.jsonl") if isinstance(r, RankReplaced)]
-    assert [(h.rank, h.kept) for h in heals] == [(1, (0, 2))]
+    assert [(h.rank, h.kept) for h in heals] == [(killed, tuple(r for r in range(3) if r != killed))]
     # the report of a live run of a user's script: the heal named; the goodput measured (the watch's step lines),
     # never 0.0% "exact"
     report = subprocess.run([sys.executable, "-m", "ddpkit", "report", "run", "--html", "run/report.html", "--trace",
@@ -108,7 +116,7 @@ def test_carried_state_travels_and_the_replicas_agree(tmp_path: Path, uninterrup
     other = trace["otherData"]
     assert other["goodput_is"] == "exact" and other["goodput"] > 0 and other["live_heals"] == 1, other
     named = [e["args"] for e in trace["traceEvents"] if e["name"].startswith("live heal")]
-    assert [(n["rank"], n["step"], n["source"]) for n in named] == [(1, heals[0].step, heals[0].source)], named
+    assert [(n["rank"], n["step"], n["source"]) for n in named] == [(killed, heals[0].step, heals[0].source)], named
     page = (tmp_path / "run" / "report.html").read_text()
     assert "<h2>Live heals (--heal live)</h2>" in page and "1 rank(s) replaced live." in page, page[-3000:]
     assert f"<td>{heals[0].step}</td>" in page and "(pid " in page, page[-3000:]

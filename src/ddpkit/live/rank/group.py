@@ -37,7 +37,7 @@ from ddpkit.watch.actions import replace_hung_with
 if TYPE_CHECKING:
     from ddpkit.process.worker_context import WorkerContext
 
-__all__ = ["Exchanged", "LiveGroup", "ReplicasDiverged", "equal_line", "state_digest"]
+__all__ = ["Exchanged", "LiveGroup", "ReplicasDiverged", "equal_line", "keeps_own_weights", "state_digest"]
 
 log = get_logger(__name__)
 
@@ -49,6 +49,8 @@ ASK_POLL_S = 0.01
 #: In a generation's own store: how many of its survivors have left the old group (the replacements join by
 #: ``init_process_group`` alone).
 _ARRIVED = "ddpkit-live-arrived"
+#: In a generation's own store, beside it: the steps each survivor applied (``_DONE/RANK``), said as it arrives.
+_DONE = "ddpkit-live-done"
 #: What a collective whose peer is gone raises: gloo a RuntimeError, NCCL and the store torch's DistError. Its text is
 #: never read: the agent, which sees every rank's process, says whether a peer was lost.
 _COLLECTIVE_ERRORS = (RuntimeError, dist.DistError)
@@ -128,6 +130,9 @@ class LiveGroup:
         scheduler's learning rate) has acted."""
         self.asking = False
         """In ``lost_peer`` or re-forming: this rank knows a peer may be lost."""
+        self.keep_through_wrap = False
+        """After ``reform``: this rank applied the most steps of the survivors and rank 0 did not (it is behind, or a
+        replacement), so DDP's constructor, which broadcasts rank 0's weights, must not replace this rank's."""
         self.keys.register(rank)  # the agent heals a loss live only where every survivor can re-form
         # a survivor blocked in a collective with ranks whose node went silent: freed once the agent's plan says so
         Unblocker(self.keys, agent[1], rank, lambda: (self.gen, self.asking)).__enter__()
@@ -163,9 +168,12 @@ class LiveGroup:
         raise RuntimeError(f"a collective failed ({first_line(exc)[:200]}) and ddpkit's live agent said nothing "
                            f"within {PLAN_WAIT_S:.0f} s: the restart heal takes over") from exc
 
-    def reform(self, plan: Plan, exc: BaseException, device: torch.device, ddp: Any = None) -> None:
+    def reform(self, plan: Plan, exc: BaseException, device: torch.device, ddp: Any = None,
+               done: int | None = None) -> None:
         """After ``exc`` (``plan``: the peers lost): the next generation's group, formed with the replacements.
-        ``ddp``: the DistributedDataParallel model whose reducer holds the old group (released first)."""
+        ``ddp``: the DistributedDataParallel model whose reducer holds the old group (released first). ``done``: the
+        steps this rank applied, where the caller wraps DDP again before ``exchange`` (a script's ``Replica``): then
+        ``keep_through_wrap`` says whether this rank's weights must outlive DDP's broadcast from rank 0."""
         said = first_line(exc).rsplit("] ", 1)[-1].split(". This")[0][:160]  # gloo's words, without its source path
         log.warning("rank %d: rank(s) %s lost (%s); re-forming the group with their replacements (generation %d)",
                     self.rank, ", ".join(map(str, plan.ranks)), said, plan.gen)
@@ -189,21 +197,23 @@ class LiveGroup:
         # made theirs, took 5.0 s to be answered from 8 ranks on this machine (its connect() took 2 ms; the store's
         # first reply came 5 s later, under torch's libuv and legacy servers alike), and the heal 5.4 s, 7.3 s at 32
         # ranks; one connection: 0.3 s and 2.2 s (benchmarks/results/bench_live_heal_growth.md)
-        plan, arrived = self._arrive(plan)
+        plan, arrived = self._arrive(plan, done)
         dist.init_process_group(backend=self.backend, store=dist.PrefixStore(self.pg_prefix, arrived),
                                 rank=self.rank, world_size=self.world, timeout=self.timeout,
                                 device_id=device if device.type == "cuda" else None)
         self.asking = False
 
-    def _arrive(self, plan: Plan) -> tuple[Plan, dist.Store]:
+    def _arrive(self, plan: Plan, done: int | None) -> tuple[Plan, dist.Store]:
         """Every survivor of ``plan`` at its generation's store before any forms the group; where a newer plan comes
         first (a rank lost while this one's replacements were joining: the agent replaces them all in the next
         generation), its generation instead. The plan the group is formed in, and this rank's connection to its
-        store."""
+        store. With ``done``, every survivor says its steps there and reads the others' (``keep_through_wrap``)."""
         deadline = time.monotonic() + self.timeout.total_seconds()
         while True:
             self.gen, self.port = plan.gen, plan.port
             arrived = self.store()
+            if done is not None:
+                arrived.set(f"{_DONE}/{self.rank}", str(done))
             arrived.add(_ARRIVED, 1)
             while int(arrived.add(_ARRIVED, 0)) < self.world - len(plan.ranks):
                 newer = self.keys.plan(plan.gen + 1)
@@ -214,6 +224,11 @@ class LiveGroup:
                                        f"{self.timeout.total_seconds():.0f} s: the restart heal takes over")
                 time.sleep(ASK_POLL_S)
             else:
+                if done is not None:
+                    survivors = [r for r in range(self.world) if r not in plan.ranks]
+                    said = arrived.multi_get([f"{_DONE}/{r}" for r in survivors])
+                    self.keep_through_wrap = keeps_own_weights(
+                        {r: int(v) for r, v in zip(survivors, said, strict=True)}, self.rank)
                 return plan, arrived
             while (later := self.keys.plan(newer.gen + 1)) is not None:
                 newer = later
@@ -264,6 +279,15 @@ class LiveGroup:
         if self.rank == 0:
             self.keys.diverged(verdict)
         raise ReplicasDiverged(verdict)
+
+
+def keeps_own_weights(done: dict[int, int], rank: int) -> bool:
+    """Whether ``rank``'s weights must outlive DDP's constructor over the re-formed group, which broadcasts rank 0's:
+    ``rank`` applied the most steps of the survivors (``done``: each survivor's count) and rank 0 did not (it is
+    behind, the step in flight applied elsewhere, or it is a replacement, absent from ``done``). Every rank that
+    applied the most keeps its own (the source and the ranks equal to it take nothing in ``exchange``)."""
+    best = max(done.values())
+    return done[rank] == best and done.get(0, -1) < best
 
 
 def equal_line(digests: Iterable[str]) -> str:
