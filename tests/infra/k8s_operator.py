@@ -279,7 +279,10 @@ class PodRun:
 
     @property
     def done(self) -> bool:
-        return self.proc is not None and self.proc.poll() is not None and self.restart_at is None
+        """Exited, its exit code recorded by the kubelet's look and no restart due (a container that exited after
+        the last look is not done yet: its code and its restartPolicy's verdict come with the next)."""
+        return (self.proc is not None and self.proc.poll() is not None and self.restart_at is None
+                and len(self.exit_codes) == len(self.logs))
 
     @property
     def succeeded(self) -> bool:
