@@ -57,7 +57,7 @@ def test_the_digest_sees_weights_and_the_learning_rate() -> None:
 def test_the_most_advanced_ranks_keep_their_weights_where_rank_0_s_broadcast_is_behind() -> None:
     """DDP's constructor over the re-formed group broadcasts rank 0's weights: kept by every rank that applied the
     most steps where rank 0 applied fewer (the step in flight applied elsewhere) or is a replacement (absent)."""
-    assert not any(keeps_own_weights({0: 7, 1: 7, 2: 7}, r) for r in (0, 1, 2))  # rank 0 is as advanced: nothing to keep
+    assert not any(keeps_own_weights({0: 7, 1: 7, 2: 7}, r) for r in (0, 1, 2))  # rank 0 as advanced: none keeps
     assert [keeps_own_weights({0: 6, 1: 7, 2: 7}, r) for r in (0, 1, 2)] == [False, True, True]
     assert [keeps_own_weights({0: 6, 1: 6, 2: 7}, r) for r in (0, 1, 2)] == [False, False, True]
     assert [keeps_own_weights({1: 7, 2: 7}, r) for r in (1, 2)] == [True, True]  # rank 0 replaced
