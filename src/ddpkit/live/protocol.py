@@ -213,10 +213,16 @@ class LiveStore:
         process, the kernel's one-letter ``state`` of it ("" once it is gone) and its CPU ``ticks``."""
         self.store.set(f"{ROOT}pulse/{slot}", f"{count} {state or '-'} {ticks}")
 
-    def pulse_of(self, slot: str) -> tuple[int, str, int] | None:
-        """The last pulse of ``slot`` (count, state, ticks), or None before the first."""
-        key = f"{ROOT}pulse/{slot}"
-        if not self._has(key):
-            return None
-        count, state, ticks = self.store.get(key).decode().split()
-        return int(count), "" if state == "-" else state, int(ticks)
+    def pulses(self, slots: list[str]) -> dict[str, tuple[int, str, int] | None]:
+        """The last pulse of each of ``slots`` (count, state, ticks; None before the first), in one round trip: each
+        slot's key is there from its step's start (``no_pulse_yet``), so the read never waits on a missing one."""
+        said = self.store.multi_get([f"{ROOT}pulse/{slot}" for slot in slots]) if slots else []
+        found: dict[str, tuple[int, str, int] | None] = {}
+        for slot, raw in zip(slots, said, strict=True):
+            count, state, ticks = raw.decode().split()
+            found[slot] = None if count == "0" else (int(count), "" if state == "-" else state, int(ticks))
+        return found
+
+    def no_pulse_yet(self, slot: str) -> None:
+        """``slot``'s pulse key, before its step starts: no pulse yet (its pulse counts from 1)."""
+        self.pulse(slot, 0, "", 0)

@@ -57,6 +57,29 @@ UNREACHED_S = 1.0
 STANDBY_END_S = 10.0
 
 
+@dataclass
+class _Pulses:
+    """Every step's pulse, as the agent last read it: one store round trip for all of them at most every half poll
+    (the agent looks at each rank several times a poll; a read a rank each time cost the ranks' CPU on a small node)."""
+
+    store: Any
+    slots: list[str] = field(default_factory=list)
+    said: dict[str, tuple[int, str, int] | None] = field(default_factory=dict)
+    read_at: float = float("-inf")
+
+    def add(self, slot: str) -> None:
+        """A step about to start: its key set to "no pulse yet" first."""
+        LiveStore(self.store).no_pulse_yet(slot)
+        if slot not in self.slots:
+            self.slots.append(slot)
+
+    def of(self, slot: str) -> tuple[int, str, int] | None:
+        now = time.monotonic()
+        if now - self.read_at >= POLL_S / 2:
+            self.read_at, self.said = now, LiveStore(self.store).pulses(self.slots)
+        return self.said.get(slot)
+
+
 @dataclass(kw_only=True)
 class _Step:
     """One rank's srun step (a ``ddpkit.live.agent.rules.Proc``), seen through its pulse (``live.agent.pulse``)."""
@@ -66,6 +89,7 @@ class _Step:
     slot: str
     job: str
     store: Any
+    pulses: _Pulses
     silent_s: float = SILENT_S
     remote_pid: int | None = None
     count: int = -1
@@ -81,7 +105,6 @@ class _Step:
     cancels: list[subprocess.Popen[bytes]] = field(default_factory=list)
     """The scancel commands sent, not waited for."""
     moved: float = field(default_factory=time.monotonic)
-    looked: float = 0.0
     step_id: str | None = None
 
     @property
@@ -102,13 +125,11 @@ class _Step:
         """What the rank's node says of it (its pulse's last word); ``Seen.SILENT`` once the pulse stood still
         ``silent_s`` after its first word (before it, the step is starting)."""
         now = time.monotonic()
-        if now - self.looked >= POLL_S / 2:  # the agent looks at every rank for each rank: one store read a poll
-            self.looked = now
-            pulse = LiveStore(self.store).pulse_of(self.slot)
-            if pulse is not None and pulse[0] != self.count:
-                self.count, self.moved = pulse[0], now
-                self.seen = (Seen.of_state(pulse[1]), pulse[2])
-                self.gone = pulse[1] in ("", "Z", "X")
+        pulse = self.pulses.of(self.slot)
+        if pulse is not None and pulse[0] != self.count:
+            self.count, self.moved = pulse[0], now
+            self.seen = (Seen.of_state(pulse[1]), pulse[2])
+            self.gone = pulse[1] in ("", "Z", "X")
         if self.count > 0 and now - self.moved >= self.silent_s:
             return Seen.SILENT, self.seen[1]
         return self.seen
@@ -192,13 +213,18 @@ class LiveSteps:
     """A spare node -> the replacements started there."""
     started: list[_Step] = field(default_factory=list)
     """Every step started (a killed one on a node cut off is ended at the end)."""
+    pulses: _Pulses | None = None
 
     def _step(self, host: str, slot: str) -> _Step:
+        if self.pulses is None:
+            self.pulses = _Pulses(self.store)
+        self.pulses.add(slot)
         argv = ["srun", f"--nodelist={host}", "--nodes=1", "--ntasks=1", "--overlap", f"--job-name={slot}",
                 *self.python, "-m", "ddpkit.standby", "--store", f"{self.address}:{self.store.port}", "--slot", slot,
                 "--", *self.command]
         popen = subprocess.Popen(argv, stdin=subprocess.DEVNULL, start_new_session=True)
-        self.started.append(_Step(popen=popen, host=host, slot=slot, job=self.job, store=self.store))
+        self.started.append(_Step(popen=popen, host=host, slot=slot, job=self.job, store=self.store,
+                                  pulses=self.pulses))
         return self.started[-1]
 
     def standby(self, host: str, per_node: int = 1) -> None:
