@@ -196,18 +196,23 @@ def test_under_slurm_a_rank_is_seen_through_its_pulse_running_while_it_holds_the
     """The Slurm spawner's view of a rank (``live.agent.slurm._Step.look``) comes from its pulse (a process beside
     it, ``live.agent.pulse``), not from a thread of the rank: a rank in a long C call that holds the GIL is running
     (a 2 s heartbeat thread read it as stopped, and it was replaced while healthy); SIGSTOPped, it is stopped within a
-    beat; its pulse stopped too (the node or step frozen), silent after ``silent_s``."""
-    from ddpkit.live.agent.slurm import _Step
+    beat; its pulse stopped too (the node or step frozen), silent after ``silent_s``. Every step's pulse is read in
+    one round trip, a step whose pulse has not spoken yet among them (its key set first: never waited on)."""
+    from ddpkit.live.agent.slurm import _Pulses, _Step
 
     store = _store()
+    pulses = _Pulses(store)
+    pulses.add("s0")  # a step whose pulse never speaks
+    pulses.add("s1")
     rank = subprocess.Popen([sys.executable, "-c", GIL_HOLDER], stdout=subprocess.PIPE)
     pulse = None
     try:
         assert rank.stdout is not None and rank.stdout.readline() == b"ready\n"
         pulse = subprocess.Popen([sys.executable, "-m", "ddpkit.live.agent.pulse", "--store",
                                   f"127.0.0.1:{store.port}", "--slot", "s1", "--pid", str(rank.pid)])
-        step = _Step(popen=rank, host="here", slot="s1", job="1", store=store, silent_s=1.5)
+        step = _Step(popen=rank, host="here", slot="s1", job="1", store=store, pulses=pulses, silent_s=1.5)
         _until("a first pulse", lambda: step.look()[0] is Seen.RUNNING and step.count > 0)
+        assert pulses.of("s0") is None and set(pulses.said) == {"s0", "s1"}, pulses.said
         start_ticks, until = step.look()[1], time.monotonic() + 3.0
         while time.monotonic() < until:  # inside sum(): the GIL held throughout
             assert step.look()[0] is Seen.RUNNING, step
