@@ -3,11 +3,12 @@ digest that compares replicas (weights and optimizer state, the learning rate a 
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 
 import torch
 
-from ddpkit.live.protocol import Diverged, Plan
+from ddpkit.live.protocol import Diverged, Joined, Plan
 from ddpkit.live.rank.group import keeps_own_weights, state_digest
 from ddpkit.rundir.ledger import RankReplaced, heal_sentence
 
@@ -62,3 +63,23 @@ def test_the_most_advanced_ranks_keep_their_weights_where_rank_0_s_broadcast_is_
     assert [keeps_own_weights({0: 6, 1: 6, 2: 7}, r) for r in (0, 1, 2)] == [False, False, True]
     assert [keeps_own_weights({1: 7, 2: 7}, r) for r in (1, 2)] == [True, True]  # rank 0 replaced
     assert [keeps_own_weights({0: 7, 2: 6}, r) for r in (0, 2)] == [False, False]  # rank 1 replaced, rank 0 ahead
+
+
+def test_a_heal_s_record_carries_the_hand_over_s_parts_and_reads_an_older_line() -> None:
+    """The source's times (the survivors at the store, the group formed, the state held) reach the ledger's record;
+    a record written before they were said reads them as None."""
+    from ddpkit.rundir.ledger import from_json, to_json
+
+    joined = Joined(gen=1, source=0, step=56, behind=(2,), at=13.0, arrived_at=11.0, formed_at=12.0)
+    lost = RankReplaced(rank=1, host="vm", why="SIGKILL", lost_at=10.0, lost_pid=7, replacement_pid=9, gen=1,
+                        decided_at=10.5)
+    healed = replace(lost, **joined.record_fields())
+    assert (healed.source, healed.step, healed.arrived_at, healed.formed_at, healed.joined_at) == (0, 56, 11.0, 12.0,
+                                                                                                  13.0)
+    assert from_json(to_json(healed)) == healed
+    older = json.loads(to_json(lost))
+    for key in ("arrived_at", "formed_at"):
+        older.pop(key)
+    back = from_json(json.dumps(older))
+    assert isinstance(back, RankReplaced) and back.arrived_at is None and back.formed_at is None
+    assert Joined(gen=1, source=0, step=56).record_fields()["arrived_at"] is None  # not said: none, never 0.0

@@ -76,6 +76,16 @@ class Joined(JsonFields):
     """Survivors that had not applied ``step`` (the step in flight): they took it from the source."""
     at: float = 0.0
     """When every rank held the state (epoch seconds)."""
+    arrived_at: float = 0.0
+    """When the survivors had all left the old group and met at the generation's store (the source's view)."""
+    formed_at: float = 0.0
+    """When the new group was formed with the replacements (``init_process_group`` returned on the source)."""
+
+    def record_fields(self) -> dict[str, Any]:
+        """What a heal's ledger record (``RankReplaced``) takes from this: the source, the step, the hand-over's
+        times (0.0, not said by an older rank, is None there)."""
+        return {"source": self.source, "step": self.step, "joined_at": self.at,
+                "arrived_at": self.arrived_at or None, "formed_at": self.formed_at or None}
 
 
 @dataclass(frozen=True, kw_only=True)

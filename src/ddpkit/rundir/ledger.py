@@ -150,6 +150,10 @@ class RankReplaced:
     """When the agent took it for lost (a stopped rank: ``STOPPED_S`` later, when it was ended)."""
     joined_at: float | None = None
     first_step_at: float | None = None
+    arrived_at: float | None = None
+    """The hand-over's parts, on the source: the survivors met at the generation's store (``arrived_at``), the group
+    formed with the replacements (``formed_at``), the state held by every rank (``joined_at``)."""
+    formed_at: float | None = None
     replacement_host: str | None = None
     """Where the replacement runs, where not on the lost rank's host (a standby spare under Slurm)."""
     together: tuple[int, ...] = ()

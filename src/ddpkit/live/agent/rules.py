@@ -313,8 +313,7 @@ class LiveAgent:
             return None
         gen = self.healing[0].gen
         if self.healing[0].joined_at is None and (joined := self.keys.joined_of(gen)) is not None:
-            self.healing = [replace(h, source=joined.source, step=joined.step, joined_at=joined.at)
-                            for h in self.healing]
+            self.healing = [replace(h, **joined.record_fields()) for h in self.healing]
         first = self.keys.first_step_of(gen) if self.healing[0].joined_at is not None else None
         if first is not None:
             heals = [replace(h, first_step_at=first) for h in self.healing]

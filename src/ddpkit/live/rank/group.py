@@ -33,6 +33,7 @@ from ddpkit.base.log import get_logger
 from ddpkit.live.protocol import NO_LOSS, Diverged, Joined, LiveStore, Plan
 from ddpkit.live.rank.unblock import Unblocker
 from ddpkit.watch.actions import replace_hung_with
+from ddpkit.watch.store import agent_store
 
 if TYPE_CHECKING:
     from ddpkit.process.worker_context import WorkerContext
@@ -115,7 +116,7 @@ class LiveGroup:
         if agent is None or master is None or context.live_gen is None:
             raise RuntimeError("--heal live needs ddpkit's live agent (MASTER_ADDR, MASTER_PORT, DDPKIT_LIVE_STORE, "
                                "DDPKIT_LIVE_GEN)")
-        self.base = dist.TCPStore(agent[0], agent[1], is_master=False, timeout=timeout, wait_for_workers=False)
+        self.base = agent_store(agent[0], agent[1], timeout)  # the watch's too: one connection a process
         self.keys = LiveStore(self.base)
         self.host, self.port = master
         self.rank, self.world, self.backend, self.timeout = rank, world_size, backend, timeout
@@ -130,6 +131,8 @@ class LiveGroup:
         scheduler's learning rate) has acted."""
         self.asking = False
         """In ``lost_peer`` or re-forming: this rank knows a peer may be lost."""
+        self.arrived_at = self.formed_at = 0.0
+        """The last heal's hand-over on this rank: when the survivors met at the store, when the group was formed."""
         self.keep_through_wrap = False
         """After ``reform``: this rank applied the most steps of the survivors and rank 0 did not (it is behind, or a
         replacement), so DDP's constructor, which broadcasts rank 0's weights, must not replace this rank's."""
@@ -198,9 +201,11 @@ class LiveGroup:
         # first reply came 5 s later, under torch's libuv and legacy servers alike), and the heal 5.4 s, 7.3 s at 32
         # ranks; one connection: 0.3 s and 2.2 s (benchmarks/results/bench_live_heal_growth.md)
         plan, arrived = self._arrive(plan, done)
+        self.arrived_at = time.time()
         dist.init_process_group(backend=self.backend, store=dist.PrefixStore(self.pg_prefix, arrived),
                                 rank=self.rank, world_size=self.world, timeout=self.timeout,
                                 device_id=device if device.type == "cuda" else None)
+        self.formed_at = time.time()
         self.asking = False
 
     def _arrive(self, plan: Plan, done: int | None) -> tuple[Plan, dist.Store]:
@@ -250,7 +255,8 @@ class LiveGroup:
         self.heals += 1
         self.verify_at = best + 1
         if self.rank == source:
-            self.keys.joined(Joined(gen=self.gen, source=source, step=best, behind=behind, at=time.time()))
+            self.keys.joined(Joined(gen=self.gen, source=source, step=best, behind=behind, at=time.time(),
+                                    arrived_at=self.arrived_at, formed_at=self.formed_at))
         return Exchanged(step=best, source=source, behind=behind, state=state[0] if self.rank in behind else None)
 
     def applied(self, step: int, model: torch.nn.Module, optimizer: Any) -> None:
