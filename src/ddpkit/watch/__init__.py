@@ -40,6 +40,7 @@ from ddpkit.process.worker_context import WorkerContext
 from ddpkit.watch.frames import hide_wrappers
 from ddpkit.watch.options import MIN_SILENT_S, WatchOptions
 from ddpkit.watch.recorder import Live
+from ddpkit.watch.store import agent_store
 
 if TYPE_CHECKING:
     import torch.distributed as dist
@@ -157,8 +158,10 @@ def _watch_store(init_args: dict[str, Any]) -> dist.Store:
     prefix = _prefix()
     if init_args.get("store") is None and host and port:
         try:
-            store: dist.Store = dist.TCPStore(host.strip("[]"), int(port), is_master=False, timeout=STORE_TIMEOUT,
-                                              wait_for_workers=False)
+            # --heal live: the process's one connection to the agent's store, shared with its live group
+            store: dist.Store = agent_store(host, int(port), STORE_TIMEOUT) if context.live_store is not None else \
+                dist.TCPStore(host.strip("[]"), int(port), is_master=False, timeout=STORE_TIMEOUT,
+                              wait_for_workers=False)
             return dist.PrefixStore(prefix, store)
         except (RuntimeError, ValueError) as exc:
             log.info("watch: no own connection to %s:%s (%s); sharing the group's store", host, port, exc)

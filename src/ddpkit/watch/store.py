@@ -14,12 +14,14 @@ used again: every call on it failed, and each failure printed a warning with a p
 
 from __future__ import annotations
 
+import os
 import queue
 import threading
 from collections.abc import Callable
+from datetime import timedelta
 from typing import Any
 
-__all__ = ["BoundedStore", "StoreUnanswered"]
+__all__ = ["BoundedStore", "StoreUnanswered", "agent_store"]
 
 
 class StoreUnanswered(RuntimeError):
@@ -82,3 +84,21 @@ def _connection_lost(error: BaseException) -> bool:
     """torch's network error on a store call (``DistNetworkError``: the peer closed the socket, a broken pipe), told
     apart from a key's timeout, which leaves the connection usable."""
     return any(kind.__name__ == "DistNetworkError" for kind in type(error).__mro__)
+
+
+#: This process's connection to the live agent's store, by (pid, host, port): made once (``agent_store``).
+_AGENT_STORES: dict[tuple[int, str, int], Any] = {}
+
+
+def agent_store(host: str, port: int, timeout: timedelta) -> Any:
+    """This process's one connection to ddpkit's live agent's store (``--heal live``), shared by the watch and the
+    rank's live group (``live.rank.group``; ``timeout``: the first caller's). Each connection more, made while a
+    node's replacements start together, was answered 5.0 s late on this machine: the watch's own, in 2 of 3 drills
+    of 4 ranks replaced at once (bench_live_heal_growth). A TCPStore client runs one call at a time, and both make
+    short ones. A forked child makes its own (the key holds the process id)."""
+    import torch.distributed as dist
+
+    key = (os.getpid(), host, port)
+    if key not in _AGENT_STORES:
+        _AGENT_STORES[key] = dist.TCPStore(host, port, is_master=False, timeout=timeout, wait_for_workers=False)
+    return _AGENT_STORES[key]
