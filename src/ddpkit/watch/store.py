@@ -98,7 +98,7 @@ def agent_store(host: str, port: int, timeout: timedelta) -> Any:
     short ones. A forked child makes its own (the key holds the process id)."""
     import torch.distributed as dist
 
-    key = (os.getpid(), host, port)
+    key = (os.getpid(), host.strip("[]"), port)  # an IPv6 address as TCPStore takes it, without its brackets
     if key not in _AGENT_STORES:
-        _AGENT_STORES[key] = dist.TCPStore(host, port, is_master=False, timeout=timeout, wait_for_workers=False)
+        _AGENT_STORES[key] = dist.TCPStore(key[1], port, is_master=False, timeout=timeout, wait_for_workers=False)
     return _AGENT_STORES[key]

@@ -213,11 +213,13 @@ class LiveSteps:
     """A spare node -> the replacements started there."""
     started: list[_Step] = field(default_factory=list)
     """Every step started (a killed one on a node cut off is ended at the end)."""
-    pulses: _Pulses | None = None
+    pulses: _Pulses = field(init=False)
+    """Every step's pulse, read in one round trip."""
+
+    def __post_init__(self) -> None:
+        self.pulses = _Pulses(self.store)
 
     def _step(self, host: str, slot: str) -> _Step:
-        if self.pulses is None:
-            self.pulses = _Pulses(self.store)
         self.pulses.add(slot)
         argv = ["srun", f"--nodelist={host}", "--nodes=1", "--ntasks=1", "--overlap", f"--job-name={slot}",
                 *self.python, "-m", "ddpkit.standby", "--store", f"{self.address}:{self.store.port}", "--slot", slot,

@@ -133,9 +133,6 @@ class LiveGroup:
         """In ``lost_peer`` or re-forming: this rank knows a peer may be lost."""
         self.arrived_at = self.formed_at = 0.0
         """The last heal's hand-over on this rank: when the survivors met at the store, when the group was formed."""
-        self.keep_through_wrap = False
-        """After ``reform``: this rank applied the most steps of the survivors and rank 0 did not (it is behind, or a
-        replacement), so DDP's constructor, which broadcasts rank 0's weights, must not replace this rank's."""
         self.keys.register(rank)  # the agent heals a loss live only where every survivor can re-form
         # a survivor blocked in a collective with ranks whose node went silent: freed once the agent's plan says so
         Unblocker(self.keys, agent[1], rank, lambda: (self.gen, self.asking)).__enter__()
@@ -172,11 +169,12 @@ class LiveGroup:
                            f"within {PLAN_WAIT_S:.0f} s: the restart heal takes over") from exc
 
     def reform(self, plan: Plan, exc: BaseException, device: torch.device, ddp: Any = None,
-               done: int | None = None) -> None:
+               done: int | None = None) -> bool:
         """After ``exc`` (``plan``: the peers lost): the next generation's group, formed with the replacements.
         ``ddp``: the DistributedDataParallel model whose reducer holds the old group (released first). ``done``: the
-        steps this rank applied, where the caller wraps DDP again before ``exchange`` (a script's ``Replica``): then
-        ``keep_through_wrap`` says whether this rank's weights must outlive DDP's broadcast from rank 0."""
+        steps this rank applied, where the caller wraps DDP again before ``exchange`` (a script's ``Replica``); then
+        the answer says whether this rank's weights must outlive DDP's broadcast from rank 0 (``keeps_own_weights``;
+        False without ``done``)."""
         said = first_line(exc).rsplit("] ", 1)[-1].split(". This")[0][:160]  # gloo's words, without its source path
         log.warning("rank %d: rank(s) %s lost (%s); re-forming the group with their replacements (generation %d)",
                     self.rank, ", ".join(map(str, plan.ranks)), said, plan.gen)
@@ -200,19 +198,21 @@ class LiveGroup:
         # made theirs, took 5.0 s to be answered from 8 ranks on this machine (its connect() took 2 ms; the store's
         # first reply came 5 s later, under torch's libuv and legacy servers alike), and the heal 5.4 s, 7.3 s at 32
         # ranks; one connection: 0.3 s and 2.2 s (benchmarks/results/bench_live_heal_growth.md)
-        plan, arrived = self._arrive(plan, done)
+        plan, arrived, keep = self._arrive(plan, done)
         self.arrived_at = time.time()
         dist.init_process_group(backend=self.backend, store=dist.PrefixStore(self.pg_prefix, arrived),
                                 rank=self.rank, world_size=self.world, timeout=self.timeout,
                                 device_id=device if device.type == "cuda" else None)
         self.formed_at = time.time()
         self.asking = False
+        return keep
 
-    def _arrive(self, plan: Plan, done: int | None) -> tuple[Plan, dist.Store]:
+    def _arrive(self, plan: Plan, done: int | None) -> tuple[Plan, dist.Store, bool]:
         """Every survivor of ``plan`` at its generation's store before any forms the group; where a newer plan comes
         first (a rank lost while this one's replacements were joining: the agent replaces them all in the next
         generation), its generation instead. The plan the group is formed in, and this rank's connection to its
-        store. With ``done``, every survivor says its steps there and reads the others' (``keep_through_wrap``)."""
+        store, and, with ``done`` (every survivor says its steps there and reads the others'), whether this rank
+        keeps its weights through DDP's re-wrap (``keeps_own_weights``)."""
         deadline = time.monotonic() + self.timeout.total_seconds()
         while True:
             self.gen, self.port = plan.gen, plan.port
@@ -229,12 +229,12 @@ class LiveGroup:
                                        f"{self.timeout.total_seconds():.0f} s: the restart heal takes over")
                 time.sleep(ASK_POLL_S)
             else:
-                if done is not None:
-                    survivors = [r for r in range(self.world) if r not in plan.ranks]
-                    said = arrived.multi_get([f"{_DONE}/{r}" for r in survivors])
-                    self.keep_through_wrap = keeps_own_weights(
-                        {r: int(v) for r, v in zip(survivors, said, strict=True)}, self.rank)
-                return plan, arrived
+                if done is None:
+                    return plan, arrived, False
+                survivors = [r for r in range(self.world) if r not in plan.ranks]
+                said = arrived.multi_get([f"{_DONE}/{r}" for r in survivors])
+                steps = {r: int(v) for r, v in zip(survivors, said, strict=True)}
+                return plan, arrived, keeps_own_weights(steps, self.rank)
             while (later := self.keys.plan(newer.gen + 1)) is not None:
                 newer = later
             log.warning("rank %d: another rank was lost while the replacements joined; re-forming the group with "

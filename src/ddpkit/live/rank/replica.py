@@ -139,13 +139,12 @@ class Replica:
         module: nn.Module = self.model.module
         device = next(module.parameters()).device
         settings, hooks = ddp_settings(self.model), list(getattr(self.model, "_comm_hooks", []))
-        self.group.reform(plan, exc, device, self.model, done=self.done)
+        keep = self.group.reform(plan, exc, device, self.model, done=self.done)
         # the same DDP object over the new group, so the script's references to it hold (its constructor's
         # collectives meet the replacement's own DDP(...)), as the script built it: its settings, its comm hooks.
         # Its constructor broadcasts rank 0's weights: where rank 0 is behind or a replacement, the most advanced
         # ranks keep theirs (a copy in host memory, put back), so the exchange hands on the most advanced state
-        kept = ({k: v.detach().to("cpu", copy=True) for k, v in module.state_dict().items()}
-                if self.group.keep_through_wrap else None)
+        kept = {k: v.detach().to("cpu", copy=True) for k, v in module.state_dict().items()} if keep else None
         DDP.__init__(self.model, module, **settings)
         if kept is not None:
             module.load_state_dict(kept)
