@@ -157,3 +157,28 @@ def test_a_replaced_rank_0_counts_the_run_s_snapshots_and_drills(tmp_path: Path)
     assert re.search(r"Drill kill-worker@epoch=2,rank=0: injected kill-worker of rank 0 at epoch 2 "
                      r"\(global step \d+\); resumed at step \d+; lost 0 steps", out), out
     assert summary["snapshots_written"] == 5 and len(summary["snapshot_paths"]) == 5, summary
+
+
+def test_a_rank_lost_as_a_snapshot_s_gather_begins_is_replaced_live_at_once(tmp_path: Path) -> None:
+    """``train -n 4 --heal live``: rank 2 kills itself as the snapshot of step 24 begins (12 steps an epoch), while
+    the others enter the snapshot's gather. Ranks 1 and 3 exchange with rank 2 in the gather's all-gather ring and
+    fail; rank 0 waits on rank 3. Before: ranks 1 and 3 left still holding the old group in the frames of the
+    failed gather (the watch's wrapper's, taken out of the traceback but not out of its callers' chain), so its
+    connections stayed open and rank 0 waited out the watch's deadline (60 s) before the restart heal resumed from
+    a snapshot (three times: the fault fires in each attempt's first generation). Now: one attempt, one live heal,
+    nothing loaded, every snapshot of the run written."""
+    res = subprocess.run([sys.executable, "-m", "ddpkit", "train", "-n", "4", "--heal", "live", "--run-dir", "run",
+                          "--epochs", "5", "--samples", "1536", "--model", "toy", "--snapshot-path", "snaps/",
+                          "--json", "summary.json"], cwd=tmp_path,
+                         env=ddpkit_env(DDPKIT_FAULTS="kill:phase=snapshot:rank=2:step=24:gen=0"),
+                         capture_output=True, text=True, timeout=300)
+    out = res.stdout + res.stderr
+    assert res.returncode == 0, out
+    assert re.search(r"ddpkit heal: rank 2 on \S+ lost \(SIGKILL\); a replacement \(pid \d+\) took its state from "
+                     r"rank \d at step 24 ", out), out
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["live_heals"] == 1 and summary["restarts"] == 0 and summary["snapshots_loaded"] == 0, out
+    assert summary["global_step"] == 5 * 12 and summary["snapshots_written"] == 5, summary
+    assert len(set(summary["replica_digests"])) == 1, summary
+    heals = [r for r in read_records(tmp_path / "run" / "ledger.jsonl") if isinstance(r, RankReplaced)]
+    assert [(h.rank, h.kept) for h in heals] == [(2, (0, 1, 3))], heals

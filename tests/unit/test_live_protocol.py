@@ -4,12 +4,14 @@ digest that compares replicas (weights and optimizer state, the learning rate a 
 from __future__ import annotations
 
 import json
+import weakref
 from dataclasses import replace
+from typing import Any
 
 import torch
 
 from ddpkit.live.protocol import Diverged, Joined, Plan
-from ddpkit.live.rank.group import keeps_own_weights, state_digest
+from ddpkit.live.rank.group import clear_frames_of, keeps_own_weights, state_digest
 from ddpkit.rundir.ledger import RankReplaced, heal_sentence
 
 
@@ -83,3 +85,41 @@ def test_a_heal_s_record_carries_the_hand_over_s_parts_and_reads_an_older_line()
     back = from_json(json.dumps(older))
     assert isinstance(back, RankReplaced) and back.arrived_at is None and back.formed_at is None
     assert Joined(gen=1, source=0, step=56).record_fields()["arrived_at"] is None  # not said: none, never 0.0
+
+
+class _Group:
+    """Stands for a process group: what must be let go of."""
+
+
+def _failing_collective() -> None:
+    raise RuntimeError("Connection reset by peer")
+
+
+def _wrapper(**kwargs: Any) -> None:  # as the watch's around a collective called with ``group=``
+    _failing_collective()
+
+
+def _program(group: _Group) -> None:
+    try:
+        _wrapper(group=group)
+    except RuntimeError as exc:  # the wrapper's entry taken out of the traceback, as ``watch.frames`` does
+        assert exc.__traceback__ is not None and exc.__traceback__.tb_next is not None
+        exc.__traceback__.tb_next = exc.__traceback__.tb_next.tb_next
+        raise
+
+
+def test_a_failed_collective_s_frames_let_go_of_the_group_those_out_of_the_traceback_too() -> None:
+    """The wrapper's frame is out of the traceback but still the failing frame's caller: its ``group=`` kept the
+    old group alive (and its connections open) after the abort, until its frames were cleared."""
+    group = _Group()
+    alive = weakref.ref(group)
+    caught: BaseException | None = None
+    try:
+        _program(group)
+    except RuntimeError as exc:
+        caught = exc
+    del group
+    assert caught is not None and alive() is not None  # held by the hidden wrapper's locals
+    clear_frames_of(caught)
+    assert alive() is None
+    assert str(caught) == "Connection reset by peer"  # the exception itself is kept: its words are still read

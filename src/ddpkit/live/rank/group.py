@@ -19,10 +19,12 @@ from __future__ import annotations
 
 import gc
 import hashlib
+import inspect
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import timedelta
+from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -38,7 +40,8 @@ from ddpkit.watch.store import agent_store
 if TYPE_CHECKING:
     from ddpkit.process.worker_context import WorkerContext
 
-__all__ = ["Exchanged", "LiveGroup", "ReplicasDiverged", "equal_line", "keeps_own_weights", "state_digest"]
+__all__ = ["Exchanged", "LiveGroup", "ReplicasDiverged", "clear_frames_of", "equal_line", "keeps_own_weights",
+           "state_digest"]
 
 log = get_logger(__name__)
 
@@ -52,9 +55,36 @@ ASK_POLL_S = 0.01
 _ARRIVED = "ddpkit-live-arrived"
 #: In a generation's own store, beside it: the steps each survivor applied (``_DONE/RANK``), said as it arrives.
 _DONE = "ddpkit-live-done"
+#: A frame of a generator or coroutine: clearing it would end it.
+_SUSPENDABLE = inspect.CO_GENERATOR | inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR | inspect.CO_ITERABLE_COROUTINE
 #: What a collective whose peer is gone raises: gloo a RuntimeError, NCCL and the store torch's DistError. Its text is
 #: never read: the agent, which sees every rank's process, says whether a peer was lost.
 _COLLECTIVE_ERRORS = (RuntimeError, dist.DistError)
+
+
+def clear_frames_of(exc: BaseException) -> None:
+    """Clear the locals of every frame ``exc`` (and what it was raised from or during) left, and of their callers up
+    to the frame that handles it. A collective of the program's own that failed (``gather_object`` in a snapshot:
+    its ``all_gather`` is called with ``group=``) leaves the group in those locals, some in frames the traceback no
+    longer shows (the watch takes its wrappers out of it, not out of the callers' chain); a group still referenced
+    keeps its connections open after its abort, and a survivor still waiting in it for this rank waited out the
+    watch's deadline (60 s) before the restart heal took over. An executing frame, or a generator's, ends the walk."""
+    seen: set[int] = set()
+    cause: BaseException | None = exc
+    while cause is not None and id(cause) not in seen:
+        seen.add(id(cause))
+        tb = cause.__traceback__
+        while tb is not None:
+            frame: FrameType | None = tb.tb_frame
+            while frame is not None and not frame.f_code.co_flags & _SUSPENDABLE:
+                caller = frame.f_back
+                try:
+                    frame.clear()
+                except RuntimeError:  # still executing: the handler, and every frame below it
+                    break
+                frame = caller
+            tb = tb.tb_next
+        cause = cause.__cause__ or cause.__context__
 
 
 class ReplicasDiverged(Exception):
@@ -190,6 +220,7 @@ class LiveGroup:
         for name in ("logger", "reducer", "process_group"):
             if ddp is not None and hasattr(ddp, name):
                 delattr(ddp, name)
+        clear_frames_of(exc)
         # the last references gone, the group is freed by its count; the youngest generation is collected for what
         # the failed step left in cycles. A full collection took 0.18 s here (290,000 objects, torch's and the
         # watch's) on the heal's critical path, and freed nothing more: 0 hangs in 26 drills without it
