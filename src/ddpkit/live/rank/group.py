@@ -70,18 +70,20 @@ def clear_frames_of(exc: BaseException) -> None:
     keeps its connections open after its abort, and a survivor still waiting in it for this rank waited out the
     watch's deadline (60 s) before the restart heal took over. An executing frame, or a generator's, ends the walk."""
     seen: set[int] = set()
+    cleared: set[int] = set()
     cause: BaseException | None = exc
     while cause is not None and id(cause) not in seen:
         seen.add(id(cause))
         tb = cause.__traceback__
-        while tb is not None:
+        while tb is not None:  # each entry, not only the innermost: a generator's frame ends its callers' chain
             frame: FrameType | None = tb.tb_frame
-            while frame is not None and not frame.f_code.co_flags & _SUSPENDABLE:
+            while frame is not None and id(frame) not in cleared and not frame.f_code.co_flags & _SUSPENDABLE:
                 caller = frame.f_back
                 try:
                     frame.clear()
                 except RuntimeError:  # still executing: the handler, and every frame below it
                     break
+                cleared.add(id(frame))  # its callers are walked from here: a deeper entry's walk stops at it
                 frame = caller
             tb = tb.tb_next
         cause = cause.__cause__ or cause.__context__
