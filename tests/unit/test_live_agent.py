@@ -163,7 +163,8 @@ def test_a_rank_lost_while_a_replacement_joins_is_replaced_with_it_in_one_genera
         assert plan is not None and plan.ranks == (1, 2) and agent.gen == 2
         assert [(h.rank, h.gen, h.lost_pid, h.together, h.kept) for h in agent.healing] == [
             (1, 2, first_lost, (1, 2), (0, 3)), (2, 2, procs[2].pid, (1, 2), (0, 3))]
-        assert first_replacement.wait() is not None  # ended: it held no state yet
+        # ended (it held no state yet): SIGKILL sent, its exit seen once the kernel has delivered it
+        assert first_replacement.popen.wait(timeout=10) == -signal.SIGKILL  # type: ignore[attr-defined]
         assert agent.ranks[1].proc is not first_replacement and agent.ranks[1].proc.wait() is None
     finally:
         for proc in procs:
