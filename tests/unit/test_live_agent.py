@@ -35,6 +35,9 @@ class _Popen:
         state, ticks = stat_of(self.pid)
         return Seen.of_state(state), ticks
 
+    def heard_since(self, since: float) -> bool:
+        return self.popen.poll() is None
+
     def send(self, sig: signal.Signals) -> None:
         with contextlib.suppress(ProcessLookupError):
             os.kill(self.pid, sig)
@@ -170,6 +173,53 @@ def test_a_rank_lost_while_a_replacement_joins_is_replaced_with_it_in_one_genera
         for proc in procs:
             proc.kill()
             proc.wait()
+
+
+#: A rank the watch stopped: it leaves the watch's abort order (rank 2 on host h2 stopped answering) where its agent
+#: reads it, as ``watch.actions.abort`` does, and exits 3; the other ranks wait.
+STOPPED_BY_THE_WATCH = """
+import os, sys, time
+from ddpkit.process.stopping import leave_abort_order
+from ddpkit.process.worker_context import STOP_DIR
+from ddpkit.watch.records import AbortOrder, StoppedRank
+if os.environ["RANK"] != "1":
+    time.sleep(60)
+order = AbortOrder.from_headline(1, "ddpkit watch: rank 2 on host h2 stopped answering", live=2, silent=(2,),
+                                 stopped=(StoppedRank(rank=2, host="h2", pid=4242, by=None),),
+                                 hosts={0: "here", 1: "here", 2: "h2"})
+leave_abort_order(os.environ[STOP_DIR], 0, 1, order.to_json())
+sys.exit(3)
+"""
+
+
+def test_a_live_attempt_the_watch_stopped_is_classified_from_its_abort_orders() -> None:
+    """A live attempt that ends because the watch stopped a rank (exit 3) carries the watch's orders, as torch's agent
+    does (``launch.agent``): the restart heal that follows names the rank that stopped answering and its host, not
+    "no report names a rank that stopped answering"."""
+    from ddpkit.heal.classify import FailureClass, classify
+    from ddpkit.heal.gather import gather
+    from ddpkit.live.agent.session import LiveSession
+
+    procs: list[subprocess.Popen[bytes]] = []
+
+    class Spawner:
+        def __call__(self, rank: int, env: dict[str, str]) -> _Popen:
+            procs.append(subprocess.Popen([sys.executable, "-c", STOPPED_BY_THE_WATCH], env={**os.environ, **env}))
+            return _Popen(procs[-1])
+
+        def end(self) -> None:
+            pass
+
+    try:
+        session = LiveSession(world=3, address="127.0.0.1", run_id="t", on_heal=lambda heal: None, poll_s=0.1)
+        result, _ = session.run(lambda store: Spawner())
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.wait()
+    assert result.exit_code == 3 and [o.silent for o in result.watch_orders] == [(2,)], result
+    found = classify(gather(result.exit_code, result, None, "here"))
+    assert found.kind is FailureClass.HOST and found.culprit_ranks == (2,) and found.culprit_hosts == ("h2",), found
 
 
 #: Holds the GIL for about 10 s in one C call (builtin sum over a range never returns to the eval loop), with a

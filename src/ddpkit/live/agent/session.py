@@ -10,6 +10,7 @@ host, ``live.agent.slurm`` starts each as an srun step and keeps a standby on ea
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 import signal
@@ -18,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from ddpkit.launch.result import AttemptResult
+from ddpkit.launch.result import AttemptResult, abort_orders
 from ddpkit.launch.stops import FORWARDED
 from ddpkit.live.agent.proc import Proc, rank_env
 from ddpkit.live.agent.rules import POLL_S, LiveAgent
@@ -80,6 +81,9 @@ class LiveSession:
             result = agent.run({rank: rank_env(rank, self.world, address=self.address, port=store.port,
                                                run_id=self.run_id, per_host=per_host, group_rank=rank // per_host)
                                 for rank in range(self.world)})
+            # the watch's abort orders (who stopped answering), as torch's agent reads them: a heal that ends the
+            # attempt is classified from them (launch.agent)
+            result = dataclasses.replace(result, watch_orders=abort_orders(os.environ[STOP_DIR]))
             return result, {rank: r.proc.host for rank, r in agent.ranks.items()}
         finally:
             for name, handler in before.items():
