@@ -70,12 +70,14 @@ class WatchedRun:
 
 def run_watched(launcher: list[str], tmp: Path, *job_args: str, watch: tuple[str, ...] = ("--hang-after", "4"),
                 module: bool = True, timeout: float = 150, env: dict[str, str] | None = None,
-                term_after: float | None = None, runner: tuple[str, ...] = ("ddpkit.watch",)) -> WatchedRun:
+                term_after: float | None = None, runner: tuple[str, ...] = ("ddpkit.watch",),
+                kill_after: tuple[str, float] | None = None) -> WatchedRun:
     """``LAUNCHER [python] -m ddpkit.watch WATCH --events F -- watch_user_job.py JOB_ARGS --tag T`` (``module``
     False: ``LAUNCHER watch_user_job.py ...``, the script watching itself). ``term_after``: SIGTERM to the launcher
     that many seconds after its ranks have started (what a scheduler does). ``runner``: the module and words after
     ``-m`` (``("ddpkit", "run")``: ddpkit's own command; with ``("ddpkit", "run", "-n", "3")`` and a launcher of
-    ``[python]``, ddpkit starts the ranks)."""
+    ``[python]``, ddpkit starts the ranks). ``kill_after`` (an event, seconds): the job killed that many seconds
+    after the event is written (a job that would run on), its run returned; ``timeout`` still bounds the whole."""
     tag = uuid.uuid4().hex[:12]
     events = tmp / f"events-{tag}.jsonl"
     job = [str(JOB), *job_args, "--tag", tag]
@@ -89,20 +91,47 @@ def run_watched(launcher: list[str], tmp: Path, *job_args: str, watch: tuple[str
         try:
             if term_after is not None:
                 _term_after_start(popen, tag, term_after, started + timeout)
-            out, err = popen.communicate(timeout=max(started + timeout - time.monotonic(), 1.0))
+            ended = None if kill_after is None else _event_then(popen, events, kill_after, started + timeout)
+            if kill_after is not None and ended is None:
+                _kill_job(popen, tag)
+            out, err = ended or popen.communicate(timeout=max(started + timeout - time.monotonic(), 1.0))
         except subprocess.TimeoutExpired:
             # the launcher and every rank (torchrun starts its ranks in sessions of their own: killing the
             # launcher's group alone leaves them behind, blocked in a collective and holding the pipes)
-            os.killpg(popen.pid, signal.SIGKILL)
-            for pid in leftover(tag, grace=0):
-                with contextlib.suppress(OSError):
-                    os.kill(pid, signal.SIGKILL)
+            _kill_job(popen, tag)
             popen.communicate()
             raise
     proc = subprocess.CompletedProcess(argv, popen.returncode, out, err)
     seconds = time.monotonic() - started
     lines = events.read_text().splitlines() if events.exists() else []
     return WatchedRun(proc=proc, events=[json.loads(x) for x in lines], tag=tag, seconds=seconds)
+
+
+def _kill_job(popen: subprocess.Popen[str], tag: str) -> None:
+    """The launcher and every rank (torchrun starts its ranks in sessions of their own: killing the launcher's group
+    alone leaves them behind, blocked in a collective and holding the pipes)."""
+    os.killpg(popen.pid, signal.SIGKILL)
+    for pid in leftover(tag, grace=0):
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def _event_then(popen: subprocess.Popen[str], events: Path, kill_after: tuple[str, float],
+                until: float) -> tuple[str, str] | None:
+    """Read the job's pipes until an event of kind ``kill_after[0]`` is in ``events``, then ``kill_after[1]`` s
+    more: None (the job is to be killed); the job's output where it ended first. TimeoutExpired at ``until``."""
+    kind, then = kill_after
+    marker = f'"event": "{kind}"'
+    end = None
+    while end is None or time.monotonic() < end:
+        try:
+            return popen.communicate(timeout=0.5)  # output is kept across the timeouts
+        except subprocess.TimeoutExpired:
+            if end is None and events.exists() and marker in events.read_text():
+                end = time.monotonic() + then
+            elif end is None and time.monotonic() > until:
+                raise
+    return None
 
 
 def _term_after_start(popen: subprocess.Popen[str], tag: str, after: float, until: float) -> None:

@@ -1,7 +1,7 @@
-"""A worker for ``test_stop_handshake``, started by ddpkit's launcher (torch's agent): rank 1 fails at once; rank 0
-waits for the SIGTERM its agent then sends (torch's agent stops the others after a failure) and writes what it
-read from the agent's stop directory, with no grace to speak of: it waits for the agent's word as long as it must
-(torch's agent kills it 30 s after its SIGTERM, and then nothing is written)."""
+"""A worker for ``test_stop_handshake``, started by ddpkit's launcher (torch's agent): rank 1 fails once rank 0 is
+ready; rank 0 waits for the SIGTERM its agent then sends (torch's agent stops the others after a failure) and writes
+what it read from the agent's stop directory, with no grace to speak of: it waits for the agent's word as long as it
+must (torch's agent kills it 30 s after its SIGTERM, and then nothing is written)."""
 
 from __future__ import annotations
 
@@ -16,11 +16,15 @@ from ddpkit.process.stopping import signal_from_outside
 
 def main() -> int:
     out = sys.argv[1]
-    if os.environ["RANK"] == "1":
-        time.sleep(0.5)
+    ready = out + ".ready"
+    if os.environ["RANK"] == "1":  # fails once rank 0 listens for its SIGTERM (before that, the signal would kill it)
+        deadline = time.monotonic() + 60
+        while not os.path.exists(ready) and time.monotonic() < deadline:
+            time.sleep(0.05)
         return 1
     got: list[str] = []
     signal.signal(signal.SIGTERM, lambda signum, frame: got.append(signal.Signals(signum).name))
+    open(ready, "w").close()
     deadline = time.monotonic() + 60
     while not got and time.monotonic() < deadline:
         time.sleep(0.05)

@@ -121,15 +121,13 @@ def test_straggler_named_for_a_wide_model_on_ddps_cpp_path(tmp_path: Path) -> No
 
 
 def test_on_hang_report_keeps_waiting_then_names_it_once(tmp_path: Path) -> None:
-    """--on-hang report: the report, then the job keeps running (here it ends when the test's timeout kills it)."""
-    with pytest.raises(Exception) as caught:
-        run_watched(torchrun(2), tmp_path, "--fault", "sleep", "--steps", "400",
-                    watch=("--hang-after", str(HANG_AFTER), "--on-hang", "report"), timeout=25)
-    assert "TimeoutExpired" in type(caught.value).__name__
-    path = next(tmp_path.glob("events-*.jsonl"))
-    events = path.read_text().splitlines()
-    assert len(events) == 1 and '"event": "hang"' in events[0] and '"on_hang": "report"' in events[0]
-    assert leftover(path.stem.removeprefix("events-")) == [], "the launcher and its ranks are all gone"
+    """--on-hang report: the report, then the job keeps running (ended by the test 3 hang deadlines later)."""
+    run = run_watched(torchrun(2), tmp_path, "--fault", "sleep", "--steps", "400",
+                      watch=("--hang-after", str(HANG_AFTER), "--on-hang", "report"),
+                      kill_after=("hang", 3 * HANG_AFTER))
+    assert run.proc.returncode == -9, run.output[-4000:]  # still running when killed
+    assert [e["event"] for e in run.events] == ["hang"] and run.events[0]["on_hang"] == "report", run.events
+    assert leftover(run.tag) == [], "the launcher and its ranks are all gone"
 
 
 def test_marked_checkpoint_and_unmarked_slow_first_step_raise_no_alarm(tmp_path: Path) -> None:
@@ -153,13 +151,17 @@ def test_unmarked_checkpoint_is_a_hang(tmp_path: Path) -> None:
     assert hang["waiting"] == [1] and hang["behind"] == [0], run.output[-6000:]
 
 
-def test_straggler_named_with_its_host_and_none_in_a_clean_run(tmp_path: Path) -> None:
+def test_straggler_named_with_its_host(tmp_path: Path) -> None:
     slow = run_watched(torchrun(2), tmp_path, "--steps", "150", "--slow-rank", "1", "--slow-ms", "40",
                        watch=("--report-every", "2"))
     assert slow.proc.returncode == 0, slow.output[-6000:]
     named = [e for e in slow.events if e["event"] == "straggler"]
     assert named and all(e.get("rank") == 1 and e["host"] == HOST for e in named), slow.events
     assert f"rank 1 on {HOST} is the slowest: the others wait" in slow.output
+
+
+@pytest.mark.serial  # beside the parallel suite's load one rank can truly wait 10% of a ~20 ms step for the other
+def test_no_straggler_in_a_clean_run(tmp_path: Path) -> None:
     clean = run_watched(torchrun(2), tmp_path, "--steps", "150", watch=("--report-every", "2"))
     assert clean.proc.returncode == 0, clean.output[-6000:]
     assert [e for e in clean.events if e["event"] == "straggler"] == [], clean.events
@@ -193,14 +195,17 @@ model = torch.nn.parallel.DistributedDataParallel(Slow(8, 1))
 x = torch.randn(4, 8)
 for _ in range(steps):
     model(x).sum().backward()
-print(json.dumps(active().recorder.timings()))
+from ddpkit.watch.recorder import LONG_STEP_S
+recorder = active().recorder
+slow = sum(took >= LONG_STEP_S for took in recorder.step_times)
+print(json.dumps({**recorder.timings(), "slow": slow}))
 dist.destroy_process_group()
 """
 
 
-# short steps: 9 samples, a few more if the machine made a timed step last 5 ms (one extra read each); at DDP's rate
-# of 1 in 10 every timed step would read one (99), at the old time-based reads about 1
-@pytest.mark.parametrize(("sleep_s", "steps", "samples"), [(0.0, 1000, (8, 15)), (0.006, 41, (4, 4))])
+# short steps: 9 samples, and at most one more for each timed step the machine made last 5 ms (the job counts them:
+# "slow"); at DDP's rate of 1 in 10 every timed step would read one (99), at the old time-based reads about 1
+@pytest.mark.parametrize(("sleep_s", "steps", "samples"), [(0.0, 1000, (8, 9)), (0.006, 41, (4, 4))])
 def test_ddp_statistic_sampled_as_the_step_length_allows(sleep_s: float, steps: int, samples: tuple[int, int]) -> None:
     """Short steps: DDP samples its gradient-sync time at its default rate (one iteration in 100) and the watch reads
     it as often (steps 101, 201, ... 901: 9 samples in 1000 steps). Steps of 5 ms and more: one in 10, every timed
@@ -216,4 +221,5 @@ def test_ddp_statistic_sampled_as_the_step_length_allows(sleep_s: float, steps: 
     assert done.returncode == 0, done.stderr[-3000:]
     timings = json.loads(done.stdout.strip().splitlines()[-1])
     assert timings["steps"] == steps and timings["timed"] == (steps - 1) // 10, timings
-    assert samples[0] <= timings["sync_samples"] <= samples[1], timings
+    extra = timings["slow"] if sleep_s < 5e-3 else 0
+    assert samples[0] <= timings["sync_samples"] <= samples[1] + extra, timings

@@ -244,7 +244,7 @@ def test_a_real_hang_is_reported_then_stopped_at_the_time_the_report_gave(fault:
     (stop,) = done.of("stop")
     assert 5 <= hang["idle_s"] < 20 and hang["behind"] == [1], hang
     assert stop["idle_s"] >= 20 and stop["time"] > hang["time"], (hang, stop)
-    assert abs(stop["time"] - hang["stop_at"]) < 3, (hang, stop)  # when the report said
+    assert abs(stop["time"] - hang["stop_at"]) < 6, (hang, stop)  # when the report said (the watch looks each ~1 s)
     assert " unless progress resumes" in out and "every rank stops (exit 3)" in out, out[-6000:]
     assert "progress resumed" not in out and not done.of("resumed")
     if fault == "stop":

@@ -125,7 +125,9 @@ def test_rank_lines_reach_the_screen_whole_prefixed_and_without_cpp_frames(tmp_p
         _write(files["out"][0], "RESULT a\nRESU")  # half a line: it waits for the rest
         _write(files["out"][1], "RESULT b\n")
         _write(files["err"][1], "warning\nframe #0: c10::Error::Error() + 0x9d (0x7f in libc10.so)\n")
-        time.sleep(0.2)
+        deadline = time.monotonic() + 10  # the reader thread shows it before rank 4's traceback is written
+        while "[h:5] warning" not in err.getvalue() and time.monotonic() < deadline:
+            time.sleep(0.02)
         _write(files["out"][0], "LT c\n")
         _write(files["err"][0], KEYERROR)  # a traceback the script handled: held, then shown
     assert sorted(out.getvalue().splitlines()) == ["[h:4] RESULT a", "[h:4] RESULT c", "[h:5] RESULT b"]

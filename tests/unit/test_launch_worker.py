@@ -15,7 +15,7 @@ from tests.helpers import ddpkit_env
 def test_command_started_at_is_the_agents_start_when_exported(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(worker.LAUNCHED_AT, raising=False)
     own = worker.command_started_at()
-    assert own == pytest.approx(worker.process_started_at(), abs=0.05) and own <= time.time()
+    assert own == pytest.approx(worker.process_started_at(), abs=1.0) and own <= time.time()
     monkeypatch.setenv(worker.LAUNCHED_AT, "1234.5")
     assert worker.command_started_at() == 1234.5
 

@@ -222,15 +222,17 @@ def test_a_live_attempt_the_watch_stopped_is_classified_from_its_abort_orders() 
     assert found.kind is FailureClass.HOST and found.culprit_ranks == (2,) and found.culprit_hosts == ("h2",), found
 
 
-#: Holds the GIL for about 10 s in one C call (builtin sum over a range never returns to the eval loop), with a
-#: thread that would beat every 0.1 s: the heartbeat a thread of the rank keeps stands still meanwhile.
+#: Once told to go (a line on stdin), holds the GIL for about 5 s (longer on a loaded machine) in one C call (builtin
+#: sum over a range never returns to the eval loop), with a thread that would beat every 0.1 s: the heartbeat a
+#: thread of the rank keeps stands still meanwhile.
 GIL_HOLDER = """
-import threading, time
+import sys, threading, time
 def beat():
     while True:
         time.sleep(0.1)
 threading.Thread(target=beat, daemon=True).start()
 print("ready", flush=True)
+sys.stdin.readline()
 sum(range(400_000_000))
 time.sleep(60)
 """
@@ -255,26 +257,31 @@ def test_under_slurm_a_rank_is_seen_through_its_pulse_running_while_it_holds_the
     pulses = _Pulses(store)
     pulses.add("s0")  # a step whose pulse never speaks
     pulses.add("s1")
-    rank = subprocess.Popen([sys.executable, "-c", GIL_HOLDER], stdout=subprocess.PIPE)
+    rank = subprocess.Popen([sys.executable, "-c", GIL_HOLDER], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
     pulse = None
     try:
         assert rank.stdout is not None and rank.stdout.readline() == b"ready\n"
         pulse = subprocess.Popen([sys.executable, "-m", "ddpkit.live.agent.pulse", "--store",
                                   f"127.0.0.1:{store.port}", "--slot", "s1", "--pid", str(rank.pid)])
-        step = _Step(popen=rank, host="here", slot="s1", job="1", store=store, pulses=pulses, silent_s=1.5)
-        _until("a first pulse", lambda: step.look()[0] is Seen.RUNNING and step.count > 0)
+        # silent only after 5 s without a word: a pulse held up a second or two by a loaded machine is no silence
+        step = _Step(popen=rank, host="here", slot="s1", job="1", store=store, pulses=pulses, silent_s=5.0)
+        _until("a first pulse", lambda: step.look()[0] is Seen.RUNNING and step.count > 0, limit=60.0)
         assert pulses.of("s0") is None and set(pulses.said) == {"s0", "s1"}, pulses.said
+        assert rank.stdin is not None
+        rank.stdin.write(b"go\n")
+        rank.stdin.flush()  # the GIL held from here, for seconds
+        time.sleep(0.3)
         start_ticks, until = step.look()[1], time.monotonic() + 3.0
         while time.monotonic() < until:  # inside sum(): the GIL held throughout
             assert step.look()[0] is Seen.RUNNING, step
             time.sleep(0.05)
         assert step.look()[1] > start_ticks  # its CPU time moves: working
         rank.send_signal(signal.SIGSTOP)
-        _until("stopped", lambda: step.look()[0] is Seen.STOPPED, limit=2.0)
+        _until("stopped", lambda: step.look()[0] is Seen.STOPPED, limit=10.0)
         rank.send_signal(signal.SIGCONT)
-        _until("running again", lambda: step.look()[0] is Seen.RUNNING, limit=2.0)
+        _until("running again", lambda: step.look()[0] is Seen.RUNNING, limit=10.0)
         pulse.send_signal(signal.SIGSTOP)  # the whole step frozen: no word from the node
-        _until("silent", lambda: step.look()[0] is Seen.SILENT, limit=4.0)
+        _until("silent", lambda: step.look()[0] is Seen.SILENT, limit=15.0)
         pulse.send_signal(signal.SIGCONT)
         rank.kill()
         rank.wait()
