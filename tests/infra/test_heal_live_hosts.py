@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from ddpkit.heal.policy import EXIT_DO_NOT_REQUEUE
 from ddpkit.rundir.ledger import AttemptEnded, AttemptStarted, HostExcluded, Ledger
 from tests.infra.conftest import Hosts
 from tests.infra.live_hosts_drill import RUN_TIMEOUT, heals_of, start, strike, until
@@ -136,3 +137,36 @@ def test_a_script_s_lost_host_moves_to_the_standby_host_as_train_s_does(three_ho
     digests = re.findall(r"done: weights ([0-9a-f]+) moved ([-+.\de]+)", leader.stdout + standby.stdout)
     assert len(digests) == 4 and len({weights for weights, _ in digests}) == 1, leader.output() + standby.output()
     assert min(float(moved) for _, moved in digests) > 1e-3, digests  # the script trains
+
+
+#: Fails on purpose on one rank (argv[1]) after a few all-reduces; the others wait in the next one.
+FAILS_ON = """
+import sys, time
+import torch, torch.distributed as dist
+dist.init_process_group("gloo")
+for step in range(5):
+    t = torch.ones(1)
+    dist.all_reduce(t)
+    time.sleep(0.1)
+if dist.get_rank() == int(sys.argv[1]):
+    raise ValueError(f"bad batch at step 5 on rank {dist.get_rank()}, on purpose")
+dist.all_reduce(torch.ones(1))
+"""
+
+
+@pytest.mark.parametrize("rank", [2, 0])
+def test_a_script_s_own_failure_on_any_host_is_classified_from_its_traceback(three_hosts: Hosts, tmp_path: Path,
+                                                                             rank: int) -> None:
+    """A rank raises on h2 (a member's) or on h1 (the agent's own host): the program's failure, not healed live;
+    the restart heal names the exception and where it was raised (a member sends a failed rank's stderr with its
+    end), and stops once it repeats (before: "exited with code 1 and left no traceback", an unknown fault)."""
+    script = tmp_path / "fails.py"
+    script.write_text(FAILS_ON)
+    runs = start(three_hosts, tmp_path, standby=0, job=("run", "--", str(script), str(rank)))
+    leader = runs[0].wait(RUN_TIMEOUT)
+    host = three_hosts[rank // 2].hostname
+    said = f"ValueError: bad batch at step 5 on rank {rank}, on purpose on rank {rank} (host {host})"
+    assert leader.returncode == EXIT_DO_NOT_REQUEUE and said in leader.stderr, leader.output()
+    assert "left no traceback" not in leader.stderr, leader.output()
+    records = Ledger(tmp_path / "run").records()
+    assert len([r for r in records if isinstance(r, AttemptStarted)]) == 2, records  # the same fault twice: stop

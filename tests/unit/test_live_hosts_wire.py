@@ -4,10 +4,15 @@ a host silent past ``SILENT_S``, a rank the agent killed on a host that stays si
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import socket
+import subprocess
+import sys
 import threading
 import time
+from pathlib import Path
+from typing import Any
 
 from ddpkit.live.agent import hosts
 from ddpkit.live.agent.hosts import Member, _Remote
@@ -77,3 +82,73 @@ def test_a_silent_host_s_killed_rank_counts_as_ended_once_unreached() -> None:
     assert rank.wait() is None
     rank.killed_at = time.monotonic() - hosts.UNREACHED_S  # unreached that long after
     assert rank.wait() == -int(signal.SIGKILL)
+
+
+def test_a_member_sends_a_failed_rank_s_traceback_and_the_watch_s_orders_with_its_end(tmp_path: Path,
+                                                                                       monkeypatch: Any) -> None:
+    """A member's rank (a real process) fails: the member sends its rank, the end of its stderr and the abort
+    orders its host's ranks left with its end; the agent's side keeps them for the attempt's classification
+    (``Members.take_evidence``). A rank that ends 0 sends nothing more."""
+    from ddpkit.live.agent import member as member_side
+    from ddpkit.process.stopping import leave_abort_order
+    from ddpkit.process.worker_context import STOP_DIR
+
+    stops = tmp_path / "stops"
+    stops.mkdir()
+    monkeypatch.setenv(STOP_DIR, str(stops))
+    leave_abort_order(str(stops), 0, 2, '{"reporter": 2}')
+    agent_end, member_end = _pair()
+    procs: list[subprocess.Popen[bytes]] = []
+
+    def spawn(rank: int, env: dict[str, str]) -> Any:
+        procs.append(subprocess.Popen([sys.executable, "-c", f"import sys; sys.exit({1 if rank == 2 else 0})"]))
+        return _Child(procs[-1])
+
+    member = member_side._Member(wire=member_end, spawn=spawn, tail_of=lambda rank: f"ValueError: rank {rank}")
+    codes: list[int | None] = []
+    loop = threading.Thread(target=lambda: codes.append(member.loop()), daemon=True)
+    loop.start()
+    seen = Member(name="h2", address="10.0.0.2", per_node=2, standby=False, wire=agent_end)
+    ranks = {ident: _Remote(ident=ident, member=seen, host="h2") for ident in (1, 2)}
+    seen.procs.update(ranks)
+    threading.Thread(target=seen.listen, args=(lambda name: None,), daemon=True).start()
+    try:
+        agent_end.send({"start": 1, "rank": 3, "env": {}})
+        agent_end.send({"start": 2, "rank": 2, "env": {}})
+        deadline = time.monotonic() + 20
+        while any(r.wait() is None for r in ranks.values()) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert [ranks[1].wait(), ranks[2].wait()] == [0, 1]
+        assert seen.said == [(2, "ValueError: rank 2")] and seen.orders == ['{"reporter": 2}'], (seen.said,
+                                                                                                 seen.orders)
+        agent_end.send({"end": 0})
+        loop.join(10)
+        assert codes == [0]
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.wait()
+
+
+class _Child:
+    """A plain child process as the member's ``Proc``."""
+
+    def __init__(self, popen: subprocess.Popen[bytes]) -> None:
+        self.popen, self.host, self.silent_s = popen, "h2", 0.0
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    def wait(self) -> int | None:
+        return self.popen.poll()
+
+    def look(self) -> tuple[Seen, int]:
+        return Seen.RUNNING, 0
+
+    def send(self, sig: signal.Signals) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            self.popen.send_signal(sig)
+
+    def close(self) -> None:
+        pass

@@ -4,28 +4,27 @@ typed result and the ranks' stderr logs it kept, as ``heal.classify`` reads them
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ddpkit.heal.classify import Evidence, RankEvidence, WatchReport, exception_line
 from ddpkit.heal.evidence import watch_of
+from ddpkit.launch.ranklogs import file_tail
 from ddpkit.launcher_output.ddpkit_lines import silent_ranks
 
 if TYPE_CHECKING:
     from ddpkit.launch.result import AttemptResult
 
-__all__ = ["TAIL_BYTES", "gather"]
-
-#: Read from the end of each rank's stderr log: the traceback and the watch's report are there.
-TAIL_BYTES = 64 * 1024
+__all__ = ["gather"]
 
 
 def gather(code: int, result: AttemptResult | None, logs: str | None, host: str,
-           hosts: Mapping[int, str] | None = None) -> Evidence:
+           hosts: Mapping[int, str] | None = None, tails: Iterable[tuple[int, str]] = ()) -> Evidence:
     """The evidence of a failed attempt: the agent's typed result (None: it gave none) and the ranks' stderr logs
-    under ``logs`` (their tracebacks); each rank on ``host``, or on ``hosts[rank]`` where given (Slurm's live
-    agent: a rank an srun step on its node)."""
+    under ``logs`` (their tracebacks), with ``tails`` (rank, the end of its stderr) read elsewhere (another host's
+    member sent them); each rank on ``host``, or on ``hosts[rank]`` where given (Slurm's live agent: a rank an srun
+    step on its node)."""
     ranks: dict[int, RankEvidence] = {}
     where = hosts or {}
     first = result.first if result is not None else None
@@ -37,7 +36,7 @@ def gather(code: int, result: AttemptResult | None, logs: str | None, host: str,
                                            exit_code=None if failure.signal else failure.exit_code,
                                            stopped_by_ddpkit=failure.stopped_by_ddpkit or by_agent,
                                            first=failure is first)
-    tails = list(_stderr_tails(logs))
+    tails = [*_stderr_tails(logs), *tails]
     for rank, text in tails:
         said = exception_line(text)
         if said is not None:
@@ -83,9 +82,4 @@ def _stderr_tails(logs: str | None) -> Iterator[tuple[int, str]]:
         rank = path.name.removeprefix("rank-").removesuffix(".stderr.log")
         if not rank.isdigit():
             continue
-        try:
-            with open(path, "rb") as f:
-                f.seek(max(0, path.stat().st_size - TAIL_BYTES))
-                yield int(rank), f.read().decode(errors="replace")
-        except OSError:
-            continue
+        yield int(rank), file_tail(path)

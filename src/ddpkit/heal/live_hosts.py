@@ -12,6 +12,7 @@ N again where standbys are, down to MIN. The endpoint's host cannot be healed aw
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import os
 import socket
@@ -30,6 +31,7 @@ from ddpkit.heal.nodepool import NodePool
 from ddpkit.heal.policy import HealPolicy
 from ddpkit.heal.progress import newest_snapshot_step
 from ddpkit.heal.request import HealRequest
+from ddpkit.launch.result import orders_of
 from ddpkit.rundir import RunDir
 from ddpkit.rundir.ledger import Ledger, LiveHook, SupervisorStarted
 from ddpkit.rundir.verdict import Classification
@@ -100,7 +102,7 @@ def _member(options: LaunchOptions, host: str, port: int, here: str, fork: _Fork
         return EXIT_MISSING
     print(f"ddpkit live: {here} joined the live agent at {endpoint}{' as a standby' if standby else ''}",
           file=sys.stderr, flush=True)
-    return serve(wire, fork, endpoint)
+    return serve(wire, fork, endpoint, tail_of=fork.stderr_tail)
 
 
 def _lead(request: HealRequest, options: LaunchOptions, server: socket.socket, host: str, here: str,
@@ -175,11 +177,19 @@ class _HostAttempts(Adapter):
             return tuple(m for m in self.members.alive() if m.name not in hosts and m.name not in self.pool.bad)
 
         os.environ[ATTEMPT_VAR] = str(attempt)  # train's rank 0 writes its goodput lines under this attempt
+        self.members.take_evidence()  # an earlier attempt's
         result, where = run_hosts_attempt(members=self.members, world=world, spares=spares, address=self.address,
                                           run_id=f"{self.run_id}-{attempt}", on_heal=heard, fork_here=self.fork)
         if not result.exit_code:
             return Ended(exit_code=0)
-        return Ended(exit_code=result.exit_code, evidence=gather(result.exit_code, result, None, self.here, where))
+        # the failed ranks' tracebacks and the watch's orders: another host's, as its member sent them; this host's
+        # from its ranks' logs (the orders of this host's ranks are in the result already)
+        tails, orders = self.members.take_evidence()
+        tails += [(f.rank, tail) for f in result.failures
+                  if where.get(f.rank) == self.here and (tail := self.fork.stderr_tail(f.rank))]
+        result = dataclasses.replace(result, watch_orders=(*result.watch_orders, *orders_of(orders)))
+        return Ended(exit_code=result.exit_code,
+                     evidence=gather(result.exit_code, result, None, self.here, where, tails=tails))
 
     def progress(self) -> int | None:
         return newest_snapshot_step(self.request.progress_path)

@@ -32,7 +32,7 @@ from ddpkit.launch.failure import RankFailure, first_of, logged_failure, ordered
 from ddpkit.launch.kernlog import oom_line_for
 from ddpkit.launcher_output.torch_agent import ending_signal
 
-__all__ = ["RankLogs"]
+__all__ = ["TAIL_BYTES", "RankLogs", "file_tail"]
 
 #: a rank's stderr log read back for the digest: its end is where the traceback is
 TAIL_BYTES = 64 * 1024
@@ -234,8 +234,8 @@ class RankLogs:
         return [RankEnd(rank=r, exitcode=exitcodes.get(r), pid=pids.get(r), ended_by=self._ended_by.get(r),
                         kernel=(oom_line_for(pids.get(r), lived_s=lived_s) or "")
                         if exitcodes.get(r) == -signal.SIGKILL else "",
-                        stderr=_tail(attempt.stderr_of(r)) if attempt else "",
-                        stdout=_tail(attempt.stdout_of(r), 4096) if attempt else "") for r in ranks]
+                        stderr=file_tail(attempt.stderr_of(r)) if attempt else "",
+                        stdout=file_tail(attempt.stdout_of(r), 4096) if attempt else "") for r in ranks]
 
     def digest_lines(self, *, first: int | None, ends: list[RankEnd] | None) -> list[str]:
         """The digest of the last attempt (``ends`` None: read from its files, no exit codes known)."""
@@ -307,7 +307,8 @@ class RankLogs:
             stream.flush()
 
 
-def _tail(path: str, size: int = TAIL_BYTES) -> str:
+def file_tail(path: str | os.PathLike[str], size: int = TAIL_BYTES) -> str:
+    """The last ``size`` bytes of the file at ``path`` as text ("" where it cannot be read)."""
     try:
         with open(path, "rb") as f:
             f.seek(max(0, os.path.getsize(path) - size))

@@ -8,13 +8,14 @@ attempt from it (``ddpkit.heal.supervisor``), not from the lines the agent print
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from ddpkit.launch.failure import RankFailure, all_preempted, first_of
 from ddpkit.process.stopping import take_abort_orders
 from ddpkit.watch.records import AbortOrder
 
-__all__ = ["AttemptResult", "abort_orders"]
+__all__ = ["AttemptResult", "abort_orders", "orders_of"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -43,8 +44,14 @@ class AttemptResult:
 
 def abort_orders(stop_dir: str) -> tuple[AbortOrder, ...]:
     """The abort orders the workers left in the agent's stop directory (taken: each is read once)."""
+    return orders_of(take_abort_orders(stop_dir))
+
+
+def orders_of(texts: Iterable[str]) -> tuple[AbortOrder, ...]:
+    """The abort orders among ``texts`` (JSON, as workers leave them); one a worker was killed while writing is
+    left out."""
     found = []
-    for text in take_abort_orders(stop_dir):
-        with contextlib.suppress(ValueError, KeyError, TypeError):  # a worker killed while it wrote one
+    for text in texts:
+        with contextlib.suppress(ValueError, KeyError, TypeError):
             found.append(AbortOrder.from_json(text))
     return tuple(found)

@@ -14,10 +14,12 @@ import socket
 import sys
 import tempfile
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ddpkit.launch import worker
 from ddpkit.launch.failure import TORCH_WORKER_LOGGER, drop_exit_tracebacks
+from ddpkit.launch.ranklogs import file_tail
 from ddpkit.launch.result import AttemptResult
 from ddpkit.live.agent.proc import Proc, Seen, stat_of
 from ddpkit.live.agent.session import LiveSession
@@ -118,6 +120,13 @@ class _Forker:
         self._say_pid(rank, started.pid)
         return started
 
+    def stderr_tail(self, rank: int) -> str | None:
+        """The end of rank ``rank``'s newest stderr log here (its last generation's), None where none was kept: what
+        a failed attempt's classification reads (its traceback)."""
+        root = self.log_dir or self._temporary
+        logs = sorted(Path(root).glob(f"attempt-*/rank-{rank}.stderr.log"), key=_mtime) if root else []
+        return file_tail(logs[-1]) if logs else None
+
     def _say_pid(self, rank: int, pid: int) -> None:
         """``log_dir/pids.json``: each rank's process now (rank -> pid), written whole, then renamed."""
         self.pids[rank] = pid
@@ -132,6 +141,13 @@ class _Forker:
     def end(self) -> None:
         if self._temporary is not None:
             shutil.rmtree(self._temporary, ignore_errors=True)
+
+
+def _mtime(path: Path) -> float:
+    try:
+        return path.stat().st_mtime
+    except OSError:
+        return 0.0
 
 
 def launch_live(options: LaunchOptions, entrypoint: Entrypoint, argv: list[str], on_heal: LiveHook) -> AttemptResult:

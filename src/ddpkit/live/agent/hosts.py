@@ -72,6 +72,10 @@ class Member:
     """When the member last said anything (``time.monotonic``)."""
     gone: bool = False
     """Its connection ended: the member's process, and so its ranks, are gone."""
+    said: list[tuple[int, str]] = field(default_factory=list)
+    """(rank, the end of its stderr) for each of its ranks that failed, as its member sent them."""
+    orders: list[str] = field(default_factory=list)
+    """The watch's abort orders its ranks left (JSON), as its member sent them."""
 
     def listen(self, on_outside: Callable[[str], None]) -> None:
         """Read the member's messages until its connection ends (a thread of its own)."""
@@ -104,6 +108,9 @@ class Member:
                 proc.started.set()
         elif "exit" in message:
             proc = self.procs.get(int(message["exit"]))
+            if "rank" in message:  # before the code: the attempt's end reads them
+                self.said.append((int(message["rank"]), str(message.get("tail", ""))))
+                self.orders.extend(str(order) for order in message.get("orders", ()))
             if proc is not None:
                 proc.code = int(message["code"])
         elif "outside" in message:
@@ -180,6 +187,18 @@ class Members:
 
     def named(self, name: str) -> Member | None:
         return next((m for m in self.alive() if m.name == name), None)
+
+    def take_evidence(self) -> tuple[list[tuple[int, str]], list[str]]:
+        """What the members sent of their failed ranks since it was last taken: (rank, the end of its stderr) and
+        the watch's abort orders (JSON)."""
+        with self._lock:
+            joined = list(self.joined)
+        tails, orders = [], []
+        for member in joined:
+            tails += member.said
+            orders += member.orders
+            member.said, member.orders = [], []
+        return tails, orders
 
     def wait_for(self, hosts: int, timeout: float) -> bool:
         """Wait until ``hosts`` hosts that are not standbys joined, ``timeout`` seconds at most."""

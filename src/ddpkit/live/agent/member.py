@@ -26,7 +26,7 @@ from ddpkit.base.errors import EXIT_MISSING
 from ddpkit.base.log import get_logger
 from ddpkit.live.agent.proc import Proc
 from ddpkit.live.agent.wire import BEAT_S, Wire
-from ddpkit.process.stopping import mark_outside_signal, mark_own_stop
+from ddpkit.process.stopping import mark_outside_signal, mark_own_stop, take_abort_orders
 from ddpkit.process.worker_context import PREEMPTED_MARK, STOP_DIR
 
 if TYPE_CHECKING:
@@ -66,14 +66,16 @@ def connect(host: str, port: int, hello: dict[str, Any], timeout: float) -> Wire
     return wire
 
 
-def serve(wire: Wire, spawn: Callable[[int, dict[str, str]], Proc], endpoint: str) -> int:
+def serve(wire: Wire, spawn: Callable[[int, dict[str, str]], Proc], endpoint: str,
+          tail_of: Callable[[int], str | None] = lambda rank: None) -> int:
     """Do what the agent says until it ends the job (its code) or is gone (3, said); ``spawn(rank, env)`` forks a
-    rank here."""
+    rank here; ``tail_of(rank)``: the end of its stderr, sent with a failed rank's end (the agent's host classifies
+    the attempt from its traceback)."""
     marks = tempfile.mkdtemp(prefix="ddpkit-live-member-")
     os.environ[STOP_DIR] = os.path.join(marks, "stops")
     os.mkdir(os.environ[STOP_DIR])
     os.environ[PREEMPTED_MARK] = os.path.join(marks, "preempted")
-    member = _Member(wire=wire, spawn=spawn)
+    member = _Member(wire=wire, spawn=spawn, tail_of=tail_of)
     before = {name: signal.signal(getattr(signal, name), member.on_outside_signal) for name in TAKEN}
     try:
         code = member.loop()
@@ -92,9 +94,11 @@ def serve(wire: Wire, spawn: Callable[[int, dict[str, str]], Proc], endpoint: st
 
 
 class _Member:
-    def __init__(self, *, wire: Wire, spawn: Callable[[int, dict[str, str]], Proc]) -> None:
-        self.wire, self.spawn = wire, spawn
+    def __init__(self, *, wire: Wire, spawn: Callable[[int, dict[str, str]], Proc],
+                 tail_of: Callable[[int], str | None]) -> None:
+        self.wire, self.spawn, self.tail_of = wire, spawn, tail_of
         self.procs: dict[int, Proc] = {}
+        self.rank_of: dict[int, int] = {}
         self.ended: set[int] = set()
         self.beats = 0
 
@@ -112,7 +116,8 @@ class _Member:
             for ident, proc in self.procs.items():
                 if ident not in self.ended and (code := proc.wait()) is not None:
                     self.ended.add(ident)
-                    self.wire.send({"exit": ident, "code": code})
+                    # a rank that exited with a code (not one killed): what it said, for the attempt's end
+                    self.wire.send({"exit": ident, "code": code, **(self._evidence(ident) if code > 0 else {})})
             now = time.monotonic()
             if now - beat_at >= BEAT_S:
                 beat_at = now
@@ -121,9 +126,16 @@ class _Member:
                         for state, ticks in (p.look(),)}
                 self.wire.send({"seen": seen, "beat": self.beats})
 
+    def _evidence(self, ident: int) -> dict[str, Any]:
+        """What a failed rank left here for the attempt's classification: its rank, the end of its stderr, and the
+        watch's abort orders this host's ranks left (``process.stopping``)."""
+        rank = self.rank_of[ident]
+        return {"rank": rank, "tail": self.tail_of(rank) or "", "orders": take_abort_orders(os.environ[STOP_DIR])}
+
     def on(self, message: dict[str, Any]) -> int | None:
         if "start" in message:
             ident = int(message["start"])
+            self.rank_of[ident] = int(message["rank"])
             proc = self.spawn(int(message["rank"]), {str(k): str(v) for k, v in message["env"].items()})
             self.procs[ident] = proc
             self.wire.send({"started": ident, "pid": proc.pid})

@@ -3,7 +3,8 @@ TCP connection per host, held for the whole job, JSON objects one per line. The 
 life: its end (the member's process gone, its kernel closing the socket) is the host's agent lost, seen at once.
 
 member -> agent   ``{"hello": HOST, "per_node": P, "standby": BOOL, "pid": PID}`` first; then
-                  ``{"started": ID, "pid": PID}``, ``{"exit": ID, "code": CODE}`` (negative: a signal),
+                  ``{"started": ID, "pid": PID}``, ``{"exit": ID, "code": CODE}`` (negative: a signal; above 0
+                  with ``"rank": R, "tail": TEXT, "orders": [JSON]``: the end of its stderr, the watch's orders),
                   ``{"seen": {ID: [STATE, TICKS]}, "beat": N}`` every ``BEAT_S`` (the kernel's word on each rank:
                   ``live.agent.proc.Seen``), ``{"outside": SIGNAL}`` (a signal from outside reached the member)
 agent -> member   ``{"start": ID, "rank": R, "env": {...}}``, ``{"signal": ID, "sig": N, "outside": NAME|null,
