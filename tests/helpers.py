@@ -12,7 +12,8 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -192,3 +193,35 @@ for step in range({steps}):
     if step == {step}:
         raise ValueError(f"bad batch at step {{step}}")
 """
+
+
+@dataclass
+class ChildProc:
+    """A plain child process as the live agent's (or a member's) ``Proc``: ``live.agent.proc.Proc``."""
+
+    popen: subprocess.Popen[bytes]
+    host: str = "here"
+    silent_s: float = 0.0
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    def wait(self) -> int | None:
+        return self.popen.poll()
+
+    def look(self) -> tuple[Any, int]:
+        from ddpkit.live.agent.proc import Seen, stat_of
+
+        state, ticks = stat_of(self.pid)
+        return Seen.of_state(state), ticks
+
+    def heard_since(self, since: float) -> bool:
+        return self.popen.poll() is None
+
+    def send(self, sig: int) -> None:
+        with suppress(ProcessLookupError):
+            os.kill(self.pid, sig)
+
+    def close(self) -> None:
+        self.popen.kill()

@@ -3,7 +3,6 @@ once it is idle (its teardown hangs), never while it works (rank 0 writing a las
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
 import subprocess
@@ -13,41 +12,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from ddpkit.live.agent import rules as live
-from ddpkit.live.agent.proc import Seen, stat_of
-
-
-@dataclass
-class _Popen:
-    """A plain child process as the agent's ``Proc``."""
-
-    popen: subprocess.Popen[bytes]
-    host: str = "here"
-    silent_s: float = 0.0
-
-    @property
-    def pid(self) -> int:
-        return self.popen.pid
-
-    def wait(self) -> int | None:
-        return self.popen.poll()
-
-    def look(self) -> tuple[Seen, int]:
-        state, ticks = stat_of(self.pid)
-        return Seen.of_state(state), ticks
-
-    def heard_since(self, since: float) -> bool:
-        return self.popen.poll() is None
-
-    def send(self, sig: signal.Signals) -> None:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(self.pid, sig)
-
-    def close(self) -> None:
-        self.popen.kill()
+from ddpkit.live.agent.proc import Seen
+from tests.helpers import ChildProc
 
 
 def _rank(rank: int, proc: subprocess.Popen[bytes]) -> Any:
-    return live.Rank(rank=rank, env={}, proc=_Popen(proc))
+    return live.Rank(rank=rank, env={}, proc=ChildProc(proc))
 
 
 def test_a_rank_left_running_is_ended_only_once_idle() -> None:
@@ -118,10 +88,10 @@ def test_a_loss_is_healed_live_only_where_every_survivor_holds_a_live_group() ->
     procs = [subprocess.Popen(["sleep", "60"]) for _ in range(2)]
     started: list[int] = []
 
-    def spawn(rank: int, env: dict[str, str]) -> _Popen:
+    def spawn(rank: int, env: dict[str, str]) -> ChildProc:
         started.append(rank)
         procs.append(subprocess.Popen(["sleep", "60"]))
-        return _Popen(procs[-1])
+        return ChildProc(procs[-1])
 
     try:
         agent = live.LiveAgent(spawn=spawn, on_heal=lambda heal: None, store=_store())
@@ -144,9 +114,9 @@ def test_a_rank_lost_while_a_replacement_joins_is_replaced_with_it_in_one_genera
     both (rank 1's first replacement ended), its plan names both, and the ledger keeps rank 1's first loss."""
     procs = [subprocess.Popen(["sleep", "60"]) for _ in range(4)]
 
-    def spawn(rank: int, env: dict[str, str]) -> _Popen:
+    def spawn(rank: int, env: dict[str, str]) -> ChildProc:
         procs.append(subprocess.Popen(["sleep", "60"]))
-        return _Popen(procs[-1])
+        return ChildProc(procs[-1])
 
     try:
         agent = live.LiveAgent(spawn=spawn, on_heal=lambda heal: None, store=_store())
@@ -203,9 +173,9 @@ def test_a_live_attempt_the_watch_stopped_is_classified_from_its_abort_orders() 
     procs: list[subprocess.Popen[bytes]] = []
 
     class Spawner:
-        def __call__(self, rank: int, env: dict[str, str]) -> _Popen:
+        def __call__(self, rank: int, env: dict[str, str]) -> ChildProc:
             procs.append(subprocess.Popen([sys.executable, "-c", STOPPED_BY_THE_WATCH], env={**os.environ, **env}))
-            return _Popen(procs[-1])
+            return ChildProc(procs[-1])
 
         def end(self) -> None:
             pass

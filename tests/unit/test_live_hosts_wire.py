@@ -4,7 +4,6 @@ a host silent past ``SILENT_S``, a rank the agent killed on a host that stays si
 
 from __future__ import annotations
 
-import contextlib
 import signal
 import socket
 import subprocess
@@ -18,6 +17,7 @@ from ddpkit.live.agent import hosts
 from ddpkit.live.agent.hosts import Member, _Remote
 from ddpkit.live.agent.proc import Seen
 from ddpkit.live.agent.wire import Wire
+from tests.helpers import ChildProc
 
 
 def _pair() -> tuple[Wire, Wire]:
@@ -102,7 +102,7 @@ def test_a_member_sends_a_failed_rank_s_traceback_and_the_watch_s_orders_with_it
 
     def spawn(rank: int, env: dict[str, str]) -> Any:
         procs.append(subprocess.Popen([sys.executable, "-c", f"import sys; sys.exit({1 if rank == 2 else 0})"]))
-        return _Child(procs[-1])
+        return ChildProc(procs[-1], host="h2")
 
     member = member_side._Member(wire=member_end, spawn=spawn, tail_of=lambda rank: f"ValueError: rank {rank}")
     codes: list[int | None] = []
@@ -128,27 +128,3 @@ def test_a_member_sends_a_failed_rank_s_traceback_and_the_watch_s_orders_with_it
         for proc in procs:
             proc.kill()
             proc.wait()
-
-
-class _Child:
-    """A plain child process as the member's ``Proc``."""
-
-    def __init__(self, popen: subprocess.Popen[bytes]) -> None:
-        self.popen, self.host, self.silent_s = popen, "h2", 0.0
-
-    @property
-    def pid(self) -> int:
-        return self.popen.pid
-
-    def wait(self) -> int | None:
-        return self.popen.poll()
-
-    def look(self) -> tuple[Seen, int]:
-        return Seen.RUNNING, 0
-
-    def send(self, sig: signal.Signals) -> None:
-        with contextlib.suppress(ProcessLookupError):
-            self.popen.send_signal(sig)
-
-    def close(self) -> None:
-        pass

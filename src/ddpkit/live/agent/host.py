@@ -124,8 +124,8 @@ class _Forker:
         """The end of rank ``rank``'s newest stderr log here (its last generation's), None where none was kept: what
         a failed attempt's classification reads (its traceback)."""
         root = self.log_dir or self._temporary
-        logs = sorted(Path(root).glob(f"attempt-*/rank-{rank}.stderr.log"), key=_mtime) if root else []
-        return file_tail(logs[-1]) if logs else None
+        newest = max(Path(root).glob(f"attempt-*/rank-{rank}.stderr.log"), key=_mtime, default=None) if root else None
+        return file_tail(newest) if newest is not None else None
 
     def _say_pid(self, rank: int, pid: int) -> None:
         """``log_dir/pids.json``: each rank's process now (rank -> pid), written whole, then renamed."""
